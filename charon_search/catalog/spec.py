@@ -1,0 +1,65 @@
+"""ModelSpec: the architecture facts of one model, read from its HuggingFace ``config.json``.
+
+The frontend traces the real HF model class from ``hf_config``; the typed fields below are what
+passes, the memory model and reports need without re-reading the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ModelSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """One model architecture (no weights)."""
+
+    name: str
+    """Catalog name (``llama-3.1-70b``) or the path / module name it was loaded from."""
+    hf_config: Mapping[str, Any]
+    """The raw ``config.json`` content (plain builtins, picklable)."""
+    model_type: str
+    """HF ``model_type`` (``llama``, ``qwen3``, ``qwen3_moe``, ``deepseek_v3``, ``gpt2``...)."""
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    """Equal to ``num_attention_heads`` for multi-head attention; for MLA the query heads."""
+    head_dim: int
+    """Query/key head dimension (for MLA: qk_nope_head_dim + qk_rope_head_dim)."""
+    intermediate_size: int
+    """FFN hidden size of a dense MLP layer."""
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    gated_mlp: bool = True
+    """SwiGLU-style gate+up projection (Llama) vs a plain 2-matrix MLP (GPT)."""
+    attention: str = "gqa"
+    """``mha``, ``gqa`` or ``mla``."""
+    v_head_dim: int = 0
+    """Value head dimension; 0 means ``head_dim``."""
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 for dense models."""
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    layer_types: tuple[str, ...] = ()
+    """Block type of each decoder layer, e.g. ``("dense",) * 3 + ("moe",) * 58``."""
+    num_params: int = 0
+    """Exact parameter count of the HF model class (counted on the meta device); 0 = unknown."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Further facts (MLA ranks, sliding window...)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def block_types(self) -> tuple[str, ...]:
+        """Distinct layer types in first-appearance order."""
+        return tuple(dict.fromkeys(self.layer_types))
+
+    def num_layers_of(self, block_type: str) -> int:
+        return sum(1 for t in self.layer_types if t == block_type)

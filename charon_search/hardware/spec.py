@@ -1,0 +1,142 @@
+"""GpuSpec, TopologyTier, ClusterSpec: hardware as data, loaded from ``cluster_specs/*.yaml``.
+
+All values are SI (bytes, seconds, FLOP/s, bytes/s); the YAML loader converts human units once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from charon_search.errors import ConfigError
+
+__all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One accelerator model."""
+
+    name: str
+    """Normalized key, e.g. ``h100-sxm-80gb``."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings resolving to this GPU (``h100_sxm``, ``NVIDIA H100 80GB HBM3``...)."""
+    peak_flops_per_s: Mapping[str, float]
+    """Dense tensor-core peak per dtype key (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``,
+    ``fp4``); dtypes the GPU lacks are absent."""
+    hbm_capacity_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    nvlink_bandwidth_bytes_per_s: float
+    """Unidirectional NVLink bandwidth per GPU (0 for PCIe-only parts)."""
+    nic_bandwidth_bytes_per_s: float
+    """Scale-out NIC bandwidth per GPU, unidirectional."""
+    num_sms: int
+    launch_overhead_s: float = 4e-6
+    """Fixed per-kernel cost added by the roofline model."""
+    compute_efficiency: float = 0.75
+    """Achievable fraction of peak FLOP/s for large GEMMs (roofline); calibrated."""
+    memory_efficiency: float = 0.85
+    """Achievable fraction of HBM bandwidth (roofline); calibrated."""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """Field name -> where the figure comes from."""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for ``dtype``; fp32 falls back to tf32 tensor cores."""
+        if dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        fallback = {"fp32": "tf32", "fp16": "bf16", "bf16": "fp16", "fp4": "fp8", "fp8": "bf16",
+                    "int8": "fp8"}
+        if dtype in fallback and fallback[dtype] in self.peak_flops_per_s:
+            return self.peak_flops(fallback[dtype])
+        raise ConfigError(
+            f"GPU {self.name} has no peak FLOP/s for dtype {dtype!r}; "
+            f"known: {sorted(self.peak_flops_per_s)}"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopologyTier:
+    """One level of the network hierarchy, innermost first."""
+
+    name: str
+    """``nvlink``, ``rail``, ``leaf``, ``spine``, ``pod``..."""
+    num_devices: int
+    """Devices reachable within this tier (cumulative: the NVLink tier of a DGX is 8)."""
+    bandwidth_bytes_per_s: float
+    """Unidirectional bandwidth per GPU across this tier."""
+    latency_s: float
+    """Per-hop latency (the α of the α-β model before calibration)."""
+    algorithms: tuple[str, ...] = ("ring", "tree")
+    """Collective algorithms available on this tier (``ring``, ``tree``, ``nvls``...)."""
+    oversubscription: float = 1.0
+    """Bandwidth divided by this when the whole tier is busy (1.0 = non-blocking)."""
+
+    def __post_init__(self) -> None:
+        if self.num_devices <= 0:
+            raise ConfigError(f"`num_devices > 0` must hold for tier {self.name}, "
+                              f"but got {self.num_devices}")
+        if self.bandwidth_bytes_per_s <= 0:
+            raise ConfigError(f"`bandwidth > 0` must hold for tier {self.name}, "
+                              f"but got {self.bandwidth_bytes_per_s}")
+        if self.latency_s < 0:
+            raise ConfigError(f"`latency >= 0` must hold for tier {self.name}, "
+                              f"but got {self.latency_s}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Values real systems do not publish; fitted by ``charon-search calibrate`` (or defaults).
+
+    ``provenance`` says where each fitted value came from (a fit on which records, or a default).
+    """
+
+    collective_alpha_s: Mapping[str, float] = field(default_factory=dict)
+    """Tier name -> fitted per-step latency α of the α-β model."""
+    collective_bw_efficiency: Mapping[str, float] = field(default_factory=dict)
+    """Tier name -> fraction of the tier's link bandwidth NCCL reaches (β = 1/(eff·bw))."""
+    overlap_compute_slowdown: float = 1.0
+    """Compute kernels run this many times slower while a collective overlaps them (≥ 1)."""
+    overlap_comm_slowdown: float = 1.0
+    """Collectives run this many times slower while compute overlaps them (≥ 1)."""
+    iteration_cpu_overhead_s: float = 0.0
+    """Per-iteration host/scheduler overhead (serving) or per-step overhead (training)."""
+    allocator_reserved_factor: float = 1.0
+    """peak_reserved = peak_allocated × this (caching-allocator fragmentation headroom)."""
+    allocator_reserved_extra_bytes: float = 0.0
+    """Constant reserved headroom (CUDA context, workspace) added per GPU."""
+    comm_buffer_bytes: float = 0.0
+    """NCCL/communication buffers per process group."""
+    provenance: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """A cluster: GPU type, node size, topology tiers innermost first, calibration, price."""
+
+    name: str
+    gpu: GpuSpec
+    num_gpus: int
+    """GPUs in the whole cluster (the largest job it can run)."""
+    gpus_per_node: int
+    tiers: tuple[TopologyTier, ...]
+    calibration: Calibration = field(default_factory=Calibration)
+    cost_per_gpu_hour_usd: float = 0.0
+    source: str = ""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigError(f"cluster {self.name}: `tiers` must not be empty")
+        sizes = [t.num_devices for t in self.tiers]
+        if sizes != sorted(sizes):
+            raise ConfigError(
+                f"cluster {self.name}: tiers must be innermost first with growing num_devices, "
+                f"but got {sizes}"
+            )
+
+    def tier_for_span(self, span: int) -> TopologyTier:
+        """The innermost tier that contains ``span`` consecutive ranks."""
+        for tier in self.tiers:
+            if span <= tier.num_devices:
+                return tier
+        return self.tiers[-1]

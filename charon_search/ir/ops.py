@@ -1,0 +1,140 @@
+"""The op-kind vocabulary of the IR and the shape parameters each kind carries.
+
+Every traced ATen op maps to one ``OpKind``; cost backends key on the kind. ``Node.params``
+holds the kind's shape parameters (symbolic ``Poly`` values) under the names listed in
+``PARAMS_BY_KIND``, so backends never parse tensor shapes themselves.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["COMM_KINDS", "COMPUTE_KINDS", "PARAMS_BY_KIND", "OpKind", "Phase", "Role"]
+
+
+class OpKind(StrEnum):
+    GEMM = "gemm"
+    """Dense matmul ``[m, k] x [k, n]`` (linear layers, including their backward GEMMs)."""
+    BATCHED_GEMM = "bgemm"
+    """Batched matmul ``batch x [m, k] x [k, n]`` (unfused attention scores, MLA absorb)."""
+    ATTENTION = "attention"
+    """Fused scaled-dot-product / flash attention forward (prefill, decode, training)."""
+    ATTENTION_BWD = "attention_bwd"
+    """Fused attention backward."""
+    NORM = "norm"
+    """RMSNorm / LayerNorm (forward or backward)."""
+    ELEMENTWISE = "elementwise"
+    """Pointwise ops: activations, residual adds, RoPE arithmetic, casts, dropout."""
+    SOFTMAX = "softmax"
+    REDUCTION = "reduction"
+    """Sums / means over a dim that are not part of a norm (e.g. bias gradients)."""
+    EMBEDDING = "embedding"
+    """Embedding lookup (forward) or its scatter-add backward."""
+    MOE_ROUTING = "moe_routing"
+    """Router top-k, token sort / scatter / gather around the experts."""
+    GROUPED_GEMM = "grouped_gemm"
+    """Expert GEMMs: ``tokens * top_k`` rows spread over ``num_experts`` weight matrices."""
+    COPY = "copy"
+    """Materialising copies (contiguous, cat, index) that move bytes without arithmetic."""
+    OPTIMIZER = "optimizer"
+    """Optimizer step over a parameter shard (memory bound)."""
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+    OTHER = "other"
+
+
+class Phase(StrEnum):
+    FORWARD = "fwd"
+    BACKWARD = "bwd"
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "optimizer"
+
+
+class Role(StrEnum):
+    """What an op does in the architecture, independent of HF module names.
+
+    The frontend sets it from the module path (forward and backward ops alike); TP/SP/CP/EP
+    passes, recompute and the memory model key on it.
+    """
+
+    EMBED = "embed"
+    """Token (and position) embedding."""
+    ATTN_NORM = "attn.norm"
+    """Pre-attention norm (input_layernorm / ln_1)."""
+    ATTN_QKV = "attn.qkv"
+    """Q/K/V projections (column parallel), including MLA down/up projections."""
+    ATTN_QK_NORM = "attn.qk_norm"
+    """Per-head q/k norms (Qwen3)."""
+    ATTN_ROPE = "attn.rope"
+    ATTN_CORE = "attn.core"
+    """Scores, softmax, context: the part selective recompute recomputes."""
+    ATTN_OUT = "attn.out"
+    """Output projection (row parallel)."""
+    MLP_NORM = "mlp.norm"
+    """Pre-MLP norm (post_attention_layernorm / ln_2)."""
+    MLP_IN = "mlp.in"
+    """Gate/up (or fc1) projection (column parallel)."""
+    MLP_ACT = "mlp.act"
+    """Activation (SiLU·gate, GELU)."""
+    MLP_OUT = "mlp.out"
+    """Down (or fc2) projection (row parallel)."""
+    MOE_ROUTER = "moe.router"
+    """Router GEMM, top-k, softmax/sigmoid scoring."""
+    MOE_DISPATCH = "moe.dispatch"
+    """Token permutation to experts (and the EP all-to-all once EP is applied)."""
+    MOE_EXPERT = "moe.expert"
+    """Routed expert grouped GEMMs and their activation."""
+    MOE_COMBINE = "moe.combine"
+    """Un-permutation and weighted sum of expert outputs (and the EP all-to-all)."""
+    MOE_SHARED = "moe.shared"
+    """Shared experts (a dense MLP inside the MoE block)."""
+    RESIDUAL = "residual"
+    """Residual adds between sub-blocks."""
+    FINAL_NORM = "final_norm"
+    LM_HEAD = "lm_head"
+    """Output projection to the vocabulary (column parallel over vocab)."""
+    LOSS = "loss"
+    """Cross-entropy over the logits."""
+    COMM = "comm"
+    """Communication inserted by a pass."""
+    OPTIMIZER = "optimizer"
+    OTHER = ""
+
+
+COMM_KINDS = frozenset(
+    {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL,
+     OpKind.SEND_RECV}
+)
+COMPUTE_KINDS = frozenset(k for k in OpKind if k not in COMM_KINDS)
+
+#: Shape parameters per kind (keys of ``Node.params``). All values are ``Poly``.
+PARAMS_BY_KIND: dict[OpKind, tuple[str, ...]] = {
+    OpKind.GEMM: ("m", "n", "k"),
+    OpKind.BATCHED_GEMM: ("batch", "m", "n", "k"),
+    # causal is 1 or 0; v_head_dim differs from head_dim for MLA.
+    OpKind.ATTENTION: ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim",
+                       "v_head_dim", "causal"),
+    OpKind.ATTENTION_BWD: ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim",
+                           "v_head_dim", "causal"),
+    OpKind.NORM: ("rows", "cols"),
+    OpKind.SOFTMAX: ("rows", "cols"),
+    OpKind.ELEMENTWISE: ("numel",),
+    OpKind.REDUCTION: ("numel",),
+    OpKind.EMBEDDING: ("tokens", "hidden", "vocab"),
+    OpKind.MOE_ROUTING: ("tokens", "num_experts", "top_k"),
+    # tokens is the routed row count before top-k duplication; rows = tokens * top_k.
+    OpKind.GROUPED_GEMM: ("tokens", "top_k", "num_experts", "n", "k"),
+    OpKind.COPY: ("numel",),
+    OpKind.OPTIMIZER: ("numel",),
+    # Collectives: message bytes per rank (the full buffer of an all-reduce, the gathered
+    # output of an all-gather, the input of a reduce-scatter) and the group size.
+    OpKind.ALL_REDUCE: ("bytes", "group_size"),
+    OpKind.ALL_GATHER: ("bytes", "group_size"),
+    OpKind.REDUCE_SCATTER: ("bytes", "group_size"),
+    OpKind.ALL_TO_ALL: ("bytes", "group_size"),
+    OpKind.SEND_RECV: ("bytes", "group_size"),
+    OpKind.OTHER: (),
+}

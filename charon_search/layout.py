@@ -1,0 +1,197 @@
+"""Training layout: how one model is laid over GPUs, and the rules between the degrees.
+
+``Layout`` is the "plan" input of ``simulate_training`` and ``memory_report`` (model, plan and
+hardware vary independently, as in calculon). Validation names the rule and the values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from charon_search.errors import ConfigError
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+
+__all__ = ["PRECISIONS", "RECOMPUTE_MODES", "SCHEDULES", "Layout"]
+
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
+RECOMPUTE_MODES = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+CP_ALGOS = ("ring", "allgather", "ulysses")
+RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-dp-pp", "tp-dp-cp-pp", "tp-dp-pp", "tp-pp-dp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Parallel layout and batch of one training job. Degrees of 1 mean "not used"."""
+
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree (pipeline ranks)."""
+    dp: int = 1
+    """Data-parallel degree, including ZeRO/FSDP shards."""
+    cp: int = 1
+    """Context-parallel degree."""
+    ep: int = 1
+    """Expert-parallel degree; experts are sharded inside dp*cp, so ep divides dp*cp."""
+    vpp: int = 1
+    """Virtual pipeline chunks per pipeline rank (interleaved 1F1B); 1 = no interleaving."""
+    sequence_parallel: bool = False
+    """Megatron SP: norms/dropout sharded over the TP group; AG/RS instead of all-reduce."""
+    zero_stage: int = 0
+    """0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP FULL_SHARD)."""
+    hsdp_shard: int = 0
+    """HSDP: shard inside groups of this many DP ranks, replicate across; 0 = shard over dp."""
+    schedule: str = "none"
+    """Pipeline schedule, one of ``SCHEDULES``; ``none`` exactly when pp == 1."""
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    """Sequences per optimizer step over all DP ranks."""
+    seq_len: int = 2048
+    recompute: str = "none"
+    """``none``, ``selective`` (attention core) or ``full`` (whole layers)."""
+    recompute_num_layers: int = 0
+    """With ``full``: layers per stage recomputed (0 = all)."""
+    precision: str = "bf16"
+    """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``fp32``."""
+    cp_algo: str = "ring"
+    """Context parallel algorithm: ``ring`` (P2P KV), ``allgather`` (Llama 3), ``ulysses``."""
+    async_tp: bool = False
+    """Overlap TP collectives with GEMM chunks."""
+    moe_a2a_overlap: bool = False
+    """Two-micro-batch overlap of EP all-to-all with compute (DeepSeek-style)."""
+    fsdp_prefetch: bool = True
+    """ZeRO-3: prefetch the next layer's all-gather during the current layer."""
+    expert_load_imbalance: float = 1.0
+    """max/mean tokens per expert (1.0 = perfectly balanced routing)."""
+    rank_order: str = "tp-cp-ep-dp-pp"
+    """Mesh axes innermost first: TP ranks are adjacent, PP ranks are farthest apart."""
+    optimizer: str = "adam"
+    """``adam`` (fp32 master + m + v) or ``sgd``."""
+    fused_kernels: bool = True
+    """Flash attention and fused norm/SwiGLU/RoPE kernels (fusion pass)."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per DP rank per step."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size",
+                     "global_batch_size", "seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("recompute", self.recompute, RECOMPUTE_MODES)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("cp_algo", self.cp_algo, CP_ALGOS)
+        _choice("rank_order", self.rank_order, RANK_ORDERS)
+        _choice("optimizer", self.optimizer, ("adam", "sgd"))
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}")
+        if (self.pp == 1) != (self.schedule == "none"):
+            raise ConfigError(
+                f"`schedule == 'none'` must hold exactly when pp == 1, but got "
+                f"(pp={self.pp}, schedule={self.schedule!r})"
+            )
+        if self.vpp > 1 and self.schedule != "interleaved-1f1b":
+            raise ConfigError(
+                f"`vpp > 1` needs schedule 'interleaved-1f1b', but got "
+                f"(vpp={self.vpp}, schedule={self.schedule!r})"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("`sequence_parallel` needs tp > 1, but got tp=1")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(
+                f"`ep` must divide dp * cp, but got (ep={self.ep}, dp={self.dp}, cp={self.cp})"
+            )
+        if self.global_batch_size % (self.micro_batch_size * self.dp):
+            raise ConfigError(
+                "`global_batch_size` must be a multiple of micro_batch_size * dp, but got "
+                f"(global_batch_size={self.global_batch_size}, "
+                f"micro_batch_size={self.micro_batch_size}, dp={self.dp})"
+            )
+        if self.hsdp_shard and (self.dp % self.hsdp_shard or self.zero_stage == 0):
+            raise ConfigError(
+                f"`hsdp_shard` must divide dp and needs zero_stage >= 1, but got "
+                f"(hsdp_shard={self.hsdp_shard}, dp={self.dp}, zero_stage={self.zero_stage})"
+            )
+        if self.expert_load_imbalance < 1.0:
+            raise ConfigError(
+                f"`expert_load_imbalance >= 1` must hold, but got {self.expert_load_imbalance}"
+            )
+
+    def validate_for(self, model: ModelSpec, num_gpus: int | None = None,
+                     *, allow_uneven_pp: bool = True) -> None:
+        """Check the rules between this layout, a model and a GPU count; raise ``ConfigError``."""
+        if num_gpus is not None and self.num_gpus != num_gpus:
+            raise ConfigError(
+                f"`tp * pp * dp * cp == gpus` must hold, but got (tp={self.tp}, pp={self.pp}, "
+                f"dp={self.dp}, cp={self.cp}, product={self.num_gpus}, gpus={num_gpus})"
+            )
+        if model.num_attention_heads % self.tp:
+            raise ConfigError(
+                f"`tp` must divide num_attention_heads, but got "
+                f"(tp={self.tp}, num_attention_heads={model.num_attention_heads})"
+            )
+        if model.attention != "mla" and (
+            model.num_key_value_heads % self.tp and self.tp % model.num_key_value_heads
+        ):
+            raise ConfigError(
+                f"`tp` must divide num_key_value_heads (or be a multiple of it), but got "
+                f"(tp={self.tp}, num_key_value_heads={model.num_key_value_heads})"
+            )
+        chunks = self.pp * self.vpp
+        if chunks > model.num_layers:
+            raise ConfigError(
+                f"`pp * vpp <= num_layers` must hold, but got "
+                f"(pp={self.pp}, vpp={self.vpp}, num_layers={model.num_layers})"
+            )
+        if model.num_layers % chunks and not allow_uneven_pp:
+            raise ConfigError(
+                f"`pp * vpp` must divide num_layers, but got "
+                f"(pp={self.pp}, vpp={self.vpp}, num_layers={model.num_layers})"
+            )
+        if self.ep > 1 and not model.is_moe:
+            raise ConfigError(f"`ep > 1` needs a MoE model, but {model.name} is dense")
+        if model.is_moe and model.num_experts % self.ep:
+            raise ConfigError(
+                f"`ep` must divide num_experts, but got "
+                f"(ep={self.ep}, num_experts={model.num_experts})"
+            )
+        if self.seq_len % (2 * self.cp) and self.cp > 1:
+            raise ConfigError(
+                f"`seq_len` must be divisible by 2*cp (zigzag chunks), but got "
+                f"(seq_len={self.seq_len}, cp={self.cp})"
+            )
+
+    # ------------------------------------------------------------------ I/O
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "layout") -> Layout:
+        """Build from a mapping (YAML), rejecting unknown keys with the allowed ones."""
+        allowed = {f.name for f in fields(cls)}
+        stray = sorted(set(data) - allowed)
+        if stray:
+            raise ConfigError(f"{where}: unknown key(s) {stray}; allowed: {sorted(allowed)}")
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> Layout:
+        return dataclasses.replace(self, **changes)
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"`{name}` must be one of {list(allowed)}, but got {value!r}")
