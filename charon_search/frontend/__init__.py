@@ -1,1 +1,207 @@
-"""frontend."""
+"""Torch tracing frontend: HF model -> per-block ``OpGraph``s with symbolic ``b``, ``s``, ``c``.
+
+>>> from charon_search.catalog import load_model
+>>> from charon_search.frontend import trace_model
+>>> tm = trace_model(load_model("debug-llama"), phase="train")
+>>> sorted(tm.blocks)
+['dense', 'embedding', 'lm_head']
+
+How it works: the HF model class is built on the meta device with one decoder layer per layer
+type (``catalog._hf.build_reduced_model``); the reduced model (embedding, those layers, final
+norm, LM head, and the loss for training) runs on FakeTensors under AOT autograd at two
+concrete ``(b, s, c)`` points; every fx node is then mapped to an ``OpKind`` with ``Poly``
+shapes, FLOPs and bytes, and the ops are cut into blocks by module path (backward ops follow
+their forward op via autograd ``seq_nr``). Results are cached in memory and on disk, so a new
+batch or sequence length is arithmetic on the cached graph (``OpGraph.evaluate``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from charon_search.cache import cache_dir
+from charon_search.catalog import ModelSpec, config_hash, load_model
+from charon_search.errors import ConfigError
+from charon_search.ir import TracedBlock
+
+__all__ = ["FRONTEND_VERSION", "PHASES", "TracedModel", "clear_memory_cache", "trace_model"]
+
+#: Bump when the traced graph format or the op mapping changes (invalidates disk caches).
+FRONTEND_VERSION = "1"
+PHASES = ("train", "prefill", "decode")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+ATTN_IMPLS = ("sdpa", "eager")
+
+_MEMORY: dict[str, TracedModel] = {}
+_LOCK = threading.Lock()
+#: Number of uncached traces run in this process (tests use it to prove cache hits).
+TRACE_CALLS = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TracedModel:
+    """A model traced for one phase: one ``TracedBlock`` per distinct block."""
+
+    spec: ModelSpec
+    phase: str
+    """``train``, ``prefill`` or ``decode``."""
+    dtype: str
+    attn_impl: str
+    """Attention implementation actually traced (``sdpa`` or ``eager``)."""
+    blocks: dict[str, TracedBlock]
+    """``embedding``, ``lm_head`` and one entry per type in ``spec.layer_types``."""
+
+    def block_counts(self) -> dict[str, int]:
+        """How many times each block runs in one forward pass of the whole model."""
+        counts = {"embedding": 1, "lm_head": 1}
+        for t in self.spec.block_types:
+            counts[t] = self.spec.num_layers_of(t)
+        return counts
+
+    def total_flops(self, b: float = 1, s: float = 1, c: float | None = None) -> float:
+        """FLOPs of the whole model for one step of the phase (fwd + bwd for training)."""
+        return self._total("flops", b, s, c)
+
+    def total_bytes(self, b: float = 1, s: float = 1, c: float | None = None) -> float:
+        return self._total("bytes", b, s, c)
+
+    def _total(self, what: str, b: float, s: float, c: float | None) -> float:
+        total = 0.0
+        for name, n in self.block_counts().items():
+            blk = self.blocks[name]
+            for g in (blk.forward, blk.backward):
+                if g is not None:
+                    ev = g.evaluate(b, s, c)
+                    total += n * float(getattr(ev, what).sum())
+        return total
+
+    def num_params(self) -> int:
+        counts = self.block_counts()
+        return sum(counts[n] * blk.num_params for n, blk in self.blocks.items())
+
+
+def _versions() -> str:
+    import torch
+    import transformers
+
+    return f"torch{torch.__version__}-tf{transformers.__version__}-fe{FRONTEND_VERSION}"
+
+
+def _cache_key(spec: ModelSpec, phase: str, dtype: str, attn_impl: str) -> str:
+    raw = f"{config_hash(spec.hf_config)}|{phase}|{dtype}|{attn_impl}|{_versions()}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def clear_memory_cache() -> None:
+    """Forget in-memory traces (disk cache untouched)."""
+    _MEMORY.clear()
+
+
+def trace_model(
+    model: Any,
+    phase: Literal["train", "prefill", "decode"] = "train",
+    dtype: str = "bf16",
+    *,
+    attn_impl: Literal["sdpa", "eager"] = "sdpa",
+    use_disk_cache: bool = True,
+) -> TracedModel:
+    """Trace ``model`` (a ``ModelSpec`` or anything ``load_model`` takes) for ``phase``.
+
+    Args:
+        model: ``ModelSpec``, catalog name, config path or HF module.
+        phase: ``train`` (forward + backward, loss included), ``prefill`` (forward, c = s, LM
+            head on the last token) or ``decode`` (one new token per sequence, ``s = 1``,
+            attention over ``c`` keys of which ``c - 1`` come from the KV cache).
+        dtype: parameter/activation dtype (``bf16``, ``fp16``, ``fp32``).
+        attn_impl: ``sdpa`` (fused attention node) or ``eager`` (bmm + softmax + dropout).
+            Models whose HF class has no SDPA path (gpt-oss) fall back to eager.
+        use_disk_cache: read/write pickles under ``cache_dir("traces")``.
+
+    Raises:
+        ConfigError: bad phase, dtype or attn_impl, or a model transformers cannot build.
+    """
+    spec = load_model(model)
+    if phase not in PHASES:
+        raise ConfigError(f"`phase` must be one of {list(PHASES)}, but got {phase!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"`dtype` must be one of {list(DTYPES)}, but got {dtype!r}")
+    if attn_impl not in ATTN_IMPLS:
+        raise ConfigError(f"`attn_impl` must be one of {list(ATTN_IMPLS)}, but got "
+                          f"{attn_impl!r}")
+    key = _cache_key(spec, phase, dtype, attn_impl)
+    hit = _MEMORY.get(key)
+    if hit is None and use_disk_cache:
+        hit = _load_disk(key)
+        if hit is not None:
+            _MEMORY[key] = hit
+    if hit is None:
+        with _LOCK:
+            hit = _MEMORY.get(key)
+            if hit is None:
+                hit = _trace_uncached(spec, phase, dtype, attn_impl)
+                _MEMORY[key] = hit
+                if use_disk_cache:
+                    _store_disk(key, hit)
+    if hit.spec is not spec:
+        hit = replace(hit, spec=spec)
+    return hit
+
+
+def _disk_path(key: str) -> Any:
+    return cache_dir("traces") / f"{key}.pkl"
+
+
+def _load_disk(key: str) -> TracedModel | None:
+    path = _disk_path(key)
+    if not path.is_file():
+        return None
+    try:
+        with path.open("rb") as f:
+            obj = pickle.load(f)
+    except Exception:  # a corrupt or stale pickle is just a cache miss
+        return None
+    return obj if isinstance(obj, TracedModel) else None
+
+
+def _store_disk(key: str, tm: TracedModel) -> None:
+    path = _disk_path(key)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with tmp.open("wb") as f:
+        pickle.dump(tm, f, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)
+
+
+def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str) -> TracedModel:
+    global TRACE_CALLS
+    TRACE_CALLS += 1
+    import torch
+
+    from charon_search.catalog._hf import build_reduced_model
+    from charon_search.frontend._assemble import assemble
+    from charon_search.frontend._convert import Converter
+    from charon_search.frontend._symbolic import trace_points
+    from charon_search.frontend._trace import capture
+
+    try:
+        rm = build_reduced_model(spec, attn_impl=attn_impl)
+        used_impl = attn_impl
+    except ConfigError:
+        if attn_impl != "sdpa":
+            raise
+        rm = build_reduced_model(spec, attn_impl="eager")
+        used_impl = "eager"
+    rm.model.to(getattr(torch, DTYPES[dtype]))
+    p1, p2 = trace_points(phase)
+    caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"]) for p in (p1, p2))
+    conv = Converter(spec, phase, caps, (p1, p2), rm.layers_path, rm.layer_type_of)
+    conv.run()
+    names = ["embedding", *spec.block_types, "lm_head"]
+    blocks = assemble(conv, model_name=spec.name, dtype=dtype, block_names=names,
+                      param_blocks=conv.param_blocks())
+    return TracedModel(spec=spec, phase=phase, dtype=dtype, attn_impl=used_impl,
+                       blocks=blocks)

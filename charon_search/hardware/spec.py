@@ -39,6 +39,8 @@ class GpuSpec:
     """Achievable fraction of HBM bandwidth (roofline); calibrated."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field name -> where the figure comes from."""
+    description: str = ""
+    """Free text for people (part, memory type, power)."""
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; fp32 falls back to tf32 tensor cores."""
@@ -70,6 +72,8 @@ class TopologyTier:
     """Collective algorithms available on this tier (``ring``, ``tree``, ``nvls``...)."""
     oversubscription: float = 1.0
     """Bandwidth divided by this when the whole tier is busy (1.0 = non-blocking)."""
+    source: str = ""
+    """Where the tier's figures come from."""
 
     def __post_init__(self) -> None:
         if self.num_devices <= 0:
@@ -91,9 +95,11 @@ class Calibration:
     """
 
     collective_alpha_s: Mapping[str, float] = field(default_factory=dict)
-    """Tier name -> fitted per-step latency α of the α-β model."""
+    """Tier name -> fitted per-step latency α of the α-β model. A key ``<tier>.<algorithm>``
+    (``nvlink.nvls``) overrides it for one algorithm."""
     collective_bw_efficiency: Mapping[str, float] = field(default_factory=dict)
-    """Tier name -> fraction of the tier's link bandwidth NCCL reaches (β = 1/(eff·bw))."""
+    """Tier name -> fraction of the tier's link bandwidth NCCL reaches (β = 1/(eff·bw)); a key
+    ``<tier>.<algorithm>`` overrides it for one algorithm."""
     overlap_compute_slowdown: float = 1.0
     """Compute kernels run this many times slower while a collective overlaps them (≥ 1)."""
     overlap_comm_slowdown: float = 1.0
@@ -106,6 +112,8 @@ class Calibration:
     """Constant reserved headroom (CUDA context, workspace) added per GPU."""
     comm_buffer_bytes: float = 0.0
     """NCCL/communication buffers per process group."""
+    collective_launch_s: float = 0.0
+    """Fixed cost of one collective (kernel launch, NCCL setup), added once per call."""
     provenance: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -123,6 +131,8 @@ class ClusterSpec:
     cost_per_gpu_hour_usd: float = 0.0
     source: str = ""
     description: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """Field name -> where the figure comes from (e.g. ``cost_per_gpu_hour_usd``)."""
 
     def __post_init__(self) -> None:
         if not self.tiers:

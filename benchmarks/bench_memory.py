@@ -1,0 +1,69 @@
+"""Per-configuration cost of ``memory.fits`` with a warm trace/liveness cache.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_memory.py [--model llama-3.1-70b]``.
+The first call traces the model and walks its blocks (reported as ``cold_s``); then a grid of
+layouts (TP/PP/DP/ZeRO/recompute/micro-batch/schedule) is checked and the mean time per
+configuration reported. The last printed line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+from charon_search.catalog import load_model
+from charon_search.errors import ConfigError
+from charon_search.hardware import load_cluster
+from charon_search.layout import Layout
+from charon_search.memory import fits
+
+
+def _layouts(num_gpus: int, num_layers: int) -> list[Layout]:
+    out = []
+    for tp, pp, zero, rec, mbs in itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8), (0, 1, 3), ("none", "selective", "full"), (1, 2, 4),
+    ):
+        if num_gpus % (tp * pp) or num_layers < pp:
+            continue
+        dp = num_gpus // (tp * pp)
+        try:
+            out.append(Layout(
+                tp=tp, pp=pp, dp=dp, zero_stage=zero if dp > 1 else 0,
+                schedule="1f1b" if pp > 1 else "none", sequence_parallel=tp > 1,
+                micro_batch_size=mbs, global_batch_size=mbs * dp * 8, seq_len=8192,
+                recompute=rec))
+        except ConfigError:
+            continue
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3.1-70b")
+    ap.add_argument("--cluster", default="dgx-h100-ib400")
+    ap.add_argument("--gpus", type=int, default=64)
+    args = ap.parse_args()
+    spec = load_model(args.model)
+    cluster = load_cluster(args.cluster)
+    layouts = _layouts(args.gpus, spec.num_layers)
+    t0 = time.perf_counter()
+    fits(spec, layouts[0], cluster)
+    cold_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    feasible = 0
+    for layout in layouts:
+        ok, _ = fits(spec, layout, cluster)
+        feasible += ok
+    warm_s = time.perf_counter() - t0
+    per = warm_s / len(layouts)
+    print(f"{len(layouts)} layouts of {spec.name} on {args.gpus} x {cluster.gpu.name}: "
+          f"{feasible} fit; cold {cold_s:.2f} s, warm {per * 1e6:.0f} us per configuration")
+    print(json.dumps({"bench": "memory_fits", "model": spec.name, "cluster": cluster.name,
+                      "num_configs": len(layouts), "feasible": feasible,
+                      "cold_s": round(cold_s, 4), "per_config_s": per}))
+
+
+if __name__ == "__main__":
+    main()

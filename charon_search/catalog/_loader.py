@@ -1,0 +1,224 @@
+"""Load a ``ModelSpec`` from a catalog name, a ``config.json`` path, or an HF ``nn.Module``."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from charon_search.catalog.spec import ModelSpec
+from charon_search.errors import ConfigError
+
+__all__ = [
+    "config_hash",
+    "list_models",
+    "load_model",
+    "resolve_model_name",
+    "spec_from_config",
+]
+
+#: Keys in shipped configs that are ours, not HF's.
+_PRIVATE_PREFIX = "_charon_"
+
+
+def _configs_dir() -> Path:
+    return Path(str(resources.files("charon_search.catalog") / "configs"))
+
+
+@functools.cache
+def _catalog() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(_configs_dir().glob("*.json")):
+        out[path.stem] = json.loads(path.read_text())
+    return out
+
+
+@functools.cache
+def _aliases() -> dict[str, str]:
+    table: dict[str, str] = {}
+    for name, cfg in _catalog().items():
+        table[name.lower()] = name
+        for alias in cfg.get("_charon_aliases", ()):
+            table[alias.lower()] = name
+            # "meta-llama/Llama-3.1-70B" also matches "Llama-3.1-70B".
+            table[alias.split("/")[-1].lower()] = name
+    return table
+
+
+def list_models() -> list[str]:
+    """Catalog names of every shipped model, sorted."""
+    return sorted(_catalog())
+
+
+def resolve_model_name(name: str) -> str:
+    """Catalog name of ``name`` (a catalog name or an HF id, case-insensitive).
+
+    Raises:
+        ConfigError: unknown name; the message lists the closest catalog names.
+    """
+    key = name.strip().lower()
+    table = _aliases()
+    if key in table:
+        return table[key]
+    close = difflib.get_close_matches(key, list(table), n=5, cutoff=0.5)
+    hint = sorted({table[c] for c in close}) or list_models()
+    raise ConfigError(
+        f"`model` must be a catalog name, an HF id of one, or a path to a config.json, but got "
+        f"{name!r}; closest catalog names: {', '.join(hint)}"
+    )
+
+
+def config_hash(hf_config: Mapping[str, Any]) -> str:
+    """Stable hash of a config's HF content (our private ``_charon_*`` keys excluded)."""
+    clean = {k: v for k, v in hf_config.items() if not k.startswith(_PRIVATE_PREFIX)}
+    blob = json.dumps(clean, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_model(model: Any) -> ModelSpec:
+    """A ``ModelSpec`` for a catalog name, HF id, ``config.json`` path, or HF ``nn.Module``.
+
+    Example:
+        >>> spec = load_model("llama-3.1-8b")
+        >>> spec.num_layers, spec.num_params
+        (32, 8030261248)
+
+    Raises:
+        ConfigError: unknown name, missing/malformed file, or an unsupported architecture.
+    """
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, Path) or (isinstance(model, str) and _looks_like_path(model)):
+        path = Path(model)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"model config file {str(path)!r} does not exist")
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"model config {str(path)!r} is not valid JSON: {e}") from e
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"model config {str(path)!r} must hold a JSON object")
+        return spec_from_config(str(path), cfg)
+    if isinstance(model, str):
+        name = resolve_model_name(model)
+        return spec_from_config(name, _catalog()[name])
+    hf_cfg = getattr(model, "config", None)
+    if hf_cfg is not None and hasattr(hf_cfg, "to_dict"):
+        cfg = hf_cfg.to_dict()
+        spec = spec_from_config(type(model).__name__, cfg, count_params=False)
+        import dataclasses
+
+        n = sum(p.numel() for p in model.parameters())
+        return dataclasses.replace(spec, num_params=int(n))
+    raise ConfigError(
+        f"`model` must be a catalog name, a config.json path, or a HuggingFace model "
+        f"(nn.Module with a .config), but got {type(model).__name__}"
+    )
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.endswith(".json") or s.startswith((".", "/", "~")) or Path(s).exists()
+
+
+def spec_from_config(
+    name: str, cfg: Mapping[str, Any], *, count_params: bool = True
+) -> ModelSpec:
+    """Build a ``ModelSpec`` from a raw HF ``config.json`` dict."""
+    from charon_search.catalog._hf import count_params as _count, hf_config_object
+
+    cfg = dict(cfg)
+    hf = hf_config_object(name, cfg)
+    fields = _spec_fields(name, hf)
+    spec = ModelSpec(name=name, hf_config=cfg, **fields)
+    if count_params:
+        import dataclasses
+
+        spec = dataclasses.replace(spec, num_params=_count(spec))
+    return spec
+
+
+def _get(hf: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        v = getattr(hf, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
+    mt = hf.model_type
+    layers = int(_get(hf, "num_hidden_layers", "n_layer"))
+    hidden = int(_get(hf, "hidden_size", "n_embd"))
+    heads = int(_get(hf, "num_attention_heads", "n_head"))
+    kv = int(_get(hf, "num_key_value_heads", default=heads))
+    extra: dict[str, Any] = {}
+    attention = "mha" if kv == heads else "gqa"
+    v_head_dim = 0
+    if getattr(hf, "kv_lora_rank", None):
+        attention = "mla"
+        head_dim = int(hf.qk_nope_head_dim + hf.qk_rope_head_dim)
+        v_head_dim = int(hf.v_head_dim)
+        extra.update(kv_lora_rank=hf.kv_lora_rank, q_lora_rank=hf.q_lora_rank,
+                     qk_rope_head_dim=hf.qk_rope_head_dim, qk_nope_head_dim=hf.qk_nope_head_dim)
+    else:
+        head_dim = int(_get(hf, "head_dim", default=hidden // heads))
+    if mt == "gpt2":
+        intermediate = int(hf.n_inner or 4 * hidden)
+        gated = False
+    else:
+        intermediate = int(_get(hf, "intermediate_size", default=4 * hidden))
+        gated = True
+    num_experts = int(_get(hf, "num_experts", "num_local_experts", "n_routed_experts", default=0))
+    top_k = int(_get(hf, "num_experts_per_tok", "num_experts_per_token", default=0))
+    moe_inter = 0
+    shared = 0
+    if num_experts:
+        moe_inter = int(_get(hf, "moe_intermediate_size", default=intermediate))
+        shared = int(_get(hf, "n_shared_experts", default=0) or 0)
+        if mt == "qwen2_moe" and getattr(hf, "shared_expert_intermediate_size", 0):
+            shared = 1
+    layer_types = _layer_types(mt, hf, layers, num_experts)
+    sw = getattr(hf, "sliding_window", None)
+    if sw:
+        extra["sliding_window"] = int(sw)
+    attn_types = getattr(hf, "layer_types", None)
+    if attn_types and isinstance(attn_types, (list, tuple)):
+        extra["attention_layer_types"] = tuple(attn_types)
+    if mt == "gpt2":
+        extra["max_position_embeddings"] = int(hf.n_positions)
+    else:
+        mpe = getattr(hf, "max_position_embeddings", None)
+        if mpe:
+            extra["max_position_embeddings"] = int(mpe)
+    return dict(
+        model_type=mt, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_key_value_heads=kv, head_dim=head_dim, intermediate_size=intermediate,
+        vocab_size=int(hf.vocab_size), tie_word_embeddings=bool(hf.tie_word_embeddings),
+        gated_mlp=gated, attention=attention, v_head_dim=v_head_dim, num_experts=num_experts,
+        num_experts_per_token=top_k, moe_intermediate_size=moe_inter, num_shared_experts=shared,
+        layer_types=layer_types, extra=extra,
+    )
+
+
+def _layer_types(mt: str, hf: Any, layers: int, num_experts: int) -> tuple[str, ...]:
+    if not num_experts:
+        return ("dense",) * layers
+    if mt in ("deepseek_v3", "deepseek_v2", "kimi_k2"):
+        k = int(getattr(hf, "first_k_dense_replace", 0) or 0)
+        freq = int(getattr(hf, "moe_layer_freq", 1) or 1)
+        return tuple("moe" if i >= k and i % freq == 0 else "dense" for i in range(layers))
+    if mt in ("qwen3_moe", "qwen2_moe"):
+        step = int(getattr(hf, "decoder_sparse_step", 1) or 1)
+        only = set(getattr(hf, "mlp_only_layers", None) or ())
+        return tuple(
+            "moe" if i not in only and (i + 1) % step == 0 else "dense" for i in range(layers)
+        )
+    # Mixtral, gpt-oss and others: every layer is MoE.
+    return ("moe",) * layers

@@ -1,0 +1,104 @@
+"""Inspect the profile database and evaluate the per-op predictors on held-out shapes.
+
+``charon-search profiles info`` prints the GPUs, op kinds, row counts and sources of the DB.
+``charon-search profiles eval [--gpu GPU] [--op-kind KIND] [--json FILE]`` trains each
+(GPU, op kind) predictor with whole shapes held out and prints MAPE of predictor vs roofline;
+``--json`` writes ``{"rows": [{"gpu", "op_kind", "num_heldout", "mape_predictor",
+"mape_roofline", ...}]}`` with MAPE as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from charon_search.errors import ConfigError
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("info", "eval"), help="what to do")
+    parser.add_argument("--db", default=None, help="profile DB folder (default: shipped DB)")
+    parser.add_argument("--gpu", action="append", default=None,
+                        help="GPU name or alias (repeatable; default: every GPU in the DB)")
+    parser.add_argument("--op-kind", action="append", default=None,
+                        help="op kind to evaluate (repeatable): gemm, attention, norm, "
+                             "elementwise, grouped_gemm")
+    parser.add_argument("--json", default=None, help="write the eval table to this file")
+    parser.add_argument("--max-train-rows", type=int, default=None,
+                        help="subsample training rows per model (quick runs)")
+
+
+def _db(path: str | None):  # type: ignore[no-untyped-def]
+    from charon_search.cost.profile_db import ProfileDB, default_profile_db
+
+    db = ProfileDB(path) if path else default_profile_db()
+    if db is None:
+        raise ConfigError("no profile DB: the package has no charon_search/data/profiles; "
+                          "run scripts/import_peers.py or pass --db")
+    return db
+
+
+def _gpus(db, names: list[str] | None) -> list[str] | None:  # type: ignore[no-untyped-def]
+    if not names:
+        return None
+    out = []
+    for name in names:
+        key = db.resolve_gpu(name)
+        if key is None:
+            raise ConfigError(f"--gpu {name!r}: no profile data; must be one of {db.gpus()}")
+        out.append(key)
+    return out
+
+
+def _info(db) -> int:  # type: ignore[no-untyped-def]
+    from charon_search.units import format_bytes
+
+    print(f"profile DB {db.root} (content hash {db.content_hash})")
+    print(f"{'gpu':20s} {'op_kind':15s} {'rows':>8s} {'size':>10s}  dtypes / variants / kernels")
+    total_rows = total_bytes = 0
+    for t in db.summary():
+        total_rows += t["rows"]
+        total_bytes += t["bytes"]
+        variants = ",".join(v or "-" for v in t["variants"])
+        print(f"{t['gpu']:20s} {t['op_kind']:15s} {t['rows']:8d} {format_bytes(t['bytes']):>10s}"
+              f"  {','.join(t['dtypes'])} / {variants} / {'; '.join(t['kernels'])[:80]}")
+    print(f"total: {len(db.gpus())} GPUs, {total_rows} rows, {format_bytes(total_bytes)}")
+    print("sources:")
+    for src in sorted({s.split(" ")[0] + " " + s.split(" ")[1] for t in db.summary()
+                       for s in t["sources"]}):
+        print(f"  {src}")
+    return 0
+
+
+def _eval(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from charon_search.cost.predictor import PREDICTED_KINDS, heldout_evaluation
+
+    kinds = args.op_kind
+    for k in kinds or ():
+        if k not in PREDICTED_KINDS:
+            raise ConfigError(f"--op-kind {k!r}: must be one of {sorted(PREDICTED_KINDS)}")
+    rows = heldout_evaluation(db, gpus=_gpus(db, args.gpu), kinds=kinds,
+                              max_train_rows=args.max_train_rows)
+    fmt = lambda x: "   n/a" if math.isnan(x) else f"{100 * x:5.1f}%"  # noqa: E731
+    print(f"{'gpu':20s} {'op_kind':13s} {'family':8s} {'dtype':5s} {'train':>7s} "
+          f"{'heldout':>7s} {'predictor':>9s} {'roofline':>9s}")
+    for r in rows:
+        print(f"{r['gpu']:20s} {r['op_kind']:13s} {r['family'] or '-':8s} {r['dtype']:5s} "
+              f"{r['num_train']:7d} {r['num_heldout']:7d} {fmt(r['mape_predictor']):>9s} "
+              f"{fmt(r['mape_roofline']):>9s}")
+    if args.json:
+        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                  for k, v in r.items()} for r in rows]
+        Path(args.json).write_text(json.dumps({"rows": clean}, indent=1) + "\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    db = _db(args.db)
+    if args.action == "info":
+        return _info(db)
+    return _eval(db, args)

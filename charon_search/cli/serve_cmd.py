@@ -1,0 +1,138 @@
+"""Simulate serving a model: TTFT/TPOT/throughput under a workload (continuous batching, PD).
+
+Examples:
+    charon-search serve --model llama-3.1-70b --cluster h100-sxm-8gpu --tp 4 \\
+        --workload poisson --rate 4 --num-requests 2000 --input-len 2000 --output-len 200 \\
+        --max-num-seqs 256 --max-batched-tokens 8192 --chunked-prefill --json serve.json
+    charon-search serve ... --disagg prefill=2xTP2,decode=1xTP4 --kv-transfer rdma
+    charon-search serve ... --workload trace.csv     # arrived_at, prompt_tokens, output_tokens
+
+Engine knobs beyond these flags go in ``--config serving.yaml`` (the ``ServingConfig`` fields,
+plus an optional ``workload:`` section with the ``WorkloadSpec`` fields); flags override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from charon_search.errors import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="catalog name or HF config path")
+    parser.add_argument("--cluster", required=True, help="cluster name or YAML path")
+    parser.add_argument("--config", help="serving YAML/JSON (ServingConfig fields + workload:)")
+    g = parser.add_argument_group("parallelism")
+    g.add_argument("--tp", type=int)
+    g.add_argument("--pp", type=int)
+    g.add_argument("--ep", type=int)
+    g.add_argument("--dp", type=int, help="replicas behind the router")
+    g.add_argument("--sp", type=int, help="prefill sequence-parallel degree")
+    g.add_argument("--dynamic-sp", action="store_true", default=None,
+                   help="choose each prefill request's SP degree per batch")
+    g.add_argument("--disagg", help="PD disaggregation, e.g. prefill=2xTP2,decode=1xTP4")
+    g.add_argument("--kv-transfer", choices=("rdma", "nvlink"), default=None)
+    w = parser.add_argument_group("workload")
+    w.add_argument("--workload", default=None,
+                   help="poisson | gamma | concurrency | burst | a trace file (.csv/.parquet)")
+    w.add_argument("--rate", type=float, help="arrival rate (requests/s)")
+    w.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
+    w.add_argument("--num-requests", type=int)
+    w.add_argument("--input-len", type=int)
+    w.add_argument("--output-len", type=int)
+    w.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    w.add_argument("--seed", type=int)
+    e = parser.add_argument_group("engine")
+    e.add_argument("--scheduler", choices=("vllm", "static"))
+    e.add_argument("--max-num-seqs", type=int)
+    e.add_argument("--max-batched-tokens", type=int)
+    e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp4"))
+    e.add_argument("--spec-k", type=int, help="speculative draft tokens (MTP)")
+    e.add_argument("--spec-acceptance", type=float, help="per-token acceptance rate")
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", help="write the ServingReport here")
+    o.add_argument("--requests-parquet", help="write per-request results here")
+    o.add_argument("--chrome-trace", help="write the iterations as a Chrome trace here")
+    o.add_argument("--no-progress", action="store_true")
+
+
+def _load_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"`--config` file {path!r} does not exist")
+    text = p.read_text()
+    if p.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must hold a mapping of ServingConfig fields")
+    return data
+
+
+def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(ServingConfig, WorkloadSpec) from ``--config`` plus the flags."""
+    from charon_search.serving import ServingConfig, SpeculativeConfig, WorkloadSpec
+    from charon_search.serving.config import parse_disagg
+
+    data = _load_file(args.config) if args.config else {}
+    wl_data = dict(data.pop("workload", {}) or {})
+    flags = {
+        "tp": args.tp, "pp": args.pp, "ep": args.ep, "dp": args.dp, "sp": args.sp,
+        "dynamic_sp": args.dynamic_sp, "scheduler": args.scheduler,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens,
+        "chunked_prefill": args.chunked_prefill, "prefix_caching": args.prefix_caching,
+        "precision": args.precision,
+    }
+    data.update({k: v for k, v in flags.items() if v is not None})
+    if args.disagg:
+        data["disagg"] = parse_disagg(args.disagg, args.kv_transfer or "rdma")
+    elif args.kv_transfer:
+        raise ConfigError("`--kv-transfer` needs `--disagg`")
+    if args.spec_k:
+        data["speculative"] = SpeculativeConfig(
+            num_draft_tokens=args.spec_k,
+            acceptance_rate=0.7 if args.spec_acceptance is None else args.spec_acceptance)
+    config = ServingConfig.from_dict(data, where=args.config or "serve flags")
+    kind = args.workload or wl_data.get("arrival") or "poisson"
+    if kind not in ("poisson", "gamma", "concurrency", "burst", "trace"):
+        wl_data["arrival"] = "trace"
+        wl_data["trace_path"] = kind
+        wl_data.setdefault("num_requests", 0)
+    else:
+        wl_data["arrival"] = kind
+    wl_flags = {"rate_per_s": args.rate, "cv": args.cv, "num_requests": args.num_requests,
+                "input_len": args.input_len, "output_len": args.output_len,
+                "concurrency": args.concurrency, "seed": args.seed}
+    wl_data.update({k: v for k, v in wl_flags.items() if v is not None})
+    if kind == "concurrency" and "concurrency" not in wl_data:
+        raise ConfigError("`--workload concurrency` needs `--concurrency N`")
+    return config, WorkloadSpec.from_dict(wl_data)
+
+
+def run(args: argparse.Namespace) -> int:
+    from charon_search.serving import simulate_serving
+
+    config, workload = build_inputs(args)
+    report = simulate_serving(
+        args.model, args.cluster, config, workload,
+        keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,
+        progress=not args.no_progress and sys.stderr.isatty())
+    print(report.summary())
+    if args.json:
+        report.to_json(args.json)
+        print(f"wrote {args.json}")
+    if args.requests_parquet:
+        report.write_requests_parquet(args.requests_parquet)
+        print(f"wrote {args.requests_parquet}")
+    if args.chrome_trace:
+        print(f"wrote {args.chrome_trace}")
+    return 0

@@ -1,0 +1,436 @@
+"""Topology-aware collective costs: α-β per tier, ring / tree / NVLS / hierarchical algorithms.
+
+A group of ``n`` ranks occupies global ranks ``0, stride, 2·stride, ...`` (the representative
+group; all groups of a mesh axis are alike). Tiers are nested domains of consecutive ranks
+(``TopologyTier.num_devices``: 8 for an NVLink node, 3,072 for a pod...), so the rank positions
+decide which tiers the group spans: TP=8 with stride 1 stays on NVLink, a DP group with stride 64
+crosses nodes and maybe pods.
+
+Notation (per call): ``S`` = message bytes per rank (``ir.ops.PARAMS_BY_KIND``: the full buffer of
+an all-reduce, the gathered output of an all-gather, the input of a reduce-scatter, the send buffer
+of an all-to-all, the payload of a send/recv); ``k_t`` = most group ranks inside one tier-``t``
+domain (``k_{-1} = 1``, ``k_T = n`` at the outermost spanned tier ``T``); ``m_t = k_t / k_{t-1}``
+the fan-out at level ``t``; ``B_t`` = per-GPU bandwidth of tier ``t`` times its calibrated
+efficiency, divided by the contention factor; ``α_t`` the calibrated per-step latency.
+
+Algorithms (NCCL-like; ``algo=None`` picks the fastest available):
+
+* ``ring`` on one tier: all-reduce ``2(n-1)/n·S/B + 2(n-1)·α``; all-gather / reduce-scatter
+  ``(n-1)/n·S/B + (n-1)·α``. Across tiers (multi-channel ring, each lower domain crossing through
+  its ``k_{t-1}`` NICs): the bandwidth term is the bottleneck ``max_t factor·S/(k_{t-1}·B_t)`` and
+  every step pays the slowest tier's α.
+* ``tree`` (double binary tree, all-reduce): ``2·S/B_min + 2·Σ_t ceil(log2 m_t)·α_t``.
+* ``nvls`` (NVLink SHARP, in-switch reduction) where a tier lists it: all-reduce ``S/B + 2α``;
+  all-gather / reduce-scatter ``(n-1)/n·S/B + 2α``.
+* ``hierarchical`` for groups crossing tiers: reduce-scatter inside each level from the innermost
+  out (level ``t`` works on ``S/k_{t-1}`` bytes over ``m_t`` ranks), all-reduce among the
+  outermost level's ranks, then all-gather back. All-gather / reduce-scatter use half of it.
+* ``pairwise`` all-to-all: every rank sends ``S/n`` to each peer; the ``p_t = k_t - k_{t-1}``
+  peers first reached at tier ``t`` go over ``B_t``: ``max_t S·p_t/n/B_t + Σ_t p_t·α_t``.
+* ``p2p`` send/recv between ranks ``0`` and ``stride``: ``S/B_T + α_T`` on the tier they share.
+
+Contention: ``concurrent_groups`` groups of the same shape communicate at once (e.g. the 8 DP
+groups of a node, one per TP rank). A tier's uplinks out of a lower domain of ``D`` devices carry
+``D·bw/oversubscription``; with ``A = min(D, k·concurrent_groups)`` active senders each gets
+``min(bw, D·bw/(oversubscription·A))``. A non-blocking tier (oversubscription 1, e.g.
+rail-optimized NICs, one per GPU) never slows down; Llama 3's 1:7 aggregation layer does when
+many groups cross it.
+
+Every call adds ``calibration.collective_launch_s`` once (kernel launch / NCCL setup).
+NB: not modelled: protocol switching (LL/LL128/Simple), channel counts, PXN, SHARP in IB switches,
+congestion between different collectives (the simulator shares tiers between concurrent ops).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from charon_search.errors import ConfigError
+from charon_search.ir.ops import COMM_KINDS, OpKind
+
+if TYPE_CHECKING:
+    from charon_search.hardware.spec import ClusterSpec, TopologyTier
+
+__all__ = [
+    "ALGORITHMS",
+    "CollectiveEstimate",
+    "collective_bus_bandwidth",
+    "collective_time",
+    "estimate_collective",
+    "group_tiers",
+]
+
+ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "pairwise", "p2p")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveEstimate:
+    """The cost of one collective and how it was reached."""
+
+    duration_s: float
+    algorithm: str
+    """The algorithm chosen (or forced)."""
+    tiers: tuple[str, ...]
+    """Tiers the group spans, innermost first."""
+    bottleneck_tier: str
+    """The tier whose bandwidth term is largest."""
+    candidates: tuple[tuple[str, float], ...] = ()
+    """Every algorithm considered with its duration."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Level:
+    tier_idx: int
+    k_prev: int
+    """Most group ranks inside one domain of the tier below (1 at the innermost level)."""
+    k_prev_min: int
+    """Fewest group ranks inside an occupied domain of the tier below (their NICs carry rings)."""
+    k: int
+    """Most group ranks inside one domain of this tier."""
+
+    @property
+    def fan(self) -> float:
+        return self.k / self.k_prev
+
+
+@functools.lru_cache(maxsize=4096)
+def _levels(n: int, stride: int, sizes: tuple[int, ...]) -> tuple[_Level, ...]:
+    """The levels a group of ``n`` ranks at ``stride`` spans (exact counting of domains)."""
+    ranks = [i * stride for i in range(n)]
+    out: list[_Level] = []
+    k_prev, k_prev_min = 1, 1
+    for idx, size in enumerate(sizes):
+        counts: dict[int, int] = {}
+        for r in ranks:
+            counts[r // size] = counts.get(r // size, 0) + 1
+        k, k_min = max(counts.values()), min(counts.values())
+        if k > k_prev:
+            out.append(_Level(tier_idx=idx, k_prev=k_prev, k_prev_min=k_prev_min, k=k))
+        if k == n:
+            break
+        k_prev, k_prev_min = k, k_min
+    return tuple(out)
+
+
+def _kind(kind: OpKind | str) -> OpKind:
+    try:
+        k = OpKind(kind)
+    except ValueError:
+        k = None
+    if k is None or k not in COMM_KINDS:
+        raise ConfigError(
+            f"collective kind must be one of {sorted(x.value for x in COMM_KINDS)}, "
+            f"but got {kind!r}"
+        )
+    return k
+
+
+def group_tiers(group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> tuple[str, ...]:
+    """Names of the tiers a group of ``group_size`` ranks at ``stride`` communicates over."""
+    _check_group(group_size, stride, cluster)
+    if group_size <= 1:
+        return ()
+    sizes = tuple(t.num_devices for t in cluster.tiers)
+    return tuple(cluster.tiers[lv.tier_idx].name for lv in _levels(group_size, stride, sizes))
+
+
+def _check_group(n: int, stride: int, cluster: ClusterSpec) -> None:
+    if n < 1 or stride < 1:
+        raise ConfigError(f"`group_size >= 1` and `stride >= 1` must hold, but got "
+                          f"(group_size={n}, stride={stride})")
+    span = (n - 1) * stride + 1
+    outer = cluster.tiers[-1].num_devices
+    if span > outer:
+        raise ConfigError(
+            f"a group of {n} ranks at stride {stride} spans {span} ranks, but cluster "
+            f"{cluster.name} has {outer} devices in its outermost tier"
+        )
+
+
+class _Ctx:
+    """View of the cluster for one group shape: α and effective bandwidth per level and
+    algorithm (memoized, since the simulator asks about the same groups over and over)."""
+
+    def __init__(self, cluster: ClusterSpec, levels: tuple[_Level, ...],
+                 concurrent_groups: int) -> None:
+        self.cluster = cluster
+        self.levels = levels
+        self.cal = cluster.calibration
+        self.concurrent = max(1, int(concurrent_groups))
+        self._alpha: dict[tuple[int, str], float] = {}
+        self._bw: dict[tuple[_Level, str], float] = {}
+
+    def tier(self, lv: _Level) -> TopologyTier:
+        return self.cluster.tiers[lv.tier_idx]
+
+    def alpha(self, lv: _Level, algo: str) -> float:
+        key = (lv.tier_idx, algo)
+        if key not in self._alpha:
+            t = self.tier(lv)
+            a = self.cal.collective_alpha_s
+            self._alpha[key] = a.get(f"{t.name}.{algo}", a.get(t.name, t.latency_s))
+        return self._alpha[key]
+
+    def bw(self, lv: _Level, algo: str) -> float:
+        key = (lv, algo)
+        if key not in self._bw:
+            self._bw[key] = self._compute_bw(lv, algo)
+        return self._bw[key]
+
+    def _compute_bw(self, lv: _Level, algo: str) -> float:
+        """Effective per-rank bandwidth of the level's tier (efficiency and contention)."""
+        t = self.tier(lv)
+        e = self.cal.collective_bw_efficiency
+        eff = e.get(f"{t.name}.{algo}", e.get(t.name, 1.0))
+        bw = t.bandwidth_bytes_per_s * eff
+        if t.oversubscription > 1.0:
+            if lv.tier_idx == 0:
+                domain, per_domain = t.num_devices, lv.k
+            else:
+                domain = self.cluster.tiers[lv.tier_idx - 1].num_devices
+                per_domain = lv.k_prev
+            active = min(domain, per_domain * self.concurrent)
+            bw *= min(1.0, domain / (t.oversubscription * active))
+        return bw
+
+    def has(self, lv: _Level, algo: str) -> bool:
+        return algo in self.tier(lv).algorithms
+
+
+def _ring_single(factor_steps: float, s: float, n: float, bw: float, alpha: float) -> float:
+    """``factor_steps`` = 2 for all-reduce, 1 for all-gather / reduce-scatter."""
+    return factor_steps * (n - 1) / n * s / bw + factor_steps * (n - 1) * alpha
+
+
+def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
+    """Candidate algorithms -> (seconds, bottleneck tier)."""
+    lvs = ctx.levels
+    out: dict[str, tuple[float, str]] = {}
+    if len(lvs) == 1:
+        lv = lvs[0]
+        name = ctx.tier(lv).name
+        out["ring"] = (_ring_single(2, s, n, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring")), name)
+        if ctx.has(lv, "tree"):
+            out["tree"] = (2 * s / ctx.bw(lv, "tree")
+                           + 2 * math.ceil(math.log2(n)) * ctx.alpha(lv, "tree"), name)
+        if ctx.has(lv, "nvls"):
+            out["nvls"] = (s / ctx.bw(lv, "nvls") + 2 * ctx.alpha(lv, "nvls"), name)
+        return out
+    # Flat ring across tiers: bottleneck bandwidth, slowest α per step.
+    terms = [(2 * (n - 1) / n * s / (lv.k_prev_min * ctx.bw(lv, "ring")), ctx.tier(lv).name)
+             for lv in lvs]
+    bw_s, neck = max(terms)
+    out["ring"] = (bw_s + 2 * (n - 1) * max(ctx.alpha(lv, "ring") for lv in lvs), neck)
+    outer = lvs[-1]
+    if ctx.has(outer, "tree"):
+        terms = [(2 * s / (lv.k_prev_min * ctx.bw(lv, "tree")), ctx.tier(lv).name)
+                 for lv in lvs]
+        bw_s, neck = max(terms)
+        lat = sum(2 * math.ceil(math.log2(max(lv.fan, 1.0))) * ctx.alpha(lv, "tree")
+                  for lv in lvs)
+        out["tree"] = (bw_s + lat, neck)
+    # Hierarchical: RS in, AR at the top, AG out.
+    total, worst = 0.0, (-1.0, "")
+    for lv in lvs[:-1]:
+        part = 2 * _ring_single(1, s / lv.k_prev, lv.fan, ctx.bw(lv, "ring"),
+                                ctx.alpha(lv, "ring"))
+        total += part
+        worst = max(worst, (part, ctx.tier(lv).name))
+    top = min(_all_reduce_top(ctx, outer, s / outer.k_prev).values())
+    total += top
+    worst = max(worst, (top, ctx.tier(outer).name))
+    out["hierarchical"] = (total, worst[1])
+    return out
+
+
+def _all_reduce_top(ctx: _Ctx, lv: _Level, s: float) -> dict[str, float]:
+    """All-reduce among the outermost level's ranks (one per lower domain), any algorithm."""
+    fan = lv.fan
+    out = {"ring": _ring_single(2, s, fan, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring"))}
+    if ctx.has(lv, "tree"):
+        out["tree"] = (2 * s / ctx.bw(lv, "tree")
+                       + 2 * math.ceil(math.log2(max(fan, 1.0))) * ctx.alpha(lv, "tree"))
+    return out
+
+
+def _gather_scatter(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
+    """All-gather or reduce-scatter (same cost, mirrored)."""
+    lvs = ctx.levels
+    out: dict[str, tuple[float, str]] = {}
+    if len(lvs) == 1:
+        lv = lvs[0]
+        name = ctx.tier(lv).name
+        out["ring"] = (_ring_single(1, s, n, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring")), name)
+        if ctx.has(lv, "nvls"):
+            out["nvls"] = ((n - 1) / n * s / ctx.bw(lv, "nvls") + 2 * ctx.alpha(lv, "nvls"),
+                           name)
+        return out
+    terms = [((n - 1) / n * s / (lv.k_prev_min * ctx.bw(lv, "ring")), ctx.tier(lv).name)
+             for lv in lvs]
+    bw_s, neck = max(terms)
+    out["ring"] = (bw_s + (n - 1) * max(ctx.alpha(lv, "ring") for lv in lvs), neck)
+    parts = [(_ring_single(1, s / lv.k_prev, lv.fan, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring")),
+              ctx.tier(lv).name) for lv in lvs]
+    out["hierarchical"] = (sum(p for p, _ in parts), max(parts)[1])
+    return out
+
+
+def _all_to_all(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
+    terms, lat = [], 0.0
+    for lv in ctx.levels:
+        peers = lv.k - lv.k_prev
+        terms.append((s * peers / n / ctx.bw(lv, "pairwise"), ctx.tier(lv).name))
+        lat += peers * ctx.alpha(lv, "pairwise")
+    bw_s, neck = max(terms)
+    return {"pairwise": (bw_s + lat, neck)}
+
+
+def _send_recv(ctx: _Ctx, s: float) -> dict[str, tuple[float, str]]:
+    lv = ctx.levels[-1]
+    return {"p2p": (s / ctx.bw(lv, "p2p") + ctx.alpha(lv, "p2p"), ctx.tier(lv).name)}
+
+
+# id(cluster) -> (cluster, {(n, stride, concurrent): _Ctx}); the cluster is kept so its id
+# cannot be reused while the entry lives. Bounded: cleared when it grows past _MAX_CACHED.
+_CONTEXTS: dict[int, tuple[ClusterSpec, dict[tuple[int, int, int], _Ctx]]] = {}
+_MAX_CACHED = 64
+
+
+def _context(cluster: ClusterSpec, n: int, stride: int, concurrent_groups: int) -> _Ctx:
+    entry = _CONTEXTS.get(id(cluster))
+    if entry is None or entry[0] is not cluster:
+        if len(_CONTEXTS) >= _MAX_CACHED:
+            _CONTEXTS.clear()
+        entry = (cluster, {})
+        _CONTEXTS[id(cluster)] = entry
+    key = (n, stride, max(1, int(concurrent_groups)))
+    ctx = entry[1].get(key)
+    if ctx is None:
+        sizes = tuple(t.num_devices for t in cluster.tiers)
+        ctx = _Ctx(cluster, _levels(n, stride, sizes), key[2])
+        if len(entry[1]) > 4096:
+            entry[1].clear()
+        entry[1][key] = ctx
+    return ctx
+
+
+def estimate_collective(
+    kind: OpKind | str,
+    nbytes: float,
+    group_size: int,
+    cluster: ClusterSpec,
+    *,
+    stride: int = 1,
+    algo: str | None = None,
+    concurrent_groups: int = 1,
+) -> CollectiveEstimate:
+    """Like ``collective_time`` but also says which algorithm and tiers were used."""
+    k = _kind(kind)
+    n = int(group_size)
+    if k is OpKind.SEND_RECV and n > 1:
+        n = 2  # one transfer between ranks r and r + stride
+    _check_group(n, stride, cluster)
+    if nbytes < 0:
+        raise ConfigError(f"`nbytes >= 0` must hold, but got {nbytes=}")
+    if n <= 1 or nbytes == 0:
+        return CollectiveEstimate(duration_s=0.0, algorithm="none", tiers=(),
+                                  bottleneck_tier="")
+    ctx = _context(cluster, n, stride, concurrent_groups)
+    levels = ctx.levels
+    s = float(nbytes)
+    if k is OpKind.ALL_REDUCE:
+        cands = _all_reduce(ctx, s, n)
+    elif k in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+        cands = _gather_scatter(ctx, s, n)
+    elif k is OpKind.ALL_TO_ALL:
+        cands = _all_to_all(ctx, s, n)
+    else:
+        cands = _send_recv(ctx, s)
+    if algo is None:
+        chosen = min(cands, key=lambda a: cands[a][0])
+    elif algo in cands:
+        chosen = algo
+    else:
+        raise ConfigError(
+            f"algorithm {algo!r} is not available for {k.value} over tiers "
+            f"{[ctx.tier(lv).name for lv in levels]} of cluster {cluster.name}; "
+            f"available: {sorted(cands)}"
+        )
+    seconds, neck = cands[chosen]
+    return CollectiveEstimate(
+        duration_s=seconds + cluster.calibration.collective_launch_s,
+        algorithm=chosen,
+        tiers=tuple(ctx.tier(lv).name for lv in levels),
+        bottleneck_tier=neck,
+        candidates=tuple(sorted((a, v[0]) for a, v in cands.items())),
+    )
+
+
+def collective_time(
+    kind: OpKind | str,
+    nbytes: float,
+    group_size: int,
+    cluster: ClusterSpec,
+    *,
+    stride: int = 1,
+    algo: str | None = None,
+    concurrent_groups: int = 1,
+) -> float:
+    """Seconds for one collective of ``nbytes`` per rank among ``group_size`` ranks.
+
+    Args:
+        kind: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all`` or
+            ``send_recv`` (an ``OpKind`` or its string).
+        nbytes: message bytes per rank (see the module docstring for each kind).
+        group_size: ranks in the group (a send/recv is one transfer between two ranks).
+        cluster: topology, bandwidths and calibration.
+        stride: distance between consecutive group ranks in global rank order.
+        algo: force one of ``ALGORITHMS``; None picks the fastest available (like NCCL).
+        concurrent_groups: groups of this shape communicating at the same time (link sharing).
+
+    Returns:
+        Seconds, including ``calibration.collective_launch_s``; 0.0 for one rank or 0 bytes.
+
+    Raises:
+        ConfigError: unknown kind or algorithm, or a group larger than the cluster.
+
+    Example:
+        >>> from charon_search.testing import toy_cluster
+        >>> t = collective_time("all_reduce", 1e9, 2, toy_cluster(), algo="ring")
+        >>> round(t * 1e3, 3)  # 2·(1/2)·1e9 B / (450e9 · 0.8) + 2·1 µs
+        2.78
+    """
+    return estimate_collective(kind, nbytes, group_size, cluster, stride=stride, algo=algo,
+                               concurrent_groups=concurrent_groups).duration_s
+
+
+#: nccl-tests bus-bandwidth factor per kind (busbw = algbw × factor).
+def _bus_factor(kind: OpKind, n: int) -> float:
+    if kind is OpKind.ALL_REDUCE:
+        return 2 * (n - 1) / n
+    if kind is OpKind.SEND_RECV:
+        return 1.0
+    return (n - 1) / n
+
+
+def collective_bus_bandwidth(
+    kind: OpKind | str,
+    nbytes: float,
+    group_size: int,
+    cluster: ClusterSpec,
+    **kwargs: object,
+) -> float:
+    """nccl-tests "bus bandwidth" (bytes/s) of the modelled collective: ``factor·S/time``.
+
+    The factor is ``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather, reduce-scatter and
+    all-to-all, 1 for send/recv, so a ring on one tier approaches ``bw·efficiency``.
+    """
+    k = _kind(kind)
+    t = collective_time(k, nbytes, group_size, cluster, **kwargs)  # type: ignore[arg-type]
+    n = 2 if k is OpKind.SEND_RECV else int(group_size)
+    if t <= 0:
+        return 0.0
+    return _bus_factor(k, n) * float(nbytes) / t

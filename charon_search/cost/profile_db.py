@@ -1,0 +1,308 @@
+"""The profile database: measured op latencies, one Parquet file per (GPU, op kind).
+
+Layout on disk (``charon_search/data/profiles/`` for the shipped DB, any folder for a user DB)::
+
+    index.json                      {"version", "content_hash", "tables": [{gpu, op_kind, rows,
+                                      file, sources}]}
+    <gpu>/<op_kind>.parquet         rows of one GPU and op kind, sorted by (variant, dtype, shape)
+
+A query reads exactly one file (never all rows), and an exact-shape lookup is a dict hit built
+on first use per (gpu, op_kind, variant, dtype).
+
+Columns (``COLUMNS``): ``gpu`` (normalized GPU key, ``GPU_KEYS``), ``op_kind`` (``ir.ops.OpKind``
+value), ``variant`` (``prefill``/``decode`` for attention — decode rows have ``q_len == 1`` —,
+``moe_ffn`` for a whole MoE expert FFN, ``dispatch``/``combine`` for EP all-to-all, ``""``
+otherwise), ``dtype`` (IR dtype key: ``bf16``, ``fp8``...), ``kernel`` (kernel/implementation
+measured), ``source`` (which table it was converted from), ``latency_s`` (SI seconds) and the
+shape columns named as in ``ir.ops.PARAMS_BY_KIND`` (NaN where a kind lacks the parameter).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from charon_search.errors import ConfigError
+
+__all__ = [
+    "COLUMNS",
+    "GPU_KEYS",
+    "SHAPE_COLUMNS",
+    "SHAPE_KEYS",
+    "ProfileDB",
+    "ProfileTable",
+    "default_profile_db",
+    "normalize_gpu",
+    "write_profile_db",
+]
+
+#: Shape columns (float64, NaN when the op kind lacks the parameter).
+SHAPE_COLUMNS: tuple[str, ...] = (
+    "m", "n", "k", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim",
+    "tokens", "top_k", "num_experts", "rows", "cols", "numel", "bytes", "group_size",
+    "num_nodes",
+)
+STRING_COLUMNS: tuple[str, ...] = ("gpu", "op_kind", "variant", "dtype", "kernel", "source")
+COLUMNS: tuple[str, ...] = (*STRING_COLUMNS, *SHAPE_COLUMNS, "latency_s")
+
+#: Shape columns that make up the exact-lookup key of each stored op kind (in this order).
+SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k"),
+    "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
+    "norm": ("rows", "cols"),
+    "elementwise": ("numel", "bytes"),
+    "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k"),
+    "all_reduce": ("bytes", "group_size", "num_nodes"),
+    "all_gather": ("bytes", "group_size", "num_nodes"),
+    "reduce_scatter": ("bytes", "group_size", "num_nodes"),
+    "all_to_all": ("bytes", "group_size", "num_nodes", "tokens", "top_k", "num_experts"),
+    "send_recv": ("bytes", "group_size", "num_nodes"),
+}
+
+#: Normalized GPU key -> spellings used by the measurement sources (aiconfigurator system
+#: folder names, vidur SKU folders, ``nvidia-smi`` device names).
+GPU_KEYS: dict[str, tuple[str, ...]] = {
+    "a100-sxm-80gb": ("a100_sxm", "a100", "a100_dgx", "nvidia a100-sxm4-80gb", "a100-sxm4-80gb"),
+    "h100-sxm-80gb": ("h100_sxm", "h100", "h100_dgx", "nvidia h100 80gb hbm3"),
+    "h200-sxm-141gb": ("h200_sxm", "h200", "nvidia h200"),
+    "b200-sxm-180gb": ("b200_sxm", "b200", "nvidia b200"),
+    "b300-sxm-288gb": ("b300_sxm", "b300", "nvidia b300 sxm6 ac"),
+    "gb200": ("gb200_nvl72", "nvidia gb200"),
+    "gb300": ("gb300_nvl72", "nvidia gb300"),
+    "l40s-48gb": ("l40s", "nvidia l40s"),
+    "rtx-pro-6000-96gb": ("rtx_pro_6000_server", "nvidia rtx pro 6000 blackwell server edition"),
+    "a40-48gb": ("a40", "nvidia a40"),
+}
+_ALIAS_TO_KEY = {a: k for k, aliases in GPU_KEYS.items() for a in (k, *aliases)}
+
+
+def _canon(name: str) -> str:
+    return name.strip().lower()
+
+
+def normalize_gpu(name: str) -> str | None:
+    """The DB key for a GPU name or alias, or None if the DB has no key for it.
+
+    Tries the package's hardware resolver first (``charon_search.hardware.resolve_gpu_name``,
+    engineer B's), then the alias table of the measurement sources.
+    """
+    n = _canon(name)
+    if n in _ALIAS_TO_KEY:
+        return _ALIAS_TO_KEY[n]
+    alt = n.replace("_", "-")
+    if alt in _ALIAS_TO_KEY:
+        return _ALIAS_TO_KEY[alt]
+    try:  # the hardware package may know more aliases (e.g. "H100 SXM5")
+        from charon_search.hardware.loader import resolve_gpu_name
+
+        resolved = _canon(resolve_gpu_name(name))
+        return _ALIAS_TO_KEY.get(resolved, _ALIAS_TO_KEY.get(resolved.replace("_", "-")))
+    except Exception:  # unknown to the resolver too, or resolver not present
+        return None
+
+
+def _shape_key(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileTable:
+    """All rows of one (gpu, op_kind), as numpy columns."""
+
+    gpu: str
+    op_kind: str
+    columns: Mapping[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.columns["latency_s"])
+
+    def select(self, *, variant: str | None = None, dtype: str | None = None) -> ProfileTable:
+        mask = np.ones(len(self), dtype=bool)
+        if variant is not None:
+            mask &= self.columns["variant"] == variant
+        if dtype is not None:
+            mask &= self.columns["dtype"] == dtype
+        return ProfileTable(gpu=self.gpu, op_kind=self.op_kind,
+                            columns={c: v[mask] for c, v in self.columns.items()})
+
+    def to_pandas(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(dict(self.columns))
+
+
+class ProfileDB:
+    """Read access to a profile-DB folder. Thread-safe; tables are loaded lazily and kept.
+
+    Args:
+        root: the folder holding ``index.json`` and ``<gpu>/<op_kind>.parquet`` files.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        index_path = self.root / "index.json"
+        if not index_path.exists():
+            raise ConfigError(f"profile DB {self.root}: missing index.json")
+        self.index: dict[str, Any] = json.loads(index_path.read_text())
+        self._tables: dict[tuple[str, str], ProfileTable] = {}
+        self._lookup: dict[tuple[str, str, str, str], dict[tuple[float, ...], float]] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def content_hash(self) -> str:
+        """Hash of every table file (stored in the index when the DB was written)."""
+        return str(self.index["content_hash"])
+
+    def gpus(self) -> list[str]:
+        return sorted({t["gpu"] for t in self.index["tables"]})
+
+    def op_kinds(self, gpu: str | None = None) -> list[str]:
+        return sorted({t["op_kind"] for t in self.index["tables"]
+                       if gpu is None or t["gpu"] == gpu})
+
+    def has(self, gpu: str, op_kind: str) -> bool:
+        return any(t["gpu"] == gpu and t["op_kind"] == op_kind for t in self.index["tables"])
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One dict per stored table: gpu, op_kind, rows, bytes, sources."""
+        return [dict(t) for t in self.index["tables"]]
+
+    def resolve_gpu(self, *names: str) -> str | None:
+        """The first of ``names`` (GPU name, then aliases) that maps to a GPU in this DB."""
+        present = set(self.gpus())
+        for name in names:
+            key = normalize_gpu(name)
+            if key in present:
+                return key
+        return None
+
+    # ------------------------------------------------------------------ rows
+    def table(self, gpu: str, op_kind: str) -> ProfileTable | None:
+        """All rows of (gpu, op_kind), reading only that one file; None when absent."""
+        key = (gpu, op_kind)
+        with self._lock:
+            if key in self._tables:
+                return self._tables[key]
+        entry = next((t for t in self.index["tables"]
+                      if t["gpu"] == gpu and t["op_kind"] == op_kind), None)
+        if entry is None:
+            return None
+        arrow = pq.read_table(self.root / entry["file"])
+        cols = {}
+        for name in arrow.column_names:
+            col = arrow.column(name)
+            if name in STRING_COLUMNS:
+                cols[name] = np.asarray(col.to_pylist(), dtype=object)
+            else:
+                cols[name] = col.to_numpy(zero_copy_only=False).astype(np.float64)
+        tbl = ProfileTable(gpu=gpu, op_kind=op_kind, columns=cols)
+        with self._lock:
+            self._tables[key] = tbl
+        return tbl
+
+    def exact(self, gpu: str, op_kind: str, variant: str, dtype: str,
+              shape: Mapping[str, float]) -> float | None:
+        """The measured latency (s) of exactly this shape, or None. A dict hit after first use.
+
+        ``shape`` holds the ``SHAPE_KEYS[op_kind]`` values; absent keys are treated as NaN and
+        never match a stored number.
+        """
+        lk = (gpu, op_kind, variant, dtype)
+        lookup = self._lookup.get(lk)
+        if lookup is None:
+            lookup = self._build_lookup(*lk)
+        names = SHAPE_KEYS.get(op_kind, ())
+        return lookup.get(_shape_key(shape.get(n, np.nan) for n in names))
+
+    def _build_lookup(self, gpu: str, op_kind: str, variant: str,
+                      dtype: str) -> dict[tuple[float, ...], float]:
+        tbl = self.table(gpu, op_kind)
+        out: dict[tuple[float, ...], float] = {}
+        if tbl is not None:
+            sub = tbl.select(variant=variant, dtype=dtype)
+            names = SHAPE_KEYS.get(op_kind, ())
+            cols = [sub.columns[n] for n in names]
+            for i, lat in enumerate(sub.columns["latency_s"]):
+                # Keep the first row on duplicates (tables are written sorted; no duplicates
+                # in the shipped DB).
+                out.setdefault(_shape_key(c[i] for c in cols), float(lat))
+        with self._lock:
+            self._lookup[(gpu, op_kind, variant, dtype)] = out
+        return out
+
+
+
+def write_profile_db(rows: Any, root: str | Path, *, extra_index: Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """Write ``rows`` (a pandas DataFrame with ``COLUMNS``) as a profile DB under ``root``.
+
+    Missing shape columns are filled with NaN; unknown columns raise. Existing table files of
+    the same (gpu, op_kind) are replaced. Returns the index written.
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(rows).copy()
+    unknown = set(df.columns) - set(COLUMNS)
+    if unknown:
+        raise ConfigError(f"profile rows: unknown columns {sorted(unknown)}; allowed: {COLUMNS}")
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = "" if c in STRING_COLUMNS else np.nan
+    for c in STRING_COLUMNS:
+        df[c] = df[c].fillna("").astype(str)
+    for c in (*SHAPE_COLUMNS, "latency_s"):
+        df[c] = df[c].astype(np.float64)
+    if (df["latency_s"] <= 0).any() or df["latency_s"].isna().any():
+        raise ConfigError("profile rows: `latency_s > 0` must hold for every row")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tables = []
+    hasher = hashlib.sha256()
+    for (gpu, kind), part in sorted(df.groupby(["gpu", "op_kind"], sort=True)):
+        keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ())]
+        part = part.sort_values(keys, kind="stable")
+        dedup_keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ())]
+        part = part.drop_duplicates(subset=dedup_keys, keep="first")
+        rel = f"{gpu}/{kind}.parquet"
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrow = pa.Table.from_pandas(part[list(COLUMNS)], preserve_index=False)
+        pq.write_table(arrow, path, compression="zstd", row_group_size=1 << 17,
+                       use_dictionary=list(STRING_COLUMNS))
+        data = path.read_bytes()
+        hasher.update(rel.encode())
+        hasher.update(data)
+        tables.append({"gpu": gpu, "op_kind": kind, "rows": len(part), "file": rel,
+                       "bytes": len(data),
+                       "dtypes": sorted(part["dtype"].unique().tolist()),
+                       "variants": sorted(part["variant"].unique().tolist()),
+                       "kernels": sorted(part["kernel"].unique().tolist()),
+                       "sources": sorted(part["source"].unique().tolist())})
+    index = {"version": 1, "content_hash": hasher.hexdigest()[:16], "tables": tables,
+             **dict(extra_index or {})}
+    (root / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return index
+
+
+def shipped_profile_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "data" / "profiles"
+
+
+@cache
+def default_profile_db() -> ProfileDB | None:
+    """The shipped profile DB (package data), or None if the package was built without it."""
+    root = shipped_profile_dir()
+    if not (root / "index.json").exists():
+        return None
+    return ProfileDB(root)

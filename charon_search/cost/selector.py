@@ -1,0 +1,374 @@
+"""The fused cost model: exact profile hit -> trained predictor -> roofline, per node.
+
+``FusedCostModel(cluster)`` prices the compute nodes of a graph on the cluster's GPU:
+
+1. **profile** — the node's exact shape (after sharding passes) is in the profile DB for this
+   GPU, op kind, family and dtype: the measured latency.
+2. **predictor** — a model trained on this GPU's rows of that op kind (``cost/predictor.py``).
+   ``attention_bwd`` without measurements is the forward prediction times
+   ``ATTENTION_BWD_FLOP_RATIO`` (2.5: the backward does 2.5x the forward's matmul FLOPs —
+   dQ, dK, dV, dP plus the recomputed P — at a similar efficiency; FlashAttention-2 paper,
+   §3.1), recorded as provenance ``predictor`` with detail ``fwd-scaled``. Grouped GEMM nodes
+   use the measured MoE expert-FFN throughput at the node's shape (detail ``moe-ffn-rate``).
+3. **roofline** — the ``roofline`` backend (``cost/roofline.py``).
+
+Communication nodes are not priced here (``NaN`` / ``None``): the engine prices them with
+``cost.collectives``. A GPU without measurements gets roofline only and a line in ``warnings``.
+
+``cost_graph(graph, b, s, c)`` is vectorized: one ``predict`` per (op kind, family) per graph
+and point, memoized on (graph identity, b, s, c).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from charon_search.cost.base import COST_BACKENDS, CostBackend, NodeCost, ShapePoint
+from charon_search.cost.predictor import NUM_SMS, PREDICTED_KINDS, PredictorStore
+from charon_search.cost.profile_db import SHAPE_KEYS, ProfileDB, default_profile_db
+
+if TYPE_CHECKING:
+    from charon_search.hardware.spec import ClusterSpec, GpuSpec
+    from charon_search.ir.graph import Node, OpGraph
+
+__all__ = [
+    "ATTENTION_BWD_FLOP_RATIO",
+    "FusedCostModel",
+    "GraphCost",
+    "PredictorCostBackend",
+    "ProfileCostBackend",
+    "default_cost_model",
+    "provenance_shares",
+]
+
+ATTENTION_BWD_FLOP_RATIO = 2.5
+"""Backward/forward cost ratio of fused attention used when no backward rows exist."""
+
+_MEMO_SIZE = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphCost:
+    """Per-node durations (s; NaN for comm nodes) and provenance of one graph at one point."""
+
+    durations_s: np.ndarray
+    provenance: tuple[str, ...]
+    """Per node: ``profile``/``predictor``/``roofline``, or ``""`` for comm nodes."""
+
+    def shares(self) -> dict[str, float]:
+        """Fraction of the priced time per provenance."""
+        return provenance_shares(self.durations_s, self.provenance)
+
+
+def provenance_shares(durations_s: np.ndarray, provenance: Sequence[str]) -> dict[str, float]:
+    """Fraction of total (non-NaN) duration costed by each provenance."""
+    d = np.asarray(durations_s, dtype=float)
+    ok = ~np.isnan(d)
+    total = float(d[ok].sum())
+    out: dict[str, float] = {}
+    for dur, prov in zip(d[ok], np.asarray(provenance, dtype=object)[ok]):
+        out[prov] = out.get(prov, 0.0) + float(dur)
+    return {k: (v / total if total > 0 else 0.0) for k, v in sorted(out.items())}
+
+
+def _family(kind: str, params: dict[str, float]) -> str:
+    if kind in ("attention", "attention_bwd"):
+        return "decode" if params.get("q_len", 2.0) == 1.0 else "prefill"
+    if kind == "grouped_gemm":
+        return "moe_ffn"
+    return ""
+
+
+def _db_dtype(dtype: str) -> str:
+    return {"fp16": "bf16", "fp32": "bf16", "tf32": "bf16"}.get(dtype, dtype)
+
+
+def _make_roofline() -> CostBackend | None:
+    try:
+        import charon_search.cost.roofline  # noqa: F401 - registers "roofline"
+
+        return COST_BACKENDS.get("roofline")()
+    except Exception:  # roofline module not present yet
+        return None
+
+
+class FusedCostModel:
+    """Profile -> predictor -> roofline costing of compute nodes on ``cluster.gpu``.
+
+    Args:
+        cluster: the cluster (only its GPU matters here).
+        db: profile DB; the shipped one by default (``None`` and no shipped DB: roofline only).
+        store: predictor store; one over ``db`` by default.
+        roofline: the fallback backend; the registered ``roofline`` backend by default.
+        use_profile: allow exact profile hits.
+        use_predictor: allow trained predictors.
+    """
+
+    def __init__(self, cluster: ClusterSpec, *, db: ProfileDB | None = None,
+                 store: PredictorStore | None = None, roofline: CostBackend | None = None,
+                 use_profile: bool = True, use_predictor: bool = True) -> None:
+        self.cluster = cluster
+        self.gpu: GpuSpec = cluster.gpu
+        self.db = db if db is not None else default_profile_db()
+        self.store = store if store is not None else (
+            PredictorStore(self.db) if self.db is not None else None)
+        self.roofline = roofline if roofline is not None else _make_roofline()
+        if self.roofline is not None:
+            self.roofline.prepare(cluster)
+        self.use_profile = use_profile
+        self.use_predictor = use_predictor
+        self.warnings: list[str] = []
+        self.gpu_key = (self.db.resolve_gpu(self.gpu.name, *self.gpu.aliases)
+                        if self.db is not None else None)
+        if self.gpu_key is None:
+            self.warnings.append(f"no profile data for {self.gpu.name}; roofline only")
+        self.num_sms = int(getattr(self.gpu, "num_sms", 0) or
+                           NUM_SMS.get(self.gpu_key or "", 132))
+        # key -> (graph, cost); holding the graph keeps its id() from being reused.
+        self._memo: OrderedDict[tuple[Any, ...], tuple[OpGraph, GraphCost]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._shape_cache: dict[tuple[str, str, str], dict[tuple[Any, ...], float]] = {}
+
+    # ------------------------------------------------------------------ single node
+    def cost(self, node: Node, point: ShapePoint) -> NodeCost | None:
+        """Seconds and provenance for one node; None for communication nodes."""
+        if node.is_comm:
+            return None
+        gc = self._cost_nodes([node], point.b, point.s, point.c)
+        return NodeCost(duration_s=float(gc[0][0]), provenance=gc[1][0], detail=gc[2][0])
+
+    # ------------------------------------------------------------------ whole graph
+    def cost_graph(self, graph: OpGraph, b: float, s: float, c: float | None = None
+                   ) -> np.ndarray:
+        """Seconds per node of ``graph`` at ``(b, s, c)``; NaN for communication nodes.
+
+        Memoized on (graph identity, b, s, c); see ``cost_graph_detailed`` for provenance.
+        """
+        return self.cost_graph_detailed(graph, b, s, c).durations_s
+
+    def cost_graph_detailed(self, graph: OpGraph, b: float, s: float, c: float | None = None
+                            ) -> GraphCost:
+        """Durations and per-node provenance of ``graph`` at ``(b, s, c)`` (memoized)."""
+        cc = s if c is None else c
+        key = (id(graph), len(graph.nodes), float(b), float(s), float(cc))
+        with self._lock:
+            hit = self._memo.get(key)
+            if hit is not None and hit[0] is graph:
+                self._memo.move_to_end(key)
+                return hit[1]
+        dur, prov, _ = self._cost_nodes(graph.nodes, b, s, cc, graph=graph)
+        gc = GraphCost(durations_s=dur, provenance=tuple(prov))
+        dur.setflags(write=False)
+        with self._lock:
+            self._memo[key] = (graph, gc)
+            self._memo.move_to_end(key)
+            while len(self._memo) > _MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return gc
+
+    # ------------------------------------------------------------------ implementation
+    def _cost_nodes(self, nodes: Sequence[Node], b: float, s: float, c: float,
+                    graph: OpGraph | None = None) -> tuple[np.ndarray, list[str], list[str]]:
+        n = len(nodes)
+        dur = np.full(n, np.nan)
+        prov = [""] * n
+        detail = [""] * n
+        # Group compute nodes by (kind, family, dtype) for one batched predict per group.
+        groups: dict[tuple[str, str, str], list[tuple[int, dict[str, float]]]] = {}
+        for i, node in enumerate(nodes):
+            if node.is_comm:
+                continue
+            kind = str(node.kind)
+            params = {k: float(v(b, s, c)) for k, v in node.params.items()}
+            fam = _family(kind, params)
+            dtype = _db_dtype(node.dtype)
+            if self.gpu_key is not None and self.db is not None and self.use_profile:
+                hit = self._profile_hit(kind, fam, dtype, params)
+                if hit is not None:
+                    dur[i], prov[i], detail[i] = hit, "profile", "exact"
+                    continue
+            groups.setdefault((kind, fam, dtype), []).append((i, params))
+        roof_all: np.ndarray | None = None
+        for (kind, fam, dtype), members in groups.items():
+            pred_kind = "attention" if kind == "attention_bwd" else kind
+            predictor = None
+            if (self.use_predictor and self.store is not None and self.gpu_key is not None
+                    and pred_kind in PREDICTED_KINDS):
+                predictor = self.store.get(self.gpu_key, pred_kind, fam, dtype,
+                                           num_sms=self.num_sms)
+                if predictor is None and dtype != "bf16":
+                    # e.g. fp8 attention: no rows; the bf16 model is the closest measurement.
+                    predictor = self.store.get(self.gpu_key, pred_kind, fam, "bf16",
+                                               num_sms=self.num_sms)
+            if predictor is not None:
+                idx = [i for i, _ in members]
+                cols = {k: np.array([p.get(k, np.nan) for _, p in members])
+                        for k in {k for _, p in members for k in p}}
+                if kind == "grouped_gemm":
+                    cols.setdefault("group_size", np.ones(len(idx)))
+                secs = self._predict_cached(predictor, (kind, fam, dtype), members, cols)
+                tag = "model"
+                if kind == "attention_bwd":
+                    secs = secs * ATTENTION_BWD_FLOP_RATIO
+                    tag = "fwd-scaled"
+                elif kind == "grouped_gemm":
+                    tag = "moe-ffn-rate"
+                    secs = self._grouped_gemm_from_ffn(secs, cols, [nodes[i] for i in idx],
+                                                       b, s, c)
+                for j, i in enumerate(idx):
+                    dur[i], prov[i], detail[i] = float(secs[j]), "predictor", tag
+                continue
+            if graph is not None and roof_all is None:
+                roof_all = self._roofline_graph(graph, b, s, c)
+            for i, _ in members:
+                if roof_all is not None:
+                    dur[i], prov[i], detail[i] = float(roof_all[i]), "roofline", ""
+                else:
+                    dur[i], prov[i], detail[i] = self._roofline(nodes[i], b, s, c)
+        return dur, prov, detail
+
+    def _predict_cached(self, predictor: Any, group: tuple[str, str, str],
+                        members: list[tuple[int, dict[str, float]]],
+                        cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Predictions per member, calling the model only for shapes not seen before.
+
+        Search evaluates the same op shapes under many configurations, so most calls are
+        dict hits and the (millisecond) sklearn ``predict`` runs once per new shape batch.
+        """
+        cache = self._shape_cache.setdefault(group, {})
+        keys = [tuple(sorted(p.items())) for _, p in members]
+        out = np.empty(len(members))
+        missing = [j for j, k in enumerate(keys) if k not in cache]
+        if missing:
+            sub = {c: v[missing] for c, v in cols.items()}
+            secs = predictor.predict(sub, len(missing))
+            for j, sec in zip(missing, secs):
+                cache[keys[j]] = float(sec)
+            if len(cache) > 1_000_000:
+                cache.clear()
+        for j, k in enumerate(keys):
+            out[j] = cache[k]
+        return out
+
+    def _roofline_graph(self, graph: OpGraph, b: float, s: float, c: float
+                        ) -> np.ndarray | None:
+        try:
+            from charon_search.cost.roofline import roofline_times
+        except ImportError:
+            return None
+        return roofline_times(graph, self.gpu, b, s, c)
+
+    def _profile_hit(self, kind: str, fam: str, dtype: str, params: dict[str, float]
+                     ) -> float | None:
+        assert self.db is not None and self.gpu_key is not None
+        if kind not in ("gemm", "attention", "norm") or kind not in SHAPE_KEYS:
+            return None  # elementwise/grouped rows are not keyed like IR nodes
+        if not self.db.has(self.gpu_key, kind):
+            return None
+        variant = fam if kind == "attention" else ("rmsnorm" if kind == "norm" else "")
+        if kind == "attention":
+            if params.get("v_head_dim", params.get("head_dim")) != params.get("head_dim"):
+                return None
+            if fam == "prefill" and (params.get("q_len") != params.get("kv_len")
+                                     or params.get("causal", 1.0) != 1.0):
+                return None
+        return self.db.exact(self.gpu_key, kind, variant, dtype, params)
+
+    @staticmethod
+    def _grouped_gemm_from_ffn(ffn_secs: np.ndarray, cols: dict[str, np.ndarray],
+                               nodes: Sequence[Node], b: float, s: float, c: float
+                               ) -> np.ndarray:
+        """Node seconds = node FLOPs / (FFN FLOPs / FFN seconds) at the node's shape."""
+        from charon_search.cost.predictor import shape_flops_bytes
+
+        ffn_flops, _ = shape_flops_bytes("grouped_gemm", cols, len(nodes))
+        node_flops = np.array([float(nd.flops(b, s, c)) for nd in nodes])
+        node_flops = np.where(node_flops > 0, node_flops, ffn_flops / 3)
+        return ffn_secs * node_flops / np.maximum(ffn_flops, 1.0)
+
+    def _roofline(self, node: Node, b: float, s: float, c: float) -> tuple[float, str, str]:
+        if self.roofline is None:
+            raise RuntimeError("no roofline backend registered (charon_search.cost.roofline)")
+        res = self.roofline.cost(node, ShapePoint(b=b, s=s, c=c), self.gpu)
+        if res is None:
+            return 0.0, "roofline", "uncovered"
+        return res.duration_s, "roofline", res.detail
+
+
+@COST_BACKENDS.register("profile")
+class ProfileCostBackend(CostBackend):
+    """Exact profile hits only (None for shapes not measured)."""
+
+    name = "profile"
+
+    def __init__(self, db: ProfileDB | None = None) -> None:
+        self.db = db
+
+    def prepare(self, cluster: ClusterSpec) -> None:
+        self._model = FusedCostModel(cluster, db=self.db, use_predictor=False)
+
+    def cost(self, node: Node, point: ShapePoint, gpu: GpuSpec) -> NodeCost | None:
+        model = getattr(self, "_model", None)
+        if model is None or model.gpu is not gpu:
+            from charon_search.hardware.spec import ClusterSpec as _CS
+            from charon_search.hardware.spec import TopologyTier
+
+            tier = TopologyTier(name="node", num_devices=1, bandwidth_bytes_per_s=1.0,
+                                latency_s=0.0)
+            self.prepare(_CS(name=f"_{gpu.name}", gpu=gpu, num_gpus=1, gpus_per_node=1,
+                             tiers=(tier,)))
+            model = self._model
+        if node.is_comm or model.gpu_key is None:
+            return None
+        params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
+        hit = model._profile_hit(str(node.kind), _family(str(node.kind), params),
+                                 _db_dtype(node.dtype), params)
+        return None if hit is None else NodeCost(duration_s=hit, provenance="profile",
+                                                 detail="exact")
+
+
+@COST_BACKENDS.register("predictor")
+class PredictorCostBackend(ProfileCostBackend):
+    """Profile hit, else the trained predictor (None where neither covers the node)."""
+
+    name = "predictor"
+
+    def prepare(self, cluster: ClusterSpec) -> None:
+        self._model = FusedCostModel(cluster, db=self.db)
+
+    def cost(self, node: Node, point: ShapePoint, gpu: GpuSpec) -> NodeCost | None:
+        if getattr(self, "_model", None) is None or self._model.gpu is not gpu:
+            super().cost(node, point, gpu)  # builds a single-GPU model
+            self.prepare(self._model.cluster)
+        if node.is_comm or self._model.gpu_key is None:
+            return None
+        model = self._model
+        kind = str(node.kind)
+        params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
+        pred_kind = "attention" if kind == "attention_bwd" else kind
+        if pred_kind not in PREDICTED_KINDS and model._profile_hit(
+                kind, _family(kind, params), _db_dtype(node.dtype), params) is None:
+            return None
+        res = model.cost(node, point)
+        return res if res is not None and res.provenance != "roofline" else None
+
+
+_DEFAULT: dict[str, FusedCostModel] = {}
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_cost_model(cluster: ClusterSpec) -> FusedCostModel:
+    """The shipped-DB fused model for ``cluster``, cached per cluster name and GPU."""
+    key = f"{cluster.name}|{cluster.gpu.name}"
+    with _DEFAULT_LOCK:
+        model = _DEFAULT.get(key)
+        if model is None:
+            model = FusedCostModel(cluster)
+            _DEFAULT[key] = model
+        return model

@@ -1,0 +1,458 @@
+"""Turn two captured fx traces into per-block ``OpGraph``s with symbolic shapes and roles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from charon_search.catalog.spec import ModelSpec
+from charon_search.errors import PassError
+from charon_search.frontend import _ops
+from charon_search.frontend._roles import RoleTracker, block_of_path
+from charon_search.frontend._symbolic import DimFitter
+from charon_search.frontend._trace import NN_MODULE_STACK, Capture
+from charon_search.ir import (
+    DTYPE_BYTES,
+    Node,
+    OpGraph,
+    OpKind,
+    Phase,
+    Poly,
+    Role,
+    TensorSpec,
+    TracedBlock,
+    poly_params,
+    sym,
+)
+
+__all__ = ["Converter"]
+
+
+_TORCH_DTYPES = {
+    "torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.float16": "fp16",
+    "torch.float64": "fp64", "torch.int64": "int64", "torch.int32": "int32",
+    "torch.int16": "int16", "torch.int8": "int8", "torch.uint8": "uint8", "torch.bool": "bool",
+    "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8", "torch.complex64": "fp64",
+}
+
+
+def _dtype(t: Any) -> str:
+    return _TORCH_DTYPES.get(str(t.dtype), "fp32")
+
+
+def _is_tensor(v: Any) -> bool:
+    return hasattr(v, "shape") and hasattr(v, "dtype")
+
+
+@dataclass
+class _Op:
+    """A retained op before it becomes an IR ``Node``."""
+
+    key: tuple[str, str]
+    phase: Phase
+    kind: OpKind
+    target: str
+    base: str
+    block: str
+    module_path: str
+    module_class: str
+    role: str
+    inputs: list[int]
+    outputs: list[int]
+    flops: Poly
+    reads: dict[int, Poly]
+    """Input tensor id -> bytes actually read (views read only their slice)."""
+    params: dict[str, Poly]
+    dtype: str
+    tags: set[str] = field(default_factory=set)
+
+
+class Converter:
+    def __init__(self, spec: ModelSpec, phase: str, caps: tuple[Capture, Capture],
+                 points: tuple[dict[str, int], dict[str, int]], layers_path: str,
+                 layer_type_of: tuple[str, ...]) -> None:
+        self.spec, self.phase = spec, phase
+        self.c1, self.c2 = caps
+        symbols = ("b", "c") if phase == "decode" else ("b", "s")
+        self.fit = DimFitter(points[0], points[1], symbols)
+        self.layers_path = layers_path
+        self.layer_type_of = layer_type_of
+        self.tid: dict[tuple[str, str], int] = {}
+        self.alias: dict[tuple[str, str], tuple[str, str]] = {}
+        self.tensors: dict[int, TensorSpec] = {}
+        self.param_ids: set[int] = set()
+        self.param_owner_hint: dict[int, str] = {}
+        self.past_ids: set[int] = set()
+        self.ops: list[_Op] = []
+        self.graph_outputs: set[int] = set()
+        self.tokens = sym("b") if phase == "decode" else sym("b") * sym("s")
+        self._op_by_key: dict[tuple[str, str], _Op] = {}
+        self._b_nodes: dict[str, dict[str, Any]] = {
+            "fw": {n.name: n for n in self.c2.fw.graph.nodes},
+            "bw": {n.name: n for n in self.c2.bw.graph.nodes} if self.c2.bw is not None else {},
+        }
+
+    # ------------------------------------------------------------------ shapes
+    def shape(self, v1: Any, v2: Any) -> tuple[Poly, ...]:
+        if len(v1.shape) != len(v2.shape):
+            raise PassError("frontend: the two traces disagree on a tensor's rank")
+        return tuple(self.fit.fit(int(a), int(b)) for a, b in zip(v1.shape, v2.shape,
+                                                                   strict=True))
+
+    def resolve(self, key: tuple[str, str]) -> tuple[str, str]:
+        while key in self.alias:
+            key = self.alias[key]
+        return key
+
+    def new_tensor(self, key: tuple[str, str], v1: Any, v2: Any) -> int:
+        tid = len(self.tid)
+        self.tid[key] = tid
+        self.tensors[tid] = TensorSpec(id=tid, shape=self.shape(v1, v2), dtype=_dtype(v1))
+        return tid
+
+    # ------------------------------------------------------------------ main walk
+    def run(self) -> None:
+        for cap in (self.c1, self.c2):
+            for gm in (cap.fw, cap.bw):
+                if gm is not None:
+                    gm.graph.eliminate_dead_code()
+        fw1 = list(self.c1.fw.graph.nodes)
+        fw2 = list(self.c2.fw.graph.nodes)
+        self._check_pair(fw1, fw2, "forward")
+        roles = RoleTracker(self.spec)
+        fw_info: dict[int, tuple[str, str, str, str]] = {}  # seq_nr -> (block, path, cls, role)
+        seen_layer = False
+        n_params = len(self.c1.param_names)
+        primal_idx = 0
+        for a, b in zip(fw1, fw2, strict=True):
+            key = ("fw", a.name)
+            if a.op == "placeholder":
+                tid = self.new_tensor(key, a.meta["val"], b.meta["val"])
+                if primal_idx < n_params:
+                    self.param_ids.add(tid)
+                    self.param_owner_hint[tid] = self.c1.param_names[primal_idx]
+                if primal_idx in self.c1.past_kv_primals:
+                    self.past_ids.add(tid)
+                primal_idx += 1
+                continue
+            if a.op == "output":
+                outs = a.args[0]
+                for o in outs if isinstance(outs, (list, tuple)) else (outs,):
+                    if hasattr(o, "name"):
+                        self.graph_outputs.add(self.tid_of(("fw", o.name)))
+                continue
+            stack = a.meta.get(NN_MODULE_STACK) or {}
+            path, cls = next(reversed(stack.values())) if stack else ("", "")
+            block, local = block_of_path(path, self.layers_path, self.layer_type_of)
+            if block is None:
+                block = "lm_head" if seen_layer else "embedding"
+            else:
+                seen_layer = block not in ("embedding", "lm_head") or seen_layer
+            op = self._make_op(key, a, b, Phase.FORWARD, block, local, cls)
+            role = roles.role(block, local, cls, op.kind if op else None, _ops.op_base(a.target))
+            seq = a.meta.get("seq_nr")
+            if seq is not None and (op is not None or seq not in fw_info):
+                if seq not in fw_info or fw_info[seq][3] == "":
+                    fw_info[seq] = (block, local, cls, role)
+            if op is not None:
+                op.role = role
+                self.ops.append(op)
+        if self.c1.bw is not None:
+            self._run_backward(fw_info)
+        if self.past_ids:
+            self._kv_append()
+
+    def _kv_append(self) -> None:
+        """Decode: cost ``cat(past_kv, new_kv)`` as writing the new token into the cache."""
+        for op in self.ops:
+            if op.base == "cat" and any(t in self.past_ids for t in op.inputs):
+                new = [t for t in op.inputs if t not in self.past_ids]
+                op.reads = {t: op.reads[t] for t in new}
+                op.tags.add("kv_append")
+                op.params = poly_params(numel=sum((self.tensors[t].numel for t in new),
+                                                  Poly()))
+
+    def param_blocks(self) -> dict[str, int]:
+        """Parameters per block: each parameter counted once, in the first block reading it."""
+        owner: dict[int, str] = {}
+        for op in self.ops:
+            for t in op.inputs:
+                if t in self.param_ids and t not in owner:
+                    owner[t] = op.block
+        out: dict[str, int] = {}
+        for t, blk in owner.items():
+            out[blk] = out.get(blk, 0) + int(self.tensors[t].numel.const_value())
+        return out
+
+    def _run_backward(self, fw_info: dict[int, tuple[str, str, str, str]]) -> None:
+        bw1 = list(self.c1.bw.graph.nodes)
+        bw2 = list(self.c2.bw.graph.nodes)
+        self._check_pair(bw1, bw2, "backward")
+        fw_names = {k[1] for k in self.tid} | {k[1] for k in self.alias}
+        prev: tuple[str, str, str, str] | None = None
+        pending: list[_Op] = []
+        left_head = False
+        for a, b in zip(bw1, bw2, strict=True):
+            if a.op == "placeholder":
+                if a.name in fw_names and not a.name.startswith("tangents"):
+                    self.alias[("bw", a.name)] = ("fw", a.name)
+                else:
+                    self.new_tensor(("bw", a.name), a.meta["val"], b.meta["val"])
+                continue
+            if a.op == "output":
+                for o in a.args[0]:
+                    if hasattr(o, "name"):
+                        self.graph_outputs.add(self.tid_of(("bw", o.name)))
+                continue
+            info = fw_info.get(a.meta.get("seq_nr", -1))
+            if info is not None and info[0] == "lm_head" and left_head:
+                # Gradient accumulation (e.g. of the residual stream) is tagged with the seq_nr
+                # of the op autograd was running, not of a forward op of this block.
+                info = None
+            inherited = info is None
+            if info is None:
+                info = prev
+            block, local, cls, role = info if info else ("", "", "", "")
+            op = self._make_op(("bw", a.name), a, b, Phase.BACKWARD, block, local, cls)
+            if op is None:
+                continue
+            if inherited:
+                op.module_path, op.module_class = "", ""
+                op.role = _fallback_role(block)
+            else:
+                op.role = role
+            if not block:
+                pending.append(op)
+            else:
+                for p in pending:
+                    p.block, p.role = block, _fallback_role(block)
+                pending.clear()
+                prev = (block, local, cls, role)
+                left_head = left_head or block != "lm_head"
+            self.ops.append(op)
+        for p in pending:
+            p.block, p.role = "embedding", Role.EMBED.value
+
+    def _check_pair(self, n1: list[Any], n2: list[Any], what: str) -> None:
+        if len(n1) != len(n2) or any(
+            x.op != y.op or str(x.target) != str(y.target) for x, y in zip(n1, n2, strict=True)
+        ):
+            raise PassError(
+                f"frontend: the {what} graph changes structure between the two trace points "
+                f"({len(n1)} vs {len(n2)} nodes); shape-dependent control flow is not supported"
+            )
+
+    def tid_of(self, key: tuple[str, str]) -> int:
+        return self.tid[self.resolve(key)]
+
+    def _arg_nodes(self, a: Any) -> list[Any]:
+        out: list[Any] = []
+        for x in list(a.args) + list(a.kwargs.values()):
+            if isinstance(x, (list, tuple)):
+                out.extend(y for y in x if hasattr(y, "op"))
+            elif hasattr(x, "op"):
+                out.append(x)
+        return [x for x in out if _is_tensor(x.meta.get("val"))]
+
+    # ------------------------------------------------------------------ one op
+    def _make_op(self, key: tuple[str, str], a: Any, b: Any, phase: Phase, block: str,
+                 local: str, cls: str) -> _Op | None:
+        g = key[0]
+        v1, v2 = a.meta.get("val"), b.meta.get("val")
+        target = a.target
+        if target is _getitem():
+            parent = a.args[0]
+            pbase = _ops.op_base(parent.target) if parent.op == "call_function" else ""
+            if pbase in _ops.VIEW_OPS:
+                self.alias[key] = self.resolve((g, parent.name))
+            elif _is_tensor(v1):
+                tid = self.new_tensor(key, v1, v2)
+                owner = self._op_by_key.get((g, parent.name))
+                if owner is not None:
+                    owner.outputs.append(tid)
+            return None
+        if a.op != "call_function":
+            return None
+        base = _ops.op_base(target)
+        args = self._arg_nodes(a)
+        if base in _ops.VIEW_OPS and args:
+            self.alias[key] = self.resolve((g, args[0].name))
+            return None
+        outputs: list[int] = []
+        if _is_tensor(v1):
+            outputs.append(self.new_tensor(key, v1, v2))
+        elif not isinstance(v1, (list, tuple)):
+            return None  # symbolic scalars, None
+        in_moe = block == "moe" and _in_moe_module(local)
+        kind = _ops.classify(base, in_moe=in_moe)
+        inputs: list[int] = []
+        reads: dict[int, Poly] = {}
+        arg_vals: list[tuple[Any, Any]] = []
+        for x in args:
+            xk = (g, x.name)
+            tid = self.tid_of(xk)
+            arg_vals.append((x.meta["val"], self._val2(x, b)))
+            eff = self._effective_read(xk, x, b)
+            if tid not in reads:
+                inputs.append(tid)
+                reads[tid] = eff
+            else:
+                reads[tid] = reads[tid] + eff
+        op = _Op(key=key, phase=phase, kind=kind, target=str(target), base=base, block=block,
+                 module_path=local, module_class=cls, role="", inputs=inputs, outputs=outputs,
+                 flops=Poly(), reads=reads, params={}, dtype="bf16")
+        self._op_by_key[key] = op
+        op.dtype = self._compute_dtype(arg_vals, v1)
+        self._fill(op, a, b, arg_vals)
+        return op
+
+    def _val2(self, x: Any, b_node: Any) -> Any:
+        g = "fw" if b_node.graph is self.c2.fw.graph else "bw"
+        return self._b_nodes[g][x.name].meta["val"]
+
+    def _effective_read(self, xk: tuple[str, str], x: Any, b_node: Any) -> Poly:
+        base_key = self.resolve(xk)
+        base_spec = self.tensors[self.tid[base_key]]
+        v1 = x.meta["val"]
+        view_shape = self.shape(v1, self._val2(x, b_node))
+        view_numel = Poly.const(1)
+        for d in view_shape:
+            view_numel = view_numel * d
+        p = self.fit.p1
+        base_numel = base_spec.numel
+        pick = view_numel if view_numel(p["b"], p["s"], p["c"]) <= base_numel(
+            p["b"], p["s"], p["c"]) else base_numel
+        return pick * DTYPE_BYTES[_dtype(v1)]
+
+    def _compute_dtype(self, arg_vals: list[tuple[Any, Any]], out: Any) -> str:
+        for v, _ in arg_vals:
+            if v.dtype.is_floating_point:
+                return _dtype(v)
+        return _dtype(out) if _is_tensor(out) else "fp32"
+
+    # ------------------------------------------------------------------ formulas
+    def _fill(self, op: _Op, a: Any, b: Any, arg_vals: list[tuple[Any, Any]]) -> None:
+        shp = [self.shape(v1, v2) for v1, v2 in arg_vals]
+        out_val1, out_val2 = a.meta.get("val"), b.meta.get("val")
+        out_shape = self.shape(out_val1, out_val2) if _is_tensor(out_val1) else None
+        out_numel = _numel(out_shape) if out_shape is not None else Poly()
+        in_numel = _numel(shp[0]) if shp else Poly()
+        k, base = op.kind, op.base
+        if k == OpKind.GEMM:
+            ma, mb = (shp[1], shp[2]) if base in ("addmm", "_addmm_activation") else (shp[0],
+                                                                                     shp[1])
+            if base == "linear":
+                m, kk, n = _numel(ma[:-1]), ma[-1], mb[0]
+            else:
+                m, kk, n = ma[0], ma[1], mb[1]
+            op.params = poly_params(m=m, n=n, k=kk)
+            op.flops = 2 * m * n * kk
+        elif k == OpKind.BATCHED_GEMM:
+            ma, mb = (shp[1], shp[2]) if base == "baddbmm" else (shp[0], shp[1])
+            bt, m, kk, n = ma[0], ma[1], ma[2], mb[2]
+            op.params = poly_params(batch=bt, m=m, n=n, k=kk)
+            op.flops = 2 * bt * m * n * kk
+        elif k == OpKind.GROUPED_GEMM:
+            self._grouped(op, shp, out_shape)
+        elif k in (OpKind.ATTENTION, OpKind.ATTENTION_BWD):
+            self._attention(op, a, shp)
+        elif k == OpKind.NORM:
+            cols = shp[0][-1] if shp and shp[0] else Poly.const(1)
+            op.params = poly_params(rows=in_numel / cols, cols=cols)
+            op.flops = in_numel * (5 if op.phase == Phase.FORWARD else 8)
+        elif k == OpKind.SOFTMAX:
+            cols = shp[0][-1] if shp and shp[0] else Poly.const(1)
+            op.params = poly_params(rows=in_numel / cols, cols=cols)
+            op.flops = 5 * in_numel
+        elif k == OpKind.EMBEDDING:
+            if base == "embedding":
+                vocab, hidden = shp[0][0], shp[0][1]
+                tokens = _numel(shp[1])
+            else:
+                hidden = shp[0][-1]
+                tokens = _numel(shp[1])
+                vocab = out_shape[0] if out_shape else Poly.const(0)
+                op.flops = tokens * hidden
+            op.params = poly_params(tokens=tokens, hidden=hidden, vocab=vocab)
+        elif k == OpKind.MOE_ROUTING:
+            op.params = poly_params(tokens=self.tokens, num_experts=self.spec.num_experts,
+                                    top_k=self.spec.num_experts_per_token)
+            op.flops = in_numel
+        elif k == OpKind.REDUCTION:
+            op.params = poly_params(numel=in_numel)
+            op.flops = in_numel
+        elif k == OpKind.COPY:
+            op.params = poly_params(numel=out_numel)
+        else:  # elementwise
+            op.params = poly_params(numel=out_numel)
+            if base not in _ops.CAST_OPS and base not in _ops.CREATION_OPS and base not in (
+                "clone", "copy", "fill", "masked_fill", "where", "lift_fresh_copy"
+            ):
+                op.flops = out_numel
+        if base in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"):
+            op.reads = {}
+
+    def _grouped(self, op: _Op, shp: list[tuple[Poly, ...]], out: tuple[Poly, ...] | None
+                 ) -> None:
+        top_k = max(self.spec.num_experts_per_token, 1)
+        a, w = shp[0], shp[1]
+        if len(a) == 2 and len(w) == 3:  # [S, k] x [E, k, n] -> [S, n]
+            rows, kk, n, e = a[0], a[1], w[2], w[0]
+        elif len(a) == 2 and len(w) == 2 and out is not None and len(out) == 3:
+            # weight gradient [k, S] x [S, n] -> [E, k, n]
+            rows, kk, n, e = a[1], out[1], out[2], out[0]
+        else:
+            rows = a[0] if a else Poly.const(0)
+            kk = a[-1] if a else Poly.const(0)
+            n = out[-1] if out else Poly.const(0)
+            e = Poly.const(self.spec.num_experts)
+        op.params = poly_params(tokens=rows / top_k, top_k=top_k, num_experts=e, n=n, k=kk)
+        op.flops = 2 * rows * n * kk
+
+    def _attention(self, op: _Op, a: Any, shp: list[tuple[Poly, ...]]) -> None:
+        first = 0 if op.kind == OpKind.ATTENTION else 1
+        q, k, v = shp[first], shp[first + 1], shp[first + 2]
+        causal = 0
+        schema = getattr(a.target, "_schema", None)
+        if schema is not None:
+            for i, arg in enumerate(schema.arguments):
+                if arg.name == "is_causal":
+                    val = a.kwargs.get("is_causal", a.args[i] if i < len(a.args) else False)
+                    causal = int(bool(val))
+        kv_len = k[2]
+        if self.phase != "decode":
+            kv_len = kv_len.subs(s=sym("c"))
+        op.params = poly_params(batch=q[0], heads=q[1], kv_heads=k[1], q_len=q[2],
+                                kv_len=kv_len, head_dim=q[3], v_head_dim=v[3], causal=causal)
+        fwd = 2 * q[0] * q[1] * q[2] * kv_len * (q[3] + v[3])
+        op.flops = fwd if op.kind == OpKind.ATTENTION else fwd * 2.5
+
+
+def _numel(shape: Iterable[Poly]) -> Poly:
+    out = Poly.const(1)
+    for d in shape:
+        out = out * d
+    return out
+
+
+def _getitem() -> Any:
+    import operator
+
+    return operator.getitem
+
+
+_MOE_MODULES = ("mlp", "block_sparse_moe", "feed_forward", "moe", "ffn")
+
+
+def _in_moe_module(local: str) -> bool:
+    parts = local.split(".")
+    return bool(parts) and parts[0] in _MOE_MODULES and not any("shared" in p for p in parts)
+
+
+def _fallback_role(block: str) -> str:
+    if block == "embedding":
+        return Role.EMBED.value
+    if block == "lm_head":
+        return Role.LOSS.value
+    return Role.RESIDUAL.value

@@ -1,0 +1,214 @@
+"""Run the HF model on FakeTensors under AOT autograd and capture ATen fx graphs.
+
+One ``capture`` call traces the reduced model (embedding + one decoder layer per layer type +
+final norm/LM head[/loss]) at one concrete ``(b, s, c)``; ``_convert`` matches two captures at
+different points to recover every dimension as a polynomial in ``b``, ``s``, ``c``.
+
+Training uses ``aot_function`` with ``default_partition``, so the forward/backward split and the
+saved activations are exactly what eager autograd keeps. Prefill and decode are forward-only
+``make_fx`` traces (``aot_function`` without grads gives the same inference graph).
+
+Decode: the KV cache holds ``c - 1`` past tokens as fake tensors passed in as graph inputs; HF's
+``DynamicCache.update`` concatenates the new token's K/V (``_convert`` re-costs that ``cat`` as an
+in-place append of one token, as a paged KV cache does), and attention runs over ``c`` keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from charon_search.catalog._hf import ReducedModel
+from charon_search.errors import ConfigError
+
+__all__ = ["Capture", "capture"]
+
+#: fx node meta key we fill with the module stack (same layout as dynamo's).
+NN_MODULE_STACK = "nn_module_stack"
+
+
+@dataclass
+class Capture:
+    """fx graphs of one trace plus what is needed to interpret their placeholders."""
+
+    fw: Any
+    """Forward ``torch.fx.GraphModule`` (training: AOT's partitioned forward)."""
+    bw: Any | None
+    """Backward ``GraphModule`` (training only)."""
+    param_names: tuple[str, ...]
+    """Parameter name of each of the first ``len(param_names)`` primals."""
+    num_buffers: int
+    past_kv_primals: tuple[int, ...] = ()
+    """Primal indices of the past K/V cache tensors (decode)."""
+    module_class: dict[str, str] = field(default_factory=dict)
+    """Module path -> class name."""
+
+
+@contextlib.contextmanager
+def _module_stack_hooks(model: Any) -> Iterator[dict[str, str]]:
+    """Record the module stack into fx node meta (aot_function does not, unlike dynamo)."""
+    import torch.fx.traceback as fxt
+
+    classes: dict[str, str] = {}
+    handles = []
+
+    def make(path: str, cls: str) -> tuple[Any, Any]:
+        def pre(mod: Any, args: Any) -> None:
+            meta = fxt.current_meta
+            stack = dict(meta.get(NN_MODULE_STACK) or {})
+            stack[path] = (path, cls)
+            meta[NN_MODULE_STACK] = stack
+
+        def post(mod: Any, args: Any, out: Any) -> None:
+            meta = fxt.current_meta
+            stack = dict(meta.get(NN_MODULE_STACK) or {})
+            stack.pop(path, None)
+            meta[NN_MODULE_STACK] = stack
+
+        return pre, post
+
+    for path, mod in model.named_modules():
+        if not path:
+            continue
+        cls = type(mod).__name__
+        classes[path] = cls
+        pre, post = make(path, cls)
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    try:
+        yield classes
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _hf_patches() -> Iterator[None]:
+    """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data)."""
+    import transformers.masking_utils as mu
+
+    saved = mu.find_packed_sequence_indices
+    mu.find_packed_sequence_indices = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = saved
+
+
+def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int) -> Capture:
+    """Trace ``rm`` for ``phase`` at one concrete point and return its fx graphs."""
+    import torch
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import default_partition
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = rm.model
+    model.train(phase == "train")
+    named_params = [(n, p) for n, p in model.named_parameters()]
+    named_bufs = [(n, t) for n, t in model.named_buffers()]
+    vocab = int(model.config.get_text_config().vocab_size)
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    graphs: dict[str, Any] = {}
+
+    def fw_compiler(gm: Any, example_inputs: Any) -> Any:
+        graphs["fw"] = gm
+        return gm
+
+    def bw_compiler(gm: Any, example_inputs: Any) -> Any:
+        graphs["bw"] = gm
+        return gm
+
+    pnames = tuple(n for n, _ in named_params)
+    bnames = tuple(n for n, _ in named_bufs)
+
+    with fake:
+        params = [
+            torch.empty(p.shape, dtype=p.dtype, device="cpu", requires_grad=phase == "train")
+            for _, p in named_params
+        ]
+        bufs = [torch.empty(t.shape, dtype=t.dtype, device="cpu") for _, t in named_bufs]
+        q_len = 1 if phase == "decode" else s
+        ids = torch.randint(0, vocab, (b, q_len))
+        past: list[Any] = []
+        if phase == "decode":
+            past = _past_kv(model, params, bufs, pnames, bnames, b=b, past_len=c - 1)
+
+    n_past = len(past)
+
+    def run(*flat: Any) -> Any:
+        p = dict(zip(pnames, flat[: len(pnames)], strict=True))
+        p.update(zip(bnames, flat[len(pnames): len(pnames) + len(bnames)], strict=True))
+        rest = flat[len(pnames) + len(bnames):]
+        input_ids = rest[0]
+        if phase == "train":
+            out = torch.func.functional_call(
+                model, p, (input_ids,), {"labels": rest[1], "use_cache": False}
+            )
+            return out.loss
+        if phase == "prefill":
+            out = torch.func.functional_call(
+                model, p, (input_ids,), {"use_cache": False, "logits_to_keep": 1}
+            )
+            return out.logits
+        cache = _cache_from(model, rest[2: 2 + n_past])
+        out = torch.func.functional_call(
+            model, p, (input_ids,), {"cache": cache, "use_cache": True, "logits_to_keep": 1}
+        )
+        return out.logits
+
+    compiled = aot_function(
+        run, fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=default_partition
+    )
+    with _module_stack_hooks(model) as classes, _hf_patches(), fake:
+        if phase == "train":
+            loss = compiled(*params, *bufs, ids, ids)
+            loss.backward()
+        else:
+            with torch.no_grad():
+                # No grad: aot_function traces an inference graph (fw compiler only).
+                compiled(*params, *bufs, ids, ids, *past)
+    if "fw" not in graphs:
+        raise ConfigError("tracing produced no forward graph")
+    first_past = len(pnames) + len(bnames) + 2
+    return Capture(
+        fw=graphs["fw"], bw=graphs.get("bw"), param_names=pnames, num_buffers=len(bnames),
+        past_kv_primals=tuple(range(first_past, first_past + n_past)), module_class=classes,
+    )
+
+
+def _past_kv(model: Any, params: list[Any], bufs: list[Any], pnames: tuple[str, ...],
+             bnames: tuple[str, ...], *, b: int, past_len: int) -> list[Any]:
+    """Fake K/V tensors of ``past_len`` tokens per layer, shaped as the model's own cache."""
+    import torch
+
+    p = dict(zip(pnames, params, strict=True))
+    p.update(zip(bnames, bufs, strict=True))
+    with torch.no_grad(), _hf_patches():
+        probe = torch.zeros((b, 2), dtype=torch.long)
+        out = torch.func.functional_call(model, p, (probe,), {"use_cache": True,
+                                                                "logits_to_keep": 1})
+    cache = out.past_key_values if hasattr(out, "past_key_values") else out.cache
+    past: list[Any] = []
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            shape = list(t.shape)
+            shape[-2] = past_len
+            past.append(torch.empty(shape, dtype=t.dtype, device="cpu"))
+    return past
+
+
+def _cache_from(model: Any, past: tuple[Any, ...]) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for j, layer in enumerate(cache.layers):
+        k, v = past[2 * j], past[2 * j + 1]
+        layer.keys, layer.values = k, v
+        layer.is_initialized = True
+        layer.device = k.device
+        layer.dtype = k.dtype
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = k.shape[-2]
+    return cache

@@ -1,0 +1,522 @@
+"""Strict YAML loaders for ``cluster_specs/``: GPUs (``gpus/<name>.yaml``) and clusters.
+
+Every numeric key in a YAML file carries a unit suffix from ``units.SUFFIX_TO_SI``
+(``hbm_capacity_gib``, ``bandwidth_gbyte_per_s``, ``latency_us``) or none for plain numbers
+(``num_sms``, ``compute_efficiency``). The loader converts each value to SI exactly once, so code
+never sees ``_gib``. Unknown keys, missing fields, wrong types and non-positive bandwidths raise
+``ConfigError`` naming the file, the field and the allowed keys.
+
+Spec folders: the repository's ``cluster_specs/`` (the package is installed editable) plus every
+folder listed in the ``CHARON_CLUSTER_SPECS`` environment variable (``os.pathsep``-separated),
+searched first.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from charon_search.errors import ConfigError
+from charon_search.hardware.spec import Calibration, ClusterSpec, GpuSpec, TopologyTier
+from charon_search.units import to_si
+
+__all__ = [
+    "DTYPES",
+    "TIER_ALGORITHMS",
+    "cluster_from_dict",
+    "gpu_from_dict",
+    "list_clusters",
+    "list_gpus",
+    "load_cluster",
+    "load_gpu",
+    "read_yaml",
+    "resolve_gpu_name",
+    "spec_dirs",
+]
+
+#: Dtype keys allowed under ``peak_tflops_per_s``.
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
+#: Collective algorithms a tier may list.
+TIER_ALGORITHMS = ("ring", "tree", "nvls", "pairwise", "p2p")
+
+_REPO_SPECS = Path(__file__).resolve().parents[2] / "cluster_specs"
+
+
+def spec_dirs() -> list[Path]:
+    """Folders searched for specs: ``$CHARON_CLUSTER_SPECS`` entries first, then the repo's."""
+    dirs = [Path(p) for p in os.environ.get("CHARON_CLUSTER_SPECS", "").split(os.pathsep) if p]
+    dirs.append(_REPO_SPECS)
+    return [d for d in dirs if d.is_dir()]
+
+
+# --------------------------------------------------------------------------- field schemas
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One allowed key: SI name, YAML spellings, type check and value rule."""
+
+    si_name: str
+    yaml_hint: str
+    """The YAML spelling shown in error messages (``hbm_capacity_<gib|gb|bytes>``)."""
+    kind: str
+    """``number``, ``int``, ``str``, ``strlist``, ``mapping``, ``list`` or ``any``."""
+    required: bool = True
+    rule: str = ""
+    """``positive``, ``nonneg``, ``ratio`` (0 < x <= 1), ``ge1`` (x >= 1) or empty."""
+    figure: bool = False
+    """A hardware figure that needs an entry in ``sources``."""
+
+
+_BYTES = "<gib|gb|bytes>"
+_RATE = "<gbyte_per_s|gbit_per_s>"
+_TIME = "<s|ms|us|ns>"
+
+_GPU_FIELDS = (
+    _Field("name", "name", "str"),
+    _Field("aliases", "aliases", "strlist", required=False),
+    _Field("description", "description", "str", required=False),
+    _Field("peak_flops_per_s", "peak_tflops_per_s", "mapping", figure=True),
+    _Field("hbm_capacity_bytes", f"hbm_capacity_{_BYTES}", "number", rule="positive",
+           figure=True),
+    _Field("hbm_bandwidth_bytes_per_s", f"hbm_bandwidth_{_RATE}", "number", rule="positive",
+           figure=True),
+    _Field("nvlink_bandwidth_bytes_per_s", f"nvlink_bandwidth_{_RATE}", "number",
+           rule="nonneg", figure=True),
+    _Field("nic_bandwidth_bytes_per_s", f"nic_bandwidth_{_RATE}", "number", rule="nonneg",
+           figure=True),
+    _Field("num_sms", "num_sms", "int", rule="positive", figure=True),
+    _Field("launch_overhead_s", f"launch_overhead_{_TIME}", "number", required=False,
+           rule="nonneg", figure=True),
+    _Field("compute_efficiency", "compute_efficiency", "number", required=False, rule="ratio",
+           figure=True),
+    _Field("memory_efficiency", "memory_efficiency", "number", required=False, rule="ratio",
+           figure=True),
+    _Field("sources", "sources", "mapping"),
+)
+
+_TIER_FIELDS = (
+    _Field("name", "name", "str"),
+    _Field("num_devices", "num_devices", "int", rule="positive"),
+    _Field("bandwidth_bytes_per_s", f"bandwidth_{_RATE}", "number", rule="positive"),
+    _Field("latency_s", f"latency_{_TIME}", "number", rule="nonneg"),
+    _Field("algorithms", "algorithms", "strlist", required=False),
+    _Field("oversubscription", "oversubscription", "number", required=False, rule="ge1"),
+    _Field("source", "source", "str"),
+)
+
+_CALIBRATION_FIELDS = (
+    _Field("collective_alpha_s", f"collective_alpha_{_TIME}", "mapping", required=False),
+    _Field("collective_bw_efficiency", "collective_bw_efficiency", "mapping", required=False),
+    _Field("overlap_compute_slowdown", "overlap_compute_slowdown", "number", required=False,
+           rule="ge1"),
+    _Field("overlap_comm_slowdown", "overlap_comm_slowdown", "number", required=False,
+           rule="ge1"),
+    _Field("iteration_cpu_overhead_s", f"iteration_cpu_overhead_{_TIME}", "number",
+           required=False, rule="nonneg"),
+    _Field("allocator_reserved_factor", "allocator_reserved_factor", "number", required=False,
+           rule="ge1"),
+    _Field("allocator_reserved_extra_bytes", f"allocator_reserved_extra_{_BYTES}", "number",
+           required=False, rule="nonneg"),
+    _Field("comm_buffer_bytes", f"comm_buffer_{_BYTES}", "number", required=False,
+           rule="nonneg"),
+    _Field("collective_launch_s", f"collective_launch_{_TIME}", "number", required=False,
+           rule="nonneg"),
+    _Field("provenance", "provenance", "mapping"),
+)
+
+_CLUSTER_FIELDS = (
+    _Field("name", "name", "str"),
+    _Field("description", "description", "str", required=False),
+    _Field("source", "source", "str"),
+    _Field("sources", "sources", "mapping", required=False),
+    _Field("gpu", "gpu", "any"),
+    _Field("num_gpus", "num_gpus", "int", rule="positive"),
+    _Field("gpus_per_node", "gpus_per_node", "int", rule="positive"),
+    _Field("tiers", "tiers", "list"),
+    _Field("calibration", "calibration", "mapping"),
+    _Field("cost_per_gpu_hour_usd", "cost_per_gpu_hour_usd", "number", rule="nonneg"),
+)
+
+
+def _where(file: str, path: str) -> str:
+    return f"{file}: `{path}`" if path else file
+
+
+def _check_value(f: _Field, value: Any, file: str, path: str) -> Any:
+    """Type- and rule-check one value (already in SI); return it normalized."""
+    loc = _where(file, path)
+    if f.kind in ("number", "int"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{loc} must be a number, but got {value!r}")
+        if f.kind == "int":
+            if float(value) != int(value):
+                raise ConfigError(f"{loc} must be an integer, but got {value!r}")
+            value = int(value)
+        rules: dict[str, tuple[Callable[[float], bool], str]] = {
+            "positive": (lambda v: v > 0, "> 0"),
+            "nonneg": (lambda v: v >= 0, ">= 0"),
+            "ratio": (lambda v: 0 < v <= 1, "in (0, 1]"),
+            "ge1": (lambda v: v >= 1, ">= 1"),
+        }
+        if f.rule:
+            ok, text = rules[f.rule]
+            if not ok(value):
+                raise ConfigError(f"{loc} must be {text}, but got {value!r}")
+        return value
+    if f.kind == "str":
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{loc} must be a non-empty string, but got {value!r}")
+        return value
+    if f.kind == "strlist":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{loc} must be a list of strings, but got {value!r}")
+        return tuple(value)
+    if f.kind == "mapping":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{loc} must be a mapping, but got {value!r}")
+        return value
+    if f.kind == "list":
+        if not isinstance(value, list) or not value:
+            raise ConfigError(f"{loc} must be a non-empty list, but got {value!r}")
+        return value
+    return value
+
+
+def _parse_block(
+    raw: Any, fields: tuple[_Field, ...], file: str, path: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Check keys of one mapping against ``fields``; convert units to SI.
+
+    Returns ``(values by SI name, YAML key by SI name)``.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{_where(file, path)} must be a mapping, but got {type(raw).__name__}")
+    by_si = {f.si_name: f for f in fields}
+    allowed = ", ".join(f.yaml_hint for f in fields)
+    out: dict[str, Any] = {}
+    yaml_keys: dict[str, str] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{_where(file, path)}: keys must be strings, but got {key!r}")
+        si_key, factor = _si_key(key)
+        sub = f"{path}.{key}" if path else key
+        f = by_si.get(si_key)
+        if f is None:
+            raise ConfigError(f"{_where(file, sub)} is not an allowed key; allowed: {allowed}")
+        if si_key in out:
+            raise ConfigError(
+                f"{_where(file, sub)} sets `{si_key}` a second time (also `{yaml_keys[si_key]}`)"
+            )
+        if factor != 1.0:
+            if f.kind == "mapping":
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"{_where(file, sub)} must be a mapping, but got {value!r}")
+                value = {k: _scaled(v, factor, file, f"{sub}.{k}") for k, v in value.items()}
+            else:
+                value = _scaled(value, factor, file, sub)
+        out[si_key] = _check_value(f, value, file, sub)
+        yaml_keys[si_key] = key
+    missing = [f.yaml_hint for f in fields if f.required and f.si_name not in out]
+    if missing:
+        raise ConfigError(
+            f"{_where(file, path) if path else file}: missing required field(s) "
+            f"{', '.join(f'`{m}`' for m in missing)}; allowed: {allowed}"
+        )
+    return out, yaml_keys
+
+
+def _si_key(key: str) -> tuple[str, float]:
+    """SI name and factor of a YAML key (factor 1.0 when the key has no unit suffix)."""
+    si_key, _ = to_si(key, 0.0)
+    if si_key == key:
+        return key, 1.0
+    _, one = to_si(key, 1.0)
+    return si_key, one
+
+
+def _scaled(value: Any, factor: float, file: str, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{_where(file, path)} must be a number, but got {value!r}")
+    return float(value) * factor
+
+
+def _sources(raw: Mapping[str, Any], allowed_si: set[str], file: str, path: str) -> dict[str, str]:
+    """Normalize a ``sources``/``provenance`` mapping to SI field names and check its keys."""
+    out: dict[str, str] = {}
+    for key, text in raw.items():
+        si_key, _ = _si_key(str(key))
+        if si_key not in allowed_si:
+            raise ConfigError(
+                f"{_where(file, f'{path}.{key}')} names no field of this block; "
+                f"allowed: {sorted(allowed_si)}"
+            )
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"{_where(file, f'{path}.{key}')} must be a non-empty string")
+        out[si_key] = text
+    return out
+
+
+# --------------------------------------------------------------------------- GPUs
+def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
+    """Build a ``GpuSpec`` from a parsed GPU YAML mapping (strict; units converted)."""
+    values, _ = _parse_block(raw, _GPU_FIELDS, file, path)
+    p = f"{path}." if path else ""
+    peak: dict[str, float] = {}
+    for dtype, v in values["peak_flops_per_s"].items():
+        if dtype not in DTYPES:
+            raise ConfigError(
+                f"{_where(file, f'{p}peak_tflops_per_s.{dtype}')} is not a known dtype; "
+                f"allowed: {', '.join(DTYPES)}"
+            )
+        if not v > 0:
+            raise ConfigError(
+                f"{_where(file, f'{p}peak_tflops_per_s.{dtype}')} must be > 0, but got {v!r}"
+            )
+        peak[dtype] = float(v)
+    if not peak:
+        raise ConfigError(f"{_where(file, f'{p}peak_tflops_per_s')} must list at least one dtype")
+    figures = {f.si_name for f in _GPU_FIELDS if f.figure}
+    sources = _sources(values["sources"], figures, file, f"{p}sources")
+    unsourced = sorted(k for k in values if k in figures and k not in sources)
+    if unsourced:
+        raise ConfigError(
+            f"{_where(file, f'{p}sources')} must give a source for every figure; "
+            f"missing: {unsourced}"
+        )
+    kwargs = {k: v for k, v in values.items() if k not in ("peak_flops_per_s", "sources")}
+    return GpuSpec(peak_flops_per_s=peak, sources=sources, **kwargs)
+
+
+@functools.cache
+def _gpu_files() -> dict[str, Path]:
+    """Normalized GPU name -> file, for every ``gpus/*.yaml`` in the spec folders."""
+    out: dict[str, Path] = {}
+    for d in spec_dirs():
+        for f in sorted((d / "gpus").glob("*.yaml")):
+            out.setdefault(f.stem.lower(), f)
+    return out
+
+
+@functools.cache
+def _load_gpu_file(path: Path) -> GpuSpec:
+    return gpu_from_dict(read_yaml(path), file=str(path))
+
+
+@functools.cache
+def _alias_table() -> dict[str, str]:
+    """Lower-cased name or alias -> normalized GPU name."""
+    table: dict[str, str] = {}
+    for name, path in _gpu_files().items():
+        spec = _load_gpu_file(path)
+        for alias in (name, spec.name, *spec.aliases):
+            key = alias.lower()
+            if key in table and table[key] != spec.name:
+                raise ConfigError(
+                    f"{path}: alias {alias!r} is already used by GPU {table[key]!r}"
+                )
+            table[key] = spec.name
+    return table
+
+
+def list_gpus() -> list[str]:
+    """Normalized names of every GPU spec (``a100-sxm-80gb``, ``h100-sxm-80gb``...)."""
+    return sorted(_load_gpu_file(p).name for p in _gpu_files().values())
+
+
+def resolve_gpu_name(name: str) -> str:
+    """Normalized GPU name for a name or alias (case-insensitive), or ``ConfigError``."""
+    table = _alias_table()
+    key = name.strip().lower()
+    if key in table:
+        return table[key]
+    raise ConfigError(f"unknown GPU {name!r}; must be one of {list_gpus()} (or an alias)")
+
+
+def load_gpu(name_or_alias: str | os.PathLike[str]) -> GpuSpec:
+    """The ``GpuSpec`` of a GPU by normalized name, alias or YAML path.
+
+    Example:
+        >>> load_gpu("H100_SXM").name
+        'h100-sxm-80gb'
+    """
+    p = Path(name_or_alias)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.is_file():
+            raise ConfigError(f"GPU spec file {p} does not exist")
+        return _load_gpu_file(p.resolve())
+    name = resolve_gpu_name(str(name_or_alias))
+    for path in _gpu_files().values():
+        spec = _load_gpu_file(path)
+        if spec.name == name:
+            return spec
+    raise AssertionError(f"alias table points to missing GPU {name}")  # internal invariant
+
+
+# --------------------------------------------------------------------------- clusters
+def _tier_from_dict(raw: Any, file: str, path: str) -> TopologyTier:
+    values, _ = _parse_block(raw, _TIER_FIELDS, file, path)
+    algos = values.get("algorithms", ("ring", "tree"))
+    bad = [a for a in algos if a not in TIER_ALGORITHMS]
+    if bad or not algos:
+        raise ConfigError(
+            f"{_where(file, f'{path}.algorithms')} has unknown algorithm(s) {bad}; "
+            f"allowed: {', '.join(TIER_ALGORITHMS)}"
+        )
+    values["algorithms"] = tuple(algos)
+    return TopologyTier(**values)
+
+
+def _calibration_from_dict(
+    raw: Any, tiers: tuple[TopologyTier, ...], file: str, path: str
+) -> Calibration:
+    values, _ = _parse_block(raw, _CALIBRATION_FIELDS, file, path)
+    tier_names = {t.name for t in tiers}
+    algos = {a for t in tiers for a in t.algorithms}
+    alpha = values.get("collective_alpha_s", {})
+    eff = values.get("collective_bw_efficiency", {})
+    for block, mapping, rule in (("collective_alpha", alpha, "nonneg"),
+                                 ("collective_bw_efficiency", eff, "ratio")):
+        for key, v in mapping.items():
+            where = f"{path}.{block}.{key}"
+            tier, _, algo = str(key).partition(".")
+            if tier not in tier_names or (algo and algo not in algos):
+                raise ConfigError(
+                    f"{_where(file, where)} must be a tier name or `<tier>.<algorithm>`; "
+                    f"tiers: {sorted(tier_names)}, algorithms: {sorted(algos)}"
+                )
+            _check_value(_Field(block, block, "number", rule=rule), v, file, where)
+    fields = {f.si_name for f in _CALIBRATION_FIELDS} - {"provenance"}
+    provenance = _sources(values["provenance"], fields, file, f"{path}.provenance")
+    unexplained = sorted(k for k in values if k in fields and k not in provenance)
+    if unexplained:
+        raise ConfigError(
+            f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
+            f"from (`default: <reason>` or the fit); missing: {unexplained}"
+        )
+    values["provenance"] = provenance
+    values["collective_alpha_s"] = {str(k): float(v) for k, v in alpha.items()}
+    values["collective_bw_efficiency"] = {str(k): float(v) for k, v in eff.items()}
+    return Calibration(**values)
+
+
+def cluster_from_dict(raw: Any, *, file: str = "<dict>") -> ClusterSpec:
+    """Build a ``ClusterSpec`` from a parsed cluster YAML mapping (strict; units converted)."""
+    values, _ = _parse_block(raw, _CLUSTER_FIELDS, file, "")
+    gpu_raw = values["gpu"]
+    if isinstance(gpu_raw, str):
+        try:
+            gpu = load_gpu(gpu_raw)
+        except ConfigError as e:
+            raise ConfigError(f"{_where(file, 'gpu')}: {e}") from None
+    elif isinstance(gpu_raw, Mapping):
+        gpu = gpu_from_dict(gpu_raw, file=file, path="gpu")
+    else:
+        raise ConfigError(f"{_where(file, 'gpu')} must be a GPU name or an inline GPU mapping")
+    tiers = tuple(
+        _tier_from_dict(t, file, f"tiers[{i}]") for i, t in enumerate(values["tiers"])
+    )
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{_where(file, 'tiers')}: tier names must be unique, got {names}")
+    sizes = [t.num_devices for t in tiers]
+    if sizes != sorted(set(sizes)):
+        raise ConfigError(
+            f"{_where(file, 'tiers')}: tiers must be innermost first with strictly growing "
+            f"`num_devices`, but got {sizes}"
+        )
+    num_gpus, per_node = values["num_gpus"], values["gpus_per_node"]
+    if num_gpus % per_node:
+        raise ConfigError(
+            f"{file}: `gpus_per_node` must divide `num_gpus`, but got "
+            f"(num_gpus={num_gpus}, gpus_per_node={per_node})"
+        )
+    if sizes[-1] < num_gpus:
+        raise ConfigError(
+            f"{_where(file, 'tiers')}: the outermost tier must hold all GPUs, but got "
+            f"(num_devices={sizes[-1]}, num_gpus={num_gpus})"
+        )
+    calibration = _calibration_from_dict(values["calibration"], tiers, file, "calibration")
+    sources = values.get("sources", {})
+    sources = _sources(sources, {f.si_name for f in _CLUSTER_FIELDS}, file, "sources")
+    if "cost_per_gpu_hour_usd" not in sources:
+        raise ConfigError(
+            f"{_where(file, 'sources.cost_per_gpu_hour_usd')}: the price needs a source "
+            "(a public price list, or `assumed list price`)"
+        )
+    return ClusterSpec(
+        name=values["name"],
+        description=values.get("description", ""),
+        source=values["source"],
+        sources=sources,
+        gpu=gpu,
+        num_gpus=num_gpus,
+        gpus_per_node=per_node,
+        tiers=tiers,
+        calibration=calibration,
+        cost_per_gpu_hour_usd=float(values["cost_per_gpu_hour_usd"]),
+    )
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; unreadable or malformed files raise ``ConfigError`` naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except OSError as e:
+        raise ConfigError(f"cannot read spec file {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from e
+
+
+@functools.cache
+def _cluster_files() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for d in spec_dirs():
+        for f in sorted(d.glob("*.yaml")):
+            out.setdefault(f.stem.lower(), f)
+    return out
+
+
+@functools.cache
+def _load_cluster_file(path: Path) -> ClusterSpec:
+    spec = cluster_from_dict(read_yaml(path), file=str(path))
+    return spec
+
+
+def list_clusters() -> list[str]:
+    """Names of every cluster spec (``dgx-h100-ib400``, ``h100-sxm-8gpu``...)."""
+    return sorted(_cluster_files())
+
+
+def load_cluster(name_or_path: str | os.PathLike[str]) -> ClusterSpec:
+    """The ``ClusterSpec`` of a cluster by name (file stem in a spec folder) or YAML path.
+
+    Example:
+        >>> spec = load_cluster("dgx-h100-ib400")
+        >>> spec.gpus_per_node, spec.tiers[0].name
+        (8, 'nvlink')
+    """
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.is_file():
+        if not p.is_file():
+            raise ConfigError(f"cluster spec file {p} does not exist")
+        return _load_cluster_file(p.resolve())
+    key = str(name_or_path).strip().lower()
+    files = _cluster_files()
+    if key not in files:
+        raise ConfigError(
+            f"unknown cluster {str(name_or_path)!r}; must be one of {list_clusters()} "
+            "or a path to a YAML file"
+        )
+    return _load_cluster_file(files[key])
+
+
+def clear_caches() -> None:
+    """Forget cached spec files (tests that write specs, or after editing a YAML)."""
+    for fn in (_gpu_files, _load_gpu_file, _alias_table, _cluster_files, _load_cluster_file):
+        fn.cache_clear()

@@ -1,0 +1,359 @@
+"""Activation memory of one traced block by liveness, summarised once as polynomial arrays.
+
+The walk follows PyTorch's caching semantics: a tensor is allocated when its producer runs and
+freed after its last consumer; the forward tensors AOT autograd saves for the backward
+(``TracedBlock.saved``) live until their last backward consumer; views (nodes that write no
+bytes) alias their input. Every tensor gets a *sharding class* that says how it divides under a
+layout:
+
+* ``tp``  - inside a tensor-parallel region (Q/K/V, attention scores, MLP intermediates,
+  vocab-parallel logits): divided by ``tp``;
+* ``seq`` - the hidden-size stream outside TP regions (norm inputs/outputs, residuals, dropout
+  masks, MoE token buffers): divided by ``tp`` only with sequence parallelism;
+* ``rep`` - replicated (token ids, tiny per-row statistics created from nothing).
+
+The class is decided at GEMM boundaries by the node's role (column-parallel GEMMs open a TP
+region in the forward and close it in the backward, row-parallel GEMMs the other way round),
+and every other op inherits the class of its largest activation input. Context parallelism
+divides the sequence: sizes are evaluated at ``s / cp`` (and ``c / cp`` for ring attention).
+
+Because peaks are maxima over time of sums of polynomials, the summary keeps the live bytes of
+every step as coefficient arrays ``[steps, classes * monomials]``; evaluating a layout is one
+matrix-vector product per timeline (microseconds), never a new walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from charon_search.ir.graph import Node, OpGraph, TracedBlock
+from charon_search.ir.ops import OpKind, Phase, Role
+from charon_search.ir.symbolic import Poly
+
+__all__ = [
+    "CLASSES",
+    "BlockActivations",
+    "ShardingPoint",
+    "block_activations",
+]
+
+CLASSES: tuple[str, ...] = ("tp", "seq", "rep")
+_TP, _SEQ, _REP = range(3)
+
+#: Roles whose forward GEMM output is TP-sharded (column parallel) - Megatron-LM
+#: ``ColumnParallelLinear`` (Shoeybi et al., arXiv 1909.08053, Fig. 3).
+_COLUMN = frozenset({Role.ATTN_QKV, Role.MLP_IN, Role.LM_HEAD})
+#: Roles whose forward GEMM output is the full hidden size again (row parallel).
+_ROW = frozenset({Role.ATTN_OUT, Role.MLP_OUT})
+#: Ops strictly inside a TP region: their outputs are TP-sharded whatever their inputs.
+_INNER = frozenset({Role.ATTN_QK_NORM, Role.ATTN_ROPE, Role.ATTN_CORE, Role.MLP_ACT})
+_SHARDED_WEIGHTS = _COLUMN | _ROW | _INNER | {Role.MOE_SHARED, Role.EMBED}
+_GEMMS = frozenset({OpKind.GEMM, OpKind.GROUPED_GEMM})
+#: A sample point used only to rank tensors by size when inheriting a class.
+_SAMPLE = (2.0, 1024.0, 1024.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardingPoint:
+    """Where to evaluate a block: micro-batch, local sequence/context and class divisors."""
+
+    b: float
+    s: float
+    """Local query tokens per sequence (``seq_len / cp``)."""
+    c: float
+    """Local key/value length seen by attention."""
+    tp: int = 1
+    sequence_parallel: bool = False
+
+    def weights(self, monomials: np.ndarray) -> np.ndarray:
+        """Flat ``[classes * monomials]`` vector turning coefficient rows into bytes."""
+        point = np.array([self.b, self.s, self.c], dtype=float)
+        mono = np.prod(point[None, :] ** monomials, axis=1) if len(monomials) else np.zeros(0)
+        cls = np.array([1.0 / self.tp, 1.0 / self.tp if self.sequence_parallel else 1.0, 1.0])
+        return np.outer(cls, mono).ravel()
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockActivations:
+    """Liveness summary of one block (one layer type, the embedding or the LM head).
+
+    Every ``*_bytes`` array is a row of coefficients over ``CLASSES x monomials``; timelines are
+    ``[steps, CLASSES x monomials]``. ``ShardingPoint.weights`` turns them into bytes.
+    """
+
+    name: str
+    monomials: np.ndarray
+    """``[M, 3]`` exponents of ``(b, s, c)``."""
+    saved: np.ndarray
+    """All tensors saved for the backward (no recompute)."""
+    saved_core: np.ndarray
+    """Saved tensors produced inside the attention core and used only there: the part
+    Megatron's selective recompute drops (Korthikanti et al., arXiv 2205.05198, Sec. 5)."""
+    saved_gemm_input: np.ndarray
+    """Saved tensors some forward GEMM reads (stored as FP8 copies under FP8 training)."""
+    block_input: np.ndarray
+    """Non-parameter inputs of the forward graph: what full recompute keeps per layer."""
+    op_sac_saved: np.ndarray
+    """What torchtitan's per-op selective AC stores: the block input, the outputs of every
+    other forward ``mm`` (the 1st, 3rd...) and of fused attention
+    (``torchtitan/models/llama3/infra/parallelize.py``, ``_custom_policy``)."""
+    fwd_live: np.ndarray
+    """Live activation bytes after each forward step (saved tensors accumulate)."""
+    bwd_live: np.ndarray
+    """Live bytes after each backward step, including saved tensors not yet freed."""
+    num_saved_tensors: int = 0
+
+    def evaluate(self, point: ShardingPoint) -> dict[str, float]:
+        """Bytes of every summary at ``point``: saved, saved_core, ..., fwd_peak, bwd_peak."""
+        w = point.weights(self.monomials)
+        out = {
+            "saved": float(self.saved @ w),
+            "saved_core": float(self.saved_core @ w),
+            "saved_gemm_input": float(self.saved_gemm_input @ w),
+            "block_input": float(self.block_input @ w),
+            "op_sac_saved": float(self.op_sac_saved @ w),
+            "fwd_peak": float((self.fwd_live @ w).max()) if len(self.fwd_live) else 0.0,
+            "bwd_peak": float((self.bwd_live @ w).max()) if len(self.bwd_live) else 0.0,
+        }
+        return out
+
+
+# ---------------------------------------------------------------------------- the walk
+class _Walk:
+    """Shared state of one block's walk: aliases, classes, sizes."""
+
+    def __init__(self, block: TracedBlock) -> None:
+        self.fwd = block.forward
+        self.bwd = block.backward
+        self.params: set[int] = set(self.fwd.param_tensors)
+        if self.bwd is not None:
+            self.params |= set(self.bwd.param_tensors)
+        self.tensors = dict(self.fwd.tensors)
+        if self.bwd is not None:
+            self.tensors.update(self.bwd.tensors)
+        self.alias: dict[int, int] = {}
+        self.cls: dict[int, int] = {}
+        self._sample: dict[int, float] = {}
+
+    def root(self, t: int) -> int:
+        while t in self.alias:
+            t = self.alias[t]
+        return t
+
+    def size(self, t: int) -> Poly:
+        return self.tensors[t].nbytes
+
+    def sample(self, t: int) -> float:
+        if t not in self._sample:
+            self._sample[t] = self.size(t)(*_SAMPLE)
+        return self._sample[t]
+
+    def is_const(self, t: int) -> bool:
+        return self.tensors[t].numel.is_const()
+
+    def activation_inputs(self, node: Node) -> list[int]:
+        return [t for t in node.inputs if t not in self.params]
+
+    def classify(self, graph: OpGraph, phase: Phase) -> None:
+        for t in graph.inputs:
+            if t in self.params or t in self.cls:
+                continue
+            integer = self.tensors[t].dtype.startswith(("int", "uint", "bool"))
+            self.cls[t] = _REP if integer else _SEQ
+        for node in graph.nodes:
+            acts = self.activation_inputs(node)
+            if _is_view(node, acts, self):
+                self.alias[node.outputs[0]] = acts[0]
+                self.cls[node.outputs[0]] = self.cls.get(self.root(acts[0]), _SEQ)
+                continue
+            inherited = _REP
+            if acts:
+                biggest = max(acts, key=self.sample)
+                inherited = self.cls.get(self.root(biggest), _SEQ)
+            for t in node.outputs:
+                self.cls[t] = _out_class(node, phase, inherited, self.is_const(t))
+
+
+def _is_view(node: Node, acts: list[int], walk: _Walk) -> bool:
+    """A node writing no bytes with one activation input and one output of no larger size."""
+    if node.bytes_written or len(node.outputs) != 1 or len(acts) != 1:
+        return False
+    if node.kind not in (OpKind.OTHER, OpKind.COPY, OpKind.ELEMENTWISE):
+        return False
+    return walk.sample(node.outputs[0]) <= walk.sample(acts[0])
+
+
+def _out_class(node: Node, phase: Phase, inherited: int, const: bool) -> int:
+    role = node.role
+    if const:
+        # Parameter gradients (and other (b, s)-free tensors): sharded like their weight.
+        return _TP if role in _SHARDED_WEIGHTS else _REP
+    if role in _INNER:
+        return _TP
+    if node.kind in _GEMMS or node.kind == OpKind.EMBEDDING:
+        forward = phase == Phase.FORWARD
+        if node.kind == OpKind.EMBEDDING:
+            return _SEQ
+        if role in _COLUMN:
+            return _TP if forward else _SEQ
+        if role in _ROW:
+            return _SEQ if forward else _TP
+    return inherited
+
+
+def block_activations(block: TracedBlock) -> BlockActivations:
+    """Walk ``block``'s forward (and backward, if any) graph and summarise its liveness.
+
+    Args:
+        block: A traced block; ``block.backward`` is ``None`` for inference blocks (then only
+            the forward timeline is filled and the saved sets are empty).
+
+    Returns:
+        The polynomial summary; evaluate it with ``BlockActivations.evaluate``.
+    """
+    walk = _Walk(block)
+    walk.classify(block.forward, Phase.FORWARD)
+    if block.backward is not None:
+        walk.classify(block.backward, Phase.BACKWARD)
+
+    fwd_known = set(block.forward.producer) | set(block.forward.inputs)
+    saved_ids = list(block.saved)
+    if block.backward is not None:
+        # Any forward tensor the backward reads is saved, listed in ``saved`` or not.
+        saved_ids += [t for t in block.backward.inputs if t in fwd_known]
+    saved_roots = list(dict.fromkeys(walk.root(t) for t in saved_ids if t not in walk.params))
+    saved_set = set(saved_roots)
+    rows = _Rows(walk)
+
+    # ----------------------------------------------------------------- forward timeline
+    fwd = block.forward
+    n_fwd = len(fwd.nodes)
+    last_use_fwd: dict[int, int] = {}
+    consumers_fwd: dict[int, list[Node]] = {}
+    for i, node in enumerate(fwd.nodes):
+        for t in node.inputs:
+            if t in walk.params:
+                continue
+            r = walk.root(t)
+            last_use_fwd[r] = i
+            consumers_fwd.setdefault(r, []).append(node)
+    fwd_outputs = {walk.root(t) for t in fwd.outputs}
+    fwd_events: list[tuple[int, int, int]] = []  # (alloc step, free step, tensor)
+    block_input_ids = [t for t in fwd.inputs if t not in walk.params]
+    for t in block_input_ids:
+        free = n_fwd - 1 if (t in saved_set or t in fwd_outputs) else last_use_fwd.get(t, 0)
+        fwd_events.append((0, free, t))
+    for i, node in enumerate(fwd.nodes):
+        for t in node.outputs:
+            if t in walk.alias:
+                continue
+            if t in saved_set or t in fwd_outputs:
+                free = n_fwd - 1
+            else:
+                free = max(last_use_fwd.get(t, i), i)
+            fwd_events.append((i, free, t))
+    fwd_live = rows.timeline(n_fwd, fwd_events)
+
+    # ----------------------------------------------------------------- backward timeline
+    bwd = block.backward
+    if bwd is not None and bwd.nodes:
+        n_bwd = len(bwd.nodes)
+        last_use_bwd: dict[int, int] = {}
+        for i, node in enumerate(bwd.nodes):
+            for t in node.inputs:
+                if t not in walk.params:
+                    last_use_bwd[walk.root(t)] = i
+        bwd_outputs = {walk.root(t) for t in bwd.outputs}
+        bwd_events: list[tuple[int, int, int]] = []
+        for t in saved_roots:
+            bwd_events.append((0, last_use_bwd.get(t, 0), t))
+        for t in bwd.inputs:
+            r = walk.root(t)
+            if t in walk.params or r in saved_set or r in fwd_known:
+                continue
+            bwd_events.append((0, last_use_bwd.get(r, 0), r))  # incoming gradient
+        for i, node in enumerate(bwd.nodes):
+            for t in node.outputs:
+                if t in walk.alias:
+                    continue
+                if t in bwd_outputs:
+                    # Parameter gradients go to the gradient buffer / reduce-scatter at once;
+                    # the input gradient flows on to the previous layer.
+                    free = i if walk.is_const(t) else n_bwd - 1
+                else:
+                    free = max(last_use_bwd.get(t, i), i)
+                bwd_events.append((i, free, t))
+        bwd_live = rows.timeline(n_bwd, bwd_events)
+    else:
+        bwd_live = np.zeros((0, rows.width))
+
+    # ----------------------------------------------------------------- saved subsets
+    core = []
+    gemm_in = []
+    for t in saved_roots:
+        prod = fwd.producer.get(t)
+        if prod is not None and fwd.node(prod).role == Role.ATTN_CORE:
+            users = consumers_fwd.get(t, [])
+            if all(u.role == Role.ATTN_CORE for u in users):
+                core.append(t)
+        if any(u.kind in _GEMMS for u in consumers_fwd.get(t, [])):
+            gemm_in.append(t)
+    op_saved = list(block_input_ids)
+    mm_count = 0
+    for node in fwd.nodes:
+        if node.kind == OpKind.GEMM:
+            mm_count += 1
+            if mm_count % 2 == 1:
+                op_saved.extend(t for t in node.outputs if t not in walk.alias)
+        elif node.kind == OpKind.ATTENTION:
+            op_saved.extend(t for t in node.outputs if t not in walk.alias)
+    return BlockActivations(
+        name=block.name,
+        monomials=rows.monomials,
+        saved=rows.sum(saved_roots),
+        saved_core=rows.sum(core),
+        saved_gemm_input=rows.sum(gemm_in),
+        block_input=rows.sum(block_input_ids),
+        op_sac_saved=rows.sum(dict.fromkeys(op_saved)),
+        fwd_live=fwd_live,
+        bwd_live=bwd_live,
+        num_saved_tensors=len(saved_roots),
+    )
+
+
+class _Rows:
+    """Builds coefficient rows over ``CLASSES x monomials`` for one block."""
+
+    def __init__(self, walk: _Walk) -> None:
+        self.walk = walk
+        monos = sorted({e for t in walk.tensors for e, _ in walk.size(t).terms})
+        self.col = {e: i for i, e in enumerate(monos)}
+        self.monomials = np.array(monos, dtype=float).reshape(len(monos), 3)
+        self.width = len(CLASSES) * len(monos)
+
+    def row(self, t: int) -> np.ndarray:
+        out = np.zeros(self.width)
+        cls = self.walk.cls.get(t, _SEQ)
+        base = cls * len(self.col)
+        for e, c in self.walk.size(t).terms:
+            out[base + self.col[e]] += c
+        return out
+
+    def sum(self, ids: Iterable[int]) -> np.ndarray:
+        out = np.zeros(self.width)
+        for t in ids:
+            out += self.row(t)
+        return out
+
+    def timeline(self, steps: int, events: list[tuple[int, int, int]]) -> np.ndarray:
+        """Live bytes after each step from (alloc, free, tensor) events (inclusive range)."""
+        delta = np.zeros((steps + 1, self.width))
+        for alloc, free, t in events:
+            r = self.row(t)
+            delta[alloc] += r
+            delta[min(free, steps - 1) + 1] -= r
+        return np.cumsum(delta, axis=0)[:steps]
+

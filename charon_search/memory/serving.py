@@ -1,0 +1,195 @@
+"""Serving memory: weights per GPU, activation workspace, CUDA-graph pool, KV-cache capacity.
+
+Follows vLLM's accounting (``vllm/worker/worker.py`` ``determine_num_available_blocks``, V1
+``gpu_worker.py``): the engine may use ``gpu_memory_utilization`` of the device; weights, the
+peak activation of a profile forward pass over ``max_batched_tokens`` tokens, the CUDA-graph pool
+and non-torch memory (CUDA context, NCCL) come off the top; the rest holds KV blocks of
+``block_size`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from charon_search.catalog.spec import ModelSpec
+from charon_search.errors import ConfigError
+from charon_search.hardware.spec import ClusterSpec
+from charon_search.ir.graph import DTYPE_BYTES
+from charon_search.memory.liveness import ShardingPoint
+from charon_search.memory.profile import ModelMemoryProfile, model_profile
+from charon_search.memory.report import stage_layers
+
+__all__ = ["WEIGHT_DTYPE_BYTES", "KvCacheCapacity", "kv_bytes_per_token", "kv_cache_capacity"]
+
+#: Bytes per weight of the serving precisions (int4/nvfp4: 4-bit values; scales neglected).
+WEIGHT_DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "int8": 1, "int4": 0.5, "nvfp4": 0.5,
+}
+#: Largest decode batch vLLM captures a CUDA graph for (``max_capture_size`` default 512).
+CUDA_GRAPH_MAX_BATCH = 512
+#: Sequences whose last-token logits the profile pass computes (vLLM ``max_num_seqs`` = 256).
+MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvCacheCapacity:
+    """KV-cache capacity of one GPU (the tightest pipeline stage)."""
+
+    weights_bytes: float
+    activation_bytes: float
+    """Peak activation workspace of a forward over ``max_batched_tokens`` tokens."""
+    cuda_graph_pool_bytes: float
+    non_torch_bytes: float
+    """CUDA context, NCCL buffers (the cluster's calibrated allocator extra and comm buffers)."""
+    kv_bytes_per_token: float
+    """KV bytes one token takes on this GPU, over the layers of its stage."""
+    available_bytes: float
+    """Bytes left for KV blocks (0 when the model does not fit)."""
+    num_tokens: int
+    num_blocks: int
+    block_size: int
+    device_memory_bytes: float
+    gpu_memory_utilization: float
+
+    @property
+    def fits(self) -> bool:
+        return self.num_blocks > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = None,
+                       kv_dtype: str = "bf16") -> float:
+    """KV-cache bytes per token per GPU.
+
+    GQA/MHA: ``2 * layers * ceil(kv_heads / tp) * head_dim * dtype_bytes`` (K and V; a KV head is
+    replicated when ``tp`` exceeds the KV heads). MLA: ``layers * (kv_lora_rank +
+    qk_rope_head_dim) * dtype_bytes``, the compressed latent, replicated over TP
+    (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1).
+    """
+    if kv_dtype not in DTYPE_BYTES:
+        raise ConfigError(f"`kv_dtype` must be one of {sorted(DTYPE_BYTES)}, but got {kv_dtype!r}")
+    layers = spec.num_layers if num_layers is None else num_layers
+    nbytes = DTYPE_BYTES[kv_dtype]
+    if spec.attention == "mla":
+        cfg = spec.hf_config
+        rank = int(cfg.get("kv_lora_rank") or spec.extra.get("kv_lora_rank") or 0)
+        rope = int(cfg.get("qk_rope_head_dim") or spec.extra.get("qk_rope_head_dim") or 0)
+        if rank <= 0:
+            raise ConfigError(f"MLA model {spec.name} needs `kv_lora_rank` in its config")
+        return layers * (rank + rope) * nbytes
+    heads = math.ceil(spec.num_key_value_heads / tp)
+    return 2 * layers * heads * spec.head_dim * nbytes
+
+
+def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp: int,
+                      pp: int = 1, ep: int = 1, gpu_memory_utilization: float = 0.9,
+                      max_batched_tokens: int = 8192, block_size: int = 16,
+                      kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+                      cuda_graph_pool_bytes: float | None = None,
+                      activation_bytes: float | None = None,
+                      profile: ModelMemoryProfile | None = None) -> KvCacheCapacity:
+    """How many KV tokens/blocks fit on each GPU of a serving replica.
+
+    Args:
+        model: ``ModelSpec`` or catalog name.
+        cluster: ``ClusterSpec`` or name (device capacity, non-torch calibration).
+        tp, pp, ep: Parallel degrees of one replica; experts divide by ``ep`` (by ``tp`` when
+            ``ep == 1``, as vLLM's fused-MoE TP does).
+        gpu_memory_utilization: Share of device memory the engine may use, in (0, 1].
+        max_batched_tokens: Tokens of the largest forward pass (chunked-prefill budget).
+        block_size: Tokens per KV block.
+        kv_dtype, weight_dtype: Storage dtypes.
+        cuda_graph_pool_bytes: CUDA-graph memory pool; ``None`` estimates it as the activation
+            peak of a decode step at the largest captured batch (graphs share one pool).
+        activation_bytes: Override of the activation workspace (else liveness of the traced
+            prefill blocks).
+        profile: A precomputed ``prefill`` profile (else traced and cached).
+    """
+    from charon_search.memory.report import _resolve
+
+    spec, cl = _resolve(model, cluster)
+    for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("block_size", block_size),
+                    ("max_batched_tokens", max_batched_tokens)):
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError("`0 < gpu_memory_utilization <= 1` must hold, but got "
+                          f"{gpu_memory_utilization}")
+    if weight_dtype not in WEIGHT_DTYPE_BYTES:
+        raise ConfigError(f"`weight_dtype` must be one of {sorted(WEIGHT_DTYPE_BYTES)}, "
+                          f"but got {weight_dtype!r}")
+    if spec.num_attention_heads % tp:
+        raise ConfigError(f"`tp` must divide num_attention_heads, but got "
+                          f"(tp={tp}, num_attention_heads={spec.num_attention_heads})")
+    if pp > spec.num_layers:
+        raise ConfigError(f"`pp <= num_layers` must hold, but got ({pp=}, "
+                          f"num_layers={spec.num_layers})")
+    prof = profile or (None if activation_bytes is not None and cuda_graph_pool_bytes is not None
+                       else model_profile(spec, phase="prefill", attn_impl="sdpa"))
+    layer_types = spec.layer_types or ("dense",) * spec.num_layers
+    stages = stage_layers(layer_types, pp)
+    wbytes = WEIGHT_DTYPE_BYTES[weight_dtype]
+    cal = cl.calibration
+    non_torch = cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes * (tp > 1 or pp > 1)
+    budget = cl.gpu.hbm_capacity_bytes * gpu_memory_utilization
+    best: KvCacheCapacity | None = None
+    for i, layers in enumerate(stages):
+        names = list(layers) + (["embedding"] if i == 0 else []) + (
+            ["lm_head"] if i == pp - 1 else [])
+        weights = 0.0
+        for name in names:
+            groups = _param_groups(prof, spec, name)
+            dense = groups.tp / tp + groups.rep
+            weights += (dense + groups.expert / (ep if ep > 1 else tp)) * wbytes
+        act = activation_bytes if activation_bytes is not None else _forward_peak(
+            prof, names, tokens=max_batched_tokens, tp=tp)
+        graphs = cuda_graph_pool_bytes if cuda_graph_pool_bytes is not None else _forward_peak(
+            prof, names, tokens=min(CUDA_GRAPH_MAX_BATCH, max_batched_tokens), tp=tp, decode=True)
+        per_token = kv_bytes_per_token(spec, tp=tp, num_layers=len(layers), kv_dtype=kv_dtype)
+        avail = max(0.0, budget - weights - act - graphs - non_torch)
+        tokens = int(avail // per_token) if per_token > 0 else 0
+        blocks = tokens // block_size
+        cap = KvCacheCapacity(
+            weights_bytes=weights, activation_bytes=act, cuda_graph_pool_bytes=graphs,
+            non_torch_bytes=non_torch, kv_bytes_per_token=per_token, available_bytes=avail,
+            num_tokens=blocks * block_size, num_blocks=blocks, block_size=block_size,
+            device_memory_bytes=cl.gpu.hbm_capacity_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        if best is None or cap.num_blocks < best.num_blocks:
+            best = cap
+    assert best is not None
+    return best
+
+
+def _param_groups(prof: ModelMemoryProfile | None, spec: ModelSpec, name: str) -> Any:
+    from charon_search.memory.static import analytic_param_groups
+
+    if prof is not None and name in prof.params:
+        return prof.params[name]
+    return analytic_param_groups(spec, name)
+
+
+def _forward_peak(prof: ModelMemoryProfile | None, names: list[str], *, tokens: int, tp: int,
+                  decode: bool = False) -> float:
+    """Largest live forward bytes of one block over ``tokens`` tokens (blocks run one at a time;
+    the activations of one block are freed before the next runs)."""
+    if prof is None:
+        return 0.0
+    # Prefill: one sequence of `tokens`; decode: `tokens` sequences of one token each, attending
+    # to a short context (the KV cache itself is not activation memory).
+    point = (ShardingPoint(b=tokens, s=1, c=1, tp=tp) if decode
+             else ShardingPoint(b=1, s=tokens, c=tokens, tp=tp))
+    # Logits are computed for the last token of each sequence only.
+    seqs = min(tokens, MAX_NUM_SEQS)
+    peak = 0.0
+    for name in names:
+        blk = prof.blocks.get(name)
+        if blk is not None:
+            at = ShardingPoint(b=seqs, s=1, c=1, tp=tp) if name == "lm_head" else point
+            peak = max(peak, blk.evaluate(at)["fwd_peak"])
+    return peak

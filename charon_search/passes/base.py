@@ -1,0 +1,199 @@
+"""Pass infrastructure: ``Pass``, ``PassResult``, ``PassContext``, the ``PASSES`` registry and
+``PassManager``.
+
+Follows ``torch/fx/passes/infra/pass_base.py`` and ``pass_manager.py``: a pass checks its
+preconditions (``requires``), rewrites (``run`` -> ``PassResult(graph, modified)``) and checks its
+postconditions (``ensures``). Ordering is declared with ``must_run_before`` (like
+``this_before_that_pass_constraint``), not implied by list position.
+
+Per-rank convention: after the parallelism passes a graph describes the work of ONE
+representative rank. ``Node`` FLOPs, bytes and params are per rank; ``TensorSpec`` shapes keep
+the logical (unsharded) sizes the frontend traced, and collective message sizes are written into
+the comm node's ``bytes`` param.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from charon_search.errors import ConfigError, PassError
+from charon_search.ir import OpGraph, check
+from charon_search.registry import Registry
+
+if TYPE_CHECKING:
+    from charon_search.layout import Layout
+
+__all__ = [
+    "PASSES",
+    "Pass",
+    "PassContext",
+    "PassManager",
+    "PassResult",
+    "must_run_before",
+    "ordering_constraints",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassContext:
+    """What the passes need to know about the layout (one representative rank)."""
+
+    phase: str = "train"
+    """``train``, ``prefill`` or ``decode``."""
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+    cp_algo: str = "ring"
+    """``ring`` (P2P KV, zigzag), ``allgather`` (Llama 3) or ``ulysses`` (all-to-all heads)."""
+    zero_stage: int = 0
+    hsdp_shard: int = 0
+    recompute: str = "none"
+    precision: str = "bf16"
+    fp8_recipe: str = "tensorwise"
+    """``tensorwise`` (per-tensor scale) or ``blockwise`` (1x128 / 128x128 block scales)."""
+    fused_kernels: bool = True
+    async_tp: bool = False
+    moe_a2a_overlap: bool = False
+    fsdp_prefetch: bool = True
+    expert_load_imbalance: float = 1.0
+    act_dtype: str = "bf16"
+    """Dtype of activations moved by TP/CP/EP collectives."""
+    grad_reduce_dtype: str = "fp32"
+    """Dtype of gradient reduce-scatter / all-reduce (Megatron and torchtitan reduce in fp32)."""
+    param_gather_dtype: str = "bf16"
+    debug: bool = False
+    """Run ``ir.check`` after every pass."""
+
+    @classmethod
+    def from_layout(cls, layout: Layout, **overrides: Any) -> PassContext:
+        """The context of a training ``Layout``."""
+        kw: dict[str, Any] = dict(
+            phase="train", tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp,
+            sequence_parallel=layout.sequence_parallel, cp_algo=layout.cp_algo,
+            zero_stage=layout.zero_stage, hsdp_shard=layout.hsdp_shard,
+            recompute=layout.recompute, precision=layout.precision,
+            fused_kernels=layout.fused_kernels, async_tp=layout.async_tp,
+            moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
+            expert_load_imbalance=layout.expert_load_imbalance,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def key(self) -> tuple[Any, ...]:
+        """Hashable identity (for caches)."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    graph: OpGraph
+    modified: bool
+
+
+class Pass(ABC):
+    """A graph -> graph rewrite. Subclasses register in ``PASSES`` under a short key."""
+
+    name: str = ""
+
+    def enabled(self, ctx: PassContext) -> bool:
+        """Whether the pass applies under ``ctx`` (disabled passes are skipped)."""
+        return True
+
+    def requires(self, graph: OpGraph, ctx: PassContext) -> None:  # noqa: B027 - optional hook
+        """Raise ``PassError`` if ``graph`` does not meet the pass's preconditions."""
+
+    @abstractmethod
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        """Rewrite ``graph`` (never mutating it) and say whether anything changed."""
+
+    def ensures(self, graph: OpGraph, ctx: PassContext) -> None:  # noqa: B027 - optional hook
+        """Raise ``PassError`` if the rewritten graph breaks the pass's postconditions."""
+
+    def __call__(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        self.requires(graph, ctx)
+        result = self.run(graph, ctx)
+        self.ensures(result.graph, ctx)
+        return result
+
+
+PASSES: Registry[type[Pass]] = Registry("pass", entry_point_group="charon_search.passes")
+
+_BEFORE: set[tuple[str, str]] = set()
+
+
+def must_run_before(this: str, that: str) -> None:
+    """Declare that pass ``this`` must run before pass ``that`` when both run."""
+    _BEFORE.add((this, that))
+
+
+def ordering_constraints() -> frozenset[tuple[str, str]]:
+    return frozenset(_BEFORE)
+
+
+def _topo_order(names: Sequence[str]) -> list[str]:
+    """Order ``names`` to satisfy the declared constraints; ties keep the given order."""
+    present = set(names)
+    preds: dict[str, set[str]] = {n: set() for n in names}
+    for a, b in _BEFORE:
+        if a in present and b in present:
+            preds[b].add(a)
+    out: list[str] = []
+    remaining = list(names)
+    while remaining:
+        for n in remaining:
+            if not (preds[n] - set(out)):
+                out.append(n)
+                remaining.remove(n)
+                break
+        else:
+            raise ConfigError(f"pass ordering constraints form a cycle among {remaining}")
+    return out
+
+
+@dataclass(kw_only=True)
+class PassManager:
+    """Runs registered passes in a constraint-respecting order.
+
+    Example:
+        >>> pm = PassManager(["tp", "recompute"])  # doctest: +SKIP
+        >>> graph = pm.run(graph, PassContext(tp=8, recompute="selective"))  # doctest: +SKIP
+    """
+
+    passes: Sequence[str]
+    debug: bool = False
+    ran: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in self.passes:
+            PASSES.get(name)  # ConfigError naming the valid passes
+        self.passes = _topo_order(list(self.passes))
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> OpGraph:
+        self.ran = []
+        debug = self.debug or ctx.debug
+        for name in self.passes:
+            p = PASSES.get(name)()
+            if not p.enabled(ctx):
+                continue
+            try:
+                result = p(graph, ctx)
+            except PassError as e:
+                raise PassError(f"pass {name!r} (after {self.ran}) failed: {e}") from e
+            graph = result.graph
+            if debug and result.modified:
+                try:
+                    check(graph, where=f"after pass {name!r}")
+                except PassError as e:
+                    raise PassError(f"{e} (passes run before: {self.ran})") from e
+            self.ran.append(name)
+        return graph
+
+
+def run_passes(graph: OpGraph, ctx: PassContext, names: Iterable[str]) -> OpGraph:
+    """Convenience: ``PassManager(names).run(graph, ctx)``."""
+    return PassManager(passes=list(names), debug=ctx.debug).run(graph, ctx)

@@ -1,0 +1,89 @@
+"""Expert parallelism: experts sharded over ``ep`` ranks, tokens moved by all-to-alls.
+
+Each EP rank keeps ``num_experts / ep`` experts and, with balanced routing, receives as many
+routed rows (``tokens * top_k``) as it sends, so its expert FLOPs equal the unsharded per-rank
+FLOPs. Routing is never perfectly balanced: ``expert_load_imbalance`` (max/mean tokens per
+expert) is written into the grouped GEMMs' ``load_imbalance`` param, and the simulator scales
+their duration by it (the slowest rank gates the all-to-all that follows).
+
+A dispatch all-to-all is inserted on every activation entering the expert region (role
+``moe.expert``) and a combine all-to-all on every activation leaving it, in the forward and the
+backward graph (2 + 2 per MoE layer). Message bytes are the routed rows times the hidden size.
+"""
+
+from __future__ import annotations
+
+from charon_search.ir import Node, OpGraph, OpKind, Poly, Role
+from charon_search.passes._rewrite import GraphBuilder
+from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
+
+__all__ = ["ExpertParallelPass"]
+
+
+@PASSES.register("ep")
+class ExpertParallelPass(Pass):
+    name = "ep"
+
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.ep > 1
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        expert = [n for n in graph.nodes if n.role == Role.MOE_EXPERT]
+        if not expert:
+            return PassResult(graph, False)
+        ep = ctx.ep
+        # Under SP the routed tokens are already the tp-th sequence shard.
+        token_frac = 1.0 / ctx.tp if (ctx.sequence_parallel and ctx.tp > 1) else 1.0
+        in_region = {t for n in expert for t in n.outputs}
+        consumers = graph.consumers
+        produced = graph.producer
+        params = set(graph.param_tensors)
+        role_of = {n.id: n.role for n in graph.nodes}
+        gb = GraphBuilder(graph)
+        dispatched: set[int] = set()
+        for node in graph.nodes:
+            if node.role == Role.MOE_EXPERT:
+                entering = [t for t in node.inputs if t not in params and t not in in_region
+                            and t in produced and t not in dispatched]
+                if entering:
+                    t = max(entering, key=lambda x: gb.tensors[x].numel(1, 1, 1))
+                    dispatched.add(t)
+                    gb.add_comm(OpKind.ALL_TO_ALL, group="ep", group_size=ep,
+                                nbytes=self._routed_bytes(gb, t, expert) * token_frac,
+                                reads=(t,), like=t, phase=node.phase,
+                                module_path=node.module_path, name=f"ep_dispatch_{node.name}")
+                new = self._shard(node, ep, ctx.expert_load_imbalance)
+                added = gb.add(new)
+                for t, orig in zip(added.outputs, node.outputs, strict=True):
+                    leaving = [c for c in consumers.get(orig, ())
+                               if role_of.get(c) != Role.MOE_EXPERT]
+                    if leaving:
+                        gb.add_comm(OpKind.ALL_TO_ALL, group="ep", group_size=ep,
+                                    nbytes=self._routed_bytes(gb, t, expert) * token_frac,
+                                    reads=(t,), like=t, phase=node.phase,
+                                    module_path=node.module_path,
+                                    name=f"ep_combine_{node.name}")
+            else:
+                gb.add(node)
+        return PassResult(gb.finish(meta={"ep": ep}), True)
+
+    @staticmethod
+    def _routed_bytes(gb: GraphBuilder, t: int, expert: list[Node]) -> Poly:
+        """Bytes of the routed activation ``t`` (tokens * top_k rows of hidden values)."""
+        return gb.tensors[t].nbytes
+
+    @staticmethod
+    def _shard(node: Node, ep: int, imbalance: float) -> Node:
+        if node.kind != OpKind.GROUPED_GEMM:
+            return node
+        p = dict(node.params)
+        p["num_experts"] = p["num_experts"] / ep
+        p["load_imbalance"] = Poly.const(imbalance)
+        # Expert weights: ep-th of them are read per rank.
+        w = node.params["num_experts"] * node.params["n"] * node.params["k"] * 2
+        saved = w * (1 - 1 / ep)
+        br = node.bytes_read - saved if (node.bytes_read - saved)(1, 1, 1) >= 0 else node.bytes_read
+        return node.replace(params=p, bytes_read=br)
+
+
+must_run_before("tp", "ep")

@@ -1,0 +1,166 @@
+"""Megatron tensor parallelism (Shoeybi et al., arXiv 1909.08053) with optional sequence
+parallelism (Korthikanti et al., arXiv 2205.05198), keyed on ``Node.role``.
+
+Every tensor carries a TP state while the pass walks the graph in order:
+
+* ``R`` replicated on the TP ranks (sequence-sharded under SP: those ops run on ``s/tp`` tokens),
+* ``S`` sharded on the feature/head dim (after a column-parallel GEMM),
+* ``P`` a partial sum (after a row-parallel GEMM or a column-parallel dgrad).
+
+Column GEMMs (``attn.qkv``, ``mlp.in``, ``lm_head``, shared-expert gate/up) split their output
+features; row GEMMs (``attn.out``, ``mlp.out``, shared-expert down) their input features. A ``P``
+tensor consumed by anything but a sum of partials gets an all-reduce (SP: reduce-scatter); under
+SP an ``R`` tensor read by a column GEMM fwd or a row GEMM dgrad gets an all-gather first. Per
+transformer layer this yields 2 all-reduces of b·s·h forward and 2 backward (SP: the same bytes
+as AG + RS). Not modelled: the SP re-gather of the saved input for the column wgrad (Megatron
+overlaps it with the dgrad GEMM), vocab-parallel cross-entropy's scalar all-reduces.
+
+MoE blocks: routed experts stay unsharded by TP (expert TP = 1, Megatron's default); with SP the
+routed part runs on the sequence shard (Megatron requires SP with TP + MoE).
+"""
+
+from __future__ import annotations
+
+from charon_search.errors import PassError
+from charon_search.ir import Node, OpGraph, OpKind, Phase, Role
+from charon_search.passes._rewrite import GraphBuilder, gemm_kind, scale_node, shard_gemm
+from charon_search.passes.base import PASSES, Pass, PassContext, PassResult
+
+__all__ = ["COLUMN_ROLES", "ROW_ROLES", "TensorParallelPass", "is_replicated_gemm"]
+
+COLUMN_ROLES = frozenset({Role.ATTN_QKV, Role.MLP_IN, Role.LM_HEAD})
+ROW_ROLES = frozenset({Role.ATTN_OUT, Role.MLP_OUT})
+SHARDED_ROLES = frozenset({Role.ATTN_CORE, Role.ATTN_ROPE, Role.ATTN_QK_NORM, Role.MLP_ACT})
+"""Ops between a column and a row GEMM: run on tp-th of the heads / features."""
+_GEMMS = (OpKind.GEMM,)
+_SUMMABLE = (OpKind.ELEMENTWISE, OpKind.COPY)
+
+
+def is_replicated_gemm(node: Node) -> bool:
+    """MLA down-projections (``q_a_proj``, ``kv_a_proj_with_mqa``) stay replicated (Megatron)."""
+    return node.module_path.endswith(("q_a_proj", "kv_a_proj_with_mqa"))
+
+
+def _tp_gemm_role(node: Node) -> bool:
+    if node.kind not in _GEMMS or is_replicated_gemm(node):
+        return False
+    return node.role in COLUMN_ROLES or node.role in ROW_ROLES or node.role == Role.MOE_SHARED
+
+
+@PASSES.register("tp")
+class TensorParallelPass(Pass):
+    """Shard column/row GEMMs and the ops between them; insert TP collectives."""
+
+    name = "tp"
+
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.tp > 1
+
+    def requires(self, graph: OpGraph, ctx: PassContext) -> None:
+        if any(n.group == "tp" for n in graph.nodes):
+            raise PassError(f"tp: graph {graph.name!r} already has TP collectives")
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        return PassResult(_TPWalker(graph, ctx.tp, ctx.sequence_parallel).walk(), True)
+
+
+class _TPWalker:
+    def __init__(self, graph: OpGraph, tp: int, sp: bool) -> None:
+        self.graph, self.tp, self.sp = graph, tp, sp
+        self.gb = GraphBuilder(graph)
+        self.state: dict[int, str] = {t: "R" for t in graph.inputs}
+        self.state.update({t: "S" for t in graph.meta.get("tp_sharded_inputs", ())})
+        fwd = graph.meta.get("forward_graph")
+        self.params = set(graph.param_tensors) | set(fwd.param_tensors if fwd else ())
+        self.gathered: dict[int, int] = {}  # SP: tensor -> its all-gathered copy
+        self.reduced: dict[int, int] = {}  # partial tensor -> its reduced copy
+
+    def st(self, t: int) -> str:
+        return self.state.get(t, "R")
+
+    def cur(self, t: int) -> int:
+        return self.gb.rename.get(t, t)
+
+    def reduce(self, t: int, node: Node) -> None:
+        """Insert AR (SP: RS) on partial tensor ``t`` before ``node`` reads it."""
+        if t in self.reduced:
+            self.gb.rename[t] = self.reduced[t]
+            return
+        kind = OpKind.REDUCE_SCATTER if self.sp else OpKind.ALL_REDUCE
+        out = self.gb.add_comm(
+            kind, group="tp", group_size=self.tp, nbytes=self.gb.tensors[t].nbytes, reads=(t,),
+            like=t, phase=node.phase, module_path=node.module_path,
+            name=f"tp_{kind.value}_{node.name}")
+        self.reduced[t] = out
+        self.state[out] = "R"
+
+    def gather(self, t: int, node: Node) -> int:
+        """SP: the all-gathered copy of sequence-sharded ``t`` (inserted once per tensor)."""
+        if not self.sp or self.st(t) != "R" or t in self.params:
+            return t
+        if t not in self.gathered:
+            self.gathered[t] = self.gb.add_comm(
+                OpKind.ALL_GATHER, group="tp", group_size=self.tp,
+                nbytes=self.gb.tensors[t].nbytes, reads=(t,), like=t, phase=node.phase,
+                module_path=node.module_path, name=f"tp_all_gather_{node.name}", rewire=False)
+            self.state[self.gathered[t]] = "F"
+        return self.gathered[t]
+
+    def walk(self) -> OpGraph:
+        tp, sp, gb = self.tp, self.sp, self.gb
+        for node in self.graph.nodes:
+            act_in = [t for t in node.inputs if t not in self.params]
+            if _tp_gemm_role(node):
+                new, out_state, inputs = self.gemm(node, act_in)
+            else:
+                partial = [t for t in act_in if self.st(self.cur(t)) == "P"]
+                if partial and not (node.kind in _SUMMABLE and len(partial) == len(act_in)):
+                    for t in partial:
+                        self.reduce(self.cur(t), node)
+                states = {self.st(self.cur(t)) for t in act_in}
+                if node.kind == OpKind.EMBEDDING and node.phase == Phase.FORWARD:
+                    out_state, new = "P", node  # vocab-parallel lookup: partial rows per rank
+                elif node.kind == OpKind.EMBEDDING:
+                    out_state, new = "S", scale_node(node, tp)  # grad of the vocab shard
+                elif "P" in states:
+                    out_state, new = "P", node
+                elif "S" in states or node.role in SHARDED_ROLES or node.role in (
+                        Role.LOSS, Role.LM_HEAD):
+                    out_state, new = "S", scale_node(node, tp)
+                else:
+                    out_state = "R"
+                    new = scale_node(node, tp) if sp else node
+                inputs = node.inputs
+            for t in node.outputs:
+                self.state[t] = out_state
+            gb.add(new.replace(inputs=inputs))
+        # Partial sums leaving the graph (e.g. the block's input gradient) are reduced at the end.
+        for t in self.graph.outputs:
+            c = self.cur(t)
+            if self.st(c) == "P" and t not in self.params:
+                self.reduce(c, self.graph.nodes[-1])
+        meta = {"tp_sharded_inputs": tuple(t for t, s in self.state.items() if s == "S"),
+                "tp": tp, "sequence_parallel": sp}
+        return gb.finish(meta=meta)
+
+    def gemm(self, node: Node, act_in: list[int]) -> tuple[Node, str, tuple[int, ...]]:
+        tp, sp = self.tp, self.sp
+        sub = gemm_kind(node)
+        s_in = any(self.st(self.cur(t)) == "S" for t in act_in)
+        if node.role == Role.MOE_SHARED:
+            column = not s_in if sub == "fwd" else s_in
+        else:
+            column = node.role in COLUMN_ROLES
+        inputs = node.inputs
+        needs_full = (sub == "fwd" and column) or (sub == "dgrad" and not column) or sub == "wgrad"
+        if sp and needs_full:
+            if sub == "wgrad":  # reads the gathered copy when one exists (no extra collective)
+                inputs = tuple(self.gathered.get(self.cur(t), t) for t in node.inputs)
+            else:
+                inputs = tuple(self.gather(self.cur(t), node) if t in act_in else t
+                               for t in node.inputs)
+        if sub == "fwd":
+            return shard_gemm(node, "n" if column else "k", tp), ("S" if column else "P"), inputs
+        if sub == "dgrad":
+            return shard_gemm(node, "k" if column else "n", tp), ("P" if column else "S"), inputs
+        return shard_gemm(node, "m" if column else "n", tp), "S", inputs

@@ -1,0 +1,216 @@
+"""Evaluators: turn one search config into a flat record of metrics (dict of builtins).
+
+``EVALUATORS`` maps the space's ``evaluator`` key to a class; a worker instantiates each evaluator
+once and keeps it (loaded models, clusters and whatever the simulators cache behind them), so the
+first evaluation pays and later ones reuse. ``evaluate(config)`` returns the record; a point that
+cannot run (out of memory) is returned with ``feasible=False`` and ``prune_reason`` instead of
+raising, after the cheap memory check and before any timeline is built.
+
+* ``training``: ``charon_search.memory.fits`` first, then ``charon_search.training.
+  simulate_training``; adds derived fields (``tokens_per_s_per_gpu``, ``gpu_s_per_token``,
+  ``cost_per_million_tokens_usd``).
+* ``serving``: ``charon_search.serving.simulate_serving`` (aggregated or disaggregated pools).
+* ``toy-analytic``: closed-form objectives of the layout parameters. NOT a simulator: it exists to
+  test and benchmark the search machinery (sampler, Pareto front, resume, worker loss) on spaces
+  whose exhaustive answer is cheap to compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from charon_search.errors import InfeasibleError
+from charon_search.registry import Registry
+
+__all__ = ["EVALUATORS", "Evaluator", "flatten_report", "layout_from_config"]
+
+
+class Evaluator:
+    """Interface: ``evaluate(config) -> flat record``. One instance per worker, reused."""
+
+    def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+EVALUATORS: Registry[type[Evaluator]] = Registry("evaluator", "charon_search.evaluators")
+
+
+def flatten_report(report: Any, prefix: str = "") -> dict[str, Any]:
+    """Dataclass/mapping report -> flat ``{"ttft_s.p90": 0.4, ...}`` of scalars (lists dropped)."""
+    if dataclasses.is_dataclass(report) and not isinstance(report, type):
+        data: Any = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
+    elif hasattr(report, "to_dict"):
+        data = report.to_dict()
+    else:
+        data = report
+    out: dict[str, Any] = {}
+    if not isinstance(data, Mapping):
+        return {prefix.rstrip("."): data} if prefix else {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, bool | int | float | str) or v is None:
+            out[key] = v
+        elif hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:
+            out[key] = v.item()  # numpy scalar
+        elif isinstance(v, Mapping) or (dataclasses.is_dataclass(v) and not isinstance(v, type)):
+            out.update(flatten_report(v, f"{key}."))
+    return out
+
+
+def layout_from_config(cfg: Mapping[str, Any]) -> Any:
+    """The ``Layout`` fields present in a config (other keys ignored)."""
+    from charon_search.layout import Layout
+
+    names = {f.name for f in dataclasses.fields(Layout)}
+    return Layout.from_dict({k: v for k, v in cfg.items() if k in names})
+
+
+class _Cached(Evaluator):
+    def __init__(self) -> None:
+        self._models: dict[str, Any] = {}
+        self._clusters: dict[str, Any] = {}
+
+    def model(self, name: str) -> Any:
+        if name not in self._models:
+            from charon_search.catalog import load_model
+
+            self._models[name] = load_model(name)
+        return self._models[name]
+
+    def cluster(self, name: str) -> Any:
+        if name not in self._clusters:
+            from charon_search.hardware import load_cluster
+
+            self._clusters[name] = load_cluster(name)
+        return self._clusters[name]
+
+
+@EVALUATORS.register("training")
+class TrainingEvaluator(_Cached):
+    """Memory check (``memory.fits``), then ``training.simulate_training``."""
+
+    def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from charon_search.memory import fits, memory_report
+        from charon_search.training import simulate_training
+
+        model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
+        layout = layout_from_config(cfg)
+        rec: dict[str, Any] = {
+            "num_gpus": layout.num_gpus,
+            "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes),
+            "tokens_per_step": layout.global_batch_size * layout.seq_len,
+        }
+        ok, reason = fits(model, layout, cluster)
+        if not ok:
+            mem = memory_report(model, layout, cluster)
+            peak = getattr(mem, "peak_bytes", None) or getattr(mem, "peak_memory_bytes", None)
+            if peak is not None:
+                rec["peak_memory_bytes"] = float(peak)
+            return {**rec, "feasible": False, "prune_reason": f"memory: {reason}"}
+        try:
+            report = simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
+        except InfeasibleError as e:
+            return {**rec, "feasible": False, "prune_reason": f"infeasible: {e}"}
+        rec.update(flatten_report(report))
+        _derive_training(rec, cluster)
+        rec.setdefault("feasible", True)
+        rec["feasible"] = True
+        rec.setdefault("prune_reason", None)
+        return rec
+
+
+def _derive_training(rec: dict[str, Any], cluster: Any) -> None:
+    """Throughput and cost per token from step time, GPUs and tokens per step."""
+    step = rec.get("step_time_s")
+    if not step:
+        return
+    tokens, n = rec["tokens_per_step"], rec["num_gpus"]
+    rec.setdefault("tokens_per_s", tokens / step)
+    rec.setdefault("tokens_per_s_per_gpu", tokens / step / n)
+    rec["gpu_s_per_token"] = n * step / tokens
+    price = float(getattr(cluster, "cost_per_gpu_hour_usd", 0.0) or 0.0)
+    if price > 0:
+        rec["cost_per_million_tokens_usd"] = rec["gpu_s_per_token"] * 1e6 * price / 3600.0
+
+
+@EVALUATORS.register("serving")
+class ServingEvaluator(_Cached):
+    """``serving.simulate_serving`` on one serving config and workload from the space."""
+
+    def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from charon_search.search.serving_bridge import evaluate_serving
+
+        return evaluate_serving(self, cfg)
+
+
+# ---------------------------------------------------------------- analytic toy
+#: Constants of the toy closed form (arbitrary, chosen so the front is non-trivial).
+_TOY_WORK_GPU_S = 4096.0  # GPU-seconds of compute per step at perfect scaling
+_TOY_PARAM_BYTES = 320 * 2**30  # weights + grads + optimizer states, unsharded
+_TOY_ACT_BYTES = 24 * 2**30  # activations of one micro-batch, unsharded, no recompute
+_TOY_DEVICE_BYTES = 80 * 2**30
+_TOY_RECOMPUTE = {"none": (1.0, 1.0), "selective": (1.05, 0.5), "full": (1.33, 0.12)}
+
+
+@EVALUATORS.register("toy-analytic")
+class ToyAnalyticEvaluator(Evaluator):
+    """Closed-form stand-in for a training step, for testing the search itself (not a simulator).
+
+    With n = num_gpus, dp = n/(tp*pp*cp), m = global_batch_size/(micro_batch_size*dp):
+
+    * compute_s = W/n · (1 + 0.06·log2 tp + 0.04·log2 cp) · recompute_factor
+      · (1 + 0.25/micro_batch_size)                               (small GEMMs are less efficient)
+    * bubble_s = compute_s · (pp−1)/m
+    * comm_s = 0.002·(dp−1)·(1 + 0.5·[zero_stage ≥ 3]) + 0.01·log2(tp·cp)
+    * step_time_s = compute_s + bubble_s + comm_s
+    * peak_memory_bytes = P/(tp·pp·z) + A·micro_batch_size·act_factor/(tp·cp)
+      with z = dp for zero_stage ≥ 1 (sharded states) else 1.
+    """
+
+    def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        n, tp, pp = int(cfg["num_gpus"]), int(cfg.get("tp", 1)), int(cfg.get("pp", 1))
+        cp = int(cfg.get("cp", 1))
+        dp = n // (tp * pp * cp)
+        mbs, gbs = int(cfg.get("micro_batch_size", 1)), int(cfg.get("global_batch_size", 1024))
+        zero = int(cfg.get("zero_stage", 0))
+        slow, act = _TOY_RECOMPUTE[str(cfg.get("recompute", "none"))]
+        m = max(gbs // (mbs * dp), 1)
+        compute = (_TOY_WORK_GPU_S / n * (1 + 0.06 * math.log2(tp) + 0.04 * math.log2(cp))
+                   * slow * (1 + 0.25 / mbs))
+        bubble = compute * (pp - 1) / m
+        comm = 0.002 * (dp - 1) * (1.0 + 0.5 * (zero >= 3)) + 0.01 * math.log2(tp * cp)
+        step = compute + bubble + comm
+        shard = dp if zero >= 1 else 1
+        peak = _TOY_PARAM_BYTES / (tp * pp * shard) + _TOY_ACT_BYTES * mbs * act / (tp * cp)
+        tokens = gbs * int(cfg.get("seq_len", 4096))
+        rec = {
+            "num_gpus": n, "dp": dp, "step_time_s": step, "compute_s": compute,
+            "bubble_s": bubble, "comm_s": comm, "peak_memory_bytes": float(peak),
+            "device_memory_bytes": float(_TOY_DEVICE_BYTES), "tokens_per_step": tokens,
+            "tokens_per_s_per_gpu": tokens / step / n, "gpu_s_per_token": n * step / tokens,
+        }
+        if peak > _TOY_DEVICE_BYTES:
+            return {"num_gpus": n, "peak_memory_bytes": float(peak),
+                    "device_memory_bytes": float(_TOY_DEVICE_BYTES), "feasible": False,
+                    "prune_reason": f"memory: needs {peak / 2**30:.1f} GiB but the device has "
+                                    f"{_TOY_DEVICE_BYTES / 2**30:.1f} GiB"}
+        return {**rec, "feasible": True, "prune_reason": None}
+
+
+@EVALUATORS.register("table")
+class TableEvaluator(Evaluator):
+    """Looks records up in a table of earlier results (benchmarks replaying an exhaustive run).
+
+    Only usable in-process: construct it with the table and pass it to ``run_search``.
+    """
+
+    def __init__(self, table: Mapping[tuple, Mapping[str, Any]] | None = None) -> None:
+        self.table = dict(table or {})
+
+    def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from charon_search.search.space import config_key
+
+        return dict(self.table[config_key(cfg)])

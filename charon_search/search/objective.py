@@ -1,0 +1,209 @@
+"""Objectives: which report fields to optimise, in which direction, under which constraints.
+
+An objective file (``objectives/<name>.yaml``)::
+
+    name: slo-ttft1s-tpot50ms
+    objectives:
+      - {metric: tokens_per_s_per_gpu, direction: maximize}
+      - {metric: tokens_per_s_per_user, direction: maximize}
+    constraints:
+      - ttft_s.p90 <= 1.0
+      - tpot_s.p90 <= 0.05
+      - peak_memory_bytes <= device
+      - num_gpus <= budget
+    limits: {budget: 64}
+
+Metric names are the flat record keys the evaluators return (``StepReport``/``ServingReport`` field
+names; nested percentiles flattened as ``ttft_s.p90``). A constraint is ``<metric> <= <bound>`` or
+``<metric> >= <bound>``; the bound is a number, ``device`` (the device memory of the evaluated
+point, record key ``device_memory_bytes``) or a name from ``limits``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from charon_search.errors import ConfigError
+
+__all__ = ["DIRECTIONS", "Bound", "Objective", "ObjectiveTerm", "load_objective"]
+
+DIRECTIONS = ("minimize", "maximize")
+OPERATORS = ("<=", ">=")
+_KEYS = ("name", "description", "objectives", "constraints", "limits")
+_TERM_KEYS = ("metric", "direction")
+_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>|==|=)\s*(\S+)\s*$")
+#: The bound ``device`` refers to this record key (GPU memory capacity, bytes).
+DEVICE_KEY = "device_memory_bytes"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectiveTerm:
+    metric: str
+    direction: str
+    """``minimize`` or ``maximize``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bound:
+    """``metric op bound``; ``bound`` is a float or the record key it reads (``device``)."""
+
+    metric: str
+    op: str
+    bound: float | str
+    text: str
+
+    def limit(self, record: Mapping[str, Any]) -> float | None:
+        if isinstance(self.bound, str):
+            v = record.get(self.bound)
+            return None if v is None else float(v)
+        return self.bound
+
+    def violation(self, record: Mapping[str, Any]) -> float | None:
+        """Relative violation (> 0 violated, <= 0 satisfied); None when the metric is absent."""
+        value, limit = record.get(self.metric), self.limit(record)
+        if value is None or limit is None:
+            return None
+        value = float(value)
+        if math.isnan(value):
+            return 1.0
+        scale = max(abs(limit), 1e-12)
+        return (value - limit) / scale if self.op == "<=" else (limit - value) / scale
+
+
+@dataclass(frozen=True, kw_only=True)
+class Objective:
+    """Objective terms plus constraints. Build with ``load_objective`` or ``from_dict``."""
+
+    name: str
+    terms: tuple[ObjectiveTerm, ...]
+    constraints: tuple[Bound, ...] = ()
+    limits: Mapping[str, float] = field(default_factory=dict)
+    description: str = ""
+    path: str = ""
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(t.metric for t in self.terms)
+
+    @property
+    def directions(self) -> list[str]:
+        return [t.direction for t in self.terms]
+
+    def values(self, record: Mapping[str, Any]) -> list[float] | None:
+        """The objective values of a record; None if any is missing or not finite."""
+        out = []
+        for t in self.terms:
+            v = record.get(t.metric)
+            if v is None:
+                return None
+            v = float(v)
+            if not math.isfinite(v):
+                return None
+            out.append(v)
+        return out
+
+    def minimized(self, values: list[float]) -> list[float]:
+        """Values turned into losses (maximised terms negated)."""
+        return [v if t.direction == "minimize" else -v for v, t in zip(values, self.terms)]
+
+    def violations(self, record: Mapping[str, Any]) -> list[tuple[Bound, float]]:
+        """Each constraint with its relative violation (missing metrics count as satisfied)."""
+        out = []
+        for b in self.constraints:
+            v = b.violation(record)
+            out.append((b, 0.0 if v is None else v))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, *, path: str = "<objective>") -> Objective:
+        """Validate; ``ConfigError`` names the file, the field and the allowed values."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: an objective file must be a mapping with keys {_KEYS}")
+        stray = sorted(str(k) for k in set(data) - set(_KEYS))
+        if stray:
+            raise ConfigError(f"{path}: unknown field(s) {stray}; allowed: {list(_KEYS)}")
+        for req in ("name", "objectives"):
+            if req not in data:
+                raise ConfigError(f"{path}: missing required field `{req}`")
+        raw = data["objectives"]
+        if not isinstance(raw, list) or not raw:
+            raise ConfigError(
+                f"{path}: field `objectives` must be a non-empty list of "
+                f"{{metric: NAME, direction: {'|'.join(DIRECTIONS)}}}"
+            )
+        terms = []
+        for i, t in enumerate(raw):
+            where = f"objectives[{i}]"
+            if not isinstance(t, Mapping):
+                raise ConfigError(f"{path}: field `{where}` must be a mapping with keys "
+                                  f"{list(_TERM_KEYS)}")
+            stray = sorted(str(k) for k in set(t) - set(_TERM_KEYS))
+            if stray:
+                raise ConfigError(f"{path}: unknown field(s) {stray} in `{where}`; "
+                                  f"allowed: {list(_TERM_KEYS)}")
+            if not isinstance(t.get("metric"), str) or not t["metric"]:
+                raise ConfigError(f"{path}: field `{where}.metric` must be a report field name")
+            if t.get("direction") not in DIRECTIONS:
+                raise ConfigError(
+                    f"{path}: field `{where}.direction` must be one of {list(DIRECTIONS)}, "
+                    f"but got {t.get('direction')!r}"
+                )
+            terms.append(ObjectiveTerm(metric=t["metric"], direction=t["direction"]))
+        if len({t.metric for t in terms}) != len(terms):
+            raise ConfigError(f"{path}: field `objectives` repeats a metric")
+        limits_raw = data.get("limits") or {}
+        if not isinstance(limits_raw, Mapping):
+            raise ConfigError(f"{path}: field `limits` must be a mapping name -> number")
+        limits: dict[str, float] = {}
+        for k, v in limits_raw.items():
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ConfigError(f"{path}: field `limits.{k}` must be a number, but got {v!r}")
+            limits[str(k)] = float(v)
+        cons_raw = data.get("constraints") or []
+        if not isinstance(cons_raw, list):
+            raise ConfigError(f"{path}: field `constraints` must be a list of "
+                              f"'METRIC <=|>= BOUND' strings")
+        constraints = tuple(_parse_bound(c, i, limits, path) for i, c in enumerate(cons_raw))
+        return cls(name=str(data["name"]), terms=tuple(terms), constraints=constraints,
+                   limits=limits, description=str(data.get("description", "")), path=path)
+
+
+def _parse_bound(text: Any, i: int, limits: Mapping[str, float], path: str) -> Bound:
+    where = f"constraints[{i}]"
+    bounds_allowed = ["a number", "device", *sorted(limits)]
+    m = _CONSTRAINT_RE.match(str(text)) if isinstance(text, str) else None
+    if m is None:
+        raise ConfigError(
+            f"{path}: field `{where}` must read 'METRIC OP BOUND' with OP one of "
+            f"{list(OPERATORS)} and BOUND one of {bounds_allowed}, but got {text!r}"
+        )
+    metric, op, rhs = m.groups()
+    if op not in OPERATORS:
+        raise ConfigError(f"{path}: field `{where}` operator must be one of {list(OPERATORS)}, "
+                          f"but got {op!r}")
+    bound: float | str
+    if rhs == "device":
+        bound = DEVICE_KEY
+    elif rhs in limits:
+        bound = limits[rhs]
+    else:
+        try:
+            bound = float(rhs)
+        except ValueError:
+            raise ConfigError(
+                f"{path}: field `{where}` bound must be one of {bounds_allowed}, but got {rhs!r}"
+            ) from None
+    return Bound(metric=metric, op=op, bound=bound, text=f"{metric} {op} {rhs}")
+
+
+def load_objective(path: str | Path) -> Objective:
+    """Load ``objectives/<name>.yaml`` (a path, or a bare name looked up in ``objectives/``)."""
+    from charon_search.search.space import _read_yaml, _resolve
+
+    p = _resolve(path, "objectives")
+    return Objective.from_dict(_read_yaml(p), path=str(p))

@@ -1,0 +1,431 @@
+"""Search spaces: parameters, fixed values, derived values and validity rules, read from YAML.
+
+A space file (``spaces/<name>.yaml``) looks like::
+
+    name: quickstart-llama8b-training
+    evaluator: training            # registered evaluator (see ``search.evaluators``)
+    fixed: {model: llama-3.1-8b, cluster: h100-sxm-8gpu, seq_len: 4096, global_batch_size: 64}
+    params:
+      num_gpus: {type: log_int, low: 1, high: 8, base: 2}     # 1, 2, 4, 8
+      tp: {type: log_int, low: 1, high: 8, base: 2}
+      micro_batch_size: {type: int, low: 1, high: 4}
+      recompute: {type: categorical, choices: [none, selective, full]}
+    derived:
+      dp: num_gpus / (tp * pp * cp)     # exact arithmetic; a non-integer makes the point invalid
+    normalize: [pipeline_schedule]      # registered canonicalisations (see ``search.rules``)
+    constraints: [degrees_divide_world_size, tp_divides_heads]
+    family: [recompute]                 # config keys that colour the Pareto plot
+
+Parameter types: ``categorical`` (``choices``), ``int`` (``low``, ``high``, optional ``step``)
+and ``log_int`` (``low``, ``high``; with ``base`` only powers of ``base`` in [low, high], sampled
+through their integer exponent so samplers keep the ordering, e.g. Optuna parameter
+``log2_tp``; without ``base`` Optuna's log-uniform integer). Optuna rejects value spaces that
+depend on other parameters, so every parameter has a fixed range and validity rules remove
+invalid combinations before anything is simulated.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import operator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from charon_search.errors import ConfigError
+from charon_search.search.rules import CONSTRAINTS, NORMALIZERS, RuleContext
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["PARAM_TYPES", "Param", "SearchSpace", "load_space"]
+
+PARAM_TYPES = ("categorical", "int", "log_int")
+_SPACE_KEYS = ("name", "description", "evaluator", "fixed", "params", "derived", "normalize",
+               "constraints", "family", "source")
+_PARAM_KEYS: dict[str, tuple[str, ...]] = {
+    "categorical": ("type", "choices"),
+    "int": ("type", "low", "high", "step"),
+    "log_int": ("type", "low", "high", "base"),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Param:
+    """One searched parameter."""
+
+    name: str
+    type: str
+    """One of ``PARAM_TYPES``."""
+    choices: tuple[Any, ...] = ()
+    """``categorical`` only: the allowed values (str, int, float, bool)."""
+    low: int = 0
+    high: int = 0
+    step: int = 1
+    """``int`` only."""
+    base: int = 0
+    """``log_int`` only: 0 = any integer, log-uniform; >= 2 = only powers of ``base``."""
+
+    @property
+    def optuna_name(self) -> str:
+        """The name the sampler sees (``log2_tp`` for a power-of-two ``tp``)."""
+        return f"log{self.base}_{self.name}" if self.type == "log_int" and self.base else self.name
+
+    def values(self) -> tuple[Any, ...]:
+        """Every value of this parameter (for grid enumeration)."""
+        if self.type == "categorical":
+            return self.choices
+        if self.type == "int":
+            return tuple(range(self.low, self.high + 1, self.step))
+        if self.base:
+            lo, hi = self._exponents()
+            return tuple(self.base**e for e in range(lo, hi + 1))
+        return tuple(range(self.low, self.high + 1))
+
+    def optuna_values(self) -> tuple[Any, ...]:
+        """Every value of the sampler-level parameter (exponents for a ``base`` log_int)."""
+        if self.type == "log_int" and self.base:
+            lo, hi = self._exponents()
+            return tuple(range(lo, hi + 1))
+        return self.values()
+
+    def _exponents(self) -> tuple[int, int]:
+        lo = math.ceil(math.log(self.low, self.base) - 1e-9)
+        hi = math.floor(math.log(self.high, self.base) + 1e-9)
+        return lo, hi
+
+    def suggest(self, trial: optuna.trial.Trial) -> Any:
+        """Ask ``trial`` for this parameter and return the config-level value."""
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.type == "int":
+            return trial.suggest_int(self.name, self.low, self.high, step=self.step)
+        if self.base:
+            lo, hi = self._exponents()
+            return self.base ** trial.suggest_int(self.optuna_name, lo, hi)
+        return trial.suggest_int(self.name, self.low, self.high, log=True)
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        """The Optuna distribution of the sampler-level parameter."""
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        if self.type == "categorical":
+            return CategoricalDistribution(list(self.choices))
+        if self.type == "int":
+            return IntDistribution(self.low, self.high, step=self.step)
+        if self.base:
+            lo, hi = self._exponents()
+            return IntDistribution(lo, hi)
+        return IntDistribution(self.low, self.high, log=True)
+
+    def to_optuna(self, value: Any) -> Any:
+        """Config-level value -> sampler-level value (inverse of ``suggest``)."""
+        if self.type == "log_int" and self.base:
+            return round(math.log(value, self.base))
+        return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """A named search space. Build with ``load_space`` or ``SearchSpace.from_dict``."""
+
+    name: str
+    evaluator: str
+    """Registered evaluator key (``training``, ``serving``, ``toy-analytic``)."""
+    params: tuple[Param, ...]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    derived: Mapping[str, str] = field(default_factory=dict)
+    """Derived config key -> arithmetic expression over other keys (``+ - * / //``, ints)."""
+    normalize: tuple[str, ...] = ()
+    """Registered normalizers applied to every config (canonical form; see ``search.rules``)."""
+    constraints: tuple[str, ...] = ()
+    """Registered validity rules; a point violating one is never simulated."""
+    family: tuple[str, ...] = ()
+    """Config keys whose values name a point's "family" (plot colour)."""
+    description: str = ""
+    source: str = ""
+    path: str = ""
+    """File the space was loaded from (for messages)."""
+
+    # ------------------------------------------------------------ points
+    def suggest(self, trial: optuna.trial.Trial) -> dict[str, Any]:
+        """Ask ``trial`` for every parameter; return the parameter-level point."""
+        return {p.name: p.suggest(trial) for p in self.params}
+
+    def config(self, point: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """Fixed + point + derived values, normalized; plus why it is invalid (None = valid)."""
+        cfg: dict[str, Any] = {**self.fixed, **point}
+        for key, expr in self.derived.items():
+            try:
+                value = _eval_expr(expr, cfg)
+            except ZeroDivisionError:
+                return cfg, f"derived `{key} = {expr}` divides by zero"
+            if value.denominator != 1 or value <= 0:
+                return cfg, f"derived `{key} = {expr}` must be a positive integer, but got {value}"
+            cfg[key] = int(value)
+        for name in self.normalize:
+            cfg = NORMALIZERS.get(name)(cfg)
+        return cfg, None
+
+    def check(self, cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
+        """Run the validity rules on a config; return the first violation's reason or None."""
+        for name in self.constraints:
+            reason = CONSTRAINTS.get(name)(cfg, ctx)
+            if reason:
+                return f"{name}: {reason}"
+        return None
+
+    def num_points(self) -> int:
+        """Size of the parameter grid (valid and invalid points)."""
+        return math.prod(len(p.values()) for p in self.params)
+
+    def grid(self) -> Iterator[dict[str, Any]]:
+        """Every parameter-level point of the grid, in a fixed order."""
+        names = [p.name for p in self.params]
+        for values in itertools.product(*(p.values() for p in self.params)):
+            yield dict(zip(names, values))
+
+    def enumerate_valid(self, ctx: RuleContext | None = None) -> list[tuple[dict, dict]]:
+        """Every valid point as ``(point, config)``, one per distinct canonical config."""
+        ctx = ctx or RuleContext()
+        seen: set[tuple] = set()
+        out = []
+        for point in self.grid():
+            cfg, reason = self.config(point)
+            if reason or self.check(cfg, ctx):
+                continue
+            key = config_key(cfg)
+            if key not in seen:
+                seen.add(key)
+                out.append((point, cfg))
+        return out
+
+    def optuna_params(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        """Parameter-level point -> the sampler's parameter dict (for ``enqueue_trial``)."""
+        return {p.optuna_name: p.to_optuna(point[p.name]) for p in self.params}
+
+    def family_of(self, cfg: Mapping[str, Any]) -> str:
+        keys = self.family or tuple(p.name for p in self.params if p.type == "categorical")[:1]
+        return " ".join(f"{k}={cfg.get(k)}" for k in keys) or self.name
+
+    def with_fixed(self, **values: Any) -> SearchSpace:
+        """A copy where ``values`` are fixed (removing parameters of the same name)."""
+        import dataclasses
+
+        params = tuple(p for p in self.params if p.name not in values)
+        return dataclasses.replace(self, params=params, fixed={**self.fixed, **values})
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, path: str = "<space>") -> SearchSpace:
+        """Build and validate a space; ``ConfigError`` names the file, field and allowed values."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: a space file must be a mapping with keys {_SPACE_KEYS}")
+        _reject_unknown(data, _SPACE_KEYS, path, "")
+        for req in ("name", "evaluator", "params"):
+            if req not in data:
+                raise ConfigError(f"{path}: missing required field `{req}`")
+        from charon_search.search.evaluators import EVALUATORS
+
+        evaluator = str(data["evaluator"])
+        if evaluator not in EVALUATORS:
+            raise ConfigError(
+                f"{path}: field `evaluator` must be one of {EVALUATORS.names()}, "
+                f"but got {evaluator!r}"
+            )
+        raw_params = data["params"]
+        if not isinstance(raw_params, Mapping) or not raw_params:
+            raise ConfigError(f"{path}: field `params` must be a non-empty mapping name -> spec")
+        params = tuple(_parse_param(name, spec, path) for name, spec in raw_params.items())
+        fixed = dict(data.get("fixed") or {})
+        clash = sorted(set(fixed) & {p.name for p in params})
+        if clash:
+            raise ConfigError(f"{path}: keys {clash} are both `fixed` and `params`")
+        derived = {str(k): str(v) for k, v in (data.get("derived") or {}).items()}
+        known = set(fixed) | {p.name for p in params}
+        for key, expr in derived.items():
+            names = _expr_names(expr, f"{path}: derived.{key}")
+            missing = sorted(names - known)
+            if missing:
+                raise ConfigError(
+                    f"{path}: field `derived.{key}` uses unknown name(s) {missing}; "
+                    f"allowed: {sorted(known)}"
+                )
+            known.add(key)
+        normalize = tuple(_names(data.get("normalize"), NORMALIZERS, path, "normalize"))
+        constraints = tuple(_names(data.get("constraints"), CONSTRAINTS, path, "constraints"))
+        family = tuple(str(f) for f in (data.get("family") or ()))
+        for f in family:
+            if f not in known:
+                raise ConfigError(
+                    f"{path}: field `family` names unknown key {f!r}; allowed: {sorted(known)}"
+                )
+        return cls(
+            name=str(data["name"]), evaluator=evaluator, params=params, fixed=fixed,
+            derived=derived, normalize=normalize, constraints=constraints, family=family,
+            description=str(data.get("description", "")), source=str(data.get("source", "")),
+            path=path,
+        )
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Load ``spaces/<name>.yaml`` (a path, or a bare name looked up in ``spaces/``)."""
+    p = _resolve(path, "spaces")
+    return SearchSpace.from_dict(_read_yaml(p), path=str(p))
+
+
+def config_key(cfg: Mapping[str, Any]) -> tuple:
+    """Hashable canonical key of a config (memoisation, de-duplication)."""
+    return tuple(sorted((k, _hashable(v)) for k, v in cfg.items()))
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    if isinstance(v, list | tuple):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+# ---------------------------------------------------------------- helpers
+def _resolve(path: str | Path, folder: str) -> Path:
+    p = Path(path)
+    if p.exists():
+        return p
+    for cand in (Path(folder) / f"{p}.yaml", Path(folder) / p):
+        if cand.exists():
+            return cand
+    raise ConfigError(f"{path}: no such file (nor {folder}/{p}.yaml)")
+
+
+def _read_yaml(p: Path) -> Any:
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+
+
+def _reject_unknown(data: Mapping, allowed: tuple[str, ...], path: str, where: str) -> None:
+    stray = sorted(str(k) for k in set(data) - set(allowed))
+    if stray:
+        at = f" in `{where}`" if where else ""
+        raise ConfigError(f"{path}: unknown field(s) {stray}{at}; allowed: {list(allowed)}")
+
+
+def _parse_param(name: str, spec: Any, path: str) -> Param:
+    where = f"params.{name}"
+    if not isinstance(spec, Mapping) or "type" not in spec:
+        raise ConfigError(
+            f"{path}: field `{where}` must be a mapping with `type` one of {list(PARAM_TYPES)}"
+        )
+    kind = spec["type"]
+    if kind not in PARAM_TYPES:
+        raise ConfigError(
+            f"{path}: field `{where}.type` must be one of {list(PARAM_TYPES)}, but got {kind!r}"
+        )
+    _reject_unknown(spec, _PARAM_KEYS[kind], path, where)
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{path}: field `{where}.choices` must be a non-empty list")
+        for c in choices:
+            if not (c is None or isinstance(c, str | int | float | bool)):
+                raise ConfigError(
+                    f"{path}: field `{where}.choices` allows str, int, float, bool or null, "
+                    f"but got {c!r}"
+                )
+        if len(set(map(repr, choices))) != len(choices):
+            raise ConfigError(f"{path}: field `{where}.choices` has duplicates: {choices}")
+        return Param(name=name, type=kind, choices=tuple(choices))
+    for k in ("low", "high"):
+        v = spec.get(k)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{path}: field `{where}.{k}` must be an integer, but got {v!r}")
+    low, high = int(spec["low"]), int(spec["high"])
+    if not low <= high:
+        raise ConfigError(f"{path}: `low <= high` must hold for `{where}`, but got "
+                          f"(low={low}, high={high})")
+    if kind == "int":
+        step = spec.get("step", 1)
+        if not isinstance(step, int) or step < 1:
+            raise ConfigError(f"{path}: field `{where}.step` must be a positive integer, "
+                              f"but got {step!r}")
+        return Param(name=name, type=kind, low=low, high=high, step=step)
+    base = spec.get("base", 0)
+    if not isinstance(base, int) or base == 1 or base < 0:
+        raise ConfigError(f"{path}: field `{where}.base` must be 0 (any integer) or an integer "
+                          f">= 2, but got {base!r}")
+    if low < 1:
+        raise ConfigError(f"{path}: `low >= 1` must hold for log_int `{where}`, but got {low}")
+    param = Param(name=name, type=kind, low=low, high=high, base=base)
+    if not param.values():
+        raise ConfigError(f"{path}: `{where}` has no power of {base} in [{low}, {high}]")
+    return param
+
+
+def _names(value: Any, registry: Any, path: str, field_name: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{path}: field `{field_name}` must be a list of names from "
+                          f"{registry.names()}")
+    for v in value:
+        if v not in registry:
+            raise ConfigError(
+                f"{path}: field `{field_name}` must list names from {registry.names()}, "
+                f"but got {v!r}"
+            )
+    return [str(v) for v in value]
+
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
+}
+
+
+def _expr_names(expr: str, where: str) -> set[str]:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ConfigError(f"{where}: cannot parse expression {expr!r}: {e.msg}") from None
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.BinOp):
+            if type(node.op) not in _BINOPS:
+                raise ConfigError(f"{where}: operators allowed are + - * / //, got {expr!r}")
+        elif isinstance(node, ast.Constant):
+            if not isinstance(node.value, int) or isinstance(node.value, bool):
+                raise ConfigError(f"{where}: only integer constants allowed, got {expr!r}")
+        elif not isinstance(node, ast.Expression | ast.operator | ast.Load):
+            raise ConfigError(
+                f"{where}: only names, integers, + - * / // and parentheses allowed, "
+                f"got {expr!r}"
+            )
+    return names
+
+
+def _eval_expr(expr: str, env: Mapping[str, Any]) -> Fraction:
+    def ev(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant):
+            return Fraction(node.value)
+        if isinstance(node, ast.Name):
+            return Fraction(env[node.id])
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.FloorDiv):
+                return Fraction(a // b)
+            return Fraction(_BINOPS[type(node.op)](a, b))
+        raise ValueError(expr)  # unreachable: _expr_names validated the tree
+
+    return ev(ast.parse(expr, mode="eval"))

@@ -1,0 +1,216 @@
+"""Workers that evaluate configs: in-process (tests, tiny spaces) or a pool of Ray actors.
+
+Each Ray actor (``SearchWorker``) keeps its evaluator instances, so the traced graphs, loaded
+clusters and trained predictors the simulators cache stay in that process: the first trial on a
+worker pays, later ones reuse. The driver keeps ``in_flight`` calls queued per actor so no worker
+waits for the driver. A worker that dies (its process killed, its node lost) is replaced by a new
+actor and every trial it held is submitted again; results come back exactly once per submission
+that succeeded, so the study sees every trial once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from charon_search.errors import ConfigError, InfeasibleError
+
+__all__ = ["LocalExecutor", "RayExecutor", "evaluate_config", "make_executor"]
+
+#: Objects the Ray object store may hold (records are small); keeps `ray.init` light here.
+_OBJECT_STORE_BYTES = 100 * 2**20
+
+
+def evaluate_config(evaluators: dict[str, Any], name: str, cfg: Mapping[str, Any]) -> dict:
+    """Evaluate one config with evaluator ``name`` (instantiated once into ``evaluators``).
+
+    Errors do not escape: an ``InfeasibleError`` or ``ConfigError`` from a simulator becomes an
+    infeasible record with its reason; any other exception an infeasible record flagged
+    ``error=True`` so one bad point cannot stop a long study (the summary counts them).
+    """
+    from charon_search.search.evaluators import EVALUATORS
+
+    t0 = time.perf_counter()
+    try:
+        if name not in evaluators:
+            evaluators[name] = EVALUATORS.get(name)()
+        rec = dict(evaluators[name].evaluate(cfg))
+        rec.setdefault("feasible", True)
+        rec.setdefault("prune_reason", None)
+        rec.setdefault("error", False)
+    except InfeasibleError as e:
+        rec = {"feasible": False, "prune_reason": f"infeasible: {e}", "error": False}
+    except ConfigError as e:
+        rec = {"feasible": False, "prune_reason": f"invalid: {e}", "error": False}
+    except Exception as e:
+        rec = {"feasible": False, "prune_reason": f"error: {type(e).__name__}: {e}",
+               "error": True}
+    rec["eval_wall_s"] = time.perf_counter() - t0
+    return rec
+
+
+class SearchWorker:
+    """Ray actor body: evaluates configs and stamps the record with worker, node and pid."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self._evaluators: dict[str, Any] = {}
+        try:
+            import ray
+
+            self.node_id = ray.get_runtime_context().get_node_id()
+        except Exception:
+            self.node_id = socket.gethostname()
+
+    def info(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "node_id": self.node_id, "worker_pid": os.getpid()}
+
+    def evaluate(self, name: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        rec = evaluate_config(self._evaluators, name, cfg)
+        rec.update(self.info())
+        return rec
+
+
+class LocalExecutor:
+    """Evaluates in the driver process, one config at a time (no Ray)."""
+
+    def __init__(self, evaluator: Any | None = None, evaluator_name: str | None = None) -> None:
+        self._evaluators: dict[str, Any] = {}
+        if evaluator is not None and evaluator_name is not None:
+            self._evaluators[evaluator_name] = evaluator
+        self._worker = SearchWorker.__new__(SearchWorker)
+        self._worker.worker_id, self._worker.node_id = "local-0", socket.gethostname()
+        self._worker._evaluators = self._evaluators
+        self._queue: list[tuple[Any, str, Mapping[str, Any]]] = []
+        self.capacity = 1
+        self.num_workers = 1
+        self.num_restarts = 0
+        self.num_resubmits = 0
+
+    def submit(self, tag: Any, name: str, cfg: Mapping[str, Any]) -> None:
+        self._queue.append((tag, name, cfg))
+
+    def wait(self) -> list[tuple[Any, dict[str, Any]]]:
+        out = []
+        while self._queue:
+            tag, name, cfg = self._queue.pop(0)
+            out.append((tag, self._worker.evaluate(name, cfg)))
+        return out
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    """A pool of ``SearchWorker`` actors; replaces dead actors and re-runs their trials.
+
+    Ray is started embedded (``address="local"``, never attaching by accident to another cluster
+    on the machine) unless ``address`` (or ``RAY_ADDRESS``) names a cluster, or Ray is already
+    initialised in this process (tests with ``ray.cluster_utils.Cluster``).
+    """
+
+    def __init__(self, num_workers: int, *, address: str | None = None,
+                 in_flight: int = 2) -> None:
+        import ray
+
+        self._ray = ray
+        self._started = False
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(address="local", num_cpus=num_workers, include_dashboard=False,
+                         object_store_memory=_OBJECT_STORE_BYTES, log_to_driver=False)
+            self._started = True
+        self._remote = ray.remote(num_cpus=1, max_restarts=0)(SearchWorker)
+        self.num_workers = num_workers
+        self.capacity = num_workers * in_flight
+        self.num_restarts = 0
+        self.num_resubmits = 0
+        self._next_id = 0
+        self._actors: dict[str, Any] = {}
+        self._load: dict[str, int] = {}
+        self._futures: dict[Any, tuple[Any, str, Mapping[str, Any], str]] = {}
+        self._resubmit_later: list[tuple[Any, str, Mapping[str, Any]]] = []
+        for _ in range(num_workers):
+            self._spawn()
+
+    def _spawn(self) -> str:
+        wid = f"worker-{self._next_id}"
+        self._next_id += 1
+        self._actors[wid] = self._remote.options(scheduling_strategy="SPREAD").remote(wid)
+        self._load[wid] = 0
+        return wid
+
+    def submit(self, tag: Any, name: str, cfg: Mapping[str, Any]) -> None:
+        wid = min(self._load, key=lambda w: (self._load[w], w))
+        fut = self._actors[wid].evaluate.remote(name, dict(cfg))
+        self._load[wid] += 1
+        self._futures[fut] = (tag, name, cfg, wid)
+
+    def pending(self) -> int:
+        return len(self._futures)
+
+    def wait(self) -> list[tuple[Any, dict[str, Any]]]:
+        """Block until at least one result is ready; return every ready one."""
+        ray = self._ray
+        if not self._futures:
+            return []
+        futs = list(self._futures)
+        ready, _ = ray.wait(futs, num_returns=1)
+        ready, _ = ray.wait(futs, num_returns=len(futs), timeout=0)
+        out = []
+        dead: set[str] = set()
+        for fut in ready:
+            tag, name, cfg, wid = self._futures.pop(fut)
+            self._load[wid] = max(self._load.get(wid, 1) - 1, 0)
+            try:
+                out.append((tag, ray.get(fut)))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                dead.add(wid)
+                self._resubmit_later.append((tag, name, cfg))
+        for wid in dead:
+            self._replace(wid)
+        while self._resubmit_later:
+            tag, name, cfg = self._resubmit_later.pop(0)
+            self.num_resubmits += 1
+            self.submit(tag, name, cfg)
+        return out
+
+    def _replace(self, wid: str) -> None:
+        if wid not in self._actors:
+            return
+        try:
+            self._ray.kill(self._actors.pop(wid), no_restart=True)
+        except Exception:
+            pass
+        self._load.pop(wid, None)
+        self.num_restarts += 1
+        self._spawn()
+
+    def close(self) -> None:
+        for actor in self._actors.values():
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        self._actors.clear()
+        if self._started:
+            self._ray.shutdown()
+
+
+def make_executor(workers: int, *, address: str | None = None, evaluator: Any | None = None,
+                  evaluator_name: str | None = None) -> LocalExecutor | RayExecutor:
+    """``workers == 0`` (or a pre-built ``evaluator``) -> in-process; else a Ray actor pool."""
+    if workers < 0:
+        raise ConfigError(f"`workers >= 0` must hold, but got {workers}")
+    if workers == 0 or evaluator is not None:
+        return LocalExecutor(evaluator, evaluator_name)
+    return RayExecutor(workers, address=address)

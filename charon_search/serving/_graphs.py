@@ -1,0 +1,61 @@
+"""Traced and parallelized inference graphs of one serving replica (cached per configuration).
+
+``frontend.trace_model(spec, phase="prefill"|"decode")`` traces each block once;
+``passes.parallelize_inference`` shards it over TP/EP and inserts the collectives. FP8/FP4
+serving runs the GEMMs at that precision (weights quantized, as vLLM/TRT-LLM fp8 checkpoints).
+DP-attention (MoE) keeps attention and dense layers whole on each rank (``tp = 1`` for them) and
+shards experts over ``ep``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from charon_search.ir.ops import OpKind, Role
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+    from charon_search.ir.graph import OpGraph
+
+__all__ = ["serving_graphs"]
+
+Graphs = tuple[dict[str, "OpGraph"], dict[str, "OpGraph"]]
+_CACHE: dict[tuple, Graphs] = {}
+
+
+def serving_graphs(model: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
+                   precision: str) -> Graphs:
+    """``(prefill, decode)``: block name -> one GPU's forward graph of that block.
+
+    Blocks are per layer; the caller multiplies by layers (all stages alike, ``pp`` only adds
+    the stage hand-offs).
+    """
+    key = (model.name, model.num_layers, model.hidden_size, model.layer_types, tp, ep,
+           dp_attention, precision)
+    hit = _CACHE.get(key)
+    if hit is None:
+        hit = _build(model, tp=tp, ep=ep, dp_attention=dp_attention, precision=precision)
+        _CACHE[key] = hit
+    return hit
+
+
+def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision: str) -> Graphs:
+    from charon_search.frontend import trace_model
+    from charon_search.passes import parallelize_inference
+
+    out = []
+    for phase in ("prefill", "decode"):
+        traced = trace_model(model, phase=phase)
+        graphs = dict(parallelize_inference(traced, tp=1 if dp_attention else tp, ep=ep))
+        if precision in ("fp8", "fp4"):
+            graphs = {k: _with_gemm_dtype(g, precision) for k, g in graphs.items()}
+        out.append(graphs)
+    return out[0], out[1]
+
+
+def _with_gemm_dtype(graph: OpGraph, dtype: str) -> OpGraph:
+    """GEMMs (not the LM head, kept in bf16 by fp8 checkpoints) run at ``dtype``."""
+    kinds = (OpKind.GEMM, OpKind.GROUPED_GEMM)
+    return graph.with_nodes(
+        n.replace(dtype=dtype) if n.kind in kinds and n.role != Role.LM_HEAD.value else n
+        for n in graph.nodes)

@@ -1,0 +1,308 @@
+"""ServingConfig and its parts: how one model is served (engine knobs, parallelism, pools).
+
+Everything here is a frozen, keyword-only dataclass validated in ``__post_init__`` and built from
+YAML/JSON with ``from_dict``, which rejects unknown keys with the allowed ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from charon_search.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CUDA_GRAPH_SIZES",
+    "KV_TRANSFER_TIERS",
+    "SCHEDULERS",
+    "DisaggConfig",
+    "PoolConfig",
+    "ServingConfig",
+    "SpeculativeConfig",
+    "parse_disagg",
+]
+
+SCHEDULERS = ("vllm", "static")
+KV_TRANSFER_TIERS = ("rdma", "nvlink")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+KV_DTYPES = ("bf16", "fp16", "fp8")
+
+#: vLLM's default CUDA-graph capture sizes: 1, 2, 4, then every multiple of 8 up to 512
+#: (vllm/config/compilation.py, ``cudagraph_capture_sizes`` default in v0.10+).
+DEFAULT_CUDA_GRAPH_SIZES: tuple[int, ...] = (1, 2, 4, *range(8, 513, 8))
+
+
+def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"`{name}` must be one of {list(allowed)}, but got {value!r}")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"`{name}` must be a positive integer, but got {value!r}")
+
+
+def _strict_kwargs(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    allowed = {f.name for f in fields(cls)}
+    stray = sorted(set(data) - allowed)
+    if stray:
+        raise ConfigError(f"{where}: unknown key(s) {stray}; allowed: {sorted(allowed)}")
+    return dict(data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding with a draft model or MTP heads."""
+
+    num_draft_tokens: int
+    """k: tokens proposed per step."""
+    acceptance_rate: float | tuple[float, ...] = 0.7
+    """Probability a draft token is accepted given all earlier ones were: one number, or one
+    per draft position (length k)."""
+    method: str = "mtp"
+    """``mtp`` (extra decoder layer(s) of the target, DeepSeek-V3 style) or ``draft`` (a
+    separate draft model run k times)."""
+    draft_model: str = ""
+    """Catalog name of the draft model (``method == 'draft'``)."""
+
+    def __post_init__(self) -> None:
+        _positive_int("speculative.num_draft_tokens", self.num_draft_tokens)
+        _choice("speculative.method", self.method, ("mtp", "draft"))
+        rates = self.per_position_acceptance
+        if len(rates) != self.num_draft_tokens:
+            raise ConfigError(
+                "`len(speculative.acceptance_rate) == num_draft_tokens` must hold, but got "
+                f"({len(rates)=}, num_draft_tokens={self.num_draft_tokens})"
+            )
+        if any(not 0.0 <= a <= 1.0 for a in rates):
+            raise ConfigError(f"`0 <= acceptance_rate <= 1` must hold, but got {rates}")
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("speculative.method 'draft' needs `draft_model` (a catalog name)")
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...]:
+        a = self.acceptance_rate
+        if isinstance(a, (int, float)):
+            return (float(a),) * self.num_draft_tokens
+        return tuple(float(x) for x in a)
+
+    @property
+    def expected_tokens_per_step(self) -> float:
+        """Tokens committed per verify step: 1 (the target's own token) + expected accepted.
+
+        Draft i is kept only if drafts 1..i all are: E = 1 + sum_i prod_{j<=i} a_j
+        (Leviathan et al. 2023, eq. 1 for a constant rate: (1 - a^(k+1)) / (1 - a)).
+        """
+        total, keep = 1.0, 1.0
+        for a in self.per_position_acceptance:
+            keep *= a
+            total += keep
+        return total
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SpeculativeConfig:
+        kw = _strict_kwargs(cls, data, "speculative")
+        if isinstance(kw.get("acceptance_rate"), list):
+            kw["acceptance_rate"] = tuple(kw["acceptance_rate"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolConfig:
+    """One pool of identical engine replicas (a prefill or decode pool of PD disaggregation)."""
+
+    num_replicas: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cluster: str = ""
+    """Cluster (GPU type) of this pool; empty = the simulation's cluster."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_replicas", "tp", "pp", "ep"):
+            _positive_int(f"pool.{name}", getattr(self, name))
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolConfig:
+        return cls(**_strict_kwargs(cls, data, "pool"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggConfig:
+    """Prefill/decode disaggregation (xPyD): two pools and how KV moves between them."""
+
+    prefill: PoolConfig
+    decode: PoolConfig
+    kv_transfer: str = "rdma"
+    """Network tier the KV cache crosses: ``rdma`` (outermost tier, scale-out NIC) or
+    ``nvlink`` (innermost tier, same NVLink domain)."""
+
+    def __post_init__(self) -> None:
+        _choice("disagg.kv_transfer", self.kv_transfer, KV_TRANSFER_TIERS)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DisaggConfig:
+        kw = _strict_kwargs(cls, data, "disagg")
+        for k in ("prefill", "decode"):
+            if k not in kw:
+                raise ConfigError(f"disagg: missing key {k!r}")
+            if isinstance(kw[k], str):
+                kw[k] = _parse_pool(kw[k], k)
+            elif isinstance(kw[k], Mapping):
+                kw[k] = PoolConfig.from_dict(kw[k])
+        return cls(**kw)
+
+
+_POOL_RE = re.compile(
+    r"^(?P<n>\d+)x(?:tp(?P<tp>\d+))?(?:pp(?P<pp>\d+))?(?:ep(?P<ep>\d+))?(?:@(?P<cl>[\w.\-/]+))?$"
+)
+
+
+def _parse_pool(text: str, name: str) -> PoolConfig:
+    m = _POOL_RE.match(text.strip().lower())
+    if not m:
+        raise ConfigError(
+            f"disagg pool `{name}` must look like 2xTP2 (NxTPa[PPb][EPc][@cluster]), "
+            f"but got {text!r}"
+        )
+    return PoolConfig(num_replicas=int(m["n"]), tp=int(m["tp"] or 1), pp=int(m["pp"] or 1),
+                      ep=int(m["ep"] or 1), cluster=m["cl"] or "")
+
+
+def parse_disagg(text: str, kv_transfer: str = "rdma") -> DisaggConfig:
+    """Parse ``prefill=2xTP2,decode=1xTP4`` (as in ``charon-search serve --disagg``)."""
+    parts: dict[str, PoolConfig] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("prefill", "decode"):
+            raise ConfigError(
+                f"`--disagg` must be 'prefill=NxTPa,decode=MxTPb', but got {text!r}"
+            )
+        parts[key] = _parse_pool(value, key)
+    if set(parts) != {"prefill", "decode"}:
+        raise ConfigError(f"`--disagg` needs both prefill= and decode=, but got {text!r}")
+    return DisaggConfig(prefill=parts["prefill"], decode=parts["decode"], kv_transfer=kv_transfer)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingConfig:
+    """How a model is served: parallelism, scheduler and engine features (vLLM vocabulary)."""
+
+    tp: int = 1
+    """Tensor-parallel degree of one replica."""
+    pp: int = 1
+    """Pipeline-parallel degree of one replica (stages run one batch at a time)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE); experts are sharded over ep of the replica's GPUs."""
+    dp: int = 1
+    """Identical replicas behind a round-robin router (aggregated serving)."""
+    dp_attention: bool = False
+    """MoE DP-attention: attention data parallel over the ``tp`` GPUs (each holds whole heads
+    for its share of the requests), experts over ``ep``."""
+    sp: int = 1
+    """Sequence-parallel degree for prefill attention (zigzag split, KV all-gather); extra GPUs
+    per replica beyond tp * pp."""
+    dynamic_sp: bool = False
+    """Choose each prefill request's SP degree per batch (Charon's case study) instead of the
+    fixed degree ``sp`` for every request."""
+    scheduler: str = "vllm"
+    """``vllm`` (continuous batching) or ``static`` (batch-at-a-time baseline)."""
+    max_num_seqs: int = 256
+    """Requests running at once per replica."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one iteration (decode tokens + prefill chunk tokens)."""
+    chunked_prefill: bool = True
+    """Sarathi-style chunked prefill: split long prompts to fill the token budget."""
+    prefix_caching: bool = False
+    """Reuse cached KV blocks of a shared prompt prefix (radix tree, LRU eviction)."""
+    block_size: int = 16
+    """Tokens per paged KV block."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of HBM the engine may use (weights + activations + KV cache)."""
+    num_kv_blocks: int = 0
+    """Override the KV-cache capacity in blocks per replica (0 = from the memory model)."""
+    cuda_graph: bool = True
+    """Decode-only batches replay captured CUDA graphs (no host launch cost)."""
+    cuda_graph_sizes: tuple[int, ...] = DEFAULT_CUDA_GRAPH_SIZES
+    """Captured decode batch sizes; a batch is padded up to the next one."""
+    kernel_launch_overhead_s: float = 4.0e-6
+    """Host time to launch one kernel when not replaying a graph; an eager iteration takes at
+    least ``kernels * this``. ~4 us per launch: CUDA C best-practices guide, "kernel launch
+    overhead" (a few microseconds)."""
+    iteration_overhead_s: float | None = None
+    """Per-iteration CPU/scheduler time; None = ``cluster.calibration.iteration_cpu_overhead_s``."""
+    precision: str = "bf16"
+    """Weight/GEMM precision."""
+    kv_dtype: str = "bf16"
+    speculative: SpeculativeConfig | None = None
+    disagg: DisaggConfig | None = None
+    slo_ttft_s: float | None = None
+    """TTFT objective for goodput (None = not constrained)."""
+    slo_tpot_s: float | None = None
+    """TPOT objective for goodput (None = not constrained)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep", "dp", "sp", "max_num_seqs", "max_num_batched_tokens",
+                     "block_size"):
+            _positive_int(name, getattr(self, name))
+        _choice("scheduler", self.scheduler, SCHEDULERS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("kv_dtype", self.kv_dtype, KV_DTYPES)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"`0 < gpu_memory_utilization <= 1` must hold, but got "
+                f"{self.gpu_memory_utilization}"
+            )
+        if self.num_kv_blocks < 0:
+            raise ConfigError(f"`num_kv_blocks >= 0` must hold, but got {self.num_kv_blocks}")
+        sizes = tuple(self.cuda_graph_sizes)
+        if any(not isinstance(x, int) or x < 1 for x in sizes) or list(sizes) != sorted(sizes):
+            raise ConfigError(
+                f"`cuda_graph_sizes` must be increasing positive integers, but got {sizes}"
+            )
+        if self.dynamic_sp and self.sp == 1:
+            raise ConfigError("`dynamic_sp` needs sp > 1, but got sp=1")
+        if self.disagg is not None and self.scheduler != "vllm":
+            raise ConfigError("`disagg` needs scheduler 'vllm', but got "
+                              f"scheduler={self.scheduler!r}")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp * self.sp
+
+    @property
+    def num_gpus(self) -> int:
+        if self.disagg is not None:
+            d = self.disagg
+            return (d.prefill.num_replicas * d.prefill.gpus_per_replica
+                    + d.decode.num_replicas * d.decode.gpus_per_replica)
+        return self.gpus_per_replica * self.dp
+
+    def replace(self, **changes: Any) -> ServingConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "serving config") -> ServingConfig:
+        """Build from a mapping (YAML/JSON); unknown keys raise ``ConfigError``."""
+        kw = _strict_kwargs(cls, data, where)
+        if isinstance(kw.get("speculative"), Mapping):
+            kw["speculative"] = SpeculativeConfig.from_dict(kw["speculative"])
+        if isinstance(kw.get("disagg"), str):
+            kw["disagg"] = parse_disagg(kw["disagg"])
+        elif isinstance(kw.get("disagg"), Mapping):
+            kw["disagg"] = DisaggConfig.from_dict(kw["disagg"])
+        if "cuda_graph_sizes" in kw:
+            kw["cuda_graph_sizes"] = tuple(kw["cuda_graph_sizes"])
+        return cls(**kw)
+

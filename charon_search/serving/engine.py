@@ -1,0 +1,451 @@
+"""One serving engine replica: continuous batching (vLLM-style) or static batching.
+
+The replica owns a waiting queue, the requests it runs and a paged KV pool. ``start_iteration``
+composes a batch (decodes first, then running chunked prefills, then FCFS admissions within the
+token budget ``max_num_batched_tokens`` and ``max_num_seqs``), preempting the newest running
+request by recompute when the KV cache cannot grow; ``finish_iteration`` applies its effects.
+The discrete-event loop around replicas is ``simulator.py``.
+
+Decode bookkeeping is aggregate so an iteration costs O(1) in the number of decoding requests:
+request *j* that joins the decode set at decode step ``join_j`` with ``stored_j`` KV tokens has
+``stored_j + (t - join_j) * e`` tokens at step ``t`` (``e`` tokens committed per step, 1 without
+speculation), so the batch's total context is ``A + n * t * e`` with ``A = sum(stored_j -
+join_j * e)``, and completion steps sit in a heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from charon_search.serving.config import ServingConfig
+from charon_search.serving.iteration_cost import IterationCostModel
+from charon_search.serving.kv_cache import BlockPool
+from charon_search.serving.workload import RequestSpec
+
+__all__ = ["IterationRecord", "ReplicaEngine", "Request"]
+
+_EPS = 1e-9
+
+
+class Request:
+    """Mutable per-request simulation state."""
+
+    __slots__ = ("arrived_s", "finish_s", "finish_step", "first_token_s", "gen0", "generated_at_finish",
+                 "hit_blocks", "hit_tokens", "join_step", "num_preemptions", "output_tokens",
+                 "prefilled", "prefix_keys", "prompt_tokens", "spec", "stored0", "target",
+                 "transfer_done")
+
+    def __init__(self, spec: RequestSpec, arrived_s: float) -> None:
+        self.spec = spec
+        self.arrived_s = arrived_s
+        self.prompt_tokens = spec.prompt_tokens
+        self.output_tokens = spec.output_tokens
+        self.target = spec.prompt_tokens
+        """Tokens the next prefill must have in KV (prompt, + generated after a preemption)."""
+        self.prefilled = 0
+        self.first_token_s = math.nan
+        self.finish_s = math.nan
+        self.gen0 = 0.0
+        """Tokens generated when the request (re)joined the decode set."""
+        self.join_step = 0
+        self.finish_step = 0
+        self.stored0 = 0
+        self.hit_tokens = 0
+        self.hit_blocks = 0
+        self.prefix_keys: tuple = ()
+        self.num_preemptions = 0
+        self.generated_at_finish = 0.0
+        self.transfer_done = False
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One executed iteration (kept only when a Chrome trace is requested)."""
+
+    replica: str
+    start_s: float
+    duration_s: float
+    prefill_tokens: int
+    num_prefill: int
+    num_decode: int
+    cuda_graph: bool
+
+
+class ReplicaEngine:
+    """One replica (tp x pp x sp GPUs) of an aggregated, prefill or decode pool.
+
+    Args:
+        name: label in traces (``mixed0``, ``prefill1``...).
+        role: ``mixed`` (prefill + decode), ``prefill`` (hands finished prefills to
+            ``on_prefilled``) or ``decode`` (admits requests whose KV arrived).
+        cost: the replica's iteration cost model.
+        config: engine knobs.
+        num_kv_blocks: KV capacity in blocks.
+        overhead_s: per-iteration CPU/scheduler time.
+        tokens_per_step: tokens committed per decode step (speculation: expected accepted + 1).
+        decode_q: tokens processed per decoding request and step (k + 1 when verifying).
+        draft_s: extra seconds of a decode step's drafting given (num_decode, kv_sum).
+    """
+
+    def __init__(self, name: str, role: str, cost: IterationCostModel, config: ServingConfig,
+                 *, num_kv_blocks: int, overhead_s: float, tokens_per_step: float = 1.0,
+                 decode_q: int = 1, draft_s: Callable[[int, float], float] | None = None,
+                 on_prefilled: Callable[[Request, float], None] | None = None,
+                 on_finished: Callable[[Request, float], None] | None = None,
+                 record: bool = False) -> None:
+        self.name = name
+        self.role = role
+        self.cost = cost
+        self.cfg = config
+        self.pool = BlockPool(num_kv_blocks, config.block_size,
+                              prefix_caching=config.prefix_caching and role != "decode")
+        self.overhead_s = overhead_s
+        self.e = tokens_per_step
+        self.q = decode_q
+        self.draft_s = draft_s
+        self.on_prefilled = on_prefilled
+        self.on_finished = on_finished
+        self.static = config.scheduler == "static"
+        self.graph_sizes = config.cuda_graph_sizes if config.cuda_graph else ()
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        self.decoding: dict[int, Request] = {}
+        self.dstep = 0
+        self._a_sum = 0.0  # sum(stored0 - join_step * e) over the decode set
+        self._hit_sum = 0  # shared (tree) blocks referenced by the decode set
+        self._finish_heap: list[tuple[int, int, Request]] = []
+        self._heap_seq = 0
+        self.busy = False
+        self.in_flight: tuple | None = None
+        # statistics
+        self.num_preemptions = 0
+        self.num_iterations = 0
+        self.busy_s = 0.0
+        self.kv_used_block_s = 0.0
+        self.decode_token_weighted: list[tuple[float, float]] = []
+        self.records: list[IterationRecord] | None = [] if record else None
+        self._dec_charge = 0
+        self._static_ctx = 0
+        self._static_batch: list[Request] = []
+        self._static_steps_left = 0
+
+    # ------------------------------------------------------------------ queue state
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + self.num_running + len(self._static_batch)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding or self._static_batch)
+
+    def enqueue(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def _decode_kv_sum(self) -> float:
+        """Tokens stored in KV by the decode set before the current step."""
+        return self._a_sum + len(self.decoding) * self.dstep * self.e
+
+    def _stored(self, r: Request) -> float:
+        return r.stored0 + (self.dstep - r.join_step) * self.e
+
+    def _decode_blocks_exact(self, extra: int) -> int:
+        bs = self.pool.block_size
+        return sum(-(-int(self._stored(r) + extra) // bs) - r.hit_blocks
+                   for r in self.decoding.values())
+
+    def _prefill_private(self, r: Request, tokens: int) -> int:
+        return max(0, self.pool.blocks_for(tokens) - r.hit_blocks)
+
+    # ------------------------------------------------------------------ membership changes
+    def _join_decode(self, r: Request) -> None:
+        r.join_step = self.dstep
+        r.stored0 = r.target
+        self.decoding[id(r)] = r
+        self._a_sum += r.stored0 - r.join_step * self.e
+        self._hit_sum += r.hit_blocks
+        steps = max(1, math.ceil((r.output_tokens - r.gen0) / self.e - _EPS))
+        self._heap_seq += 1
+        r.finish_step = r.join_step + steps
+        heapq.heappush(self._finish_heap, (r.finish_step, self._heap_seq, r))
+
+    def _leave_decode(self, r: Request) -> float:
+        """Remove from the decode set; returns tokens generated so far."""
+        del self.decoding[id(r)]
+        self._a_sum -= r.stored0 - r.join_step * self.e
+        self._hit_sum -= r.hit_blocks
+        return min(float(r.output_tokens), r.gen0 + (self.dstep - r.join_step) * self.e)
+
+    def _release_prefix(self, r: Request, now_s: float) -> None:
+        if r.prefix_keys and self.pool.tree is not None and r.hit_blocks:
+            self.pool.tree.release(r.prefix_keys[: r.hit_blocks], now_s)
+        r.hit_blocks = 0
+
+    def _preempt_newest(self, now_s: float) -> bool:
+        """Preempt the most recently admitted running request (recompute); False if none."""
+        if self.decoding:
+            r = next(reversed(self.decoding.values()))
+            generated = self._leave_decode(r)
+            r.gen0 = math.floor(generated + _EPS)
+            r.target = r.prompt_tokens + int(r.gen0)
+        elif self.prefilling:
+            r = self.prefilling.pop()
+            self.pool.private_blocks -= self._prefill_private(r, r.prefilled)
+        else:
+            return False
+        self._release_prefix(r, now_s)
+        r.prefilled = 0
+        r.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(r)
+        return True
+
+    # ------------------------------------------------------------------ scheduling
+    def start_iteration(self, now_s: float) -> float:
+        """Compose and cost the next batch; returns its duration (0 = nothing to run)."""
+        if self.static:
+            return self._start_static(now_s)
+        cfg = self.cfg
+        pool = self.pool
+        budget = cfg.max_num_batched_tokens
+        bs = pool.block_size
+        q = self.q
+        pinned_tree = pool.tree.num_pinned if pool.tree else 0
+        # 0. Requests whose KV arrived from a prefill pool join the decode set.
+        while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
+               and self.num_running < cfg.max_num_seqs):
+            r = self.waiting[0]
+            n = len(self.decoding)
+            upper = int((self._decode_kv_sum() + n * q) / bs) + n - self._hit_sum
+            if upper + pool.blocks_for(r.target + q) > (
+                    pool.num_blocks - pool.private_blocks - pinned_tree):
+                break
+            self.waiting.popleft()
+            self._join_decode(r)
+        # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest.
+        charge = 0
+        while self.decoding:
+            n = len(self.decoding)
+            limit = pool.num_blocks - pool.private_blocks - (
+                pool.tree.num_pinned if pool.tree else 0)
+            upper = int((self._decode_kv_sum() + n * q) / bs) + n - self._hit_sum
+            charge = upper if upper <= limit else self._decode_blocks_exact(q)
+            if charge <= limit:
+                break
+            self._preempt_newest(now_s)
+            charge = 0
+        pool.private_blocks += charge
+        self._dec_charge = charge
+        if pool.tree is not None and pool.used_blocks > pool.num_blocks:
+            pool.tree.evict(pool.used_blocks - pool.num_blocks)
+        n_dec = len(self.decoding)
+        budget -= n_dec * q
+        chunks: list[tuple[Request, int]] = []
+        # 2. Running (partially prefilled) requests, then 3. FCFS admissions.
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            take = min(r.target - r.prefilled, budget)
+            extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
+                r, r.prefilled)
+            if not pool.reserve(extra):
+                break
+            pool.private_blocks += extra
+            chunks.append((r, take))
+            budget -= take
+        while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
+            r = self.waiting[0]
+            if r.prefilled >= r.target:
+                break  # KV-arrived request that did not fit in step 0
+            if r.prefilled == 0 and r.hit_blocks == 0:
+                self._match_prefix(r, now_s)
+            remaining = r.target - r.prefilled
+            if not cfg.chunked_prefill and remaining > budget and (chunks or n_dec):
+                break
+            take = remaining if not cfg.chunked_prefill else min(remaining, budget)
+            extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
+                r, r.prefilled)
+            if not pool.reserve(extra):
+                self._release_prefix(r, now_s)
+                r.prefilled = 0
+                break
+            pool.private_blocks += extra
+            self.waiting.popleft()
+            self.prefilling.append(r)
+            chunks.append((r, take))
+            budget -= take
+        if not chunks and not self.decoding:
+            return 0.0
+        # 4. Cost: decode-only batches replay a CUDA graph of the next captured size.
+        shape = [(take, r.prefilled + take) for r, take in chunks]
+        kv_sum = self._decode_kv_sum() + n_dec * q
+        padded = 0
+        captured = False
+        if not chunks and self.graph_sizes:
+            i = bisect_left(self.graph_sizes, n_dec)
+            if i < len(self.graph_sizes):
+                padded = self.graph_sizes[i]
+                captured = True
+        gpu_s = self.cost.iteration_s(shape, n_dec, kv_sum, q, padded_decode=padded)
+        if n_dec and self.draft_s is not None:
+            gpu_s += self.draft_s(n_dec, kv_sum)
+        if not captured:
+            gpu_s = max(gpu_s, self.cost.num_kernels * self.cfg.kernel_launch_overhead_s)
+        duration = gpu_s + self.overhead_s
+        self.in_flight = (chunks, n_dec)
+        self.busy = True
+        self.num_iterations += 1
+        self.busy_s += duration
+        self.kv_used_block_s += pool.used_blocks * duration
+        if n_dec:
+            self.decode_token_weighted.append((duration, n_dec * self.e))
+        if self.records is not None:
+            self.records.append(IterationRecord(self.name, now_s, duration,
+                                                sum(t for _, t in chunks), len(chunks), n_dec,
+                                                captured))
+        return duration
+
+    def _match_prefix(self, r: Request, now_s: float) -> None:
+        tree = self.pool.tree
+        spec = r.spec
+        if tree is None or spec.prefix_id < 0 or spec.prefix_tokens < self.pool.block_size:
+            return
+        if not r.prefix_keys:
+            nblk = spec.prefix_tokens // self.pool.block_size
+            r.prefix_keys = tuple((spec.prefix_id, i) for i in range(nblk))
+        hit = tree.match(r.prefix_keys)
+        # Keep at least one token to compute (vLLM recomputes the last token of a full hit).
+        hit = min(hit, (r.target - 1) // self.pool.block_size)
+        if hit:
+            tree.acquire(r.prefix_keys[:hit], now_s)
+            r.hit_blocks = hit
+            r.hit_tokens += hit * self.pool.block_size
+            r.prefilled = hit * self.pool.block_size
+
+    def finish_iteration(self, now_s: float) -> None:
+        """Apply the effects of the batch started last (prefill progress, tokens, finishes)."""
+        self.busy = False
+        if self.static:
+            self._finish_static(now_s)
+            return
+        assert self.in_flight is not None
+        chunks, n_dec = self.in_flight
+        self.in_flight = None
+        if n_dec:
+            self.dstep += 1
+            heap = self._finish_heap
+            while heap and heap[0][0] <= self.dstep:
+                step, _, r = heapq.heappop(heap)
+                if self.decoding.get(id(r)) is not r or step != r.finish_step:
+                    continue  # stale entry of a preempted request
+                self._leave_decode(r)
+                self._complete(r, now_s)
+        done: list[Request] = []
+        for r, take in chunks:
+            r.prefilled += take
+            if r.prefilled >= r.target:
+                done.append(r)
+        for r in done:
+            self.prefilling.remove(r)
+            self.pool.private_blocks -= self._prefill_private(r, r.prefilled)
+            self._insert_prefix(r, now_s)
+            if math.isnan(r.first_token_s):
+                r.first_token_s = now_s
+            r.gen0 += 1
+            if r.gen0 >= r.output_tokens:
+                self._complete(r, now_s)
+            elif self.role == "prefill" and self.on_prefilled is not None:
+                self._release_prefix(r, now_s)
+                self.on_prefilled(r, now_s)
+            else:
+                self._join_decode(r)
+        # Decode blocks are re-charged at the next start; drop this step's charge now so a
+        # finished request's blocks are free for admissions.
+        self.pool.private_blocks -= self._dec_charge
+        self._dec_charge = 0
+
+    def _insert_prefix(self, r: Request, now_s: float) -> None:
+        tree = self.pool.tree
+        if tree is None or not r.prefix_keys:
+            return
+        full = min(len(r.prefix_keys), r.prefilled // self.pool.block_size)
+        if full > r.hit_blocks:
+            # The newly computed prefix blocks move from private to the shared tree.
+            if r.hit_blocks:
+                tree.release(r.prefix_keys[: r.hit_blocks], now_s)
+            tree.acquire(r.prefix_keys[:full], now_s)
+            r.hit_blocks = full
+
+    def _complete(self, r: Request, now_s: float) -> None:
+        self._release_prefix(r, now_s)
+        r.finish_s = now_s
+        r.generated_at_finish = r.output_tokens
+        if self.on_finished is not None:
+            self.on_finished(r, now_s)
+
+    # ------------------------------------------------------------------ static batching
+    def _start_static(self, now_s: float) -> float:
+        """Batch-at-a-time baseline: prefill a batch together, decode it to the longest output.
+
+        Requests of a batch complete together when the batch does (no continuous batching);
+        KV for prompt + output is reserved up front.
+        """
+        cfg = self.cfg
+        if not self._static_batch:
+            batch: list[Request] = []
+            blocks = 0
+            while self.waiting and len(batch) < cfg.max_num_seqs:
+                r = self.waiting[0]
+                need = self.pool.blocks_for(r.prompt_tokens + r.output_tokens)
+                if batch and blocks + need > self.pool.num_blocks:
+                    break
+                blocks += need
+                batch.append(self.waiting.popleft())
+            if not batch:
+                return 0.0
+            self._static_batch = batch
+            self.pool.private_blocks = min(blocks, self.pool.num_blocks)
+            longest = max(r.prompt_tokens for r in batch)
+            self._static_steps_left = max(r.output_tokens for r in batch) - 1
+            self._static_ctx = longest
+            shape = [(longest, longest)] * len(batch)
+            gpu_s = self.cost.iteration_s(shape, 0, 0.0)
+            phase = "prefill"
+        else:
+            n = len(self._static_batch)
+            self._static_ctx += 1
+            gpu_s = self.cost.iteration_s((), n, n * self._static_ctx, 1)
+            phase = "decode"
+        gpu_s = max(gpu_s, self.cost.num_kernels * cfg.kernel_launch_overhead_s)
+        duration = gpu_s + self.overhead_s
+        self.in_flight = (phase,)
+        self.busy = True
+        self.num_iterations += 1
+        self.busy_s += duration
+        self.kv_used_block_s += self.pool.used_blocks * duration
+        if phase == "decode":
+            self.decode_token_weighted.append((duration, float(len(self._static_batch))))
+        return duration
+
+    def _finish_static(self, now_s: float) -> None:
+        assert self.in_flight is not None
+        phase = self.in_flight[0]
+        self.in_flight = None
+        if phase == "prefill":
+            for r in self._static_batch:
+                r.first_token_s = now_s
+        else:
+            self._static_steps_left -= 1
+        if self._static_steps_left <= 0:
+            for r in self._static_batch:
+                self._complete(r, now_s)
+            self._static_batch = []
+            self.pool.private_blocks = 0
+

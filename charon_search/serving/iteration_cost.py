@@ -1,0 +1,359 @@
+"""Latency of one engine iteration from the costed prefill/decode graphs of its batch.
+
+An iteration runs prefill chunks (``q`` new tokens over ``kv`` context each) and decode tokens
+(``q`` = 1, or k+1 when verifying speculative drafts) together. Its cost is decomposed:
+
+* token-linear ops (GEMMs, norms, elementwise, MoE experts, TP collectives) depend only on the
+  total token count ``T``: costed once at ``(b=1, s=T)`` from the sharded block graphs;
+* attention depends on each request's ``(q_len, kv_len)``: prefill chunks are costed one by one,
+  decode requests together at their mean context length (decode attention is memory bound and
+  linear in total KV bytes, so batch ``n`` at the mean equals the sum);
+* the LM head runs only on the positions that sample a token.
+
+Every piece is memoized on a bucketed key (token counts rounded up to ~3 %), so a 10,000-request
+simulation costs a few hundred graph evaluations. The engine adds CUDA-graph padding, host launch
+cost of eager iterations and the per-iteration CPU overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from charon_search.errors import ConfigError
+from charon_search.ir.ops import OpKind, Role
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+    from charon_search.hardware.spec import ClusterSpec
+    from charon_search.ir.graph import OpGraph
+
+__all__ = [
+    "AffineIterationCostModel",
+    "GraphIterationCostModel",
+    "IterationCostModel",
+    "bucket",
+]
+
+PrefillChunks = Sequence[tuple[int, int]]
+"""``(q_len, kv_len)`` of each prefill chunk in the batch (kv_len includes the chunk)."""
+
+
+def bucket(x: float) -> int:
+    """Round ``x`` up to a ~3 % grid (exact up to 64): the memo key of token counts."""
+    n = int(math.ceil(x))
+    if n <= 64:
+        return max(n, 0)
+    step = 1 << (n.bit_length() - 6)
+    return -(-n // step) * step
+
+
+class IterationCostModel(ABC):
+    """Seconds of GPU work for one iteration of one replica (no host overhead).
+
+    Subclasses give three pieces; ``iteration_s`` composes them (and wrappers such as the
+    sequence-parallel one recombine them).
+    """
+
+    num_kernels: int = 0
+    """Kernels launched by one eager forward pass (host launch cost when not graph-captured)."""
+
+    @abstractmethod
+    def token_linear_s(self, tokens: int, rows: int) -> float:
+        """Token-linear ops over ``tokens`` tokens plus the LM head over ``rows`` samples."""
+
+    @abstractmethod
+    def prefill_attention_s(self, q_len: int, kv_len: int) -> float:
+        """Attention of one prefill chunk (``q_len`` new tokens, ``kv_len`` keys) over all
+        layers."""
+
+    @abstractmethod
+    def decode_attention_s(self, num: int, kv_sum: float, q: int = 1) -> float:
+        """Attention of ``num`` decoding requests (``q`` tokens each, ``kv_sum`` keys in all)."""
+
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes one token occupies on one GPU of the replica."""
+        return 0.0
+
+    def iteration_s(self, prefill: PrefillChunks, num_decode: int, decode_kv_sum: float,
+                    decode_q: int = 1, *, padded_decode: int = 0) -> float:
+        """GPU time of a batch: prefill chunks + ``num_decode`` requests decoding ``decode_q``
+        tokens each over a total context of ``decode_kv_sum`` tokens. ``padded_decode`` (>=
+        ``num_decode``) is the CUDA-graph batch the token-linear ops run at."""
+        tokens = 0
+        attn = 0.0
+        for q, kv in prefill:
+            tokens += q
+            attn += self.prefill_attention_s(q, kv)
+        tokens += max(num_decode, padded_decode) * decode_q
+        if tokens == 0:
+            return 0.0
+        attn += self.decode_attention_s(num_decode, decode_kv_sum, decode_q)
+        return self.token_linear_s(tokens, len(prefill) + num_decode * decode_q) + attn
+
+    def mtp_step_s(self, num_decode: int, decode_kv_sum: float) -> float:
+        """One MTP draft step (one extra decoder layer + LM head); default: a full decode step."""
+        return self.iteration_s((), num_decode, decode_kv_sum, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AffineIterationCostModel(IterationCostModel):
+    """A closed-form model ``base + per_token * T + per_kv_token * KV + per_pair * pairs``.
+
+    ``KV`` is the keys read by all requests, ``pairs`` the causal (query, key) pairs of the
+    prefill chunks.
+
+    Useful for what-if studies with measured coefficients and for exact scheduler tests.
+    """
+
+    base_s: float = 0.0
+    per_token_s: float = 0.0
+    per_kv_token_s: float = 0.0
+    per_attention_pair_s: float = 0.0
+    """Seconds per (query, key) pair of prefill attention."""
+    kv_token_bytes: float = 0.0
+    num_kernels: int = 0
+
+    def token_linear_s(self, tokens: int, rows: int) -> float:
+        return self.base_s + self.per_token_s * tokens if tokens else 0.0
+
+    def decode_attention_s(self, num: int, kv_sum: float, q: int = 1) -> float:
+        return self.per_kv_token_s * kv_sum if num else 0.0
+
+    @staticmethod
+    def prefill_attention_pairs(q: int, kv: int) -> float:
+        # Causal: query i of the chunk sees kv - q + i + 1 keys.
+        return q * (kv - q) + q * (q + 1) / 2
+
+    def prefill_attention_s(self, q_len: int, kv_len: int) -> float:
+        return (self.per_attention_pair_s * self.prefill_attention_pairs(q_len, kv_len)
+                + self.per_kv_token_s * kv_len)
+
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_token_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph-based model
+
+GraphCostFn = Callable[["OpGraph", float, float, float], np.ndarray]
+
+
+def collective_s(kind: str, nbytes: float, group_size: int, cluster: ClusterSpec,
+                 stride: int = 1) -> float:
+    """Seconds of one collective: ``cost.collectives.collective_time`` when available.
+
+    Fallback (until that lands): ring α-β on the innermost tier spanning the group,
+    all-reduce ``2 (p-1)/p * bytes / bw + 2 (p-1) α``, all-gather/reduce-scatter/all-to-all
+    half of that, send/recv ``bytes / bw + α``.
+    """
+    if group_size <= 1 and kind != "send_recv":
+        return 0.0
+    try:
+        from charon_search.cost.collectives import collective_time
+    except ImportError:
+        collective_time = None
+    if collective_time is not None:
+        return float(collective_time(kind, nbytes, group_size, cluster, stride=stride))
+    tier = cluster.tier_for_span(max(2, group_size) * stride)
+    bw, alpha = tier.bandwidth_bytes_per_s, tier.latency_s
+    p = max(2, group_size)
+    if kind == "send_recv":
+        return nbytes / bw + alpha
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    return factor * ((p - 1) / p * nbytes / bw + (p - 1) * alpha)
+
+
+def graph_cost_fn(cluster: ClusterSpec) -> GraphCostFn:
+    """Seconds per node of a graph at ``(b, s, c)``.
+
+    Compute nodes: the fused cost model (profile -> predictor -> roofline); communication
+    nodes: ``collective_s`` with the group's ranks adjacent (TP/EP inside a replica).
+    """
+    from charon_search.cost.selector import default_cost_model
+
+    model = default_cost_model(cluster)
+
+    def _cost(g: OpGraph, b: float, s: float, c: float) -> np.ndarray:
+        out = np.array(model.cost_graph(g, b, s, c), dtype=float)
+        comm = np.flatnonzero(np.isnan(out))
+        for i in comm:
+            node = g.nodes[i]
+            if node.is_comm:
+                out[i] = collective_s(node.kind.value, node.param("bytes")(b, s, c),
+                                      int(round(node.param("group_size")(b, s, c))), cluster)
+            else:
+                out[i] = 0.0
+        return out
+
+    return _cost
+
+
+def _is_attention(node: object) -> bool:
+    """Ops whose cost depends on (q_len, kv_len) per request, not on the token count."""
+    return getattr(node, "kind", None) == OpKind.ATTENTION or getattr(node, "role", "") in (
+        Role.ATTN_CORE, Role.ATTN_CORE.value)
+
+
+class _Part:
+    """Nodes of one block split into attention and token-linear sub-graphs."""
+
+    __slots__ = ("attention", "count", "linear", "num_nodes")
+
+    def __init__(self, graph: OpGraph, count: int) -> None:
+        attn = [n for n in graph.nodes if _is_attention(n)]
+        lin = [n for n in graph.nodes if not _is_attention(n)]
+        self.attention = graph.with_nodes(attn)
+        self.linear = graph.with_nodes(lin)
+        self.count = count
+        self.num_nodes = len(graph.nodes)
+
+
+class GraphIterationCostModel(IterationCostModel):
+    """Iteration latency from the traced, parallelized and costed prefill/decode graphs.
+
+    Args:
+        model: the served model.
+        cluster: the replica's cluster (GPU type and topology).
+        tp, pp, ep: parallel degrees of one replica.
+        dp_attention: MoE DP-attention (attention replicated over the tp GPUs, each running
+            1/tp of the requests with whole heads).
+        precision: GEMM precision (``fp8`` runs GEMMs at the fp8 rate).
+        kv_dtype: KV-cache element type.
+        cost_fn: seconds per node (defaults to ``graph_cost_fn(cluster)``).
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
+                 ep: int = 1, dp_attention: bool = False, precision: str = "bf16",
+                 kv_dtype: str = "bf16", cost_fn: GraphCostFn | None = None) -> None:
+        from charon_search.serving._graphs import serving_graphs
+
+        self.model = model
+        self.cluster = cluster
+        self.tp, self.pp, self.ep = tp, pp, ep
+        self.dp_attention = dp_attention
+        self._cost = cost_fn or graph_cost_fn(cluster)
+        prefill, decode = serving_graphs(model, tp=tp, pp=pp, ep=ep,
+                                         dp_attention=dp_attention, precision=precision)
+        self._prefill_parts: list[_Part] = []
+        self._decode_parts: list[_Part] = []
+        self._head: _Part | None = None
+        self._embed: _Part | None = None
+        for name, graph in prefill.items():
+            count = self._count(name)
+            if name == "lm_head":
+                self._head = _Part(graph, 1)
+            elif name == "embedding":
+                self._embed = _Part(graph, 1)
+            else:
+                self._prefill_parts.append(_Part(graph, count))
+                self._decode_parts.append(_Part(decode[name], count))
+        if not self._prefill_parts:
+            raise ConfigError(f"model {model.name}: the traced graph has no decoder blocks")
+        self.num_kernels = sum(p.num_nodes * p.count for p in self._prefill_parts) + sum(
+            p.num_nodes for p in (self._head, self._embed) if p is not None)
+        from charon_search.memory.serving import kv_bytes_per_token
+
+        self._kv_token_bytes = kv_bytes_per_token(
+            model, tp=1 if dp_attention else tp, num_layers=math.ceil(model.num_layers / pp),
+            kv_dtype=kv_dtype)
+        self._pp_hop = self._pp_send_recv_fn()
+        self._memo_linear: dict[int, float] = {}
+        self._memo_head: dict[int, float] = {}
+        self._memo_prefill_attn: dict[tuple[int, int], float] = {}
+        self._memo_decode_attn: dict[tuple[int, int, int], float] = {}
+        self._memo_mtp: dict[int, float] = {}
+
+    def _count(self, name: str) -> int:
+        layers = self.model.num_layers_of(name) if self.model.layer_types else self.model.num_layers
+        return layers
+
+    def _pp_send_recv_fn(self) -> Callable[[int], float]:
+        if self.pp == 1:
+            return lambda tokens: 0.0
+        hidden_bytes = self.model.hidden_size * 2
+        stride = self.tp
+        return lambda tokens: (self.pp - 1) * collective_s(
+            "send_recv", tokens * hidden_bytes, 2, self.cluster, stride=stride)
+
+    def _sum(self, graph: OpGraph, b: float, s: float, c: float) -> float:
+        if not graph.nodes:
+            return 0.0
+        return float(np.sum(self._cost(graph, b, s, c)))
+
+    # -------------------------------------------------------------- memoized pieces
+    def linear_s(self, tokens: int) -> float:
+        """Token-linear ops of all layers (+ embedding, PP hops) at ``tokens`` (bucketed)."""
+        if self.dp_attention:
+            tokens = -(-tokens // self.tp)  # each attention-DP rank runs its share
+        key = bucket(tokens)
+        hit = self._memo_linear.get(key)
+        if hit is None:
+            hit = sum(p.count * self._sum(p.linear, 1, key, key) for p in self._prefill_parts)
+            if self._embed is not None:
+                hit += self._sum(self._embed.linear, 1, key, key)
+            hit += self._pp_hop(key)
+            self._memo_linear[key] = hit
+        return hit
+
+    def head_s(self, rows: int) -> float:
+        """Final norm + LM head over ``rows`` sampled positions."""
+        if self._head is None or rows <= 0:
+            return 0.0
+        key = bucket(rows)
+        hit = self._memo_head.get(key)
+        if hit is None:
+            hit = self._sum(self._head.linear, 1, key, key) + self._sum(
+                self._head.attention, 1, key, key)
+            self._memo_head[key] = hit
+        return hit
+
+    def prefill_attention_s(self, q_len: int, kv_len: int) -> float:
+        key = (bucket(q_len), bucket(kv_len))
+        hit = self._memo_prefill_attn.get(key)
+        if hit is None:
+            q, kv = key
+            hit = sum(p.count * self._sum(p.attention, 1, q, max(kv, q))
+                      for p in self._prefill_parts)
+            self._memo_prefill_attn[key] = hit
+        return hit
+
+    def decode_attention_s(self, num: int, kv_sum: float, q: int = 1) -> float:
+        if num <= 0:
+            return 0.0
+        if self.dp_attention and self.tp > 1:
+            num = -(-num // self.tp)  # each attention-DP rank holds 1/tp of the requests
+            kv_sum = kv_sum / self.tp
+        key = (bucket(num), bucket(kv_sum / num), q)
+        hit = self._memo_decode_attn.get(key)
+        if hit is None:
+            n, kv, qq = key
+            hit = sum(p.count * self._sum(p.attention, n, qq, max(kv, 1))
+                      for p in self._decode_parts)
+            self._memo_decode_attn[key] = hit
+        return hit
+
+    def token_linear_s(self, tokens: int, rows: int) -> float:
+        return self.linear_s(tokens) + self.head_s(rows)
+
+    def mtp_step_s(self, num_decode: int, decode_kv_sum: float) -> float:
+        """One MTP head: one decoder layer of the last block type plus the LM head."""
+        if num_decode <= 0:
+            return 0.0
+        key = bucket(num_decode)
+        hit = self._memo_mtp.get(key)
+        if hit is None:
+            part = self._prefill_parts[-1]
+            hit = self._sum(part.linear, 1, key, key) + self.head_s(key)
+            self._memo_mtp[key] = hit
+        per_layer_attn = self.decode_attention_s(num_decode, decode_kv_sum) / max(
+            1, sum(p.count for p in self._decode_parts))
+        return hit + per_layer_attn
+
+    def kv_bytes_per_token(self) -> float:
+        return self._kv_token_bytes

@@ -1,0 +1,456 @@
+"""The serving discrete-event simulation and ``simulate_serving``.
+
+Events are ordered by ``(time_s, priority, seq)`` with ``seq`` a per-simulation counter
+(arrivals and KV hand-offs before iteration ends at the same instant). Replicas are
+``ReplicaEngine``s; a router sends each request to the replica with the fewest requests
+(join-shortest-queue, lowest index on ties). With PD disaggregation a finished prefill ships its
+KV to the least-loaded decode replica over the chosen network tier and joins it on arrival.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from charon_search.errors import ConfigError, InfeasibleError
+from charon_search.serving.config import PoolConfig, ServingConfig
+from charon_search.serving.engine import ReplicaEngine, Request
+from charon_search.serving.iteration_cost import (
+    GraphIterationCostModel,
+    IterationCostModel,
+    collective_s,
+)
+from charon_search.serving.report import ServingReport, latency_stats, weighted_stats
+from charon_search.serving.workload import RequestSpec, WorkloadSpec
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+    from charon_search.hardware.spec import ClusterSpec
+
+__all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "simulate_serving"]
+
+_ARRIVE, _KV, _ITER = 0, 0, 1
+
+
+def _resolve(model: ModelSpec | str, cluster: ClusterSpec | str) -> tuple[ModelSpec, ClusterSpec]:
+    if isinstance(model, str):
+        from charon_search.catalog import load_model
+
+        model = load_model(model)
+    if isinstance(cluster, str):
+        from charon_search.hardware import load_cluster
+
+        cluster = load_cluster(cluster)
+    return model, cluster
+
+
+def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
+                     tp: int | None = None, pp: int | None = None,
+                     ep: int | None = None) -> IterationCostModel:
+    """The graph-based iteration cost model of one replica (SP wrapper when ``sp > 1``)."""
+    base: IterationCostModel = GraphIterationCostModel(
+        model, cluster, tp=tp or config.tp, pp=pp or config.pp, ep=ep or config.ep,
+        dp_attention=config.dp_attention, precision=config.precision, kv_dtype=config.kv_dtype)
+    return _maybe_sp(base, cluster, config, tp or config.tp, model.num_layers)
+
+
+def _maybe_sp(base: IterationCostModel, cluster: ClusterSpec, config: ServingConfig, tp: int,
+              num_layers: int) -> IterationCostModel:
+    if config.sp == 1:
+        return base
+    from charon_search.serving.dynamic_sp import SequenceParallelCostModel
+
+    def all_gather(kv_bytes: float, d: int) -> float:
+        # One all-gather of the request's KV per layer, over d ranks spaced tp apart.
+        return num_layers * collective_s("all_gather", kv_bytes / num_layers, d, cluster,
+                                         stride=tp)
+
+    return SequenceParallelCostModel(base, sp=config.sp, dynamic=config.dynamic_sp,
+                                     all_gather=all_gather)
+
+
+def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
+                       tp: int, pp: int, ep: int) -> int:
+    """KV blocks per replica: ``num_kv_blocks`` if set, else the memory model's capacity."""
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    from charon_search.memory.serving import kv_cache_capacity
+
+    weight_dtype = {"fp4": "nvfp4"}.get(config.precision, config.precision)
+    cap = kv_cache_capacity(
+        model, cluster, tp=1 if config.dp_attention else tp, pp=pp, ep=ep,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
+        kv_dtype=config.kv_dtype, weight_dtype=weight_dtype)
+    blocks = cap.num_blocks
+    if config.dp_attention:
+        blocks *= tp  # each attention-DP rank holds its own requests' KV
+    if blocks < 1:
+        raise InfeasibleError(
+            f"{model.name} with tp={tp}, pp={pp}, ep={ep} leaves no room for KV cache on "
+            f"{cluster.gpu.name} ({cap.weights_bytes / 2**30:.1f} GiB weights per GPU)"
+        )
+    return blocks
+
+
+class ServingSimulation:
+    """One serving simulation: replicas, router, event heap, per-request results."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
+                 cost_model: IterationCostModel | None = None,
+                 draft_cost_model: IterationCostModel | None = None,
+                 record_iterations: bool = False) -> None:
+        self.model = model
+        self.cluster = cluster
+        self.config = config
+        self._heap: list[tuple[float, int, int, int, Any]] = []
+        self._seq = itertools.count()
+        self.prefill_pool: list[ReplicaEngine] = []
+        self.decode_pool: list[ReplicaEngine] = []
+        self._cost_cache: dict[tuple, IterationCostModel] = {}
+        self._injected = cost_model
+        self._draft = draft_cost_model
+        self._record = record_iterations
+        spec = config.speculative
+        self._e = spec.expected_tokens_per_step if spec else 1.0
+        self._q = spec.num_draft_tokens + 1 if spec else 1
+        self._kv_xfer_bytes_per_token = 0.0
+        if config.disagg is None:
+            pool = PoolConfig(num_replicas=config.dp, tp=config.tp, pp=config.pp, ep=config.ep)
+            self.prefill_pool = self._make_pool("mixed", pool)
+            self.decode_pool = self.prefill_pool
+        else:
+            self.prefill_pool = self._make_pool("prefill", config.disagg.prefill)
+            self.decode_pool = self._make_pool("decode", config.disagg.decode)
+        self.replicas = list(dict.fromkeys(self.prefill_pool + self.decode_pool))
+        self._finished = 0
+        self._on_finish_hook: Any = None
+
+    # ------------------------------------------------------------------ construction
+    def _pool_cluster(self, pool: PoolConfig) -> ClusterSpec:
+        if not pool.cluster:
+            return self.cluster
+        from charon_search.hardware import load_cluster
+
+        return load_cluster(pool.cluster)
+
+    def _cost(self, pool: PoolConfig, cluster: ClusterSpec) -> IterationCostModel:
+        if self._injected is not None:
+            return self._injected
+        key = (cluster.name, pool.tp, pool.pp, pool.ep)
+        hit = self._cost_cache.get(key)
+        if hit is None:
+            hit = build_cost_model(self.model, cluster, self.config, tp=pool.tp, pp=pool.pp,
+                                   ep=pool.ep)
+            self._cost_cache[key] = hit
+        return hit
+
+    def _make_pool(self, role: str, pool: PoolConfig) -> list[ReplicaEngine]:
+        cfg = self.config
+        cluster = self._pool_cluster(pool)
+        cost = self._cost(pool, cluster)
+        blocks = kv_capacity_blocks(self.model, cluster, cfg, tp=pool.tp, pp=pool.pp,
+                                    ep=pool.ep)
+        overhead = (cfg.iteration_overhead_s if cfg.iteration_overhead_s is not None
+                    else cluster.calibration.iteration_cpu_overhead_s)
+        if role == "prefill":
+            # Per token, whole model, summed over the pool's GPUs.
+            self._kv_xfer_bytes_per_token = cost.kv_bytes_per_token() * pool.tp * pool.pp
+            self._prefill_cluster = cluster
+            self._prefill_gpus = pool.tp * pool.pp
+        draft = None
+        if role != "prefill" and cfg.speculative is not None:
+            draft = self._draft_fn(cost, pool, cluster)
+        engines = []
+        for i in range(pool.num_replicas):
+            engines.append(ReplicaEngine(
+                f"{role}{i}", role, cost, cfg, num_kv_blocks=blocks, overhead_s=overhead,
+                tokens_per_step=self._e if role != "prefill" else 1.0,
+                decode_q=self._q if role != "prefill" else 1, draft_s=draft,
+                on_prefilled=self._on_prefilled, on_finished=self._on_finished,
+                record=self._record))
+        return engines
+
+    def _draft_fn(self, cost: IterationCostModel, pool: PoolConfig, cluster: ClusterSpec) -> Any:
+        spec = self.config.speculative
+        assert spec is not None
+        k = spec.num_draft_tokens
+        if spec.method == "mtp":
+            return lambda n, kv: k * cost.mtp_step_s(n, kv)
+        draft = self._draft
+        if draft is None:
+            from charon_search.catalog import load_model
+
+            draft_spec = load_model(spec.draft_model)
+            draft = GraphIterationCostModel(draft_spec, cluster, tp=pool.tp, pp=1,
+                                            precision=self.config.precision)
+        return lambda n, kv: k * draft.iteration_s((), n, kv, 1)
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, prio: int, kind: int, payload: Any) -> None:
+        heapq.heappush(self._heap, (t, prio, next(self._seq), kind, payload))
+
+    @staticmethod
+    def _least_loaded(pool: Sequence[ReplicaEngine]) -> ReplicaEngine:
+        best = pool[0]
+        for r in pool[1:]:
+            if r.load < best.load:
+                best = r
+        return best
+
+    def _on_prefilled(self, req: Request, now_s: float) -> None:
+        cfg = self.config
+        assert cfg.disagg is not None
+        nbytes = req.target * self._kv_xfer_bytes_per_token
+        cl = self._prefill_cluster
+        if cfg.disagg.kv_transfer == "nvlink":
+            stride = 1
+        else:
+            stride = max(cl.gpus_per_node, self._prefill_gpus)
+        # Every prefill GPU sends its shard in parallel.
+        per_gpu = nbytes / max(1, self._prefill_gpus)
+        xfer = collective_s("send_recv", per_gpu, 2, cl, stride=stride)
+        self._push(now_s + xfer, 0, _KV, req)
+
+    def _on_finished(self, req: Request, now_s: float) -> None:
+        self._finished += 1
+        if self._on_finish_hook is not None:
+            self._on_finish_hook(now_s)
+
+    # ------------------------------------------------------------------ run
+    def run(self, requests: Sequence[RequestSpec], *, closed_loop_concurrency: int = 0,
+            progress: bool = False) -> list[Request]:
+        """Simulate ``requests``; closed loop keeps ``closed_loop_concurrency`` in flight."""
+        reqs: list[Request] = []
+        pending = iter(requests)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(requests), unit="req", desc="serve", leave=False)
+
+        def issue(now_s: float) -> None:
+            spec = next(pending, None)
+            if spec is not None:
+                self._push(now_s, 0, _ARRIVE, spec)
+
+        if closed_loop_concurrency:
+            for _ in range(min(closed_loop_concurrency, len(requests))):
+                issue(0.0)
+            self._on_finish_hook = issue
+        else:
+            for spec in requests:
+                self._push(spec.arrived_at_s, 0, _ARRIVE, spec)
+        dirty: set[int] = set()
+        by_id = {id(r): r for r in self.replicas}
+        heap = self._heap
+        last_done = 0
+        while heap:
+            now, _, _, kind, payload = heapq.heappop(heap)
+            if kind == _ARRIVE and isinstance(payload, RequestSpec):
+                req = Request(payload, now)
+                reqs.append(req)
+                target = self._least_loaded(self.prefill_pool)
+                target.enqueue(req)
+                dirty.add(id(target))
+            elif kind == _KV and isinstance(payload, Request):
+                payload.prefilled = payload.target
+                target = self._least_loaded(self.decode_pool)
+                target.enqueue(payload)
+                dirty.add(id(target))
+            else:
+                engine: ReplicaEngine = payload
+                engine.finish_iteration(now)
+                dirty.add(id(engine))
+            if heap and heap[0][0] == now:
+                continue  # start iterations once every event of this instant is in
+            for rid in sorted(dirty):
+                engine = by_id[rid]
+                if not engine.busy and engine.has_work():
+                    d = engine.start_iteration(now)
+                    if d > 0:
+                        self._push(now + d, 1, _ITER, engine)
+            dirty.clear()
+            if bar is not None and self._finished != last_done:
+                bar.update(self._finished - last_done)
+                last_done = self._finished
+        if bar is not None:
+            bar.close()
+        stuck = [r for r in self.replicas if r.has_work()]
+        if stuck:
+            raise InfeasibleError(
+                f"replica {stuck[0].name} cannot make progress: a request needs more KV blocks "
+                f"than the cache has ({stuck[0].pool.num_blocks} blocks of "
+                f"{self.config.block_size} tokens)"
+            )
+        return reqs
+
+    # ------------------------------------------------------------------ report
+    def report(self, reqs: Sequence[Request], *, num_requests: int, closed_loop: bool,
+               keep_requests: bool = False) -> ServingReport:
+        cfg = self.config
+        n = len(reqs)
+        arrived = np.array([r.arrived_s for r in reqs])
+        first = np.array([r.first_token_s for r in reqs])
+        finish = np.array([r.finish_s for r in reqs])
+        out_tok = np.array([r.output_tokens for r in reqs], dtype=float)
+        done = np.isfinite(finish)
+        ttft = first - arrived
+        e2e = finish - arrived
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(out_tok > 1, (e2e - ttft) / (out_tok - 1), np.nan)
+        t0 = float(arrived.min()) if n else 0.0
+        t_end = float(np.nanmax(finish)) if done.any() else t0
+        duration = max(t_end - t0, 1e-12)
+        # Measurement window for Little's law: the arrival period (open loop) or the run.
+        if not closed_loop and n > 1 and arrived.max() > t0:
+            w0, w1 = t0, float(arrived.max())
+            arrival_rate = (n - 1) / (w1 - w0)
+        else:
+            w0, w1 = t0, t_end
+            arrival_rate = n / duration
+        fin = np.where(done, finish, t_end)
+        overlap = np.clip(np.minimum(fin, w1) - np.maximum(arrived, w0), 0.0, None)
+        in_system = float(overlap.sum() / max(w1 - w0, 1e-12))
+        # ITL: decode iterations weighted by the tokens they commit.
+        pairs = [p for eng in self.replicas for p in eng.decode_token_weighted]
+        if pairs:
+            dur = np.array([p[0] for p in pairs])
+            tok = np.array([p[1] for p in pairs])
+            itl = weighted_stats(dur / self._e, tok)
+        else:
+            itl = latency_stats(np.array([]))
+        ok = done.copy()
+        if cfg.slo_ttft_s is not None:
+            ok &= ttft <= cfg.slo_ttft_s
+        if cfg.slo_tpot_s is not None:
+            ok &= ~(tpot > cfg.slo_tpot_s)
+        mean_tpot = float(np.nanmean(tpot[done])) if np.isfinite(tpot[done]).any() else math.nan
+        out_rate = float(out_tok[done].sum() / duration)
+        prompt = sum(r.prompt_tokens for r in reqs)
+        hits = sum(r.hit_tokens for r in reqs)
+        kv_util = [eng.kv_used_block_s / (eng.busy_s * eng.pool.num_blocks)
+                   for eng in self.replicas if eng.busy_s > 0]
+        saved = sum(getattr(eng.cost, "saved_s", 0.0) for eng in self.replicas[:1])
+        per_request = None
+        if keep_requests:
+            per_request = {
+                "request_id": [r.spec.request_id for r in reqs],
+                "arrived_at_s": arrived.tolist(), "prompt_tokens": [r.prompt_tokens for r in reqs],
+                "output_tokens": out_tok.astype(int).tolist(), "ttft_s": ttft.tolist(),
+                "e2e_s": e2e.tolist(), "tpot_s": tpot.tolist(),
+                "num_preemptions": [r.num_preemptions for r in reqs],
+                "prefix_hit_tokens": [r.hit_tokens for r in reqs],
+            }
+        num_gpus = cfg.num_gpus
+        return ServingReport(
+            ttft_s=latency_stats(ttft[done]), tpot_s=latency_stats(tpot[done]), itl_s=itl,
+            e2e_s=latency_stats(e2e[done]), requests_per_s=float(done.sum() / duration),
+            output_tokens_per_s=out_rate,
+            tokens_per_s_per_user=1.0 / mean_tpot if mean_tpot > 0 else math.nan,
+            tokens_per_s_per_gpu=out_rate / num_gpus, num_gpus=num_gpus,
+            num_requests=num_requests, num_completed=int(done.sum()),
+            num_preemptions=sum(eng.num_preemptions for eng in self.replicas),
+            prefix_hit_rate=hits / prompt if prompt else 0.0,
+            kv_utilization=float(np.mean(kv_util)) if kv_util else 0.0,
+            mean_requests_in_system=in_system, arrival_rate=arrival_rate,
+            goodput_requests_per_s=float(ok.sum() / duration),
+            slo_attainment=float(ok.sum() / max(1, done.sum())), duration_s=duration,
+            num_iterations=sum(eng.num_iterations for eng in self.replicas),
+            kv_capacity_tokens=self.decode_pool[0].pool.num_blocks * cfg.block_size,
+            mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
+            config=_jsonable_config(cfg), per_request=per_request)
+
+    def write_chrome_trace(self, path: str | Path) -> None:
+        """Iterations as Chrome/Perfetto complete events, one row per replica."""
+        events = []
+        for pid, eng in enumerate(self.replicas):
+            events.append({"name": "process_name", "ph": "M", "pid": pid,
+                           "args": {"name": eng.name}})
+            for rec in eng.records or ():
+                label = ("mixed" if rec.num_prefill and rec.num_decode else
+                         "prefill" if rec.num_prefill else "decode")
+                events.append({"name": label, "ph": "X", "pid": pid, "tid": 0,
+                               "ts": rec.start_s * 1e6, "dur": rec.duration_s * 1e6,
+                               "args": {"prefill_tokens": rec.prefill_tokens,
+                                        "num_prefill": rec.num_prefill,
+                                        "num_decode": rec.num_decode,
+                                        "cuda_graph": rec.cuda_graph}})
+        Path(path).write_text(json.dumps({"traceEvents": events}))
+
+
+def _jsonable_config(cfg: ServingConfig) -> dict[str, Any]:
+    d = cfg.to_dict()
+    d["cuda_graph_sizes"] = list(cfg.cuda_graph_sizes)
+    return d
+
+
+def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
+                     config: ServingConfig | dict[str, Any],
+                     workload: WorkloadSpec | Sequence[RequestSpec] | dict[str, Any], *,
+                     rng: np.random.Generator | None = None,
+                     cost_model: IterationCostModel | None = None,
+                     keep_requests: bool = False, chrome_trace: str | Path | None = None,
+                     progress: bool = False) -> ServingReport:
+    """Simulate serving ``workload`` with ``config`` and return a ``ServingReport``.
+
+    Args:
+        model: ``ModelSpec`` or catalog name.
+        cluster: ``ClusterSpec`` or cluster name (GPU type, topology, calibration).
+        config: ``ServingConfig`` (or its dict form).
+        workload: ``WorkloadSpec`` (or dict), or an explicit list of ``RequestSpec``.
+        rng: randomness for generated workloads (default ``default_rng(workload.seed)``).
+        cost_model: override of the iteration cost model (all pools), e.g. an
+            ``AffineIterationCostModel`` with measured coefficients.
+        keep_requests: keep per-request columns in the report.
+        chrome_trace: write the iterations as a Chrome trace to this path.
+        progress: show a progress bar.
+
+    Example:
+        >>> rep = simulate_serving("debug-llama", "h100-sxm-8gpu", ServingConfig(),
+        ...     WorkloadSpec(rate_per_s=5, num_requests=20))  # doctest: +SKIP
+        >>> rep.ttft_s["p99"]  # doctest: +SKIP
+    """
+    spec_model, cl = _resolve(model, cluster)
+    cfg = config if isinstance(config, ServingConfig) else ServingConfig.from_dict(config)
+    if isinstance(workload, dict):
+        workload = WorkloadSpec.from_dict(workload)
+    closed = 0
+    if isinstance(workload, WorkloadSpec):
+        requests = workload.generate(rng)
+        closed = workload.concurrency if workload.closed_loop else 0
+    else:
+        requests = list(workload)
+    if not requests:
+        raise ConfigError("the workload has no requests")
+    _check_parallel(spec_model, cfg)
+    sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
+                            record_iterations=chrome_trace is not None)
+    reqs = sim.run(requests, closed_loop_concurrency=closed, progress=progress)
+    report = sim.report(reqs, num_requests=len(requests), closed_loop=bool(closed),
+                        keep_requests=keep_requests)
+    if chrome_trace is not None:
+        sim.write_chrome_trace(chrome_trace)
+    return report
+
+
+def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:
+    pools = ([(cfg.tp, cfg.pp, cfg.ep)] if cfg.disagg is None else
+             [(p.tp, p.pp, p.ep) for p in (cfg.disagg.prefill, cfg.disagg.decode)])
+    for tp, pp, ep in pools:
+        if model.num_attention_heads % tp:
+            raise ConfigError(f"`tp` must divide num_attention_heads, but got "
+                              f"(tp={tp}, num_attention_heads={model.num_attention_heads})")
+        if pp > model.num_layers:
+            raise ConfigError(f"`pp <= num_layers` must hold, but got (pp={pp}, "
+                              f"num_layers={model.num_layers})")
+        if ep > 1 and (not model.is_moe or model.num_experts % ep):
+            raise ConfigError(f"`ep` must divide num_experts of a MoE model, but got "
+                              f"(ep={ep}, num_experts={model.num_experts})")

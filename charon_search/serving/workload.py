@@ -1,0 +1,268 @@
+"""Request workloads: arrival processes, length distributions, trace files, closed-loop mode.
+
+All randomness comes from the ``numpy.random.Generator`` passed in (or built from ``seed``);
+nothing here seeds a global RNG. A workload yields ``RequestSpec`` rows; the closed-loop
+``concurrency`` mode leaves ``arrived_at_s`` to the simulator (a new request enters as soon as
+one finishes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from charon_search.errors import ConfigError
+
+__all__ = [
+    "ARRIVALS",
+    "LENGTH_KINDS",
+    "LengthDistribution",
+    "RequestSpec",
+    "WorkloadSpec",
+    "read_trace",
+]
+
+ARRIVALS = ("poisson", "gamma", "concurrency", "trace", "burst")
+LENGTH_KINDS = ("fixed", "uniform", "lognormal", "empirical")
+TRACE_COLUMNS = ("arrived_at", "prompt_tokens", "output_tokens")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSpec:
+    """One request of a workload (immutable input to the simulator)."""
+
+    request_id: int
+    arrived_at_s: float
+    """Arrival time; NaN in closed-loop mode (set when a slot frees)."""
+    prompt_tokens: int
+    output_tokens: int
+    prefix_id: int = -1
+    """Requests with the same id share their first ``prefix_tokens`` prompt tokens; -1 = none."""
+    prefix_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LengthDistribution:
+    """A token-length distribution (prompt or output)."""
+
+    kind: str = "fixed"
+    """``fixed`` (value), ``uniform`` (low..high inclusive), ``lognormal`` (mean, sigma of the
+    underlying normal chosen so the mean is ``mean``), ``empirical`` (resample ``values``)."""
+    value: int = 128
+    low: int = 1
+    high: int = 128
+    mean: float = 128.0
+    sigma: float = 0.5
+    values: tuple[int, ...] = ()
+    minimum: int = 1
+    maximum: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.kind not in LENGTH_KINDS:
+            raise ConfigError(f"`length.kind` must be one of {list(LENGTH_KINDS)}, "
+                              f"but got {self.kind!r}")
+        if self.kind == "fixed" and self.value < 1:
+            raise ConfigError(f"`length.value >= 1` must hold, but got {self.value}")
+        if self.kind == "uniform" and not 1 <= self.low <= self.high:
+            raise ConfigError(f"`1 <= low <= high` must hold, but got ({self.low=}, {self.high=})")
+        if self.kind == "lognormal" and (self.mean <= 0 or self.sigma < 0):
+            raise ConfigError(f"lognormal needs mean > 0, sigma >= 0, got ({self.mean=}, "
+                              f"{self.sigma=})")
+        if self.kind == "empirical" and not self.values:
+            raise ConfigError("empirical length distribution needs non-empty `values`")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.kind == "fixed":
+            out = np.full(n, self.value, dtype=np.int64)
+        elif self.kind == "uniform":
+            out = rng.integers(self.low, self.high + 1, size=n)
+        elif self.kind == "lognormal":
+            mu = np.log(self.mean) - 0.5 * self.sigma**2
+            out = np.rint(rng.lognormal(mu, self.sigma, size=n)).astype(np.int64)
+        else:
+            out = rng.choice(np.asarray(self.values, dtype=np.int64), size=n, replace=True)
+        return np.clip(out, self.minimum, self.maximum).astype(np.int64)
+
+    @classmethod
+    def coerce(cls, value: int | Mapping[str, Any] | LengthDistribution) -> LengthDistribution:
+        if isinstance(value, LengthDistribution):
+            return value
+        if isinstance(value, (int, np.integer)):
+            return cls(kind="fixed", value=int(value))
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        stray = sorted(set(value) - allowed)
+        if stray:
+            raise ConfigError(f"length: unknown key(s) {stray}; allowed: {sorted(allowed)}")
+        kw = dict(value)
+        if "values" in kw:
+            kw["values"] = tuple(int(v) for v in kw["values"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec:
+    """What requests arrive and when.
+
+    Example:
+        >>> w = WorkloadSpec(arrival="poisson", rate_per_s=2.0, num_requests=3,
+        ...                  input_len=LengthDistribution(value=100))
+        >>> [r.prompt_tokens for r in w.generate()]
+        [100, 100, 100]
+    """
+
+    arrival: str = "poisson"
+    """``poisson``, ``gamma`` (bursty, coefficient of variation ``cv``), ``concurrency``
+    (closed loop: ``concurrency`` requests in flight), ``trace`` (``trace_path``), ``burst``
+    (all at t = 0)."""
+    rate_per_s: float = 1.0
+    """Mean arrival rate (poisson, gamma)."""
+    cv: float = 1.0
+    """Coefficient of variation of inter-arrival gaps (gamma; 1.0 = Poisson)."""
+    concurrency: int = 1
+    num_requests: int = 100
+    input_len: LengthDistribution = LengthDistribution(value=1024)
+    output_len: LengthDistribution = LengthDistribution(value=128)
+    trace_path: str = ""
+    time_scale: float = 1.0
+    """Trace arrival times are multiplied by this (speed a trace up or down)."""
+    shared_prefix_tokens: int = 0
+    """Synthetic prefix sharing: the first this-many prompt tokens are shared..."""
+    num_prefixes: int = 1
+    """...among this many distinct prefixes (request i uses prefix i mod num_prefixes)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVALS:
+            raise ConfigError(f"`workload.arrival` must be one of {list(ARRIVALS)}, "
+                              f"but got {self.arrival!r}")
+        if self.arrival in ("poisson", "gamma") and self.rate_per_s <= 0:
+            raise ConfigError(f"`rate_per_s > 0` must hold, but got {self.rate_per_s}")
+        if self.arrival == "gamma" and self.cv <= 0:
+            raise ConfigError(f"`cv > 0` must hold, but got {self.cv}")
+        if self.concurrency < 1:
+            raise ConfigError(f"`concurrency >= 1` must hold, but got {self.concurrency}")
+        if self.num_requests < 1 and self.arrival != "trace":
+            raise ConfigError(f"`num_requests >= 1` must hold, but got {self.num_requests}")
+        if self.arrival == "trace" and not self.trace_path:
+            raise ConfigError("workload arrival 'trace' needs `trace_path`")
+        if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:
+            raise ConfigError("`shared_prefix_tokens >= 0` and `num_prefixes >= 1` must hold")
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.arrival == "concurrency"
+
+    def generate(self, rng: np.random.Generator | None = None) -> list[RequestSpec]:
+        """The requests, in arrival order (closed loop: in issue order, times NaN)."""
+        rng = np.random.default_rng(self.seed) if rng is None else rng
+        if self.arrival == "trace":
+            reqs = read_trace(self.trace_path, time_scale=self.time_scale)
+            if self.num_requests and self.num_requests < len(reqs):
+                reqs = reqs[: self.num_requests]
+            return reqs
+        n = self.num_requests
+        if self.arrival == "poisson":
+            gaps = rng.exponential(1.0 / self.rate_per_s, size=n)
+        elif self.arrival == "gamma":
+            shape = 1.0 / self.cv**2
+            gaps = rng.gamma(shape, 1.0 / (shape * self.rate_per_s), size=n)
+        else:
+            gaps = np.zeros(n)
+        arrivals = np.cumsum(gaps) - gaps[0] if self.arrival in ("poisson", "gamma") else gaps
+        if self.closed_loop:
+            arrivals = np.full(n, np.nan)
+        prompts = self.input_len.sample(n, rng)
+        outputs = self.output_len.sample(n, rng)
+        out = []
+        for i in range(n):
+            pid, ptok = -1, 0
+            if self.shared_prefix_tokens:
+                pid = i % self.num_prefixes
+                ptok = min(self.shared_prefix_tokens, int(prompts[i]))
+            out.append(RequestSpec(request_id=i, arrived_at_s=float(arrivals[i]),
+                                   prompt_tokens=int(prompts[i]), output_tokens=int(outputs[i]),
+                                   prefix_id=pid, prefix_tokens=ptok))
+        return out
+
+    def replace(self, **changes: Any) -> WorkloadSpec:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkloadSpec:
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        stray = sorted(set(data) - allowed)
+        if stray:
+            raise ConfigError(f"workload: unknown key(s) {stray}; allowed: {sorted(allowed)}")
+        kw = dict(data)
+        for k in ("input_len", "output_len"):
+            if k in kw:
+                kw[k] = LengthDistribution.coerce(kw[k])
+        return cls(**kw)
+
+
+def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec]:
+    """Read a request trace (CSV or Parquet).
+
+    Columns: ``arrived_at`` (s), ``prompt_tokens``, ``output_tokens`` and optionally
+    ``prefix_id`` and ``prefix_tokens``. vidur/Splitwise spellings ``num_prefill_tokens`` /
+    ``num_decode_tokens`` are accepted too.
+
+    Raises:
+        ConfigError: the file is missing or lacks a required column.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"workload trace {str(p)!r} does not exist")
+    try:
+        if p.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(p).to_pydict()
+        else:
+            import pyarrow.csv as pacsv
+
+            table = pacsv.read_csv(p).to_pydict()
+    except Exception as e:  # noqa: BLE001 - any parse failure is bad input
+        raise ConfigError(f"workload trace {str(p)!r} could not be read: {e}") from e
+    aliases = {"num_prefill_tokens": "prompt_tokens", "num_decode_tokens": "output_tokens"}
+    cols = {aliases.get(k, k): v for k, v in table.items()}
+    missing = [c for c in TRACE_COLUMNS if c not in cols]
+    if missing:
+        raise ConfigError(
+            f"workload trace {str(p)!r} lacks column(s) {missing}; required: "
+            f"{list(TRACE_COLUMNS)} (optional: prefix_id, prefix_tokens); found: {sorted(table)}"
+        )
+    n = len(cols["arrived_at"])
+    t = np.asarray(cols["arrived_at"], dtype=float) * time_scale
+    order = np.argsort(t, kind="stable")
+    pid = cols.get("prefix_id", [-1] * n)
+    ptok = cols.get("prefix_tokens", [0] * n)
+    out = []
+    for new_id, i in enumerate(order):
+        prompt = int(cols["prompt_tokens"][i])
+        output = max(1, int(cols["output_tokens"][i]))
+        p_id = -1 if pid[i] is None else int(pid[i])
+        p_tok = min(prompt, int(ptok[i] or 0)) if p_id >= 0 else 0
+        if p_id >= 0 and p_tok == 0:
+            # A prefix id without a length: the whole prompt but its last block is shared.
+            p_tok = max(0, prompt - 1)
+        out.append(RequestSpec(request_id=new_id, arrived_at_s=float(t[i] - t[order[0]]),
+                               prompt_tokens=max(1, prompt), output_tokens=output,
+                               prefix_id=p_id, prefix_tokens=p_tok))
+    return out
+
+
+def workload_from_requests(requests: Sequence[RequestSpec]) -> list[RequestSpec]:
+    """Validate a hand-built request list (ids unique, lengths positive)."""
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("request ids must be unique")
+    for r in requests:
+        if r.prompt_tokens < 1 or r.output_tokens < 1:
+            raise ConfigError(f"request {r.request_id}: prompt and output tokens must be >= 1")
+    return list(requests)

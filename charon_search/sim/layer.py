@@ -1,0 +1,143 @@
+"""Level 1 of the hierarchical simulation: one block's forward / backward on the streams.
+
+A chain of identical layers is laid on the compute and comm streams with the graph's
+dependencies (layer ``r+1`` starts after layer ``r``'s outputs exist; FSDP all-gathers are
+prefetched one layer ahead, or chained when prefetch is off). Running a chain of 1 and of 3
+layers gives the cost of the first layer of a run (``first``) and the steady-state cost of each
+further layer (``period``), so a pipeline chunk of ``n`` layers costs ``first + (n-1)·period``
+whatever ``n`` is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from charon_search.ir import OpGraph, OpKind, Phase
+from charon_search.sim.costing import CostedGraph
+from charon_search.sim.engine import EngineResult, StreamEngine, Task
+
+__all__ = ["LayerCost", "UnitCost", "chain_tasks", "layer_cost"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitCost:
+    """Cost of running some layers once on one rank (all seconds)."""
+
+    duration_s: float = 0.0
+    compute_s: float = 0.0
+    slowdown_s: float = 0.0
+    exposed_comm_s: tuple[tuple[str, float], ...] = ()
+    """(group, seconds) with no compute running."""
+    wgrad_s: float = 0.0
+    """Weight-gradient GEMM time inside ``compute_s`` (zero-bubble schedules defer it)."""
+    hw_flops: float = 0.0
+
+    def __add__(self, other: UnitCost) -> UnitCost:
+        ex = dict(self.exposed_comm_s)
+        for g, v in other.exposed_comm_s:
+            ex[g] = ex.get(g, 0.0) + v
+        return UnitCost(duration_s=self.duration_s + other.duration_s,
+                        compute_s=self.compute_s + other.compute_s,
+                        slowdown_s=self.slowdown_s + other.slowdown_s,
+                        exposed_comm_s=tuple(sorted(ex.items())),
+                        wgrad_s=self.wgrad_s + other.wgrad_s,
+                        hw_flops=self.hw_flops + other.hw_flops)
+
+    def scaled(self, f: float) -> UnitCost:
+        return UnitCost(duration_s=self.duration_s * f, compute_s=self.compute_s * f,
+                        slowdown_s=self.slowdown_s * f,
+                        exposed_comm_s=tuple((g, v * f) for g, v in self.exposed_comm_s),
+                        wgrad_s=self.wgrad_s * f, hw_flops=self.hw_flops * f)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    first: UnitCost
+    period: UnitCost
+    timeline: EngineResult | None = None
+    """The single-layer run (for op-level traces)."""
+    tasks: tuple[Task, ...] = field(default_factory=tuple)
+
+    def layers(self, n: int) -> UnitCost:
+        """Cost of ``n`` consecutive layers of this block."""
+        if n <= 0:
+            return UnitCost()
+        return self.first + self.period.scaled(n - 1)
+
+
+def _is_wgrad(graph: OpGraph, i: int, outputs: frozenset[int]) -> bool:
+    n = graph.nodes[i]
+    return (n.phase == Phase.BACKWARD and n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM)
+            and bool(n.outputs) and all(t in outputs for t in n.outputs))
+
+
+def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True) -> list[Task]:
+    """Tasks for ``copies`` chained instances of the costed graph."""
+    g = cg.graph
+    producer_idx = {t: i for i, n in enumerate(g.nodes) for t in n.outputs}
+    consumed = {t for n in g.nodes for t in n.inputs}
+    deps_local: list[tuple[int, ...]] = []
+    for n in g.nodes:
+        deps_local.append(tuple(sorted({producer_idx[t] for t in n.inputs if t in producer_idx})))
+    # Sinks gate the next layer; dp (gradient / parameter) collectives never do.
+    sinks = [i for i, n in enumerate(g.nodes)
+             if not any(t in consumed for t in n.outputs) and n.group != "dp"]
+    sources = [i for i, n in enumerate(g.nodes) if not deps_local[i] and n.group != "dp"]
+    gathers = [i for i, n in enumerate(g.nodes) if not deps_local[i] and n.group == "dp"]
+    nn = len(g.nodes)
+    tasks: list[Task] = []
+    for r in range(copies):
+        base = r * nn
+        for i, n in enumerate(g.nodes):
+            deps = [base + d for d in deps_local[i]]
+            if r > 0 and i in sources:
+                deps += [(r - 1) * nn + k for k in sinks]
+            if i in gathers:
+                lag = 2 if fsdp_prefetch else 1
+                if r >= lag:
+                    deps += [(r - lag) * nn + k for k in sinks]
+            tasks.append(Task(
+                name=n.name, stream=n.stream if n.is_comm else "compute",
+                duration_s=float(cg.durations_s[i]), deps=tuple(deps), is_comm=n.is_comm,
+                group=n.group, tier=cg.tiers[i], label=n.module_path or n.name))
+    return tasks
+
+
+def _unit(res: EngineResult, wgrad_s: float, flops: float, tasks: list[Task]) -> UnitCost:
+    # Exposed dp traffic after the last gating task is not part of the layer: the next layer
+    # (or the step's gradient sync) overlaps it.
+    gate_end = max((res.end_s[i] for i, t in enumerate(tasks) if t.group != "dp"), default=0.0)
+    tail = res.makespan_s - gate_end
+    ex = dict(res.exposed_comm_s)
+    if tail > 0 and "dp" in ex:
+        ex["dp"] = max(ex["dp"] - tail, 0.0)
+    return UnitCost(duration_s=gate_end, compute_s=res.compute_s, slowdown_s=res.slowdown_s,
+                    exposed_comm_s=tuple(sorted((g, v) for g, v in ex.items() if v > 0)),
+                    wgrad_s=wgrad_s, hw_flops=flops)
+
+
+def layer_cost(cg: CostedGraph, *, compute_slowdown: float = 1.0, comm_slowdown: float = 1.0,
+               fsdp_prefetch: bool = True, flops: float = 0.0) -> LayerCost:
+    """First-layer and steady-state costs of the costed block graph."""
+    outputs = frozenset(cg.graph.outputs)
+    wgrad = float(sum(cg.durations_s[i] for i in range(len(cg.graph.nodes))
+                      if _is_wgrad(cg.graph, i, outputs)))
+    runs = {}
+    for copies in (1, 3):
+        tasks = chain_tasks(cg, copies, fsdp_prefetch=fsdp_prefetch)
+        eng = StreamEngine(compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown)
+        res = eng.run(tasks)
+        runs[copies] = (res, tasks)
+    r1, t1 = runs[1]
+    r3, t3 = runs[3]
+    first = _unit(r1, wgrad, flops, t1)
+    three = _unit(r3, 3 * wgrad, 3 * flops, t3)
+    period = UnitCost(
+        duration_s=max((three.duration_s - first.duration_s) / 2, 0.0),
+        compute_s=(three.compute_s - first.compute_s) / 2,
+        slowdown_s=max((three.slowdown_s - first.slowdown_s) / 2, 0.0),
+        exposed_comm_s=tuple(
+            (g, max((v - dict(first.exposed_comm_s).get(g, 0.0)) / 2, 0.0))
+            for g, v in three.exposed_comm_s),
+        wgrad_s=wgrad, hw_flops=flops)
+    return LayerCost(first=first, period=period, timeline=r1, tasks=tuple(t1))

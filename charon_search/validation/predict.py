@@ -1,0 +1,240 @@
+"""Run the simulators on a translated case and turn their reports into the record's metrics.
+
+Training: ``simulate_training(model, cluster, layout)`` gives the step time; every throughput and
+FLOP-rate metric is derived from it with the record's ``flop_convention`` (``flops.py``), so the
+comparison counts FLOPs the way the source did. Memory metrics come from the ``StepReport``'s
+memory block (or ``memory_report``). Serving: ``simulate_serving(model, cluster, config,
+workload)`` gives mean TTFT/TPOT and throughput.
+
+Metrics the simulator cannot produce are returned with a reason, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from charon_search.validation.flops import (
+    convention_peak_flops_per_s,
+    hardware_flops_per_step,
+    model_flops_per_step,
+)
+from charon_search.validation.names import Unexpressible
+from charon_search.validation.translate import ServingCase, TrainingCase
+
+__all__ = ["CaseResult", "predict_case", "read_number"]
+
+#: Metrics nothing in the simulator corresponds to, with the reason.
+_NOT_MODELLED = {
+    "pretraining_gpu_time_s": "whole-run figure: needs the token count, batch ramp and restarts",
+    "time_to_train_s": "time-to-train depends on convergence, not only step time",
+    "mfu_relative_to_megatron_lm": "relative to an unstated Megatron-LM baseline run",
+    "layer_forward_time_s": "per-layer times are not reported by the training simulator",
+    "layer_backward_time_s": "per-layer times are not reported by the training simulator",
+    "layer_forward_backward_time_s": "per-layer times are not reported by the training simulator",
+    "output_tokens_per_s_per_user_min": "per-user speed range of real traffic",
+    "output_tokens_per_s_per_user_max": "per-user speed range of real traffic",
+    "prefill_step_time_s": "single prefill step of an unstated batch",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaseResult:
+    """Predictions of one record."""
+
+    predicted: Mapping[str, float]
+    skipped_metrics: Mapping[str, str] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """Simulator facts worth reporting (step time, cost sources, cluster)."""
+
+
+def read_number(obj: Any, *path: str) -> float | None:
+    """``obj.a.b`` / ``obj["a"]["b"]``; a ``{"mean": x}`` / ``.mean`` leaf gives x."""
+    cur = obj
+    for key in path:
+        if cur is None:
+            return None
+        if isinstance(cur, Mapping):
+            cur = cur.get(key)
+        else:
+            cur = getattr(cur, key, None)
+    if cur is None:
+        return None
+    if isinstance(cur, Mapping):
+        cur = cur.get("mean", cur.get("p50"))
+    elif not isinstance(cur, int | float) and hasattr(cur, "mean"):
+        cur = cur.mean
+    try:
+        return float(cur)
+    except (TypeError, ValueError):
+        return None
+
+
+def _stages(mem: Any) -> list[Any]:
+    stages = mem.get("stages") if isinstance(mem, Mapping) else getattr(mem, "stages", None)
+    return list(stages or [])
+
+
+def _memory_metrics(case: TrainingCase, report: Any,
+                    memory_fn: Callable[..., Any] | None) -> tuple[dict[str, float], str | None]:
+    mem = report.get("memory") if isinstance(report, Mapping) else getattr(report, "memory", None)
+    if mem is None:
+        if memory_fn is None:
+            try:
+                from charon_search.memory import memory_report as memory_fn
+            except ImportError as e:
+                return {}, f"memory model not available: {e}"
+        try:
+            mem = memory_fn(case.model, case.layout, case.cluster)
+        except Exception as e:  # noqa: BLE001 - reported per metric
+            return {}, f"memory model failed: {type(e).__name__}: {e}"
+    out: dict[str, float] = {}
+    peak = read_number(mem, "peak_reserved_bytes")
+    if peak is not None:
+        out["peak_memory_bytes"] = peak
+    stages = _stages(mem)
+    if stages:
+        static = [sum(read_number(s, k) or 0.0 for k in ("params_bytes", "grads_bytes",
+                                                          "optimizer_bytes")) for s in stages]
+        acts = [read_number(s, "activations_bytes") or 0.0 for s in stages]
+        out["params_grads_optimizer_memory_bytes"] = max(static)
+        out["activation_memory_bytes"] = max(acts)
+    return out, None
+
+
+def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
+              memory_fn: Callable[..., Any] | None) -> CaseResult:
+    rec = case.record
+    lay = case.layout
+    if simulate is None:
+        try:
+            from charon_search.training import simulate_training as simulate
+        except ImportError as e:
+            raise Unexpressible(f"training simulator not available: {e}") from e
+    report = simulate(case.model, case.cluster, lay)
+    step = read_number(report, "step_time_s")
+    if step is None or not step > 0:
+        raise Unexpressible(f"training simulator returned no step time ({step!r})")
+    n = lay.num_gpus
+    tokens = lay.global_batch_size * lay.seq_len
+    conv = rec.flop_convention
+    pred: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    memory, mem_err = None, None
+    for metric in rec.measured:
+        if metric in _NOT_MODELLED:
+            skipped[metric] = _NOT_MODELLED[metric]
+            continue
+        try:
+            value = _training_metric(metric, case, step, tokens, n, conv)
+        except Unexpressible as e:
+            skipped[metric] = str(e)
+            continue
+        if value is None and metric.endswith("_bytes"):
+            if memory is None and mem_err is None:
+                memory, mem_err = _memory_metrics(case, report, memory_fn)
+            value = (memory or {}).get(metric)
+            if value is None:
+                skipped[metric] = mem_err or "memory model gave no value for this metric"
+                continue
+        if value is None:
+            skipped[metric] = "metric not in the schema vocabulary known to the validator"
+            continue
+        pred[metric] = value
+    info = {"step_time_s": step, "num_gpus": n}
+    cs = report.get("cost_sources") if isinstance(report, Mapping) else getattr(
+        report, "cost_sources", None)
+    if cs:
+        info["cost_sources"] = dict(cs)
+    return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
+
+
+def _training_metric(metric: str, case: TrainingCase, step: float, tokens: float, n: int,
+                     conv: str | None) -> float | None:
+    lay = case.layout
+    B, s = lay.global_batch_size, lay.seq_len
+    if metric == "step_time_s":
+        return step
+    if metric == "tokens_per_s":
+        return tokens / step
+    if metric == "tokens_per_s_per_gpu":
+        return tokens / step / n
+    if metric == "gpu_time_per_trillion_tokens_s":
+        return 1e12 / (tokens / step) * n
+    if metric == "wall_time_per_trillion_tokens_s":
+        return 1e12 / (tokens / step)
+    if metric.startswith("reported_tflops"):
+        raise Unexpressible("the source does not say how it counts FLOPs (unstated)")
+    if metric in ("model_tflops_per_gpu", "model_tflops_total", "mfu",
+                  "hardware_tflops_per_gpu", "hardware_tflops_total", "hfu"):
+        if conv is None:
+            raise Unexpressible("FLOP metric without a flop_convention")
+        if metric.startswith("hardware") or metric == "hfu":
+            flops = hardware_flops_per_step(conv, case.arch, B, s, lay.recompute)
+        else:
+            flops = model_flops_per_step(conv, case.arch, B, s)
+        per_gpu = flops / step / n
+        if metric.endswith("_per_gpu"):
+            return per_gpu / 1e12
+        if metric.endswith("_total"):
+            return per_gpu * n / 1e12
+        prec = case.record.config.get("precision")
+        return per_gpu / convention_peak_flops_per_s(conv, str(case.record.hardware["gpu"]),
+                                                     prec)
+    return None
+
+
+def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResult:
+    if simulate is None:
+        try:
+            from charon_search.serving import simulate_serving as simulate
+        except ImportError as e:
+            raise Unexpressible(f"serving simulator not available: {e}") from e
+    report = simulate(case.model, case.cluster, case.config, case.workload)
+    pred: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    values = {
+        "ttft_s": read_number(report, "ttft_s"),
+        "tpot_s": read_number(report, "tpot_s"),
+        "output_tokens_per_s": read_number(report, "output_tokens_per_s"),
+        "requests_per_s": read_number(report, "requests_per_s"),
+    }
+    tps = values["output_tokens_per_s"]
+    if tps is not None:
+        values["output_tokens_per_s_per_gpu"] = tps / case.num_gpus
+        gpn = case.record.hardware.get("gpus_per_node") or 8
+        values["output_tokens_per_s_per_node"] = tps / case.num_gpus * gpn
+    for metric in case.record.measured:
+        if metric in _NOT_MODELLED:
+            skipped[metric] = _NOT_MODELLED[metric]
+        elif values.get(metric) is None:
+            skipped[metric] = "serving simulator gave no value for this metric"
+        else:
+            pred[metric] = float(values[metric])  # type: ignore[arg-type]
+    info = {"num_gpus": case.num_gpus}
+    for k in ("num_completed", "num_requests", "num_preemptions"):
+        v = read_number(report, k)
+        if v is not None:
+            info[k] = v
+    return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
+
+
+def predict_case(case: TrainingCase | ServingCase, *,
+                 simulate_training: Callable[..., Any] | None = None,
+                 simulate_serving: Callable[..., Any] | None = None,
+                 memory_report: Callable[..., Any] | None = None) -> CaseResult:
+    """Predict every measured metric of a case (simulators injectable for tests).
+
+    Raises:
+        Unexpressible: the simulator is missing, or rejected the configuration.
+    """
+    from charon_search.errors import CharonError
+
+    try:
+        if isinstance(case, TrainingCase):
+            return _training(case, simulate_training, memory_report)
+        return _serving(case, simulate_serving)
+    except CharonError as e:
+        raise Unexpressible(f"simulator rejected the configuration: {type(e).__name__}: "
+                            f"{e}") from e

@@ -1,0 +1,516 @@
+"""Validation records: published measurements (YAML, ``schema_version: 1``) and silicon CSV rows.
+
+``load_records`` reads the format of ``data/validation/SCHEMA.md`` and checks every rule the
+schema lists ("Checks a loader can rely on"); a malformed record raises ``ConfigError`` naming the
+file, the record id and the field. ``variants`` are expanded into records of their own
+(``<id>#<n>``, n from 1). ``load_silicon_csv`` reads the column layout of aiconfigurator-core's
+``silicon_sample.csv`` (measured end-to-end serving points) into the same ``Record`` type with
+``kind == "serving"`` and the measured ``ttft_s`` / ``tpot_s``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from charon_search.errors import ConfigError
+
+__all__ = [
+    "FLOP_CONVENTIONS",
+    "SILICON_COLUMNS",
+    "Record",
+    "data_dir",
+    "default_files",
+    "load_files",
+    "load_records",
+    "load_silicon_csv",
+]
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+FLOP_CONVENTIONS = (
+    "megatron-sc21", "megatron-2022", "megatron-core", "llama3", "llm-foundry", "palm", "unstated",
+)
+_RECORD_KEYS = ("id", "source", "confidence", "kind", "model", "hardware", "measured",
+                "flop_convention", "inferred_fields", "notes")
+_MODEL_KEYS = ("name", "catalog", "arch", "num_layers", "hidden_size", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size", "vocab_size", "num_experts",
+               "num_experts_per_token", "params")
+_HARDWARE_KEYS = ("gpu", "num_gpus", "gpus_per_node", "interconnect")
+_TRAINING_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "zero_stage",
+                  "schedule", "micro_batch_size", "global_batch_size", "seq_len", "recompute",
+                  "precision", "async_tp")
+_SERVING_KEYS = ("tp", "pp", "ep", "dp", "input_len", "output_len", "max_batch_size",
+                 "concurrency", "precision", "framework")
+_GPU_KEYS = ("a100-sxm-40gb", "a100-sxm-80gb", "a100", "h100-sxm-80gb", "h100-sxm-96gb-500w",
+             "h800-sxm-80gb", "h200-sxm-141gb", "gb200", "tpu-v4")
+_SCHEDULES = ("none", "1f1b", "interleaved-1f1b", "gpipe", "dualpipe", "zero-bubble")
+_TRAIN_PRECISIONS = ("fp16", "bf16", "fp8", "mxfp8")
+_SERVE_PRECISIONS = ("fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8", "int4")
+_FLOP_METRIC_RE = re.compile(r"(tflops|^mfu$|^hfu$)")
+
+#: Columns of aiconfigurator-core's ``systems/silicon_sample.csv`` this loader needs.
+SILICON_COLUMNS = (
+    "id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
+    "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
+    "moe_tp_size", "moe_ep_size", "prefill_batch_size", "prefill_num_workers", "prefill_tp_size",
+    "prefill_pp_size", "prefill_attention_dp_size", "prefill_moe_tp_size", "prefill_moe_ep_size",
+    "decode_batch_size", "decode_num_workers", "decode_tp_size", "decode_pp_size",
+    "decode_attention_dp_size", "decode_moe_tp_size", "decode_moe_ep_size", "silicon_ttft_ms",
+    "silicon_tpot_ms",
+)
+
+_CONC_RE = re.compile(r"silicon_concurrency=(\d+)")
+SILICON_SOURCE = "aiconfigurator-core 0.12.0 silicon_sample.csv"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One measured configuration (a published record, one of its variants, or a silicon row)."""
+
+    id: str
+    source: str
+    """Title of the publication (published records) or ``"<csv source> (<backend>)"``."""
+    url: str = ""
+    confidence: str = "medium"
+    """``high`` | ``medium`` | ``low`` (silicon rows: ``high``, measured end to end)."""
+    kind: str
+    """``training`` or ``serving``."""
+    model: Mapping[str, Any]
+    """The record's ``model`` mapping; silicon rows: ``{"name": model_path, "catalog": None}``."""
+    hardware: Mapping[str, Any]
+    """``gpu``, ``num_gpus``, ``gpus_per_node``, ``interconnect`` (silicon: ``system`` key)."""
+    config: Mapping[str, Any]
+    """The ``training`` or ``serving`` mapping (including ``extra``)."""
+    measured: Mapping[str, float]
+    flop_convention: str | None = None
+    inferred_fields: tuple[str, ...] = ()
+    notes: str = ""
+    parent_id: str | None = None
+    """For a variant ``<id>#<n>``: the record it derives from."""
+    origin: str = "published"
+    """``published`` (YAML) or ``silicon`` (CSV row)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Loader facts not in the schema (silicon: backend, mode, worker pools)."""
+
+
+# ----------------------------------------------------------------------------- shipped data
+def data_dir() -> Path:
+    """Folder of the validation data shipped with the package."""
+    return Path(__file__).resolve().parents[1] / "data" / "validation"
+
+
+def default_files() -> list[Path]:
+    """The shipped published records and silicon rows."""
+    return [data_dir() / "published-dev.yaml", data_dir() / "silicon_sample.csv"]
+
+
+def load_files(paths: Iterable[str | Path]) -> list[Record]:
+    """Load YAML record files and silicon CSVs (by suffix); ids must be unique across them."""
+    out: list[Record] = []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise ConfigError(f"validation file {str(path)!r} does not exist")
+        if path.suffix.lower() == ".csv":
+            out.extend(load_silicon_csv(path))
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            out.extend(load_records(path))
+        else:
+            raise ConfigError(
+                f"validation file {str(path)!r}: suffix must be one of ['.yaml', '.yml', '.csv']"
+            )
+    seen: set[str] = set()
+    for r in out:
+        if r.id in seen:
+            raise ConfigError(f"record id {r.id!r} occurs more than once across {list(paths)}")
+        seen.add(r.id)
+    return out
+
+
+# ----------------------------------------------------------------------------- YAML records
+def load_records(path: str | Path, *, expand_variants: bool = True) -> list[Record]:
+    """Read and check a ``published-*.yaml`` file; variants become records ``<id>#<n>``.
+
+    Raises:
+        ConfigError: malformed YAML or a record that breaks a rule of SCHEMA.md (the message
+            names the file, the record id and the field).
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: malformed YAML: {e}") from e
+    return parse_records(data, where=str(path), expand_variants=expand_variants)
+
+
+def parse_records(data: Any, *, where: str = "records",
+                  expand_variants: bool = True) -> list[Record]:
+    """Check an already parsed document (``{"schema_version": 1, "records": [...]}``)."""
+    if not isinstance(data, Mapping) or set(data) != {"schema_version", "records"}:
+        keys = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+        raise ConfigError(
+            f"{where}: top level must have exactly the keys ['records', 'schema_version'], "
+            f"but got {keys}"
+        )
+    if data["schema_version"] != 1:
+        raise ConfigError(f"{where}: `schema_version` must be 1, but got "
+                          f"{data['schema_version']!r}")
+    if not isinstance(data["records"], list):
+        raise ConfigError(f"{where}: `records` must be a list")
+    out: list[Record] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(data["records"]):
+        rec = _check_record(raw, where=f"{where}: record {i}")
+        if rec.id in seen:
+            raise ConfigError(f"{where}: record id {rec.id!r} is not unique")
+        seen.add(rec.id)
+        out.append(rec)
+        if expand_variants:
+            out.extend(_variants(raw, rec, where=f"{where}: record {rec.id}"))
+    return out
+
+
+def _require_keys(m: Any, required: tuple[str, ...], optional: tuple[str, ...],
+                  where: str) -> None:
+    if not isinstance(m, Mapping):
+        raise ConfigError(f"{where}: must be a mapping, but got {type(m).__name__}")
+    missing = [k for k in required if k not in m]
+    stray = sorted(set(m) - set(required) - set(optional))
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {missing}")
+    if stray:
+        raise ConfigError(f"{where}: unknown key(s) {stray}; allowed: "
+                          f"{sorted(required + optional)}")
+
+
+def _int(v: Any, where: str, *, nullable: bool = True, min_value: int = 1) -> None:
+    if v is None and nullable:
+        return
+    if not isinstance(v, int) or isinstance(v, bool) or v < min_value:
+        raise ConfigError(f"{where} must be an integer >= {min_value}"
+                          f"{' or null' if nullable else ''}, but got {v!r}")
+
+
+def _choice(v: Any, allowed: tuple[Any, ...], where: str, *, nullable: bool = False) -> None:
+    if v is None and nullable:
+        return
+    if v not in allowed:
+        raise ConfigError(f"{where} must be one of {list(allowed)}"
+                          f"{' or null' if nullable else ''}, but got {v!r}")
+
+
+def _bool(v: Any, where: str) -> None:
+    if v is not None and not isinstance(v, bool):
+        raise ConfigError(f"{where} must be true, false or null, but got {v!r}")
+
+
+def _check_measured(measured: Any, where: str) -> dict[str, float]:
+    if not isinstance(measured, Mapping) or not measured:
+        raise ConfigError(f"{where}: `measured` must be a non-empty mapping of metric -> number")
+    out: dict[str, float] = {}
+    for k, v in measured.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise ConfigError(f"{where}: `measured.{k}` must be a positive number, but got {v!r}")
+        if k in ("mfu", "hfu") and not 0 < v <= 1:
+            raise ConfigError(f"{where}: `measured.{k}` must lie in (0, 1], but got {v!r}")
+        out[str(k)] = float(v)
+    return out
+
+
+def _check_record(raw: Any, *, where: str) -> Record:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping")
+    rid = raw.get("id")
+    if not isinstance(rid, str) or not _ID_RE.match(rid):
+        raise ConfigError(f"{where}: `id` must match [A-Za-z0-9_.-]+, but got {rid!r}")
+    where = f"{where.rsplit(': record', 1)[0]}: record {rid}"
+    kind = raw.get("kind")
+    _choice(kind, ("training", "serving"), f"{where}: `kind`")
+    _require_keys(raw, _RECORD_KEYS + (kind,), ("variants",), where)
+    src = raw["source"]
+    _require_keys(src, ("title", "read_from", "url"), (), f"{where}: `source`")
+    _choice(raw["confidence"], ("high", "medium", "low"), f"{where}: `confidence`")
+
+    model = raw["model"]
+    _require_keys(model, _MODEL_KEYS + ("arch",), ("extra",), f"{where}: `model`")
+    _choice(model["arch"], ("dense", "moe"), f"{where}: `model.arch`")
+    for k in ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "num_experts", "num_experts_per_token"):
+        _int(model[k], f"{where}: `model.{k}`")
+    hw = raw["hardware"]
+    _require_keys(hw, _HARDWARE_KEYS, (), f"{where}: `hardware`")
+    _choice(hw["gpu"], _GPU_KEYS, f"{where}: `hardware.gpu`")
+    _int(hw["num_gpus"], f"{where}: `hardware.num_gpus`", nullable=False)
+    _int(hw["gpus_per_node"], f"{where}: `hardware.gpus_per_node`")
+
+    cfg = raw[kind]
+    low = raw["confidence"] == "low"
+    if kind == "training":
+        _check_training(cfg, model, hw, where=f"{where}: training", low=low)
+    else:
+        _check_serving(cfg, hw, where=f"{where}: serving", low=low)
+    measured = _check_measured(raw["measured"], where)
+    conv = raw["flop_convention"]
+    _choice(conv, FLOP_CONVENTIONS, f"{where}: `flop_convention`", nullable=True)
+    _check_convention(conv, measured, where)
+    inferred = raw["inferred_fields"]
+    if not isinstance(inferred, list):
+        raise ConfigError(f"{where}: `inferred_fields` must be a list")
+    for dotted in inferred:
+        if not _has_path(raw, str(dotted)):
+            raise ConfigError(f"{where}: `inferred_fields` entry {dotted!r} is not a field of "
+                              f"the record")
+    if not isinstance(raw["notes"], str):
+        raise ConfigError(f"{where}: `notes` must be a string")
+    return Record(
+        id=rid, source=str(src["title"]), url=str(src["url"]), confidence=raw["confidence"],
+        kind=kind, model=dict(model), hardware=dict(hw), config=copy.deepcopy(dict(cfg)),
+        measured=measured, flop_convention=conv, inferred_fields=tuple(map(str, inferred)),
+        notes=raw["notes"],
+    )
+
+
+def _check_convention(conv: str | None, measured: Mapping[str, float], where: str) -> None:
+    flop_metrics = [k for k in measured if _FLOP_METRIC_RE.search(k)]
+    if bool(flop_metrics) != (conv is not None):
+        raise ConfigError(
+            f"{where}: `flop_convention` must be non-null exactly when a FLOP-based metric is "
+            f"measured, but got (flop_convention={conv!r}, flop metrics={flop_metrics})"
+        )
+    if any(k.startswith("reported_tflops") for k in measured) and conv != "unstated":
+        raise ConfigError(f"{where}: `reported_tflops_*` needs flop_convention 'unstated', "
+                          f"but got {conv!r}")
+
+
+def _check_training(cfg: Any, model: Mapping[str, Any], hw: Mapping[str, Any], *, where: str,
+                    low: bool) -> None:
+    _require_keys(cfg, _TRAINING_KEYS, ("extra",), where)
+    for k in ("tp", "pp", "dp", "cp", "micro_batch_size", "global_batch_size", "seq_len"):
+        _int(cfg[k], f"{where}.{k}")
+    _int(cfg["ep"], f"{where}.ep", nullable=False)
+    _int(cfg["vpp"], f"{where}.vpp", min_value=2)
+    _bool(cfg["sequence_parallel"], f"{where}.sequence_parallel")
+    _bool(cfg["async_tp"], f"{where}.async_tp")
+    _choice(cfg["zero_stage"], (0, 1, 2, 3), f"{where}.zero_stage", nullable=True)
+    _choice(cfg["schedule"], _SCHEDULES, f"{where}.schedule", nullable=True)
+    _choice(cfg["recompute"], ("none", "selective", "full"), f"{where}.recompute", nullable=True)
+    _choice(cfg["precision"], _TRAIN_PRECISIONS, f"{where}.precision", nullable=True)
+    tp, pp, dp, cp, ep = (cfg[k] for k in ("tp", "pp", "dp", "cp", "ep"))
+    degrees = (tp, pp, dp, cp)
+    if all(d is not None for d in degrees):
+        product = tp * pp * dp * cp
+        if product != hw["num_gpus"] and not low:
+            raise ConfigError(
+                f"{where}: `tp * pp * dp * cp == hardware.num_gpus` must hold, but got "
+                f"(tp={tp}, pp={pp}, dp={dp}, cp={cp}, product={product}, "
+                f"num_gpus={hw['num_gpus']})"
+            )
+    elif any(d is not None for d in degrees) and not low:
+        raise ConfigError(f"{where}: tp/pp/dp/cp may be null only together (low confidence)")
+    if pp is not None and cfg["schedule"] is not None and (pp == 1) != (cfg["schedule"] == "none"):
+        raise ConfigError(f"{where}: `schedule == 'none'` must hold exactly when pp == 1, but got "
+                          f"(pp={pp}, schedule={cfg['schedule']!r})")
+    if cfg["vpp"] is not None and cfg["schedule"] != "interleaved-1f1b":
+        raise ConfigError(f"{where}: `vpp` needs schedule 'interleaved-1f1b', but got "
+                          f"(vpp={cfg['vpp']}, schedule={cfg['schedule']!r})")
+    for flag in ("sequence_parallel", "async_tp"):
+        if cfg[flag] and tp is not None and tp == 1:
+            raise ConfigError(f"{where}: `{flag}` needs tp > 1, but got tp=1")
+    heads = model["num_attention_heads"]
+    if tp is not None and heads is not None and heads % tp:
+        raise ConfigError(f"{where}: `tp` must divide num_attention_heads, but got "
+                          f"(tp={tp}, num_attention_heads={heads})")
+    if model["arch"] == "dense" and ep != 1:
+        raise ConfigError(f"{where}: dense models need ep == 1, but got ep={ep}")
+    if model["arch"] == "moe" and dp is not None and cp is not None and (dp * cp) % ep:
+        raise ConfigError(f"{where}: `ep` must divide dp * cp, but got (ep={ep}, dp={dp}, cp={cp})")
+    mbs, gbs = cfg["micro_batch_size"], cfg["global_batch_size"]
+    if mbs is not None and gbs is not None and dp is not None and gbs % (mbs * dp):
+        raise ConfigError(f"{where}: `global_batch_size` must be a multiple of micro_batch_size "
+                          f"* dp, but got (global_batch_size={gbs}, micro_batch_size={mbs}, "
+                          f"dp={dp})")
+
+
+def _check_serving(cfg: Any, hw: Mapping[str, Any], *, where: str, low: bool) -> None:
+    _require_keys(cfg, _SERVING_KEYS, ("extra",), where)
+    for k in ("tp", "pp", "ep", "dp"):
+        _int(cfg[k], f"{where}.{k}", nullable=False)
+    for k in ("input_len", "output_len", "max_batch_size", "concurrency"):
+        _int(cfg[k], f"{where}.{k}")
+    _choice(cfg["precision"], _SERVE_PRECISIONS, f"{where}.precision")
+    product = cfg["tp"] * cfg["pp"] * cfg["dp"]
+    if product != hw["num_gpus"] and not low:
+        raise ConfigError(f"{where}: `tp * pp * dp == hardware.num_gpus` must hold, but got "
+                          f"(tp={cfg['tp']}, pp={cfg['pp']}, dp={cfg['dp']}, "
+                          f"num_gpus={hw['num_gpus']})")
+
+
+def _has_path(raw: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _variants(raw: Mapping[str, Any], rec: Record, *, where: str) -> list[Record]:
+    variants = raw.get("variants") or []
+    if not isinstance(variants, list):
+        raise ConfigError(f"{where}: `variants` must be a list")
+    out = []
+    for n, var in enumerate(variants, start=1):
+        vwhere = f"{where}#{n}"
+        _require_keys(var, ("overrides", "measured"), ("notes",), vwhere)
+        new_raw = copy.deepcopy(dict(raw))
+        new_raw.pop("variants", None)
+        new_raw["id"] = f"{rec.id}-v{n}"  # placeholder matching the id pattern for the checks
+        for dotted, value in dict(var["overrides"]).items():
+            head, _, rest = str(dotted).partition(".")
+            if head != rec.kind or not rest or rest not in new_raw[head]:
+                raise ConfigError(f"{vwhere}: override {dotted!r} must name a field of "
+                                  f"`{rec.kind}`")
+            new_raw[head][rest] = value
+        new_raw["measured"] = var["measured"]
+        checked = _check_record(new_raw, where=vwhere)
+        notes = rec.notes + (f" Variant: {var['notes']}" if var.get("notes") else "")
+        out.append(Record(
+            id=f"{rec.id}#{n}", source=rec.source, url=rec.url, confidence=rec.confidence,
+            kind=rec.kind, model=rec.model, hardware=rec.hardware, config=checked.config,
+            measured=checked.measured, flop_convention=rec.flop_convention,
+            inferred_fields=rec.inferred_fields, notes=notes, parent_id=rec.id,
+            extra={"overrides": dict(var["overrides"])},
+        ))
+    return out
+
+
+# ----------------------------------------------------------------------------- silicon CSV
+def _opt_int(row: Mapping[str, str], col: str, where: str) -> int | None:
+    v = (row.get(col) or "").strip()
+    if not v:
+        return None
+    try:
+        f = float(v)
+    except ValueError as e:
+        raise ConfigError(f"{where}: column `{col}` must be an integer, but got {v!r}") from e
+    if f != int(f) or f < 0:
+        raise ConfigError(f"{where}: column `{col}` must be a non-negative integer, got {v!r}")
+    return int(f)
+
+
+def _pool(row: Mapping[str, str], prefix: str, where: str) -> dict[str, int | None]:
+    return {k: _opt_int(row, f"{prefix}{k}", where)
+            for k in ("batch_size", "num_workers", "tp_size", "pp_size", "attention_dp_size",
+                      "moe_tp_size", "moe_ep_size")}
+
+
+def load_silicon_csv(path: str | Path) -> list[Record]:
+    """Read measured serving rows in the layout of aiconfigurator-core's ``silicon_sample.csv``.
+
+    Each row becomes a serving ``Record`` with ``measured = {"ttft_s", "tpot_s"}`` (the CSV holds
+    milliseconds), ``config`` holding ``input_len``/``output_len`` (isl/osl), ``concurrency``
+    (the closed-loop client concurrency: ``silicon_concurrency`` of the provenance column, else
+    ``batch_size`` × attention-DP ranks), the degrees and, for
+    ``mode == "disagg"``, the prefill/decode worker pools under ``config["prefill"]`` /
+    ``config["decode"]``. Rows without an ``id`` get ``silicon_row_<n>`` (1-based line number).
+
+    Raises:
+        ConfigError: missing columns, non-numeric values, a mode other than agg/disagg.
+    """
+    path = Path(path)
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        cols = reader.fieldnames or []
+        missing = [c for c in SILICON_COLUMNS if c not in cols and c != "id"]
+        if missing:
+            raise ConfigError(f"{path}: missing column(s) {missing} of the silicon CSV layout")
+        out = []
+        for n, row in enumerate(reader, start=2):
+            where = f"{path}: line {n}"
+            rid = (row.get("id") or "").strip() or f"silicon_row_{n - 1}"
+            mode = (row["mode"] or "").strip()
+            _choice(mode, ("agg", "disagg"), f"{where}: column `mode`")
+            try:
+                ttft_ms = float(row["silicon_ttft_ms"])
+                tpot_ms = float(row["silicon_tpot_ms"])
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{where}: silicon_ttft_ms/silicon_tpot_ms must be numbers, "
+                                  f"but got {row['silicon_ttft_ms']!r}, "
+                                  f"{row['silicon_tpot_ms']!r}") from e
+            isl, osl = _opt_int(row, "isl", where), _opt_int(row, "osl", where)
+            if not isl or not osl:
+                raise ConfigError(f"{where}: columns `isl` and `osl` must be positive integers")
+            measured = {}
+            if ttft_ms > 0:
+                measured["ttft_s"] = ttft_ms * 1e-3
+            if tpot_ms > 0:
+                measured["tpot_s"] = tpot_ms * 1e-3
+            if not measured:
+                raise ConfigError(f"{where}: no positive silicon_ttft_ms / silicon_tpot_ms")
+            # The client concurrency is in the provenance column when the dump has it; else it
+            # is the per-rank batch times the attention-DP ranks (times decode workers).
+            m = _CONC_RE.search(row.get("silicon_data_source") or "")
+            conc = int(m.group(1)) if m else None
+            cfg: dict[str, Any] = {
+                "mode": mode, "input_len": isl, "output_len": osl,
+                "precision": (row.get("precision") or "").strip() or None,
+                "gemm_quant_mode": (row.get("gemm_quant_mode") or "").strip() or None,
+                "moe_quant_mode": (row.get("moe_quant_mode") or "").strip() or None,
+                "framework": row["backend"], "framework_version": row["backend_version"],
+            }
+            if mode == "agg":
+                pool = {k: _opt_int(row, k, where) for k in
+                        ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+                         "moe_ep_size")}
+                if not pool["batch_size"] or not pool["tp_size"]:
+                    raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
+                adp = pool["attention_dp_size"] or 1
+                cfg.update(concurrency=conc or pool["batch_size"] * adp, tp=pool["tp_size"],
+                           pp=pool["pp_size"] or 1, dp=pool["attention_dp_size"] or 1,
+                           moe_tp=pool["moe_tp_size"] or 1, ep=pool["moe_ep_size"] or 1)
+                num_gpus = _pool_gpus(pool)
+            else:
+                pre, dec = _pool(row, "prefill_", where), _pool(row, "decode_", where)
+                for name, p in (("prefill", pre), ("decode", dec)):
+                    if not p["tp_size"]:
+                        raise ConfigError(f"{where}: disagg rows need {name}_tp_size")
+                # Part of the dump lacks worker counts / batch sizes; kept, and reported as
+                # not expressible by the translation rather than rejected here.
+                known = all(p["num_workers"] for p in (pre, dec))
+                if conc is None and known and dec["batch_size"]:
+                    conc = dec["batch_size"] * dec["num_workers"] * (dec["attention_dp_size"] or 1)
+                cfg.update(prefill=pre, decode=dec, concurrency=conc)
+                num_gpus = sum((p["num_workers"] or 1) * _pool_gpus(p) for p in (pre, dec))
+            out.append(Record(
+                id=rid, source=f"{SILICON_SOURCE} ({row['backend']})",
+                url="https://pypi.org/project/aiconfigurator-core/",
+                confidence="high", kind="serving",
+                model={"name": row["model_path"], "catalog": None},
+                hardware={"gpu": row["system"], "num_gpus": num_gpus, "gpus_per_node": None,
+                          "interconnect": None},
+                config=cfg, measured=measured, flop_convention=None, inferred_fields=(),
+                notes=(row.get("silicon_data_source") or "").strip(), origin="silicon",
+                extra={"system": row["system"], "backend": row["backend"], "mode": mode},
+            ))
+    return out
+
+
+def _pool_gpus(pool: Mapping[str, int | None]) -> int:
+    """GPUs of one worker: tp * pp, where attention-DP replicas share the TP*EP GPUs.
+
+    In aiconfigurator's layout an attention-DP worker has ``tp_size * attention_dp_size`` GPUs
+    (``tp_size`` is the attention TP inside one DP replica), and the MoE part spans the same GPUs
+    (``moe_tp * moe_ep == tp * attention_dp``).
+    """
+    tp = pool.get("tp_size") or 1
+    pp = pool.get("pp_size") or 1
+    adp = pool.get("attention_dp_size") or 1
+    return tp * pp * adp

@@ -1,0 +1,126 @@
+"""Text, HTML and markdown renderings of a ``ValidationResult``."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from charon_search.validation.runner import ValidationResult
+from charon_search.validation.stats import METRIC_GROUPS
+
+__all__ = ["format_pct", "render_html", "render_text", "summary_table_rows"]
+
+
+def format_pct(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def _num(x: float) -> str:
+    if x == 0:
+        return "0"
+    a = abs(x)
+    if a >= 1e6 or a < 1e-3:
+        return f"{x:.4g}"
+    return f"{x:.4g}"
+
+
+def summary_table_rows(summary: Mapping[str, Any], by: str) -> list[list[str]]:
+    """Rows ``[name, expressed/total, group, n, median, p90, max, bias]`` of one block."""
+    out = []
+    for name, block in summary.get(by, {}).items():
+        groups = block.get("groups") or {}
+        if not groups:
+            out.append([name, f"{block['expressed']}/{block['total']}", "-", "0", "-", "-", "-",
+                        "-"])
+            continue
+        for g, st in groups.items():
+            out.append([name, f"{block['expressed']}/{block['total']}", g, str(st["n"]),
+                        format_pct(st["median_abs"]), format_pct(st["p90_abs"]),
+                        format_pct(st["max_abs"]), format_pct(st["bias"], signed=True)])
+    return out
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in header]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
+    """Per-record table, skipped records with reasons, and the summary tables."""
+    parts = []
+    rows = [[r["id"], r["metric"], _num(r["measured"]), _num(r["predicted"]),
+             format_pct(r["error"], signed=True)] for r in result.rows]
+    shown = rows if max_rows is None else rows[:max_rows]
+    parts.append(_table(["id", "metric", "measured", "predicted", "error"], shown))
+    if len(shown) < len(rows):
+        parts.append(f"... {len(rows) - len(shown)} more rows (use --json for all)")
+    if result.skipped:
+        reasons = Counter(s["reason"] for s in result.skipped)
+        parts.append(f"\nnot expressed: {len(result.skipped)} records")
+        for reason, n in reasons.most_common(25):
+            parts.append(f"  {n:5d} x {reason}")
+    s = result.summary
+    t = s.get("totals", {})
+    parts.append(f"\nrecords {t.get('records')}: expressed {t.get('expressed')}, skipped "
+                 f"{t.get('skipped')}; predicted metrics {t.get('predicted_metrics')}")
+    header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
+    parts.append("\nby kind\n" + _table(header, summary_table_rows(s, "by_kind")))
+    parts.append("\nby source\n" + _table(header, summary_table_rows(s, "by_source")))
+    grp = []
+    for g in METRIC_GROUPS:
+        for label, key in (("all", "by_group"), ("fully specified", "by_group_fully_specified")):
+            st = s.get(key, {}).get(g)
+            if st and st["n"]:
+                tgt = s.get("targets", {}).get(g, {})
+                grp.append([g, label, str(st["n"]), format_pct(st["median_abs"]),
+                            format_pct(st["p90_abs"]), format_pct(st["max_abs"]),
+                            format_pct(st["bias"], signed=True),
+                            f"{format_pct(tgt.get('median_abs'))}/"
+                            f"{format_pct(tgt.get('p90_abs'))}" if tgt else "-"])
+    parts.append("\nby metric group\n" + _table(
+        ["group", "records", "n", "median|e|", "p90|e|", "max|e|", "bias", "target med/p90"],
+        grp))
+    parts.append(f"\nwall time {result.wall_s:.1f} s")
+    return "\n".join(parts)
+
+
+def render_html(result: ValidationResult) -> str:
+    """A self-contained HTML page: summary tables, per-record table, skipped records."""
+    esc = html.escape
+
+    def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+        h = "".join(f"<th>{esc(c)}</th>" for c in header)
+        body = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>"
+                       for r in rows)
+        return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+
+    s = result.summary
+    header = ["", "expressed", "group", "n", "median |err|", "p90 |err|", "max |err|", "bias"]
+    rec_rows = []
+    for r in result.rows:
+        info = result.cases.get(r["id"], {})
+        rec_rows.append([r["id"], r["metric"], _num(r["measured"]), _num(r["predicted"]),
+                         format_pct(r["error"], signed=True), info.get("cluster", ""),
+                         "; ".join(info.get("assumptions", []))])
+    skip_rows = [[x["id"], x["reason"]] for x in result.skipped]
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:left}")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>charon-search validate"
+        f"</title><style>{style}</style></head><body><h1>charon-search validate</h1>"
+        f"<p>{esc(str(s.get('totals')))}</p>"
+        f"<h2>By kind</h2>{table(header, summary_table_rows(s, 'by_kind'))}"
+        f"<h2>By source</h2>{table(header, summary_table_rows(s, 'by_source'))}"
+        f"<h2>Records</h2>{table(['id', 'metric', 'measured', 'predicted', 'error', 'cluster', 'assumptions'], rec_rows)}"  # noqa: E501
+        f"<h2>Not expressed</h2>{table(['id', 'reason'], skip_rows)}"
+        "</body></html>"
+    )

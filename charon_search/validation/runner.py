@@ -1,0 +1,178 @@
+"""``run_validation``: records -> predictions, skips with reasons, and the summary.
+
+Every record ends up either with at least one predicted metric or in ``skipped`` with a reason
+(unknown model, unsupported GPU or feature, simulator missing); metrics of an expressed record
+that cannot be predicted are listed in ``skipped_metrics``. Counts reconcile:
+``expressed + skipped == total``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from charon_search.validation.names import Unexpressible
+from charon_search.validation.predict import predict_case
+from charon_search.validation.records import Record
+from charon_search.validation.stats import summarize
+from charon_search.validation.translate import ServingCase, TrainingCase, to_case
+
+__all__ = ["ValidationResult", "run_validation", "select_records"]
+
+#: Assumptions about these fields make a record "not fully specified" (the targets of issue 8
+#: apply to fully specified records): they change the simulated work, not only its labelling.
+_LAYOUT_ASSUMPTIONS = ("training.global_batch_size", "training.micro_batch_size",
+                       "training.schedule", "training.vpp", "training.recompute",
+                       "training.zero_stage", "training.sequence_parallel")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationResult:
+    rows: list[dict[str, Any]]
+    """``{"id", "metric", "measured", "predicted", "error"}`` per predicted metric."""
+    skipped: list[dict[str, Any]]
+    """``{"id", "reason"}`` per record not expressed."""
+    skipped_metrics: list[dict[str, Any]]
+    """``{"id", "metric", "reason"}`` per unpredicted metric of an expressed record."""
+    cases: dict[str, dict[str, Any]]
+    """id -> kind, source, confidence, model, gpu, cluster, assumptions, fully_specified..."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"records": self.rows, "skipped": self.skipped,
+                "skipped_metrics": self.skipped_metrics, "cases": self.cases,
+                "summary": self.summary, "wall_s": self.wall_s}
+
+
+def select_records(records: Sequence[Record], *, kind: str | None = None,
+                   ids: Iterable[str] | None = None, limit: int | None = None) -> list[Record]:
+    """Filter by kind and ids (an id also selects its variants ``<id>#<n>``), then cap."""
+    out = list(records)
+    if kind:
+        out = [r for r in out if r.kind == kind]
+    if ids:
+        wanted = set(ids)
+        out = [r for r in out if r.id in wanted or (r.parent_id in wanted)]
+    if limit is not None:
+        out = out[: max(0, limit)]
+    return out
+
+
+def source_label(title: str) -> str:
+    """Short name of a source title for tables (``"Llama Team, The Llama 3 Herd of Models"``)."""
+    parts = title.split(", ")
+    label = parts[0]
+    if len(label) < 14 and len(parts) > 1:
+        label += ", " + parts[1]
+    label = label.split(" (")[0]
+    return label if len(label) <= 44 else label[:43] + "…"
+
+
+def _case_info(record: Record) -> dict[str, Any]:
+    return {
+        "kind": record.kind, "source": source_label(record.source),
+        "source_title": record.source, "confidence": record.confidence,
+        "origin": record.origin, "model": record.model.get("catalog") or record.model.get("name"),
+        "gpu": record.hardware.get("gpu"), "num_gpus": record.hardware.get("num_gpus"),
+        "fully_specified": False, "assumptions": [],
+    }
+
+
+def _fully_specified(record: Record, assumptions: Sequence[str]) -> bool:
+    if record.confidence == "low":
+        return False
+    return not any(a.startswith(_LAYOUT_ASSUMPTIONS) for a in assumptions)
+
+
+def run_validation(
+    records: Sequence[Record], *,
+    progress: Callable[[int, int, Record], None] | None = None,
+    simulate_training: Callable[..., Any] | None = None,
+    simulate_serving: Callable[..., Any] | None = None,
+    memory_report: Callable[..., Any] | None = None,
+) -> ValidationResult:
+    """Translate, simulate and compare every record.
+
+    Args:
+        records: from ``records.load_files`` (filtered with ``select_records``).
+        progress: called as ``progress(i, total, record)`` before each record.
+        simulate_training, simulate_serving, memory_report: override the simulators (tests).
+    """
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    skipped_metrics: list[dict[str, Any]] = []
+    cases: dict[str, dict[str, Any]] = {}
+    for i, rec in enumerate(records):
+        if progress is not None:
+            progress(i, len(records), rec)
+        info = _case_info(rec)
+        cases[rec.id] = info
+        try:
+            case = to_case(rec)
+            info["cluster"] = case.cluster.name
+            info["cluster_choice"] = case.cluster_how
+            info["assumptions"] = list(case.assumptions)
+            info["fully_specified"] = _fully_specified(rec, case.assumptions)
+            if isinstance(case, TrainingCase):
+                info["layout"] = _layout_summary(case)
+            elif isinstance(case, ServingCase):
+                info["sim_num_gpus"] = case.num_gpus
+            res = predict_case(case, simulate_training=simulate_training,
+                               simulate_serving=simulate_serving, memory_report=memory_report)
+        except Unexpressible as e:
+            skipped.append({"id": rec.id, "reason": str(e)})
+            info["skipped"] = str(e)
+            continue
+        except Exception as e:  # noqa: BLE001 - a crash in a simulator is a result too
+            reason = f"simulator error: {type(e).__name__}: {e}"
+            skipped.append({"id": rec.id, "reason": reason})
+            info["skipped"] = reason
+            continue
+        info["sim"] = dict(res.info)
+        for metric, reason in res.skipped_metrics.items():
+            skipped_metrics.append({"id": rec.id, "metric": metric, "reason": reason})
+        if not res.predicted:
+            reason = "no measured metric can be predicted: " + "; ".join(
+                f"{m}: {r}" for m, r in res.skipped_metrics.items())
+            skipped.append({"id": rec.id, "reason": reason})
+            info["skipped"] = reason
+            continue
+        for metric, pred in res.predicted.items():
+            meas = rec.measured[metric]
+            rows.append({"id": rec.id, "metric": metric, "measured": meas,
+                         "predicted": float(pred), "error": (float(pred) - meas) / meas})
+    summary = summarize(rows, skipped, cases)
+    return ValidationResult(rows=rows, skipped=skipped, skipped_metrics=skipped_metrics,
+                            cases=cases, summary=summary, wall_s=time.perf_counter() - t0)
+
+
+def _layout_summary(case: TrainingCase) -> str:
+    lay = case.layout
+    parts = [f"tp{lay.tp}", f"pp{lay.pp}", f"dp{lay.dp}"]
+    if lay.cp > 1:
+        parts.append(f"cp{lay.cp}")
+    if lay.ep > 1:
+        parts.append(f"ep{lay.ep}")
+    if lay.vpp > 1:
+        parts.append(f"vpp{lay.vpp}")
+    parts += [f"mbs{lay.micro_batch_size}", f"gbs{lay.global_batch_size}", f"s{lay.seq_len}",
+              f"zero{lay.zero_stage}", lay.recompute, lay.precision]
+    if lay.sequence_parallel:
+        parts.append("sp")
+    if lay.async_tp:
+        parts.append("asynctp")
+    return " ".join(parts)
+
+
+def result_from_json(data: Mapping[str, Any]) -> ValidationResult:
+    """Rebuild a result from ``to_json`` output (for ``accuracy`` and ``calibrate``)."""
+    return ValidationResult(rows=list(data.get("records", [])),
+                            skipped=list(data.get("skipped", [])),
+                            skipped_metrics=list(data.get("skipped_metrics", [])),
+                            cases=dict(data.get("cases", {})),
+                            summary=dict(data.get("summary", {})),
+                            wall_s=float(data.get("wall_s", 0.0)))

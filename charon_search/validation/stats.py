@@ -1,0 +1,121 @@
+"""Error statistics of a validation run: per kind, per source, per metric group.
+
+``error = (predicted - measured) / measured`` (signed ratio). A record's throughput metrics
+(``tokens_per_s``, ``mfu``, ``model_tflops_per_gpu``...) are all rescalings of one predicted step
+time, so summaries count one error per record and metric group (the first metric of the group's
+priority list the record measures) instead of weighting a record by how many of them it prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["METRIC_GROUPS", "error_stats", "group_of", "summarize"]
+
+#: Metric group -> metrics in priority order (the first one a record has represents it).
+METRIC_GROUPS: dict[str, tuple[str, ...]] = {
+    "training_time": (
+        "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu", "mfu", "hfu", "model_tflops_total", "hardware_tflops_total",
+        "wall_time_per_trillion_tokens_s", "gpu_time_per_trillion_tokens_s",
+    ),
+    "training_memory": ("peak_memory_bytes", "params_grads_optimizer_memory_bytes",
+                        "activation_memory_bytes"),
+    "serving_ttft": ("ttft_s",),
+    "serving_tpot": ("tpot_s",),
+    "serving_throughput": ("output_tokens_per_s", "output_tokens_per_s_per_gpu",
+                           "output_tokens_per_s_per_node", "requests_per_s"),
+}
+
+#: Targets of issue 8 (median / p90 of |error|), per group, for the report.
+TARGETS: dict[str, tuple[float, float | None]] = {
+    "training_time": (0.05, 0.10),
+    "training_memory": (0.05, None),
+    "serving_ttft": (0.10, 0.20),
+    "serving_tpot": (0.10, 0.20),
+}
+
+
+def group_of(metric: str) -> str | None:
+    for group, metrics in METRIC_GROUPS.items():
+        if metric in metrics:
+            return group
+    return None
+
+
+def error_stats(errors: Sequence[float]) -> dict[str, Any]:
+    """``n``, ``median_abs``, ``p90_abs``, ``max_abs``, ``bias`` (mean signed) of ratios."""
+    if not errors:
+        return {"n": 0, "median_abs": None, "p90_abs": None, "max_abs": None, "bias": None}
+    e = np.asarray(errors, dtype=float)
+    a = np.abs(e)
+    return {"n": int(e.size), "median_abs": float(np.median(a)),
+            "p90_abs": float(np.percentile(a, 90)), "max_abs": float(a.max()),
+            "bias": float(e.mean())}
+
+
+def representative_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One row per (record id, metric group): the group's highest-priority metric."""
+    best: dict[tuple[str, str], tuple[int, Mapping[str, Any]]] = {}
+    for r in rows:
+        g = group_of(r["metric"])
+        if g is None:
+            continue
+        prio = METRIC_GROUPS[g].index(r["metric"])
+        key = (r["id"], g)
+        if key not in best or prio < best[key][0]:
+            best[key] = (prio, r)
+    return [v[1] for v in best.values()]
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, Any]],
+              records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Summary of a run.
+
+    Args:
+        rows: ``{"id", "metric", "measured", "predicted", "error"}`` per predicted metric.
+        skipped: ``{"id", "reason"}`` per record that was not expressed.
+        records: id -> ``{"kind", "source", "confidence", "fully_specified"}``.
+
+    Returns:
+        ``{"totals", "by_kind", "by_source", "by_group", "by_group_fully_specified"}``; each
+        entry has ``expressed``, ``total`` and the stats of ``error_stats`` per group.
+    """
+    expressed = {r["id"] for r in rows}
+    rep = representative_rows(rows)
+
+    def block(filter_key: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        keys = sorted({str(info[filter_key]) for info in records.values()})
+        for key in keys:
+            ids = {i for i, info in records.items() if str(info[filter_key]) == key}
+            groups = {}
+            for g in METRIC_GROUPS:
+                errs = [r["error"] for r in rep if r["id"] in ids and group_of(r["metric"]) == g]
+                if errs:
+                    groups[g] = error_stats(errs)
+            all_errs = [r["error"] for r in rep if r["id"] in ids]
+            out[key] = {"expressed": len(ids & expressed), "total": len(ids),
+                        "all": error_stats(all_errs), "groups": groups}
+        return out
+
+    by_group: dict[str, Any] = {}
+    by_group_full: dict[str, Any] = {}
+    for g in METRIC_GROUPS:
+        grows = [r for r in rep if group_of(r["metric"]) == g]
+        by_group[g] = error_stats([r["error"] for r in grows])
+        by_group_full[g] = error_stats([r["error"] for r in grows
+                                        if records[r["id"]].get("fully_specified")])
+    return {
+        "totals": {"records": len(records), "expressed": len(expressed & set(records)),
+                   "skipped": len(skipped), "predicted_metrics": len(rows)},
+        "by_kind": block("kind"),
+        "by_source": block("source"),
+        "by_gpu": block("gpu"),
+        "by_group": by_group,
+        "by_group_fully_specified": by_group_full,
+        "targets": {g: {"median_abs": t[0], "p90_abs": t[1]} for g, t in TARGETS.items()},
+    }

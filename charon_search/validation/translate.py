@@ -1,0 +1,411 @@
+"""Record -> simulation case: model, cluster, ``Layout`` or ``ServingConfig`` + workload.
+
+Every value the simulator needs but the record leaves ``null`` is filled with a stated assumption
+(``Case.assumptions``); what the simulator cannot express raises ``Unexpressible`` with the
+reason. Record architecture fields take precedence over the catalog (SCHEMA.md, ``model``): a
+dense model whose stated shape differs from the catalog entry is simulated with the stated shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from charon_search.errors import CharonError
+from charon_search.validation.flops import ArchFacts
+from charon_search.validation.names import (
+    Unexpressible,
+    choose_cluster,
+    load_catalog_model,
+    resolve_gpu,
+    resolve_model_name,
+)
+from charon_search.validation.records import Record
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+    from charon_search.hardware.spec import ClusterSpec
+    from charon_search.layout import Layout
+
+__all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
+
+#: Serving requests simulated per silicon row: enough for the closed loop to reach steady state
+#: (several turns of the concurrency), capped to keep the full validation cheap.
+MIN_REQUESTS = 16
+TURNS = 3
+MAX_REQUESTS = 1024
+#: Offline max-throughput records (TRT-LLM perf overview): requests submitted at once.
+OFFLINE_REQUESTS = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingCase:
+    record: Record
+    model: ModelSpec
+    cluster: ClusterSpec
+    cluster_how: str
+    layout: Layout
+    arch: ArchFacts
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingCase:
+    record: Record
+    model: ModelSpec
+    cluster: ClusterSpec
+    cluster_how: str
+    config: Any
+    """``serving.config.ServingConfig``."""
+    workload: Any
+    """``serving.workload.WorkloadSpec``."""
+    num_gpus: int
+    assumptions: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- model
+_HF_KEYS = {  # ModelSpec field -> HF config key, per config family
+    "llama": {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
+              "num_attention_heads": "num_attention_heads",
+              "num_key_value_heads": "num_key_value_heads",
+              "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"},
+    "gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd",
+             "num_attention_heads": "n_head", "num_key_value_heads": None,
+             "intermediate_size": "n_inner", "vocab_size": "vocab_size"},
+}
+
+
+def _synthesized(record: Record, why: Unexpressible, assumptions: list[str]) -> ModelSpec:
+    """A GPT-2-style spec built from a dense record's stated architecture (no catalog entry)."""
+    m = record.model
+    need = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+    if m.get("arch") != "dense" or any(m.get(k) is None for k in need):
+        raise why
+    if m.get("num_key_value_heads") not in (None, m["num_attention_heads"]):
+        raise why  # GPT-2 blocks are multi-head; GQA shapes need a catalog entry
+    h = int(m["hidden_size"])
+    ffn = int(m.get("intermediate_size") or 4 * h)
+    seq = int(record.config.get("seq_len") or 2048)
+    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+           "n_layer": int(m["num_layers"]), "n_embd": h, "n_head": int(m["num_attention_heads"]),
+           "n_inner": ffn, "n_positions": seq, "vocab_size": int(m["vocab_size"]),
+           "activation_function": "gelu_new", "tie_word_embeddings": True,
+           "_charon_source": f"synthesized by charon-search validate from record {record.id}"}
+    try:
+        from charon_search.catalog import spec_from_config
+    except ImportError as e:
+        raise why from e
+    name = str(m.get("catalog") or record.id)
+    try:
+        spec = _synth_cache(name, json.dumps(cfg, sort_keys=True), spec_from_config)
+    except CharonError as e:
+        raise Unexpressible(f"{why}; synthesizing a GPT block failed: {e}") from e
+    assumptions.append(
+        f"{name!r} is not in the catalog: simulated as a GPT-2-style dense block built from the "
+        f"record (layers {m['num_layers']}, hidden {h}, heads {m['num_attention_heads']}, "
+        f"ffn {ffn}, vocab {m['vocab_size']}; LayerNorm + GELU MLP)"
+    )
+    return spec
+
+
+_SYNTH: dict[tuple[str, str], Any] = {}
+
+
+def _synth_cache(name: str, blob: str, build: Any) -> ModelSpec:
+    key = (name, blob)
+    if key not in _SYNTH:
+        _SYNTH[key] = build(name, json.loads(blob))
+    return _SYNTH[key]
+
+
+def _model_for(record: Record, assumptions: list[str]) -> ModelSpec:
+    name = record.model.get("catalog") or record.model.get("name")
+    try:
+        cat = resolve_model_name(str(name) if name else None)
+    except Unexpressible as why:
+        if record.origin != "published":
+            raise
+        return _synthesized(record, why, assumptions)
+    spec = load_catalog_model(cat)
+    if cat != name:
+        assumptions.append(f"model {name!r} simulated as catalog {cat!r}")
+    if record.origin != "published":
+        return spec
+    diffs = {}
+    for k in ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "num_experts", "num_experts_per_token"):
+        v = record.model.get(k)
+        if v is None:
+            continue
+        have = getattr(spec, k)
+        if k == "intermediate_size" and spec.is_moe:
+            continue  # MoE per-expert size lives in extra.moe_intermediate_size
+        if v != have:
+            diffs[k] = (have, v)
+    if not diffs:
+        return spec
+    return _patched(spec, {k: v[1] for k, v in diffs.items()}, record, assumptions)
+
+
+def _patched(spec: ModelSpec, changes: dict[str, int], record: Record,
+             assumptions: list[str]) -> ModelSpec:
+    family = "gpt2" if "n_layer" in spec.hf_config else "llama"
+    keys = _HF_KEYS[family]
+    if spec.is_moe or any(k not in keys for k in changes):
+        raise Unexpressible(
+            f"record architecture differs from catalog {spec.name!r} in "
+            f"{sorted(changes)} and the catalog entry cannot be re-shaped"
+        )
+    hf = dict(spec.hf_config)
+    for k, v in changes.items():
+        if keys[k] is None:
+            if v != spec.num_attention_heads:
+                raise Unexpressible(f"catalog {spec.name!r} has no GQA key for {k}={v}")
+            continue
+        hf[keys[k]] = v
+    tag = hashlib.sha1(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:8]
+    try:
+        from charon_search.catalog import spec_from_config
+
+        new = _synth_cache(f"{spec.name}~{tag}", json.dumps(hf, sort_keys=True),
+                           spec_from_config)
+    except (ImportError, CharonError) as e:
+        raise Unexpressible(f"re-shaping catalog {spec.name!r} failed: {e}") from e
+    assumptions.append(
+        "record architecture overrides catalog " + spec.name + ": "
+        + ", ".join(f"{k}={v}" for k, v in sorted(changes.items()))
+    )
+    return new
+
+
+def arch_facts(record: Record, spec: ModelSpec) -> ArchFacts:
+    """Architecture numbers for the FLOP conventions: record fields over the catalog."""
+    m, x = record.model, dict(record.model.get("extra") or {})
+    ex = dict(spec.extra or {})
+
+    def pick(key: str, default: Any) -> Any:
+        v = m.get(key)
+        return default if v is None else v
+
+    heads = int(pick("num_attention_heads", spec.num_attention_heads))
+    hidden = int(pick("hidden_size", spec.hidden_size))
+    params = m.get("params") or spec.num_params
+    if not params:
+        raise Unexpressible(f"parameter count of {spec.name} unknown (record and catalog)")
+    mla = spec.attention == "mla"
+    head_dim = int(x.get("head_dim") or spec.head_dim or hidden // heads)
+    return ArchFacts(
+        num_layers=int(pick("num_layers", spec.num_layers)), hidden_size=hidden,
+        vocab_size=int(pick("vocab_size", spec.vocab_size)), num_attention_heads=heads,
+        num_key_value_heads=int(pick("num_key_value_heads", spec.num_key_value_heads)),
+        head_dim=head_dim,
+        intermediate_size=int(spec.intermediate_size if spec.is_moe
+                              else pick("intermediate_size", spec.intermediate_size)),
+        gated_mlp=bool(spec.gated_mlp), params=float(params),
+        num_experts=int(pick("num_experts", spec.num_experts) or 0),
+        num_experts_per_token=int(pick("num_experts_per_token", spec.num_experts_per_token) or 0),
+        moe_intermediate_size=int(x.get("moe_intermediate_size") or spec.moe_intermediate_size),
+        num_shared_experts=int(x.get("n_shared_experts") or spec.num_shared_experts),
+        num_dense_layers=sum(1 for t in spec.layer_types if t != "moe") if spec.is_moe
+        else int(pick("num_layers", spec.num_layers)),
+        mla=mla, q_lora_rank=int(x.get("q_lora_rank") or ex.get("q_lora_rank") or 0),
+        kv_lora_rank=int(x.get("kv_lora_rank") or ex.get("kv_lora_rank") or 0),
+        qk_nope_head_dim=int(ex.get("qk_nope_head_dim") or 0),
+        qk_rope_head_dim=int(x.get("qk_rope_head_dim") or ex.get("qk_rope_head_dim") or 0),
+        v_head_dim=int(spec.v_head_dim or head_dim),
+    )
+
+
+# ----------------------------------------------------------------------------- training
+def _training_case(record: Record) -> TrainingCase:
+    from charon_search.errors import ConfigError
+    from charon_search.layout import Layout
+
+    t = dict(record.config)
+    ex = dict(t.get("extra") or {})
+    notes: list[str] = []
+    if any(t[k] is None for k in ("tp", "pp", "dp", "cp")):
+        raise Unexpressible("parallel layout not stated (tp/pp/dp/cp null)")
+    if t["seq_len"] is None:
+        raise Unexpressible("sequence length not stated")
+    tp, pp, dp, cp, ep = (int(t[k]) for k in ("tp", "pp", "dp", "cp", "ep"))
+    num_gpus = int(record.hardware["num_gpus"])
+    if tp * pp * dp * cp != num_gpus:
+        raise Unexpressible(f"stated degrees tp*pp*dp*cp={tp * pp * dp * cp} do not match "
+                            f"num_gpus={num_gpus} (as printed by the source)")
+    model = _model_for(record, notes)
+
+    def assume(key: str, value: Any, why: str) -> Any:
+        notes.append(f"training.{key} = {value!r} assumed ({why})")
+        return value
+
+    schedule = t["schedule"]
+    vpp = t["vpp"]
+    if pp == 1:
+        schedule = "none"
+    elif schedule is None:
+        schedule = assume("schedule", "interleaved-1f1b" if vpp else "1f1b",
+                          "not stated; Megatron default")
+    if schedule == "interleaved-1f1b" and vpp is None:
+        layers = model.num_layers
+        vpp = next((v for v in (2, 3, 4) if layers % (pp * v) == 0), 2)
+        assume("vpp", vpp, "interleaved schedule without a stated virtual-stage count")
+    mbs = t["micro_batch_size"]
+    local = ex.get("local_batch_size") or ex.get("batch_size_per_dp")
+    if mbs is None:
+        mbs = assume("micro_batch_size", 1, "not stated; 1 is the Megatron/torchtitan PP "
+                     "default")
+    gbs = t["global_batch_size"]
+    if gbs is None:
+        if local:
+            gbs = assume("global_batch_size", int(local) * dp, "per-DP batch x dp")
+        else:
+            gbs = assume("global_batch_size", mbs * dp * max(1, 4 * pp if pp > 1 else 1),
+                         "not stated; 4 x pp micro-batches per DP rank")
+    sp = t["sequence_parallel"]
+    if sp is None:
+        sp = assume("sequence_parallel", tp > 1, "not stated; on with TP as in Megatron/"
+                    "torchtitan")
+    zero = t["zero_stage"]
+    if zero is None:
+        zero = assume("zero_stage", 1 if dp > 1 else 0, "not stated; distributed optimizer")
+    recompute = t["recompute"]
+    if recompute is None:
+        recompute = assume("recompute", "none", "not stated")
+    precision = t["precision"]
+    if precision is None:
+        precision = assume("precision", "bf16", "not stated; fp16 and bf16 have the same "
+                           "tensor-core rate")
+    if precision == "mxfp8":
+        precision = "fp8"
+        notes.append("training.precision mxfp8 simulated as fp8 (block-scaled GEMMs at the fp8 "
+                     "tensor-core rate)")
+    async_tp = t["async_tp"]
+    if async_tp is None:
+        async_tp = assume("async_tp", False, "not stated")
+    fused = True
+    if ex.get("framework") == "torchtitan" and ex.get("torch_compile") is False:
+        fused = False
+        notes.append("torchtitan without torch.compile: norm/SwiGLU/RoPE kernels unfused")
+    cp_algo = "allgather" if "all-gather" in str(ex.get("cp_impl", "")) else "ring"
+    kw: dict[str, Any] = dict(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=int(vpp or 1), sequence_parallel=bool(sp),
+        zero_stage=int(zero), schedule=schedule, micro_batch_size=int(mbs),
+        global_batch_size=int(gbs), seq_len=int(t["seq_len"]), recompute=recompute,
+        precision=precision, async_tp=bool(async_tp), cp_algo=cp_algo, fused_kernels=fused,
+    )
+    try:
+        layout = Layout(**kw)
+        layout.validate_for(model, num_gpus)
+    except ConfigError as e:
+        raise Unexpressible(f"layout not expressible: {e}") from e
+    choice = choose_cluster(record, num_gpus)
+    return TrainingCase(record=record, model=model, cluster=choice.cluster,
+                        cluster_how=choice.how, layout=layout, arch=arch_facts(record, model),
+                        assumptions=tuple(notes))
+
+
+# ----------------------------------------------------------------------------- serving
+_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4",
+              "mxfp8": "fp8"}
+
+
+def _serving_precision(raw: str | None, notes: list[str]) -> str:
+    if not raw:
+        notes.append("precision not in the row: bf16 assumed (unquantized checkpoint)")
+        return "bf16"
+    if raw not in _PRECISION:
+        raise Unexpressible(f"unsupported feature: {raw} weight quantization not modelled")
+    return _PRECISION[raw]
+
+
+def _serving_case(record: Record) -> ServingCase:
+    from charon_search.errors import ConfigError
+    from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
+    from charon_search.serving.workload import LengthDistribution, WorkloadSpec
+
+    c = dict(record.config)
+    ex = dict(c.get("extra") or {})
+    notes: list[str] = []
+    if c.get("input_len") is None or c.get("output_len") is None:
+        raise Unexpressible("real traffic: input/output lengths not stated")
+    if ex.get("pd_disaggregated") and ex.get("phase"):
+        raise Unexpressible(f"one side ({ex['phase']}) of a production PD deployment with "
+                            "unstated lengths")
+    model = _model_for(record, notes)
+    precision = _serving_precision(c.get("precision"), notes)
+    kv_dtype = "fp8" if precision in ("fp8", "fp4") else "bf16"
+    notes.append(f"KV cache {kv_dtype} assumed (follows the checkpoint precision)")
+    isl, osl = int(c["input_len"]), int(c["output_len"])
+    extra: dict[str, Any] = {}
+    if record.origin == "silicon":
+        conc = c.get("concurrency")
+        if not conc:
+            raise Unexpressible("closed-loop concurrency not in the row")
+        n = min(MAX_REQUESTS, max(MIN_REQUESTS, TURNS * int(conc)))
+        workload = WorkloadSpec(arrival="concurrency", concurrency=int(conc), num_requests=n,
+                                input_len=LengthDistribution(value=isl),
+                                output_len=LengthDistribution(value=osl), seed=0)
+        notes.append(f"closed loop: concurrency {conc}, {n} requests of {isl}/{osl} tokens")
+        max_seqs = max(int(conc), 1)
+    else:
+        max_seqs = int(c.get("max_batch_size") or 0) or 512
+        if not c.get("max_batch_size"):
+            notes.append("max_num_seqs = 512 assumed (engine batch limit not stated)")
+        n = OFFLINE_REQUESTS
+        workload = WorkloadSpec(arrival="burst", num_requests=n,
+                                input_len=LengthDistribution(value=isl),
+                                output_len=LengthDistribution(value=osl), seed=0)
+        notes.append(f"offline throughput: {n} requests submitted at t=0")
+    mode = c.get("mode", "agg")
+    kw: dict[str, Any] = dict(precision=precision, kv_dtype=kv_dtype, max_num_seqs=max_seqs,
+                              max_num_batched_tokens=max(8192, isl))
+    if mode == "disagg":
+        pre, dec = c["prefill"], c["decode"]
+        if not pre.get("num_workers") or not dec.get("num_workers"):
+            raise Unexpressible("disaggregated row without prefill/decode worker counts")
+        pools = {}
+        for name, p in (("prefill", pre), ("decode", dec)):
+            adp = p.get("attention_dp_size") or 1
+            if adp > 1:
+                notes.append(f"{name} pool attention-DP {adp} simulated as TP over the same GPUs")
+            pools[name] = PoolConfig(num_replicas=int(p["num_workers"]),
+                                     tp=int(p["tp_size"]) * adp, pp=int(p.get("pp_size") or 1),
+                                     ep=int(p.get("moe_ep_size") or 1))
+        kw["disagg"] = DisaggConfig(prefill=pools["prefill"], decode=pools["decode"])
+        num_gpus = sum(pl.num_replicas * pl.gpus_per_replica for pl in pools.values())
+        per_node = max(pl.gpus_per_replica for pl in pools.values())
+    else:
+        tp, adp = int(c["tp"]), int(c.get("dp") or 1)
+        if record.origin == "silicon":
+            kw.update(tp=tp * adp, pp=int(c.get("pp") or 1), ep=int(c.get("ep") or 1),
+                      dp_attention=adp > 1)
+        else:  # schema serving: dp = replicas
+            kw.update(tp=tp, pp=int(c.get("pp") or 1), ep=int(c.get("ep") or 1), dp=adp)
+        num_gpus = int(record.hardware["num_gpus"])
+        per_node = num_gpus
+    try:
+        config = ServingConfig(**kw)
+    except ConfigError as e:
+        raise Unexpressible(f"serving config not expressible: {e}") from e
+    choice = choose_cluster(record, per_node if mode != "disagg" else num_gpus)
+    return ServingCase(record=record, model=model, cluster=choice.cluster,
+                       cluster_how=choice.how, config=config, workload=workload,
+                       num_gpus=num_gpus, assumptions=tuple(notes), extra=extra)
+
+
+def to_case(record: Record) -> TrainingCase | ServingCase:
+    """Translate a record; raises ``Unexpressible`` with the reason when it cannot be."""
+    try:
+        resolve_gpu(str(record.hardware.get("gpu")))  # hardware first: the most basic reason
+        if record.kind == "training":
+            return _training_case(record)
+        return _serving_case(record)
+    except ImportError as e:
+        raise Unexpressible(f"simulator part not available: {e}") from e
+    except CharonError as e:
+        raise Unexpressible(f"{type(e).__name__}: {e}") from e

@@ -1,0 +1,337 @@
+#!/usr/bin/env python
+"""Convert the measured peer tables (``../shared/data/peers``) into the shipped profile DB.
+
+Usage::
+
+    python scripts/import_peers.py [--peers /work/shared/data/peers]
+                                   [--out charon_search/data/profiles]
+
+Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
+
+* aiconfigurator-core 0.12.0 (Apache-2.0): ``systems/data/<system>/<family>/<backend>/<ver>/``.
+  ``latency`` is **milliseconds**; NCCL ``message_size`` is **elements** of ``nccl_dtype``;
+  DeepEP ``*_us`` columns are **microseconds**. We read the vLLM backend at the default slot of
+  ``systems/query_versions.yaml`` (0.24.0; A100 0.14.0) and keep one kernel family per op, dtype
+  and GPU (the family with the most rows): GEMM bf16 = ``torch.nn.functional.linear``
+  (``vllm_default`` on A100), GEMM fp8 = ``CutlassFP8ScaledMMLinearKernel`` (per-tensor fp8),
+  attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
+  sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
+  power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
+* vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
+  per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
+  quantized to the 1 µs timer resolution, which alone is a 10-20 % error on 5 µs norms) for norms and elementwise ops (and GEMMs on the A40, which
+  aiconfigurator does not cover); ``data/profiling/network/*/all_reduce.csv`` (``size`` in
+  **bytes**, times in ms) for all-reduce incl. cross-node (``devices_per_node`` < workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from charon_search.cost.profile_db import normalize_gpu, write_profile_db  # noqa: E402
+
+AIC = "aiconfigurator-core 0.12.0"
+VIDUR = "vidur@7d47513"
+MS = 1e-3
+US = 1e-6
+#: aiconfigurator dtype names -> IR dtype keys (``ir.graph.DTYPE_BYTES``).
+DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8", "int8": "int8"}
+ELEMENT_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "int8": 1, "fp8": 1, "float": 4}
+#: GPUs per node of each aiconfigurator system (NCCL tables are intra-node up to this size).
+GPUS_PER_NODE = {"gb200": 4, "gb300": 4}
+#: The default queried vLLM version per system (``systems/query_versions.yaml``).
+VLLM_VERSION = {"a100_sxm": "0.14.0"}
+SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300", "l40s",
+           "rtx_pro_6000_server")
+
+
+def _read(path: str) -> pd.DataFrame:
+    """A peer table (Parquet, or CSV for the small test fixtures)."""
+    if str(path).endswith(".csv"):
+        return pd.read_csv(path)
+    return pq.read_table(path).to_pandas()
+
+
+def _rel(path: str, peers: Path) -> str:
+    return os.path.relpath(path, peers / "aiconfigurator-core" / "systems" / "data")
+
+
+def _most_rows(df: pd.DataFrame, col: str = "kernel_source") -> pd.DataFrame:
+    if df.empty:
+        return df
+    top = df[col].value_counts().idxmax()
+    return df[df[col] == top]
+
+
+def _vllm_dir(peers: Path, system: str, family: str) -> Path | None:
+    base = peers / "aiconfigurator-core" / "systems" / "data" / system / family / "vllm"
+    version = VLLM_VERSION.get(system, "0.24.0")
+    d = base / version
+    return d if d.exists() else None
+
+
+# ---------------------------------------------------------------------------- aiconfigurator
+def convert_gemm(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """GEMM rows: bf16 (one kernel) + per-tensor fp8 (one kernel); ms -> s."""
+    df = _read(path)
+    parts = []
+    for dt in ("bfloat16", "fp8"):
+        sub = _most_rows(df[df.gemm_dtype == dt])
+        if sub.empty:
+            continue
+        parts.append(pd.DataFrame({
+            "gpu": gpu, "op_kind": "gemm", "variant": "", "dtype": DTYPE[dt],
+            "kernel": sub.kernel_source.values, "source": source,
+            "m": sub.m.values, "n": sub.n.values, "k": sub.k.values,
+            "latency_s": sub.latency.values * MS,
+        }))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def convert_attention(path: str, gpu: str, source: str, *, decode: bool) -> pd.DataFrame:
+    """Context (prefill, causal, q_len = kv_len = isl) or generation (decode, q_len = 1,
+    kv_len = step + 1: ``step`` cached tokens plus the new one) attention, bf16 KV cache."""
+    df = _read(path)
+    keep = (df.attn_dtype == "bfloat16") & (df.kv_cache_dtype == "bfloat16")
+    for col, value in (("window_size", 0), ("beam_width", 1)):
+        if col in df.columns:  # absent in older collections (A100)
+            keep &= df[col] == value
+    df = df[keep]
+    df = _most_rows(df)
+    if df.empty:
+        return pd.DataFrame()
+    q_len = np.ones(len(df)) if decode else df.isl.values
+    kv_len = df.step.values + 1 if decode else df.isl.values
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "attention", "variant": "decode" if decode else "prefill",
+        "dtype": "bf16", "kernel": df.kernel_source.values, "source": source,
+        "batch": df.batch_size.values, "heads": df.num_heads.values,
+        "kv_heads": df.num_key_value_heads.values, "q_len": q_len, "kv_len": kv_len,
+        "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
+    })
+
+
+def convert_nccl(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """NCCL collectives: message_size elements of nccl_dtype -> bytes; ms -> s."""
+    df = _read(path)
+    df = df[df.nccl_dtype == "half"]
+    kind = df.op_name.replace({"alltoall": "all_to_all"})
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": kind.values, "variant": "", "dtype": "fp16",
+        "kernel": "nccl " + df.version.astype(str).values, "source": source,
+        "bytes": df.message_size.values * df.nccl_dtype.map(ELEMENT_BYTES).values,
+        "group_size": df.num_gpus.values, "num_nodes": 1.0,
+        "latency_s": df.latency.values * MS,
+    })
+
+
+def convert_moe(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """Whole MoE expert FFN (gate/up grouped GEMM + act + down) per GPU, bf16.
+
+    ``n`` is the per-GPU intermediate size (inter_size / moe_tp), ``k`` the hidden size,
+    ``num_experts`` the global expert count, ``group_size`` the EP degree.
+    """
+    df = _read(path)
+    df = _most_rows(df[df.moe_dtype == "bfloat16"])
+    parts = []
+    for dist, variant in (("balanced", "moe_ffn"), ("power_law_1.01", "moe_ffn_skew")):
+        sub = df[df.distribution == dist]
+        if sub.empty:
+            continue
+        parts.append(pd.DataFrame({
+            "gpu": gpu, "op_kind": "grouped_gemm", "variant": variant, "dtype": "bf16",
+            "kernel": sub.kernel_source.values, "source": source,
+            "tokens": sub.num_tokens.values, "top_k": sub.topk.values,
+            "num_experts": sub.num_experts.values,
+            "n": sub.inter_size.values / sub.moe_tp_size.values, "k": sub.hidden_size.values,
+            "group_size": sub.moe_ep_size.values, "latency_s": sub.latency.values * MS,
+        }))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def convert_deepep_ll(path: str, gpu: str, source: str, gpus_per_node: int) -> pd.DataFrame:
+    """DeepEP low-latency dispatch / combine (``*_us`` microseconds -> s).
+
+    ``bytes`` is the bf16 hidden state of the tokens sent (tokens x top_k x hidden x 2).
+    """
+    df = _read(path)
+    parts = []
+    for phase in ("dispatch", "combine"):
+        parts.append(pd.DataFrame({
+            "gpu": gpu, "op_kind": "all_to_all", "variant": phase, "dtype": "bf16",
+            "kernel": "deepep_ll", "source": source,
+            "tokens": df.num_token.values, "top_k": df.num_topk.values,
+            "num_experts": df.num_experts.values,
+            "bytes": df.num_token.values * df.num_topk.values * df.hidden_size.values * 2.0,
+            "group_size": df.node_num.values * gpus_per_node, "num_nodes": df.node_num.values,
+            "latency_s": df[f"{phase}_avg_t_us"].values * US,
+        }))
+    return pd.concat(parts, ignore_index=True)
+
+
+def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
+    out = []
+    data = peers / "aiconfigurator-core" / "systems" / "data"
+    for system in SYSTEMS:
+        gpu = normalize_gpu(system)
+        assert gpu is not None, system
+        d = _vllm_dir(peers, system, "gemm")
+        if d is not None:
+            p = str(d / "gemm_perf.parquet")
+            out.append(convert_gemm(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        d = _vllm_dir(peers, system, "attention")
+        if d is not None:
+            for name, dec in (("context_attention_perf", False),
+                              ("generation_attention_perf", True)):
+                p = str(d / f"{name}.parquet")
+                if os.path.exists(p):
+                    out.append(convert_attention(p, gpu, f"{AIC} {_rel(p, peers)}", decode=dec))
+        d = _vllm_dir(peers, system, "moe")
+        if d is not None:
+            p = str(d / "moe_perf.parquet")
+            out.append(convert_moe(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        nccl = sorted(glob.glob(str(data / system / "comm" / "nccl" / "*" / "nccl_perf.parquet")),
+                      key=lambda p: tuple(int(x) for x in Path(p).parent.name.split(".")))
+        if nccl:
+            p = nccl[-1]
+            out.append(convert_nccl(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        ll = sorted(glob.glob(str(data / system / "comm" / "sglang" / "0.5.12"
+                                  / "wideep_deepep_ll_perf.parquet")))
+        if ll:
+            out.append(convert_deepep_ll(ll[0], gpu, f"{AIC} {_rel(ll[0], peers)}",
+                                         GPUS_PER_NODE.get(system, 8)))
+    return out
+
+
+# ---------------------------------------------------------------------------- vidur
+def convert_vidur_mlp(path: str, gpu: str, source: str, *, with_gemm: bool) -> pd.DataFrame:
+    """vidur per-op table (ms, per-TP shard shapes) -> norm / elementwise (/ gemm) rows.
+
+    Norm: rows = tokens, cols = hidden. Elementwise ``bytes`` = bytes moved in bf16:
+    residual add reads 2 and writes 1 tensor of tokens x hidden; gated activation
+    (SiLU(gate) * up) reads 2 and writes 1 tensor of tokens x ffn/tp (non-gated: 1 and 1);
+    RoPE reads and writes q and k (tokens x (heads + kv_heads)/tp x head_dim).
+    """
+    df = _read(path)
+    tp = df.num_tensor_parallel_workers.values.astype(float)
+    tokens = df.num_tokens.values.astype(float)
+    hidden = df.n_embd.values.astype(float)
+    ffn = df.n_expanded_embd.values.astype(float) / tp
+    head_dim = hidden / df.n_head.values
+    heads = df.n_head.values / tp
+    kv_heads = np.maximum(df.n_kv_head.values / tp, 1)
+    gated = df.use_gated_mlp.astype(bool).values
+    common = {"gpu": gpu, "dtype": "bf16", "kernel": "vidur sarathi-serve", "source": source}
+
+    def ms(op: str) -> np.ndarray:
+        col = f"time_stats.{op}.mean"  # absent for ops a model lacks (phi-2: one norm)
+        return df[col].values * MS if col in df.columns else np.full(len(df), np.nan)
+    parts = []
+    for op in ("input_layernorm", "post_attention_layernorm"):
+        parts.append(pd.DataFrame({**common, "op_kind": "norm", "variant": "rmsnorm",
+                                   "rows": tokens, "cols": hidden, "latency_s": ms(op)}))
+    parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "add",
+                               "numel": tokens * hidden, "bytes": 3 * 2 * tokens * hidden,
+                               "latency_s": ms("add")}))
+    act_numel = tokens * ffn
+    parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "act",
+                               "numel": act_numel,
+                               "bytes": np.where(gated, 3, 2) * 2 * act_numel,
+                               "latency_s": ms("mlp_act")}))
+    rope_numel = tokens * (heads + kv_heads) * head_dim
+    parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "rope",
+                               "numel": rope_numel, "bytes": 2 * 2 * rope_numel,
+                               "latency_s": ms("attn_rope")}))
+    if with_gemm:
+        qkv = (heads + 2 * kv_heads) * head_dim
+        up = ffn * np.where(gated, 2, 1)
+        for op, n, k in (("attn_pre_proj", qkv, hidden), ("attn_post_proj", hidden, heads *
+                         head_dim), ("mlp_up_proj", up, hidden), ("mlp_down_proj", hidden, ffn)):
+            parts.append(pd.DataFrame({**common, "op_kind": "gemm", "variant": "",
+                                       "m": tokens, "n": n, "k": k, "latency_s": ms(op)}))
+    out = pd.concat(parts, ignore_index=True)
+    return out[out.latency_s.notna() & (out.latency_s > 0)]
+
+
+def convert_vidur_allreduce(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """vidur all_reduce.csv: ``size`` bytes, median ms -> s; rank-0 rows; cross-node when
+    devices_per_node < num_workers."""
+    df = _read(path)
+    df = df[df["rank"] == 0]
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "all_reduce", "variant": "", "dtype": "fp16",
+        "kernel": "nccl (vidur)", "source": source, "bytes": df["size"].values.astype(float),
+        "group_size": df.num_workers.values,
+        "num_nodes": np.ceil(df.num_workers.values / df.devices_per_node.values),
+        "latency_s": df["time_stats.all_reduce.median"].values * MS,
+    })
+
+
+def import_vidur(peers: Path) -> list[pd.DataFrame]:
+    out = []
+    root = peers / "vidur" / "data" / "profiling"
+    for path in sorted(glob.glob(str(root / "compute" / "*" / "*" / "*" / "mlp.csv"))):
+        sku = Path(path).parts[-4]
+        gpu = normalize_gpu(sku)
+        assert gpu is not None, sku
+        rel = os.path.relpath(path, peers / "vidur")
+        out.append(convert_vidur_mlp(path, gpu, f"{VIDUR} {rel}", with_gemm=(sku == "a40")))
+    # Only the DGX tables (full NVLink); the "pairwise" boxes are a different topology.
+    for node in ("a100_dgx", "h100_dgx"):
+        path = root / "network" / node / "all_reduce.csv"
+        if path.exists():
+            gpu = normalize_gpu(node)
+            rel = os.path.relpath(path, peers / "vidur")
+            df = convert_vidur_allreduce(str(path), gpu, f"{VIDUR} {rel}")
+            df["kernel"] = f"nccl (vidur {node})"
+            out.append(df)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", default=str(REPO.parent / "shared" / "data" / "peers"))
+    parser.add_argument("--out", default=str(REPO / "charon_search" / "data" / "profiles"))
+    args = parser.parse_args(argv)
+    peers = Path(args.peers)
+    frames = [f for f in import_aiconfigurator(peers) + import_vidur(peers) if len(f)]
+    rows = pd.concat(frames, ignore_index=True)
+    # vidur all-reduce rows share (bytes, group_size, num_nodes) keys with aiconfigurator's
+    # NCCL rows only by accident; keep both families apart through the variant.
+    rows.loc[rows.kernel.str.startswith("nccl (vidur"), "variant"] = "vidur"
+    out = Path(args.out)
+    for sub in out.iterdir() if out.exists() else ():
+        if sub.is_dir():
+            shutil.rmtree(sub)
+    index = write_profile_db(rows, out)
+    for lic in ("LICENSE.Apache-2.0.txt",):
+        src = peers / "aiconfigurator-core" / lic
+        if src.exists():
+            shutil.copy(src, out / "LICENSE.aiconfigurator-core.Apache-2.0.txt")
+    if (peers / "vidur" / "LICENSE").exists():
+        shutil.copy(peers / "vidur" / "LICENSE", out / "LICENSE.vidur.MIT.txt")
+    total = 0
+    print(f"{'gpu':22s} {'op_kind':15s} {'rows':>8s} {'bytes':>10s}  variants")
+    for t in index["tables"]:
+        total += t["bytes"]
+        print(f"{t['gpu']:22s} {t['op_kind']:15s} {t['rows']:8d} {t['bytes']:10d}  "
+              f"{','.join(v or '-' for v in t['variants'])}")
+    print(f"total rows {sum(t['rows'] for t in index['tables'])}, "
+          f"{total / 1e6:.2f} MB, content hash {index['content_hash']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Copy the validation data shipped with the package from ``/work/shared`` (run once per update).
+
+The package and its tests never read ``/work/shared``; this script copies
+
+- ``validation/published-dev.yaml``, ``SCHEMA.md``, ``SOURCES.md`` (published measurements), and
+- ``data/peers/aiconfigurator-core/systems/silicon_sample.csv`` (measured serving points of NVIDIA
+  aiconfigurator-core 0.12.0, Apache-2.0) with its license and an attribution ``NOTICE``
+
+into ``charon_search/data/validation/``, and checks that the YAML loads with the package's loader.
+
+Usage: ``python scripts/import_validation.py [--shared /work/shared]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEST = REPO / "charon_search" / "data" / "validation"
+
+NOTICE = """\
+silicon_sample.csv
+==================
+Copied unchanged from the PyPI wheel `aiconfigurator-core` 0.12.0 (NVIDIA), file
+`aiconfigurator_core/systems/silicon_sample.csv` (a deterministic sample of 3131 of the 5221 published
+end-to-end measured serving points). License: Apache-2.0 (`License-Expression: Apache-2.0` in the
+wheel's METADATA); the license text is in `LICENSE.Apache-2.0.txt` next to this file.
+Copyright NVIDIA CORPORATION & AFFILIATES.
+
+published-dev.yaml, SCHEMA.md, SOURCES.md
+=========================================
+Published measurements transcribed from papers, vendor documentation and framework benchmark pages;
+every record names its source (title, url, the exact files/tables read); see SOURCES.md.
+"""
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=Path("/work/shared"))
+    args = parser.parse_args()
+    val = args.shared / "validation"
+    peers = args.shared / "data" / "peers" / "aiconfigurator-core"
+    copies = {
+        val / "published-dev.yaml": DEST / "published-dev.yaml",
+        val / "SCHEMA.md": DEST / "SCHEMA.md",
+        val / "SOURCES.md": DEST / "SOURCES.md",
+        peers / "systems" / "silicon_sample.csv": DEST / "silicon_sample.csv",
+        peers / "LICENSE.Apache-2.0.txt": DEST / "LICENSE.Apache-2.0.txt",
+    }
+    DEST.mkdir(parents=True, exist_ok=True)
+    for src, dst in copies.items():
+        shutil.copyfile(src, dst)
+        dst.chmod(0o644)
+        print(f"{src} -> {dst.relative_to(REPO)} ({dst.stat().st_size} bytes, sha {_sha(dst)})")
+    (DEST / "NOTICE").write_text(NOTICE)
+
+    from charon_search.validation.records import load_records, load_silicon_csv
+
+    records = load_records(DEST / "published-dev.yaml")
+    rows = load_silicon_csv(DEST / "silicon_sample.csv")
+    print(f"checked: {len(records)} records (variants expanded), {len(rows)} silicon rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Write the shipped model catalog: ``charon_search/catalog/configs/<name>.json`` + SOURCES.md.
+
+Reads HF ``config.json`` files from ``/work/shared/data/peers/aiconfigurator-core/model_configs``
+(Apache-2.0, copied from the ``aiconfigurator-core`` 0.12.0 wheel) and writes the GPT (Megatron)
+shapes and the Llama-2 configs from published tables. The package never reads ``/work/shared``:
+this script is run once and its output is committed.
+
+    python scripts/make_catalog.py [--peers DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "charon_search" / "catalog" / "configs"
+PEERS = Path("/work/shared/data/peers/aiconfigurator-core/model_configs")
+AIC = "aiconfigurator-core 0.12.0 wheel, model_configs/{file} (Apache-2.0; HF config.json of {hf})"
+
+#: catalog name -> (peer file stem, HF id, extra aliases)
+FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "llama-3.1-8b": ("meta-llama--Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B",
+                     ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct",
+                      "meta-llama/Meta-Llama-3.1-8B-Instruct", "llama3.1-8b")),
+    "llama-3.1-70b": ("meta-llama--Meta-Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B",
+                      ("meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct",
+                       "meta-llama/Meta-Llama-3.1-70B-Instruct", "llama3.1-70b")),
+    "llama-3.1-405b": ("meta-llama--Meta-Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B",
+                       ("meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct",
+                        "meta-llama/Meta-Llama-3.1-405B-Instruct", "llama3.1-405b")),
+    "qwen3-8b": ("Qwen--Qwen3-8B", "Qwen/Qwen3-8B", ()),
+    "qwen3-32b": ("Qwen--Qwen3-32B", "Qwen/Qwen3-32B", ()),
+    "qwen3-30b-a3b": ("Qwen--Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B", ()),
+    "qwen3-235b-a22b": ("Qwen--Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B", ()),
+    "mixtral-8x7b": ("mistralai--Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-v0.1",
+                     ("mistralai/Mixtral-8x7B-Instruct-v0.1",)),
+    "deepseek-v3": ("deepseek-ai--DeepSeek-V3", "deepseek-ai/DeepSeek-V3",
+                    ("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-R1")),
+    "gpt-oss-120b": ("openai--gpt-oss-120b", "openai/gpt-oss-120b", ()),
+}
+
+# Keys that only matter for weight loading / quantized checkpoints; the traced graph is bf16.
+_DROP_KEYS = ("quantization_config", "auto_map", "transformers_version")
+
+LLAMA2 = {
+    # Published HF config.json of meta-llama/Llama-2-7b-hf and Llama-2-70b-hf
+    # (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json, Llama 2 Community
+    # License; the architecture numbers are also in Touvron et al. 2023, arXiv:2307.09288, Table 1).
+    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=32,
+                       max_position_embeddings=4096),
+    "llama-2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8,
+                        max_position_embeddings=4096),
+}
+
+SC21 = ("Narayanan et al., SC21 'Efficient Large-Scale Language Model Training on GPU Clusters "
+        "Using Megatron-LM', arXiv:2104.04473, Table 1 (vocab 51,200, seq 2048)")
+KORTHIKANTI = ("Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer "
+               "Models', arXiv:2205.05198, Table 3 (vocab 51,200, seq 2048)")
+MCORE = ("NVIDIA Megatron-Core performance table (MCore GPT configs, vocab 131,072, seq 4096), "
+         "shapes as stated in /work/shared/validation/published-dev.yaml records")
+
+#: name -> (layers, hidden, heads, seq, vocab, source)
+GPT: dict[str, tuple[int, int, int, int, int, str]] = {
+    # SC21 Table 1 rows: params (B), heads, hidden, layers.
+    "gpt-1.7b": (24, 2304, 24, 2048, 51200, SC21),
+    "gpt-3.6b": (30, 3072, 32, 2048, 51200, SC21),
+    "gpt-7.5b": (36, 4096, 32, 2048, 51200, SC21),
+    "gpt-18b": (40, 6144, 48, 2048, 51200, SC21),
+    "gpt-39b": (48, 8192, 64, 2048, 51200, SC21),
+    "gpt-76b": (60, 10240, 80, 2048, 51200, SC21),
+    "gpt-145b": (80, 12288, 96, 2048, 51200, SC21),
+    "gpt-310b": (96, 16384, 128, 2048, 51200, SC21),
+    "gpt-530b": (105, 20480, 128, 2048, 51200, SC21),
+    "gpt-1t": (128, 25600, 160, 2048, 51200, SC21),
+    # Korthikanti et al. Table 3: 22B, 175B (GPT-3), 530B (MT-NLG), 1T.
+    "gpt-22b": (48, 6144, 64, 2048, 51200, KORTHIKANTI),
+    "gpt-175b": (96, 12288, 96, 2048, 51200, KORTHIKANTI),
+}
+
+DEBUG = {
+    "debug-llama": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "hidden_act": "silu",
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "_charon_source": "tiny Llama for tests (torchtitan 'debugmodel' style); not a real model",
+    },
+    "debug-moe": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
+        "intermediate_size": 160, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+        "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+        "mlp_only_layers": [0], "norm_topk_prob": True, "hidden_act": "silu",
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "attention_bias": False, "output_router_logits": False,
+        "_charon_source": "tiny Qwen3-MoE for tests (layer 0 dense, layer 1 MoE); not a real model",
+    },
+}
+
+
+def llama2(name: str, dims: dict[str, int]) -> dict[str, object]:
+    hf = "meta-llama/Llama-2-7b-hf" if name.endswith("7b") else "meta-llama/Llama-2-70b-hf"
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        **dims, "vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "attention_bias": False, "bos_token_id": 1,
+        "eos_token_id": 2, "torch_dtype": "float16",
+        "_charon_source": f"published HF config.json of {hf} (Llama 2 Community License)",
+        "_charon_aliases": [hf, hf.removesuffix("-hf")],
+    }
+
+
+def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str) -> dict:
+    """A GPT-2-architecture config (learned positions, LayerNorm, GELU 4h MLP) of Megatron GPT."""
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": layers,
+        "n_embd": hidden, "n_head": heads, "n_inner": 4 * hidden, "n_positions": seq,
+        "vocab_size": vocab, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": True,
+        "_charon_source": source,
+    }
+
+
+def write(name: str, cfg: dict) -> None:
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=False) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=Path, default=PEERS)
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    sources: list[tuple[str, str]] = []
+    for name, (stem, hf, aliases) in FROM_PEERS.items():
+        cfg = json.loads((args.peers / f"{stem}_config.json").read_text())
+        for key in _DROP_KEYS:
+            cfg.pop(key, None)
+        cfg["_charon_source"] = AIC.format(file=f"{stem}_config.json", hf=hf)
+        cfg["_charon_aliases"] = [hf, *aliases]
+        write(name, cfg)
+        sources.append((name, cfg["_charon_source"]))
+    # Llama-3.3-70B has exactly the Llama-3.1-70B architecture (HF config.json of
+    # meta-llama/Llama-3.3-70B-Instruct differs only in generation/token fields).
+    cfg = json.loads((OUT / "llama-3.1-70b.json").read_text())
+    cfg["_charon_source"] = ("Llama-3.1-70B architecture (aiconfigurator-core "
+                             "meta-llama--Meta-Llama-3.1-70B_config.json); Llama-3.3-70B-Instruct "
+                             "shares it (HF meta-llama/Llama-3.3-70B-Instruct config.json)")
+    cfg["_charon_aliases"] = ["meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.3-70B"]
+    write("llama-3.3-70b", cfg)
+    sources.append(("llama-3.3-70b", cfg["_charon_source"]))
+    for name, dims in LLAMA2.items():
+        cfg = llama2(name, dims)
+        write(name, cfg)
+        sources.append((name, str(cfg["_charon_source"])))
+    for name, row in {**GPT, **MORE_GPT}.items():
+        cfg = gpt(*row)
+        write(name, cfg)
+        sources.append((name, cfg["_charon_source"]))
+    for name, cfg in DEBUG.items():
+        write(name, cfg)
+        sources.append((name, str(cfg["_charon_source"])))
+    lines = [
+        "# Shipped model configs: sources and licenses",
+        "",
+        "Generated by `scripts/make_catalog.py`. Each file is a HuggingFace `config.json`; the",
+        "`_charon_source` key repeats the source and `_charon_aliases` lists accepted HF ids.",
+        "Files taken from `aiconfigurator-core` 0.12.0 are Apache-2.0 (the wheel's METADATA);",
+        "GPT shapes are built as HF `gpt2` configs from the cited paper tables.",
+        "",
+        "| name | source |",
+        "|---|---|",
+        *(f"| `{n}` | {s} |" for n, s in sorted(sources)),
+        "",
+    ]
+    (OUT / "SOURCES.md").write_text("\n".join(lines))
+
+
+#: Further GPT shapes used by validation records (filled below from the records' stated sizes).
+MORE_GPT: dict[str, tuple[int, int, int, int, int, str]] = {}
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""memory_report / fits: pipeline in-flight counts, recompute, allocator, the JSON shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from charon_search.hardware.spec import Calibration
+from charon_search.layout import Layout
+from charon_search.memory import (
+    MemoryOptions,
+    ShardingPoint,
+    fits,
+    in_flight_chunks,
+    memory_report,
+    stage_layers,
+)
+from charon_search.testing import toy_cluster
+from charon_search.units import GIB
+
+from .conftest import GPT3_A, GPT3_H, gpt_spec
+
+S = 2048
+
+
+@pytest.mark.parametrize(("schedule", "want"), [
+    ("none", [1]),
+    ("gpipe", [16, 16, 16, 16]),
+    ("1f1b", [4, 3, 2, 1]),
+    ("zero-bubble", [4, 3, 2, 1]),
+    ("dualpipe", [5, 5, 5, 5]),
+])
+def test_in_flight_per_schedule(schedule: str, want: list[int]) -> None:
+    pp = len(want)
+    got = [in_flight_chunks(schedule, pp=pp, stage_idx=i, num_micro_batches=16)
+           for i in range(pp)]
+    assert got == want
+
+
+def test_interleaved_matches_korthikanti_factor() -> None:
+    # Stage 0 holds p * (1 + (p - 1) / (p * v)) stage-equivalents (arXiv 2205.05198, Sec 4.2.3).
+    p, v = 8, 3
+    chunks = in_flight_chunks("interleaved-1f1b", pp=p, stage_idx=0, num_micro_batches=64, vpp=v)
+    assert chunks / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    # Few micro-batches cap the count.
+    assert in_flight_chunks("1f1b", pp=8, stage_idx=0, num_micro_batches=2) == 2
+
+
+def test_stage_layers_even_and_interleaved() -> None:
+    assert [len(x) for x in stage_layers(("d",) * 10, 4)] == [3, 3, 2, 2]
+    types = tuple(f"l{i}" for i in range(8))
+    assert stage_layers(types, 2, 2) == [["l0", "l1", "l4", "l5"], ["l2", "l3", "l6", "l7"]]
+
+
+def _report(profile, **layout_kw):
+    kw = {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": S}
+    kw.update(layout_kw)
+    return memory_report(gpt_spec(), Layout(**kw), toy_cluster(), profile=profile)
+
+
+def test_1f1b_activations_follow_in_flight(gpt3_profile) -> None:
+    rep = _report(gpt3_profile, tp=8, pp=4, sequence_parallel=True, schedule="1f1b",
+                  recompute="selective")
+    blk = gpt3_profile.blocks["dense"].evaluate(
+        ShardingPoint(b=1, s=S, c=S, tp=8, sequence_parallel=True))
+    per_layer = blk["saved"] - blk["saved_core"]
+    assert per_layer == pytest.approx(34 * S * GPT3_H / 8, rel=0.05)
+    # Middle stages hold (p - i) micro-batches of 24 layers plus one layer's transient.
+    for st in rep.stages[1:3]:
+        steady = st.in_flight * 24 * per_layer
+        assert steady < st.activations_bytes < steady + 3 * per_layer + 5 * GPT3_A * S * S
+    # Stage 0 holds the most.
+    assert rep.bottleneck_stage == 0
+
+
+def test_full_recompute_keeps_inputs_only(gpt3_profile) -> None:
+    rep = _report(gpt3_profile, tp=8, pp=4, sequence_parallel=True, schedule="1f1b",
+                  recompute="full")
+    st = rep.stages[1]
+    inputs = st.in_flight * 24 * 2 * S * GPT3_H / 8
+    assert st.activations_bytes > inputs
+    # The transient on top is about one layer's full activations and its gradients.
+    assert st.activations_bytes - inputs < 4 * S * GPT3_H * (34 + 5 * GPT3_A * S / GPT3_H) / 8
+
+
+def test_fp8_halves_saved_gemm_inputs(gpt3_profile) -> None:
+    bf16 = _report(gpt3_profile, tp=8, sequence_parallel=True, recompute="selective")
+    fp8 = _report(gpt3_profile, tp=8, sequence_parallel=True, recompute="selective",
+                  precision="fp8")
+    blk = gpt3_profile.blocks["dense"].evaluate(
+        ShardingPoint(b=1, s=S, c=S, tp=8, sequence_parallel=True))
+    saving = 96 * 0.5 * blk["saved_gemm_input"]
+    assert bf16.stages[0].activations_bytes - fp8.stages[0].activations_bytes == pytest.approx(
+        saving, rel=1e-6)
+
+
+def test_fits_reason_and_allocator() -> None:
+    from charon_search.memory import ModelMemoryProfile
+
+    from .gpt_graph import gpt_block
+
+    spec = gpt_spec(h=4096, a=32, layers=32)
+    prof = ModelMemoryProfile.from_blocks(spec, {"dense": gpt_block(4096, 32)})
+    cal = Calibration(allocator_reserved_factor=1.1, allocator_reserved_extra_bytes=GIB)
+    cluster = toy_cluster(calibration=cal)
+    small = Layout(dp=4, zero_stage=3, micro_batch_size=1, global_batch_size=4, seq_len=1024,
+                   recompute="full")
+    rep = memory_report(spec, small, cluster, profile=prof)
+    assert rep.fits and rep.reason is None
+    st = rep.stages[0]
+    assert st.peak_reserved_bytes == pytest.approx(st.peak_allocated_bytes * 1.1 + GIB)
+    # 6.9B params unsharded with Adam: 16 B/param = 110 GB > 80 GiB.
+    big = Layout(micro_batch_size=1, global_batch_size=1, seq_len=1024)
+    rep = memory_report(spec, big, cluster, profile=prof)
+    ok, reason = rep.fits, rep.reason
+    assert not ok
+    assert reason == (f"stage 0 needs {rep.stages[0].peak_reserved_bytes / GIB:.1f} GiB, "
+                      "the h100-sxm-80gb has 80.0 GiB")
+    d = rep.to_dict()
+    assert set(d) >= {"stages", "peak_allocated_bytes", "peak_reserved_bytes",
+                      "device_memory_bytes", "fits", "reason"}
+    assert set(d["stages"][0]) >= {"stage", "params_bytes", "grads_bytes", "optimizer_bytes",
+                                   "activations_bytes", "peak_allocated_bytes",
+                                   "peak_reserved_bytes"}
+    assert d["fits"] is False and d["device_memory_bytes"] == 80 * GIB
+
+
+def test_fits_never_raises_for_infeasible_but_rejects_bad_layout(gpt3_profile) -> None:
+    from charon_search.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tp"):
+        _report(gpt3_profile, tp=5)
+    with pytest.raises(ConfigError, match="selective_policy"):
+        MemoryOptions(selective_policy="bogus")
+
+
+def test_fits_wrapper_uses_report(monkeypatch, gpt3_profile) -> None:
+    import charon_search.memory.report as mr
+
+    monkeypatch.setattr(mr, "model_profile", lambda spec, **kw: gpt3_profile)
+    ok, reason = fits(gpt_spec(), Layout(seq_len=S), toy_cluster())
+    assert not ok and reason.startswith("stage 0 needs ")

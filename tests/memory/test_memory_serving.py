@@ -1,0 +1,71 @@
+"""Serving KV-cache capacity: bytes per token closed forms and the vLLM-style budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from charon_search.catalog.spec import ModelSpec
+from charon_search.errors import ConfigError
+from charon_search.memory import kv_bytes_per_token, kv_cache_capacity
+from charon_search.testing import toy_cluster
+from charon_search.units import GIB
+
+
+def _llama8b() -> ModelSpec:
+    # Llama 3.1 8B shapes (meta-llama/Llama-3.1-8B config.json).
+    return ModelSpec(
+        name="test-llama-8b", hf_config={}, model_type="llama", num_layers=32, hidden_size=4096,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+        vocab_size=128256, layer_types=("dense",) * 32)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_gqa_bytes_per_token(tp: int) -> None:
+    assert kv_bytes_per_token(_llama8b(), tp=tp) == 2 * 32 * 8 * 128 * 2 / tp
+
+
+def test_kv_heads_replicated_beyond_tp() -> None:
+    # 8 KV heads over TP 16: each GPU still holds one whole head.
+    assert kv_bytes_per_token(_llama8b(), tp=16) == 2 * 32 * 1 * 128 * 2
+
+
+def test_mla_latent_bytes() -> None:
+    # DeepSeek-V3: kv_lora_rank 512 + qk_rope_head_dim 64 per layer, 61 layers, replicated on TP.
+    spec = ModelSpec(
+        name="test-mla", hf_config={"kv_lora_rank": 512, "qk_rope_head_dim": 64},
+        model_type="deepseek_v3", num_layers=61, hidden_size=7168, num_attention_heads=128,
+        num_key_value_heads=128, head_dim=192, intermediate_size=18432, vocab_size=129280,
+        attention="mla")
+    assert kv_bytes_per_token(spec, tp=8) == 61 * 576 * 2
+    assert kv_bytes_per_token(spec, tp=8, kv_dtype="fp8") == 61 * 576
+
+
+def test_capacity_closed_form() -> None:
+    spec = _llama8b()
+    h, ffn, v = 4096, 14336, 128256
+    layer = h * 4096 + 2 * h * 1024 + 4096 * h + 3 * h * ffn
+    tp = 2
+    weights = 2 * (32 * (layer / tp + 2 * h) + v * h / tp + v * h / tp + h)
+    cap = kv_cache_capacity(spec, toy_cluster(), tp=tp, gpu_memory_utilization=0.9,
+                            activation_bytes=GIB, cuda_graph_pool_bytes=0.5 * GIB)
+    assert cap.weights_bytes == pytest.approx(weights)
+    per_token = 2 * 32 * 8 * 128 * 2 / tp
+    tokens = (0.9 * 80 * GIB - weights - 1.5 * GIB) // per_token
+    assert cap.num_blocks == tokens // 16
+    assert cap.num_tokens == cap.num_blocks * 16
+    assert cap.fits
+
+
+def test_capacity_zero_when_weights_do_not_fit() -> None:
+    cap = kv_cache_capacity(_llama8b(), toy_cluster(), tp=1, gpu_memory_utilization=0.1,
+                            activation_bytes=0, cuda_graph_pool_bytes=0)
+    assert cap.num_blocks == 0 and not cap.fits
+
+
+def test_capacity_rejects_bad_input() -> None:
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        kv_cache_capacity(_llama8b(), toy_cluster(), tp=1, gpu_memory_utilization=1.5,
+                          activation_bytes=0, cuda_graph_pool_bytes=0)
+    with pytest.raises(ConfigError, match="tp"):
+        kv_cache_capacity(_llama8b(), toy_cluster(), tp=3, activation_bytes=0,
+                          cuda_graph_pool_bytes=0)

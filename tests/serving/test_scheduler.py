@@ -1,0 +1,180 @@
+"""Scheduler and engine behaviour against closed forms of an affine iteration cost model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from charon_search.serving import (
+    LengthDistribution,
+    ServingConfig,
+    SpeculativeConfig,
+    WorkloadSpec,
+    simulate_serving,
+)
+from charon_search.serving.iteration_cost import collective_s
+
+from .conftest import req
+
+OH = 1e-3  # per-iteration CPU overhead used throughout
+
+
+def _cfg(**kw):  # type: ignore[no-untyped-def]
+    base = {"num_kv_blocks": 20000, "iteration_overhead_s": OH}
+    base.update(kw)
+    return ServingConfig(**base)
+
+
+def test_single_request_ttft_and_tpot_closed_form(affine, cluster) -> None:
+    rep = simulate_serving("debug-llama", cluster, _cfg(), [req(0, 0.0, 1000, 10)],
+                           cost_model=affine)
+    ttft = affine.iteration_s([(1000, 1000)], 0, 0.0) + OH
+    assert rep.ttft_s["mean"] == pytest.approx(ttft, rel=1e-12)
+    # Decode step j (j = 1..9) reads the prompt plus j tokens, at CUDA-graph batch 1.
+    steps = [affine.iteration_s((), 1, 1000 + j, padded_decode=1) + OH for j in range(1, 10)]
+    assert rep.tpot_s["mean"] == pytest.approx(sum(steps) / 9, rel=1e-12)
+    # Hand check: 5 ms + 10 us + 0.1 us * 1000 + 1 ns * 500500 + 1 ms = 6.6105 ms.
+    assert ttft == pytest.approx(5e-3 + 1e-2 + 1e-4 + 500500e-9 + 1e-3)
+    assert rep.num_completed == 1 and rep.num_iterations == 10
+
+
+def test_littles_law_on_steady_run(affine, cluster) -> None:
+    wl = WorkloadSpec(arrival="poisson", rate_per_s=20.0, num_requests=3000, seed=1,
+                      input_len=LengthDistribution(kind="uniform", low=200, high=800),
+                      output_len=LengthDistribution(kind="uniform", low=50, high=150))
+    rep = simulate_serving("debug-llama", cluster, _cfg(), wl, cost_model=affine)
+    assert rep.num_completed == 3000
+    little = rep.arrival_rate * rep.e2e_s["mean"]
+    assert rep.mean_requests_in_system == pytest.approx(little, rel=0.05)
+    assert rep.arrival_rate == pytest.approx(20.0, rel=0.05)
+
+
+def test_prefix_cache_hit_saves_the_prefill(affine, cluster) -> None:
+    shared = {"prefix_id": 7, "prefix_tokens": 1024}
+    reqs = [req(0, 0.0, 1024, 2, **shared), req(1, 10.0, 1024, 2, **shared)]
+    rep = simulate_serving("debug-llama", cluster, _cfg(prefix_caching=True), reqs,
+                           cost_model=affine, keep_requests=True)
+    t0, t1 = rep.per_request["ttft_s"]
+    # 63 full blocks (1008 tokens) hit; vLLM recomputes the last block of a full hit.
+    assert t0 == pytest.approx(affine.iteration_s([(1024, 1024)], 0, 0.0) + OH)
+    assert t1 == pytest.approx(affine.iteration_s([(16, 1024)], 0, 0.0) + OH)
+    saved = affine.iteration_s([(1024, 1024)], 0, 0) - affine.iteration_s([(16, 1024)], 0, 0)
+    assert t0 - t1 == pytest.approx(saved)
+    assert rep.prefix_hit_rate == pytest.approx(1008 / 2048)
+    off = simulate_serving("debug-llama", cluster, _cfg(prefix_caching=False), reqs,
+                           cost_model=affine)
+    assert off.prefix_hit_rate == 0.0 and off.ttft_s["mean"] > rep.ttft_s["mean"]
+
+
+def test_kv_exhaustion_preempts_and_loses_nothing(affine, cluster) -> None:
+    wl = WorkloadSpec(arrival="burst", num_requests=40, seed=0,
+                      input_len=LengthDistribution(value=200),
+                      output_len=LengthDistribution(value=200))
+    rep = simulate_serving("debug-llama", cluster, _cfg(num_kv_blocks=200), wl,
+                           cost_model=affine, keep_requests=True)
+    assert rep.num_preemptions > 0
+    assert rep.num_completed == rep.num_requests == 40
+    assert sum(rep.per_request["num_preemptions"]) == rep.num_preemptions
+    assert all(math.isfinite(x) for x in rep.per_request["e2e_s"])
+    roomy = simulate_serving("debug-llama", cluster, _cfg(), wl, cost_model=affine)
+    assert roomy.num_preemptions == 0
+
+
+def test_request_larger_than_cache_is_infeasible(affine, cluster) -> None:
+    from charon_search.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError, match="KV"):
+        simulate_serving("debug-llama", cluster, _cfg(num_kv_blocks=4),
+                         [req(0, 0.0, 1000, 5)], cost_model=affine)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_full_acceptance_commits_k_plus_1(affine, cluster, k) -> None:
+    steps = 5
+    out = 1 + steps * (k + 1)
+    cfg = _cfg(speculative=SpeculativeConfig(num_draft_tokens=k, acceptance_rate=1.0))
+    rep = simulate_serving("debug-llama", cluster, cfg, [req(0, 0.0, 100, out)],
+                           cost_model=affine)
+    assert rep.mean_tokens_per_step == k + 1
+    assert rep.num_iterations == 1 + steps  # one prefill + `steps` verify steps
+    plain = simulate_serving("debug-llama", cluster, _cfg(), [req(0, 0.0, 100, out)],
+                             cost_model=affine)
+    assert plain.num_iterations == out
+    assert rep.e2e_s["mean"] < plain.e2e_s["mean"]
+
+
+def test_expected_tokens_per_step_formula() -> None:
+    spec = SpeculativeConfig(num_draft_tokens=3, acceptance_rate=0.5)
+    assert spec.expected_tokens_per_step == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    per_pos = SpeculativeConfig(num_draft_tokens=2, acceptance_rate=(0.8, 0.5))
+    assert per_pos.expected_tokens_per_step == pytest.approx(1 + 0.8 + 0.4)
+
+
+def test_deterministic_with_seed(affine, cluster) -> None:
+    def run(seed: int) -> dict:
+        wl = WorkloadSpec(arrival="gamma", cv=3.0, rate_per_s=30, num_requests=300, seed=seed,
+                          input_len=LengthDistribution(kind="lognormal", mean=400, sigma=0.8),
+                          output_len=LengthDistribution(kind="uniform", low=10, high=100))
+        return simulate_serving("debug-llama", cluster, _cfg(), wl, cost_model=affine).to_dict()
+
+    assert run(3) == run(3)
+    assert run(3)["e2e_s"] != run(4)["e2e_s"]
+
+
+def test_chunked_prefill_splits_long_prompt(affine, cluster) -> None:
+    cfg = _cfg(max_num_batched_tokens=2048)
+    rep = simulate_serving("debug-llama", cluster, cfg, [req(0, 0.0, 10000, 2)],
+                           cost_model=affine)
+    chunks = [(2048, 2048 * (i + 1)) for i in range(4)] + [(1808, 10000)]
+    expected = sum(affine.iteration_s([c], 0, 0.0) + OH for c in chunks)
+    assert rep.ttft_s["mean"] == pytest.approx(expected)
+    no_chunk = simulate_serving("debug-llama", cluster, _cfg(chunked_prefill=False,
+                                                             max_num_batched_tokens=2048),
+                                [req(0, 0.0, 10000, 2)], cost_model=affine)
+    assert no_chunk.ttft_s["mean"] == pytest.approx(
+        affine.iteration_s([(10000, 10000)], 0, 0.0) + OH)
+
+
+def test_cuda_graph_pads_decode_batch(affine, cluster) -> None:
+    reqs = [req(i, 0.0, 100, 3) for i in range(3)]
+    on = simulate_serving("debug-llama", cluster, _cfg(), reqs, cost_model=affine)
+    off = simulate_serving("debug-llama", cluster, _cfg(cuda_graph=False), reqs,
+                           cost_model=affine)
+    # Three decodes run as the captured batch of 4: one padded token more per step.
+    assert on.tpot_s["mean"] - off.tpot_s["mean"] == pytest.approx(affine.per_token_s)
+
+
+def test_static_batching_finishes_batch_together(affine, cluster) -> None:
+    reqs = [req(i, 0.0, 100, out) for i, out in enumerate((2, 10, 5, 3))]
+    rep = simulate_serving("debug-llama", cluster, _cfg(scheduler="static"), reqs,
+                           cost_model=affine, keep_requests=True)
+    e2e = rep.per_request["e2e_s"]
+    assert max(e2e) == pytest.approx(min(e2e))
+    cont = simulate_serving("debug-llama", cluster, _cfg(), reqs, cost_model=affine)
+    assert cont.e2e_s["mean"] < rep.e2e_s["mean"]
+
+
+def test_closed_loop_keeps_concurrency_in_flight(affine, cluster) -> None:
+    wl = WorkloadSpec(arrival="concurrency", concurrency=8, num_requests=400,
+                      input_len=LengthDistribution(value=300),
+                      output_len=LengthDistribution(value=50))
+    rep = simulate_serving("debug-llama", cluster, _cfg(), wl, cost_model=affine)
+    assert rep.num_completed == 400
+    assert 7.5 < rep.mean_requests_in_system <= 8.0 + 1e-9
+
+
+def test_disaggregated_adds_kv_transfer(affine, cluster) -> None:
+    from dataclasses import replace
+
+    cm = replace(affine, kv_token_bytes=1e5)
+    agg = simulate_serving("debug-llama", cluster, _cfg(), [req(0, 0.0, 1000, 10)],
+                           cost_model=cm)
+    cfg = _cfg(disagg={"prefill": "1xTP1", "decode": "1xTP1", "kv_transfer": "rdma"})
+    dis = simulate_serving("debug-llama", cluster, cfg, [req(0, 0.0, 1000, 10)],
+                           cost_model=cm)
+    xfer = collective_s("send_recv", 1000 * 1e5, 2, cluster, stride=cluster.gpus_per_node)
+    assert dis.ttft_s["mean"] == pytest.approx(agg.ttft_s["mean"])
+    decode_agg = agg.e2e_s["mean"] - agg.ttft_s["mean"]
+    assert dis.e2e_s["mean"] - dis.ttft_s["mean"] == pytest.approx(decode_agg + xfer)
+    assert dis.num_gpus == 2

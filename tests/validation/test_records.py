@@ -1,0 +1,106 @@
+"""Loader of published records (SCHEMA.md) and silicon CSV rows: shipped data and bad input."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from charon_search.errors import ConfigError
+from charon_search.validation import data_dir, load_files, load_silicon_csv, parse_records
+
+
+def _doc():
+    return yaml.safe_load((data_dir() / "published-dev.yaml").read_text())
+
+
+def test_shipped_counts(shipped_records):
+    published = [r for r in shipped_records if r.origin == "published"]
+    silicon = [r for r in shipped_records if r.origin == "silicon"]
+    # 72 records in published-dev.yaml (SOURCES.md lists 5+7+11+2+9+6+1+1+12+1+1+1+1+1+1+10+2)
+    # plus 4 variants.
+    assert len([r for r in published if r.parent_id is None]) == 72
+    assert len([r for r in published if r.parent_id]) == 4
+    assert len(silicon) == 3131
+    assert len({r.id for r in shipped_records}) == len(shipped_records)
+
+
+def test_variant_applies_overrides(by_id):
+    v = by_id["korthikanti_530b_2240gpu_mfu#1"]
+    assert v.parent_id == "korthikanti_530b_2240gpu_mfu"
+    assert v.config["recompute"] == "full" and v.config["sequence_parallel"] is False
+    assert v.measured == {"mfu": 0.421}
+    assert by_id["korthikanti_530b_2240gpu_mfu"].config["recompute"] == "selective"
+
+
+def test_silicon_row_units(by_id):
+    r = by_id["meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_"
+              "trtllm_agg_1024x128_c8_tp1_epnone_1"]
+    assert r.kind == "serving"
+    assert r.measured["ttft_s"] == pytest.approx(190.9545068625e-3)
+    assert r.measured["tpot_s"] == pytest.approx(7.94357745e-3)
+    assert (r.config["input_len"], r.config["output_len"], r.config["concurrency"]) == (
+        1024, 128, 8)
+    assert r.hardware["num_gpus"] == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda r: r.pop("notes"), "missing key(s) ['notes']"),
+        (lambda r: r.update(stray=1), "unknown key(s) ['stray']"),
+        (lambda r: r.update(confidence="great"), "`confidence` must be one of"),
+        (lambda r: r["training"].update(tp=3), "`tp * pp * dp * cp == hardware.num_gpus`"),
+        (lambda r: r["training"].update(schedule="1f1b"), "`schedule == 'none'`"),
+        (lambda r: r["measured"].update(hfu=1.5), "`measured.hfu` must lie in (0, 1]"),
+        (lambda r: r["measured"].update(hfu="x"), "`measured.hfu` must be a positive number"),
+        (lambda r: r.update(flop_convention=None), "`flop_convention` must be non-null"),
+        (lambda r: r.update(inferred_fields=["training.nope"]), "'training.nope' is not a field"),
+        (lambda r: r["hardware"].update(gpu="v100"), "`hardware.gpu` must be one of"),
+        (lambda r: r["training"].update(micro_batch_size=2.5), "training.micro_batch_size must be an integer"),
+    ],
+)
+def test_malformed_record_raises(mutate, needle):
+    doc = _doc()
+    rec = copy.deepcopy(doc["records"][0])  # megatron_sc21_t1_1.7b
+    mutate(rec)
+    with pytest.raises(ConfigError) as e:
+        parse_records({"schema_version": 1, "records": [rec]}, where="test.yaml")
+    assert needle in str(e.value)
+    assert "megatron_sc21_t1_1.7b" in str(e.value) or "record 0" in str(e.value)
+
+
+def test_duplicate_ids_and_bad_top_level():
+    doc = _doc()
+    rec = doc["records"][0]
+    with pytest.raises(ConfigError, match="not unique"):
+        parse_records({"schema_version": 1, "records": [rec, rec]})
+    with pytest.raises(ConfigError, match="schema_version"):
+        parse_records({"schema_version": 2, "records": []})
+    with pytest.raises(ConfigError, match="top level"):
+        parse_records({"records": []})
+
+
+def test_malformed_yaml_file(tmp_path: Path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("schema_version: 1\nrecords: [\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_files([p])
+    other = tmp_path / "x.txt"
+    other.write_text("")
+    with pytest.raises(ConfigError, match="suffix must be one of"):
+        load_files([other])
+
+
+def test_silicon_csv_errors(tmp_path: Path):
+    src = (data_dir() / "silicon_sample.csv").read_text().splitlines()
+    p = tmp_path / "s.csv"
+    p.write_text(src[0].replace("silicon_tpot_ms", "tpot") + "\n" + src[1] + "\n")
+    with pytest.raises(ConfigError, match="missing column"):
+        load_silicon_csv(p)
+    bad = src[1].rsplit(",", 1)[0] + ",abc"
+    p.write_text(src[0] + "\n" + bad + "\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        load_silicon_csv(p)

@@ -1,0 +1,128 @@
+"""validate end to end on a small slice: JSON schema, counts, metric derivation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from charon_search.cli import main
+from charon_search.validation import run_validation, select_records
+from charon_search.validation.flops import hardware_flops_per_step
+
+SLICE = [
+    "megatron_sc21_t1_1.7b", "korthikanti_t5_22b_seqsel", "torchtitan_202412_t1_8b_8gpu_fsdp",
+    "palm_540b_6144_tpuv4", "korthikanti_530b_2240gpu_mfu",
+    "trtllm_llama31_8b_h100_tp1_isl128_osl128", "deepseek_v3r1_prod_decode_per_node",
+    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_"
+    "1024x128_c8_tp1_epnone_1",
+    "kimik2_5_gb200_trtllm_fp4_disagg_8192x1024_c4_cfg759",
+]
+
+SUSTAINED_FLOPS_PER_S = 150e12
+
+
+def fake_training(model, cluster, layout):
+    """Step time of 8·N·tokens (6N + recompute) at 150 TFLOP/s per GPU."""
+    n = model.num_params
+    tokens = layout.global_batch_size * layout.seq_len
+    return {"step_time_s": 8 * n * tokens / (layout.num_gpus * SUSTAINED_FLOPS_PER_S),
+            "memory": {"peak_reserved_bytes": 70e9,
+                       "stages": [{"params_bytes": 1e9, "grads_bytes": 1e9,
+                                   "optimizer_bytes": 2e9, "activations_bytes": 5e9}]}}
+
+
+def fake_serving(model, cluster, config, workload):
+    return {"ttft_s": {"mean": 0.2, "p50": 0.2}, "tpot_s": {"mean": 0.008},
+            "output_tokens_per_s": 20000.0}
+
+
+@pytest.fixture(scope="module")
+def result(shipped_records):
+    recs = select_records(shipped_records, ids=SLICE)
+    return recs, run_validation(recs, simulate_training=fake_training,
+                                simulate_serving=fake_serving)
+
+
+def test_every_record_predicted_or_skipped(result):
+    recs, res = result
+    predicted = {r["id"] for r in res.rows}
+    skipped = {s["id"] for s in res.skipped}
+    assert predicted | skipped == {r.id for r in recs}
+    assert not predicted & skipped
+    assert all(s["reason"] for s in res.skipped)
+    t = res.summary["totals"]
+    assert t["expressed"] + t["skipped"] == t["records"] == len(recs)
+    reasons = {s["id"]: s["reason"] for s in res.skipped}
+    assert "not a GPU" in reasons["palm_540b_6144_tpuv4"]
+    assert "real traffic" in reasons["deepseek_v3r1_prod_decode_per_node"]
+    assert "unknown model" in reasons["kimik2_5_gb200_trtllm_fp4_disagg_8192x1024_c4_cfg759"]
+
+
+def test_json_schema(result):
+    _, res = result
+    data = json.loads(json.dumps(res.to_json()))
+    assert set(data) >= {"records", "skipped", "summary"}
+    for row in data["records"]:
+        assert set(row) == {"id", "metric", "measured", "predicted", "error"}
+        assert row["error"] == pytest.approx((row["predicted"] - row["measured"])
+                                             / row["measured"])
+    for s in data["skipped"]:
+        assert set(s) == {"id", "reason"}
+    assert set(data["summary"]["by_kind"]) == {"training", "serving"}
+
+
+def test_sc21_metrics_follow_convention(result, by_id):
+    recs, res = result
+    rec = by_id["megatron_sc21_t1_1.7b"]
+    rows = {r["metric"]: r for r in res.rows if r["id"] == rec.id}
+    assert set(rows) == {"hardware_tflops_per_gpu", "hfu", "hardware_tflops_total"}
+    from charon_search.catalog import load_model
+
+    spec = load_model("gpt-1.7b")
+    step = fake_training(spec, None, type("L", (), {"global_batch_size": 512, "seq_len": 2048,
+                                                  "num_gpus": 32})())["step_time_s"]
+    case = res.cases[rec.id]
+    assert case["cluster"] == "dgx-a100-superpod"
+    from charon_search.validation.translate import to_case
+
+    arch = to_case(rec).arch
+    rate = hardware_flops_per_step("megatron-sc21", arch, 512, 2048, "full") / step / 32
+    assert rows["hardware_tflops_per_gpu"]["predicted"] == pytest.approx(rate / 1e12)
+    assert rows["hfu"]["predicted"] == pytest.approx(rate / 312e12)
+    assert rows["hardware_tflops_total"]["predicted"] == pytest.approx(rate * 32 / 1e12)
+
+
+def test_assumptions_reported(result):
+    _, res = result
+    case = res.cases["korthikanti_530b_2240gpu_mfu"]
+    text = " ".join(case["assumptions"])
+    assert "training.global_batch_size" in text and "training.zero_stage" in text
+    assert case["fully_specified"] is False
+    assert res.cases["megatron_sc21_t1_1.7b"]["fully_specified"] is True
+
+
+def test_serving_rows(result):
+    _, res = result
+    rows = [r for r in res.rows if r["id"].startswith("meta_llama_llama_3_1_8b")]
+    assert {r["metric"] for r in rows} == {"ttft_s", "tpot_s"}
+    ttft = next(r for r in rows if r["metric"] == "ttft_s")
+    assert ttft["predicted"] == 0.2 and ttft["measured"] == pytest.approx(0.1909545068625)
+
+
+def test_cli_json(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    rc = main(["validate", "--ids", "palm_540b_6144_tpuv4", "opt_175b_992_a100", "--json",
+               str(out), "--quiet", "--html", str(tmp_path / "v.html")])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert {s["id"] for s in data["skipped"]} == {"palm_540b_6144_tpuv4", "opt_175b_992_a100"}
+    assert data["summary"]["totals"] == {"records": 2, "expressed": 0, "skipped": 2,
+                                         "predicted_metrics": 0}
+    assert "not expressed: 2 records" in capsys.readouterr().out
+    assert "<table>" in (tmp_path / "v.html").read_text()
+
+
+def test_cli_bad_file(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
