@@ -1,8 +1,9 @@
 """Predict every published peak-memory measurement and print predicted vs measured.
 
-Reads the records with ``measured.peak_memory_bytes`` (a reduced copy of
-``validation/published-dev.yaml`` in ``tests/memory/data/peak_memory_records.yaml``; all are
-torchtitan runs, whose ``Memory(GiB)`` is the caching allocator's peak *reserved* bytes).
+Reads the training records with ``measured.peak_memory_bytes`` from the package copy of the
+published measurements (``charon_search/data/validation/published-dev.yaml``, shipped by the
+validation area); all are torchtitan runs, whose ``Memory(GiB)`` is the caching allocator's
+peak *reserved* bytes.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/memory_validation.py``; the last line is
 one JSON object.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +22,28 @@ import yaml
 from charon_search.layout import Layout
 from charon_search.memory import MemoryOptions
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "memory" / "data"
 #: GPU key of the records -> cluster spec with that GPU.
 CLUSTER_FOR_GPU = {"h100-sxm-96gb-500w": "h100-96gb-grand-teton",
                    "h200-sxm-141gb": "h200-sxm-8gpu", "h100-sxm-80gb": "h100-sxm-8gpu"}
 
 
 def load_records(path: Path | None = None) -> list[dict[str, Any]]:
-    return yaml.safe_load((path or DATA / "peak_memory_records.yaml").read_text())["records"]
+    """Training records with ``measured.peak_memory_bytes`` from the shipped validation data."""
+    if path is None:
+        path = Path(str(resources.files("charon_search") / "data" / "validation"
+                        / "published-dev.yaml"))
+    data = yaml.safe_load(path.read_text())
+    out = []
+    for r in data["records"]:
+        if r["kind"] != "training" or "peak_memory_bytes" not in r["measured"]:
+            continue
+        out.append({
+            "id": r["id"], "catalog": r["model"]["catalog"], "gpu": r["hardware"]["gpu"],
+            "num_gpus": r["hardware"]["num_gpus"], "training": r["training"],
+            "extra": r["training"].get("extra") or {},
+            "peak_memory_bytes": r["measured"]["peak_memory_bytes"],
+        })
+    return out
 
 
 def record_setup(rec: dict[str, Any]) -> tuple[Layout, MemoryOptions, list[str]]:

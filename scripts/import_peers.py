@@ -19,7 +19,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
 * vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
   per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
-  quantized to the 1 µs timer resolution, which alone is a 10-20 % error on 5 µs norms) for norms and elementwise ops (and GEMMs on the A40, which
+  quantized to the 1 µs timer resolution, a 10-20 % error on 5 µs norms) for norms and
+  elementwise ops (and GEMMs on the A40, which
   aiconfigurator does not cover); ``data/profiling/network/*/all_reduce.csv`` (``size`` in
   **bytes**, times in ms) for all-reduce incl. cross-node (``devices_per_node`` < workers).
 """

@@ -25,9 +25,10 @@ NOTICE = """\
 silicon_sample.csv
 ==================
 Copied unchanged from the PyPI wheel `aiconfigurator-core` 0.12.0 (NVIDIA), file
-`aiconfigurator_core/systems/silicon_sample.csv` (a deterministic sample of 3131 of the 5221 published
-end-to-end measured serving points). License: Apache-2.0 (`License-Expression: Apache-2.0` in the
-wheel's METADATA); the license text is in `LICENSE.Apache-2.0.txt` next to this file.
+`aiconfigurator_core/systems/silicon_sample.csv` (a deterministic sample of 3131 of the 5221
+published end-to-end measured serving points). License: Apache-2.0 (`License-Expression:
+Apache-2.0` in the wheel's METADATA); the license text is in `LICENSE.Apache-2.0.txt` next to this
+file.
 Copyright NVIDIA CORPORATION & AFFILIATES.
 
 published-dev.yaml, SCHEMA.md, SOURCES.md

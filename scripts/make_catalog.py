@@ -120,7 +120,7 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": layers,
         "n_embd": hidden, "n_head": heads, "n_inner": 4 * hidden, "n_positions": seq,
-        "vocab_size": vocab, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "vocab_size": vocab, "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5,
         "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": True,
         "_charon_source": source,
     }

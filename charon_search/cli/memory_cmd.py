@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from charon_search.errors import ConfigError
 from charon_search.layout import PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Layout
@@ -20,64 +19,36 @@ from charon_search.units import format_bytes
 
 __all__ = ["add_arguments", "add_layout_arguments", "layout_from_args", "run"]
 
-#: Flag -> Layout field for the layout flags shared with `charon-search train`.
-_FLAG_FIELDS = {
-    "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", "vpp": "vpp",
-    "schedule": "schedule", "sp": "sequence_parallel", "zero": "zero_stage",
-    "mbs": "micro_batch_size", "gbs": "global_batch_size", "seq": "seq_len",
-    "recompute": "recompute", "precision": "precision",
-}
-
-
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
-    """The layout flags of `train` (a `--layout` YAML, overridden by individual flags)."""
+    """The layout flags of ``charon-search train`` (same names and meaning; ``--layout`` YAML
+    overridden by individual flags), parsed by ``layout_from_args``."""
     g = parser.add_argument_group("layout")
-    g.add_argument("--layout", type=Path, help="layout YAML (keys of charon_search.Layout)")
-    g.add_argument("--gpus", type=int, help="GPUs in the job; dp defaults to gpus/(tp*pp*cp)")
-    for flag in ("tp", "pp", "dp", "cp", "ep", "vpp"):
-        g.add_argument(f"--{flag}", type=int, help=f"{flag} degree")
-    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    g.add_argument("--layout", default=None, help="layout YAML (keys of charon_search.Layout)")
+    g.add_argument("--gpus", type=int, default=None,
+                   help="GPUs in the job; dp defaults to gpus/(tp*pp*cp)")
+    for flag in ("tp", "pp", "cp", "dp", "ep", "vpp"):
+        g.add_argument(f"--{flag}", type=int, default=None, help=f"{flag} degree")
+    g.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
-    g.add_argument("--mbs", type=int, help="micro-batch size (sequences)")
-    g.add_argument("--gbs", type=int, help="global batch size (sequences)")
-    g.add_argument("--seq", type=int, help="sequence length (tokens)")
-    g.add_argument("--recompute", choices=RECOMPUTE_MODES, help="activation recompute")
-    g.add_argument("--precision", choices=PRECISIONS, help="GEMM precision")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
+    g.add_argument("--mbs", type=int, default=None, help="micro-batch size (sequences)")
+    g.add_argument("--gbs", type=int, default=None, help="global batch size (sequences)")
+    g.add_argument("--seq", type=int, default=None, help="sequence length (tokens)")
+    g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
+                   help="activation recompute")
+    g.add_argument("--precision", choices=PRECISIONS, default=None, help="GEMM precision")
+    g.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
-    """Build a ``Layout`` from ``--layout`` plus flag overrides; ``--gpus`` fills in ``dp``."""
-    data: dict[str, Any] = {}
-    if args.layout is not None:
-        import yaml
+    """``Layout`` from the flags, with the rules of ``charon-search train`` (one parser:
+    ``cli.train_cmd.build_layout``); also checks ``--gpus`` against the degrees."""
+    from charon_search.cli.train_cmd import build_layout
 
-        try:
-            loaded = yaml.safe_load(args.layout.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"--layout {args.layout}: cannot read YAML ({e})") from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--layout {args.layout}: must be a mapping of Layout fields")
-        data.update(loaded.get("layout", loaded))
-    for flag, name in _FLAG_FIELDS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            data[name] = value
-    gpus = getattr(args, "gpus", None)
-    if gpus is not None and "dp" not in data:
-        other = data.get("tp", 1) * data.get("pp", 1) * data.get("cp", 1)
-        if gpus % other:
-            raise ConfigError(f"`tp * pp * cp` must divide --gpus, but got "
-                              f"(gpus={gpus}, tp*pp*cp={other})")
-        data["dp"] = gpus // other
-    if data.get("pp", 1) > 1 and "schedule" not in data:
-        data["schedule"] = "1f1b"
-    if "global_batch_size" not in data:
-        data["global_batch_size"] = data.get("micro_batch_size", 1) * data.get("dp", 1)
-    layout = Layout.from_dict(data, where="layout")
-    if gpus is not None and layout.num_gpus != gpus:
+    layout: Layout = build_layout(args)
+    if args.gpus is not None and layout.num_gpus != args.gpus:
         raise ConfigError(f"`tp * pp * dp * cp == gpus` must hold, but got "
-                          f"(product={layout.num_gpus}, gpus={gpus})")
+                          f"(product={layout.num_gpus}, gpus={args.gpus})")
     return layout
 
 

@@ -34,7 +34,7 @@ def _all_files() -> list[Path]:
 
 def _check_one(path: Path) -> tuple[str, str, str]:
     """(kind, name, summary) of a valid file; raises ConfigError otherwise."""
-    from charon_search.hardware.loader import read_yaml, cluster_from_dict, gpu_from_dict
+    from charon_search.hardware.loader import cluster_from_dict, gpu_from_dict, read_yaml
 
     raw = read_yaml(path)
     if isinstance(raw, dict) and "peak_tflops_per_s" in raw:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'status':<6} {'kind':<{w_kind}} {'name':<{w_name}} summary")
     for status, kind, name, summary in rows:
         print(f"{status:<6} {kind:<{w_kind}} {name:<{w_name}} {summary}")
-    for e in errors:
-        print(f"charon-search specs: error: {e}", file=sys.stderr)
+    for message in errors:
+        print(f"charon-search specs: error: {message}", file=sys.stderr)
     print(f"{len(rows) - len(errors)} of {len(rows)} spec files valid")
     return 2 if errors else 0

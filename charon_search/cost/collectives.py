@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "pairwise", "p2p")
+_PROBE_BYTES = float(2**30)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,6 +163,7 @@ class _Ctx:
         self.concurrent = max(1, int(concurrent_groups))
         self._alpha: dict[tuple[int, str], float] = {}
         self._bw: dict[tuple[_Level, str], float] = {}
+        self._lines: dict[tuple[OpKind, int], tuple[tuple[str, float, float, str], ...]] = {}
 
     def tier(self, lv: _Level) -> TopologyTier:
         return self.cluster.tiers[lv.tier_idx]
@@ -199,6 +201,38 @@ class _Ctx:
     def has(self, lv: _Level, algo: str) -> bool:
         return algo in self.tier(lv).algorithms
 
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(self.tier(lv).name for lv in self.levels)
+
+    def lines(self, kind: OpKind, n: int) -> tuple[tuple[str, float, float, str], ...]:
+        """Per candidate algorithm ``(name, a, b, bottleneck tier)`` with time ``a + b·S``.
+
+        Every candidate is affine in the message size, so it is evaluated twice once per
+        group shape and kind, and each call is a handful of multiply-adds.
+        """
+        key = (kind, n)
+        hit = self._lines.get(key)
+        if hit is None:
+            zero = self._candidates(kind, 0.0, n)
+            probe = self._candidates(kind, _PROBE_BYTES, n)
+            hit = tuple(
+                (name.partition("/")[0], zero[name][0],
+                 (probe[name][0] - zero[name][0]) / _PROBE_BYTES, probe[name][1])
+                for name in sorted(probe)
+            )
+            self._lines[key] = hit
+        return hit
+
+    def _candidates(self, kind: OpKind, s: float, n: int) -> dict[str, tuple[float, str]]:
+        if kind is OpKind.ALL_REDUCE:
+            return _all_reduce(self, s, n)
+        if kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+            return _gather_scatter(self, s, n)
+        if kind is OpKind.ALL_TO_ALL:
+            return _all_to_all(self, s, n)
+        return _send_recv(self, s)
+
 
 def _ring_single(factor_steps: float, s: float, n: float, bw: float, alpha: float) -> float:
     """``factor_steps`` = 2 for all-reduce, 1 for all-gather / reduce-scatter."""
@@ -232,17 +266,17 @@ def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
         lat = sum(2 * math.ceil(math.log2(max(lv.fan, 1.0))) * ctx.alpha(lv, "tree")
                   for lv in lvs)
         out["tree"] = (bw_s + lat, neck)
-    # Hierarchical: RS in, AR at the top, AG out.
+    # Hierarchical: RS in, AR at the top (ring or tree: two variants, each affine in S), AG out.
     total, worst = 0.0, (-1.0, "")
     for lv in lvs[:-1]:
         part = 2 * _ring_single(1, s / lv.k_prev, lv.fan, ctx.bw(lv, "ring"),
                                 ctx.alpha(lv, "ring"))
         total += part
         worst = max(worst, (part, ctx.tier(lv).name))
-    top = min(_all_reduce_top(ctx, outer, s / outer.k_prev).values())
-    total += top
-    worst = max(worst, (top, ctx.tier(outer).name))
-    out["hierarchical"] = (total, worst[1])
+    for top_algo, top in _all_reduce_top(ctx, outer, s / outer.k_prev).items():
+        neck = max(worst, (top, ctx.tier(outer).name))[1]
+        key = "hierarchical" if top_algo == "ring" else f"hierarchical/{top_algo}"
+        out[key] = (total + top, neck)
     return out
 
 
@@ -339,34 +373,39 @@ def estimate_collective(
         return CollectiveEstimate(duration_s=0.0, algorithm="none", tiers=(),
                                   bottleneck_tier="")
     ctx = _context(cluster, n, stride, concurrent_groups)
-    levels = ctx.levels
+    lines = ctx.lines(k, n)
     s = float(nbytes)
-    if k is OpKind.ALL_REDUCE:
-        cands = _all_reduce(ctx, s, n)
-    elif k in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
-        cands = _gather_scatter(ctx, s, n)
-    elif k is OpKind.ALL_TO_ALL:
-        cands = _all_to_all(ctx, s, n)
-    else:
-        cands = _send_recv(ctx, s)
-    if algo is None:
-        chosen = min(cands, key=lambda a: cands[a][0])
-    elif algo in cands:
-        chosen = algo
-    else:
-        raise ConfigError(
-            f"algorithm {algo!r} is not available for {k.value} over tiers "
-            f"{[ctx.tier(lv).name for lv in levels]} of cluster {cluster.name}; "
-            f"available: {sorted(cands)}"
-        )
-    seconds, neck = cands[chosen]
+    if algo is not None:
+        lines = tuple(ln for ln in lines if ln[0] == algo)
+        if not lines:
+            raise ConfigError(
+                f"algorithm {algo!r} is not available for {k.value} over tiers "
+                f"{list(ctx.tier_names)} of cluster {cluster.name}; available: "
+                f"{sorted({ln[0] for ln in ctx.lines(k, n)})}"
+            )
+    best = min(lines, key=lambda ln: ln[1] + ln[2] * s)
+    times: dict[str, float] = {}
+    for name, a, b, _ in ctx.lines(k, n):
+        t = a + b * s
+        times[name] = min(t, times.get(name, t))
     return CollectiveEstimate(
-        duration_s=seconds + cluster.calibration.collective_launch_s,
-        algorithm=chosen,
-        tiers=tuple(ctx.tier(lv).name for lv in levels),
-        bottleneck_tier=neck,
-        candidates=tuple(sorted((a, v[0]) for a, v in cands.items())),
+        duration_s=best[1] + best[2] * s + cluster.calibration.collective_launch_s,
+        algorithm=best[0],
+        tiers=ctx.tier_names,
+        bottleneck_tier=best[3],
+        candidates=tuple(sorted(times.items())),
     )
+
+
+def _fast_time(k: OpKind, s: float, n: int, cluster: ClusterSpec, stride: int,
+               concurrent_groups: int) -> float:
+    """``collective_time`` without building a ``CollectiveEstimate`` (algo=None)."""
+    best = math.inf
+    for _, a, b, _ in _context(cluster, n, stride, concurrent_groups).lines(k, n):
+        t = a + b * s
+        if t < best:
+            best = t
+    return best + cluster.calibration.collective_launch_s
 
 
 def collective_time(
@@ -403,8 +442,20 @@ def collective_time(
         >>> round(t * 1e3, 3)  # 2·(1/2)·1e9 B / (450e9 · 0.8) + 2·1 µs
         2.78
     """
+    if algo is None:
+        k = _KIND_CACHE.get(kind) if isinstance(kind, str) else None
+        k = k or _kind(kind)
+        n = int(group_size)
+        if k is OpKind.SEND_RECV and n > 1:
+            n = 2
+        if n > 1 and nbytes > 0 and stride >= 1 and (n - 1) * stride < cluster.tiers[
+                -1].num_devices:
+            return _fast_time(k, float(nbytes), n, cluster, stride, concurrent_groups)
     return estimate_collective(kind, nbytes, group_size, cluster, stride=stride, algo=algo,
                                concurrent_groups=concurrent_groups).duration_s
+
+
+_KIND_CACHE: dict[str, OpKind] = {k.value: k for k in COMM_KINDS}
 
 
 #: nccl-tests bus-bandwidth factor per kind (busbw = algbw × factor).

@@ -31,9 +31,9 @@ from charon_search.cost.profile_db import ProfileDB, ProfileTable
 __all__ = [
     "HELDOUT_GROUPS",
     "HYPERPARAMS",
-    "FlatForest",
     "NUM_SMS",
     "PREDICTED_KINDS",
+    "FlatForest",
     "ModelKey",
     "OpPredictor",
     "PredictorStore",
@@ -59,8 +59,11 @@ PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("",),
     "attention": ("prefill", "decode"),
     "norm": ("",),
-    "elementwise": ("",),
-    "grouped_gemm": ("moe_ffn",),
+    # Per-variant elementwise models (residual add, activation, RoPE) plus "" = all rows,
+    # for elementwise nodes of other roles.
+    "elementwise": ("add", "act", "rope", ""),
+    # Balanced routing; power-law-skewed routing where no balanced rows exist (A100).
+    "grouped_gemm": ("moe_ffn", "moe_ffn_skew"),
 }
 
 HYPERPARAMS: dict[str, Any] = {
@@ -262,9 +265,11 @@ def _make_model(hp: Mapping[str, Any]) -> Any:
 
 
 def rows_for(table: ProfileTable, family: str, dtype: str) -> ProfileTable:
-    """The training rows of one model family (``moe_ffn`` takes balanced routing only)."""
-    return table.select(variant=family if table.op_kind in ("attention", "grouped_gemm")
-                        else None, dtype=dtype)
+    """The training rows of one model family (``moe_ffn`` takes balanced routing only;
+    elementwise family ``""`` takes every variant)."""
+    by_variant = table.op_kind in ("attention", "grouped_gemm") or (
+        table.op_kind == "elementwise" and family != "")
+    return table.select(variant=family if by_variant else None, dtype=dtype)
 
 
 def train_predictor(key: ModelKey, rows: ProfileTable, *, num_sms: int,
@@ -435,7 +440,8 @@ def roofline_seconds(op_kind: str, cols: Mapping[str, np.ndarray], gpu_key: str,
 
 
 def heldout_evaluation(db: ProfileDB, *, gpus: list[str] | None = None,
-                       kinds: list[str] | None = None, fraction: float = 0.2,
+                       kinds: list[str] | None = None, dtypes: list[str] | None = None,
+                       fraction: float = 0.2,
                        max_train_rows: int | None = None,
                        hyperparams: Mapping[str, Any] = HYPERPARAMS,
                        with_roofline: bool = True) -> list[dict[str, Any]]:
@@ -452,9 +458,9 @@ def heldout_evaluation(db: ProfileDB, *, gpus: list[str] | None = None,
                 continue
             table = db.table(gpu, kind)
             assert table is not None
-            dtypes = sorted(set(table.columns["dtype"].tolist()))
+            present = sorted(set(table.columns["dtype"].tolist()))
             for family in families:
-                for dtype in dtypes:
+                for dtype in (d for d in present if not dtypes or d in dtypes):
                     sub = rows_for(table, family, dtype)
                     if len(sub) < 50:
                         continue

@@ -43,6 +43,7 @@ __all__ = [
     "ProfileTable",
     "default_profile_db",
     "normalize_gpu",
+    "subset_profile_db",
     "write_profile_db",
 ]
 
@@ -305,4 +306,39 @@ def default_profile_db() -> ProfileDB | None:
     root = shipped_profile_dir()
     if not (root / "index.json").exists():
         return None
+    return ProfileDB(root)
+
+
+def subset_profile_db(db: ProfileDB, root: str | Path, *, gpus: Iterable[str],
+                      op_kinds: Iterable[str], every: int | Mapping[str, int] = 1,
+                      keep: Mapping[str, Iterable[Mapping[str, float]]] | None = None
+                      ) -> ProfileDB:
+    """Write every ``every``-th row of some (gpu, op kind) tables of ``db`` to a new DB.
+
+    ``every`` may be a mapping op kind -> stride (absent kinds: 1).
+    ``keep`` maps op kind -> shapes (``SHAPE_KEYS`` dicts) always kept (e.g. a row a test
+    checks by value). Used for small test databases and per-cluster slices.
+    """
+    import pandas as pd
+
+    frames = []
+    for gpu in gpus:
+        for kind in op_kinds:
+            tbl = db.table(gpu, kind)
+            if tbl is None:
+                continue
+            df = tbl.to_pandas()
+            mask = np.zeros(len(df), dtype=bool)
+            stride = every.get(kind, 1) if isinstance(every, Mapping) else every
+            mask[::stride] = True
+            for shape in (keep or {}).get(kind, ()):
+                m = np.ones(len(df), dtype=bool)
+                for col, val in shape.items():
+                    m &= df[col].to_numpy() == val
+                mask |= m
+            frames.append(df[mask])
+    if not frames:
+        raise ConfigError(f"subset_profile_db: no rows for gpus {list(gpus)} "
+                          f"and op kinds {list(op_kinds)}")
+    write_profile_db(pd.concat(frames, ignore_index=True), root)
     return ProfileDB(root)

@@ -77,12 +77,22 @@ def provenance_shares(durations_s: np.ndarray, provenance: Sequence[str]) -> dic
     return {k: (v / total if total > 0 else 0.0) for k, v in sorted(out.items())}
 
 
-def _family(kind: str, params: dict[str, float]) -> str:
+#: Elementwise node role -> measured elementwise family (``cost/predictor.PREDICTED_KINDS``).
+_ELEMENTWISE_FAMILY = {"residual": "add", "mlp.act": "act", "attn.rope": "rope"}
+
+
+def _family(kind: str, params: dict[str, float], role: str = "") -> str:
     if kind in ("attention", "attention_bwd"):
         return "decode" if params.get("q_len", 2.0) == 1.0 else "prefill"
     if kind == "grouped_gemm":
         return "moe_ffn"
+    if kind == "elementwise":
+        return _ELEMENTWISE_FAMILY.get(str(role), "")
     return ""
+
+
+#: Model family to try when a GPU has no rows of the node's own family.
+_FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "add": "", "act": "", "rope": ""}
 
 
 def _db_dtype(dtype: str) -> str:
@@ -186,7 +196,7 @@ class FusedCostModel:
                 continue
             kind = str(node.kind)
             params = {k: float(v(b, s, c)) for k, v in node.params.items()}
-            fam = _family(kind, params)
+            fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
             if self.gpu_key is not None and self.db is not None and self.use_profile:
                 hit = self._profile_hit(kind, fam, dtype, params)
@@ -202,10 +212,12 @@ class FusedCostModel:
                     and pred_kind in PREDICTED_KINDS):
                 predictor = self.store.get(self.gpu_key, pred_kind, fam, dtype,
                                            num_sms=self.num_sms)
-                if predictor is None and dtype != "bf16":
-                    # e.g. fp8 attention: no rows; the bf16 model is the closest measurement.
-                    predictor = self.store.get(self.gpu_key, pred_kind, fam, "bf16",
-                                               num_sms=self.num_sms)
+                for alt_fam, alt_dtype in ((_FALLBACK_FAMILY.get(fam), dtype), (fam, "bf16")):
+                    # e.g. fp8 attention has no rows: the bf16 model is the closest
+                    # measurement; A100 MoE has only skewed-routing rows.
+                    if predictor is None and alt_fam is not None:
+                        predictor = self.store.get(self.gpu_key, pred_kind, alt_fam, alt_dtype,
+                                                   num_sms=self.num_sms)
             if predictor is not None:
                 idx = [i for i, _ in members]
                 cols = {k: np.array([p.get(k, np.nan) for _, p in members])
@@ -327,7 +339,7 @@ class ProfileCostBackend(CostBackend):
         if node.is_comm or model.gpu_key is None:
             return None
         params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
-        hit = model._profile_hit(str(node.kind), _family(str(node.kind), params),
+        hit = model._profile_hit(str(node.kind), _family(str(node.kind), params, node.role),
                                  _db_dtype(node.dtype), params)
         return None if hit is None else NodeCost(duration_s=hit, provenance="profile",
                                                  detail="exact")
@@ -353,7 +365,7 @@ class PredictorCostBackend(ProfileCostBackend):
         params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
         pred_kind = "attention" if kind == "attention_bwd" else kind
         if pred_kind not in PREDICTED_KINDS and model._profile_hit(
-                kind, _family(kind, params), _db_dtype(node.dtype), params) is None:
+                kind, _family(kind, params, node.role), _db_dtype(node.dtype), params) is None:
             return None
         res = model.cost(node, point)
         return res if res is not None and res.provenance != "roofline" else None

@@ -62,7 +62,9 @@ def _fuse_norms(ops: list[Any], used_outside: dict[int, set[int]], graph_outputs
         main = max(inputs, key=lambda t: tensors[t].numel(3, 13, 13), default=None)
         shape = tensors[main].shape if main is not None else (Poly.const(1),)
         cols = shape[-1] if shape else Poly.const(1)
-        rows = tensors[main].numel / cols if main is not None else Poly.const(1)
+        rows = Poly.const(1)
+        for d in shape[:-1]:
+            rows = rows * d
         first = group[0]
         first.kind = OpKind.NORM
         first.inputs, first.outputs, first.reads = inputs, outs, reads

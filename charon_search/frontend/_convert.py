@@ -170,6 +170,7 @@ class Converter:
                 new = [t for t in op.inputs if t not in self.past_ids]
                 op.reads = {t: op.reads[t] for t in new}
                 op.tags.add("kv_append")
+                op.role = Role.ATTN_CORE.value
                 op.params = poly_params(numel=sum((self.tensors[t].numel for t in new),
                                                   Poly()))
 
@@ -222,14 +223,17 @@ class Converter:
                 op.role = _fallback_role(block)
             else:
                 op.role = role
-            if not block:
+            if not block or (block == "embedding" and not inherited):
+                # Unassigned, or forward glue the partitioner chose to recompute in the backward
+                # (position ids, masks): it belongs with the block that consumes it next.
                 pending.append(op)
             else:
                 for p in pending:
-                    p.block, p.role = block, _fallback_role(block)
+                    p.block = block
+                    p.role = p.role or _fallback_role(block)
                 pending.clear()
                 prev = (block, local, cls, role)
-                left_head = left_head or block != "lm_head"
+                left_head = left_head or block not in ("lm_head", "embedding")
             self.ops.append(op)
         for p in pending:
             p.block, p.role = "embedding", Role.EMBED.value
@@ -272,8 +276,8 @@ class Converter:
                 if owner is not None:
                     owner.outputs.append(tid)
             return None
-        if a.op != "call_function":
-            return None
+        if a.op != "call_function" or not a.users:
+            return None  # not an op, or dead (DCE keeps ops it thinks impure)
         base = _ops.op_base(target)
         args = self._arg_nodes(a)
         if base in _ops.VIEW_OPS and args:
@@ -351,7 +355,14 @@ class Converter:
         elif k == OpKind.BATCHED_GEMM:
             ma, mb = (shp[1], shp[2]) if base == "baddbmm" else (shp[0], shp[1])
             bt, m, kk, n = ma[0], ma[1], ma[2], mb[2]
-            op.params = poly_params(batch=bt, m=m, n=n, k=kk)
+            wide = op.inputs[-1] if op.inputs else -1
+            if wide in self.param_ids or all(d.is_const() for d in self.tensors[wide].shape):
+                # A linear layer on a 3-D non-contiguous input runs as bmm over a broadcast
+                # weight; it is one GEMM with m = batch * rows.
+                op.kind = OpKind.GEMM
+                op.params = poly_params(m=bt * m, n=n, k=kk)
+            else:
+                op.params = poly_params(batch=bt, m=m, n=n, k=kk)
             op.flops = 2 * bt * m * n * kk
         elif k == OpKind.GROUPED_GEMM:
             self._grouped(op, shp, out_shape)
@@ -359,11 +370,11 @@ class Converter:
             self._attention(op, a, shp)
         elif k == OpKind.NORM:
             cols = shp[0][-1] if shp and shp[0] else Poly.const(1)
-            op.params = poly_params(rows=in_numel / cols, cols=cols)
+            op.params = poly_params(rows=_numel(shp[0][:-1]) if shp else 1, cols=cols)
             op.flops = in_numel * (5 if op.phase == Phase.FORWARD else 8)
         elif k == OpKind.SOFTMAX:
             cols = shp[0][-1] if shp and shp[0] else Poly.const(1)
-            op.params = poly_params(rows=in_numel / cols, cols=cols)
+            op.params = poly_params(rows=_numel(shp[0][:-1]) if shp else 1, cols=cols)
             op.flops = 5 * in_numel
         elif k == OpKind.EMBEDDING:
             if base == "embedding":

@@ -84,17 +84,44 @@ def _module_stack_hooks(model: Any) -> Iterator[dict[str, str]]:
             h.remove()
 
 
+def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> Any:
+    """``F.scaled_dot_product_attention`` that always lowers to ONE fused attention op.
+
+    On CPU, torch picks the decomposed "math" path (bmm + softmax) whenever the CPU flash kernel
+    does not apply (dropout, MLA's d_v != d_qk...). A GPU runs a fused kernel in those cases, so
+    for tracing we call the fused op directly: CPU flash (supports GQA, masks, dropout) or, when
+    the value head dim differs, memory-efficient attention (the one with d_v != d_qk support).
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if value.shape[-1] == query.shape[-1]:
+        return aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    if key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(rep, dim=-3)
+        value = value.repeat_interleave(rep, dim=-3)
+    return aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+
+
 @contextlib.contextmanager
 def _hf_patches() -> Iterator[None]:
-    """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data)."""
+    """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data)
+    and route SDPA to one fused op (``_fused_sdpa``)."""
+    import torch.nn.functional as F
     import transformers.masking_utils as mu
 
-    saved = mu.find_packed_sequence_indices
+    saved = mu.find_packed_sequence_indices, F.scaled_dot_product_attention
     mu.find_packed_sequence_indices = lambda *a, **k: None
+    F.scaled_dot_product_attention = _fused_sdpa
     try:
         yield
     finally:
-        mu.find_packed_sequence_indices = saved
+        mu.find_packed_sequence_indices, F.scaled_dot_product_attention = saved
 
 
 def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int) -> Capture:
@@ -161,7 +188,9 @@ def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int) -> Capture:
     compiled = aot_function(
         run, fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=default_partition
     )
-    with _module_stack_hooks(model) as classes, _hf_patches(), fake:
+    import torch.fx.traceback as fxt
+
+    with fxt.preserve_node_meta(), _module_stack_hooks(model) as classes, _hf_patches(), fake:
         if phase == "train":
             loss = compiled(*params, *bufs, ids, ids)
             loss.backward()

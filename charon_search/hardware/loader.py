@@ -261,6 +261,32 @@ def _sources(raw: Mapping[str, Any], allowed_si: set[str], file: str, path: str)
     return out
 
 
+def _provenance(raw: Mapping[str, Any], fields: set[str], tier_names: set[str], file: str,
+                path: str) -> dict[str, str]:
+    """Calibration provenance: keys are a field (``overlap_comm_slowdown``), a field with a
+    detail (``collective_alpha_us.nvlink``) or ``collective.<tier>`` (α and efficiency of a
+    fitted tier). Field names are normalized to SI (``collective_alpha_s.nvlink``)."""
+    out: dict[str, str] = {}
+    for key, text in raw.items():
+        head, dot, rest = str(key).partition(".")
+        where = _where(file, f"{path}.{key}")
+        if head == "collective":
+            if rest.partition(".")[0] not in tier_names:
+                raise ConfigError(f"{where}: `collective.<tier>` must name a tier; "
+                                  f"tiers: {sorted(tier_names)}")
+            si_head = head
+        else:
+            si_head, _ = _si_key(head)
+            if si_head not in fields:
+                raise ConfigError(f"{where} names no calibration field; allowed: "
+                                  f"{sorted(fields)} (optionally `.<detail>`) or "
+                                  "`collective.<tier>`")
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"{where} must be a non-empty string")
+        out[si_head + dot + rest] = text
+    return out
+
+
 # --------------------------------------------------------------------------- GPUs
 def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
     """Build a ``GpuSpec`` from a parsed GPU YAML mapping (strict; units converted)."""
@@ -391,8 +417,12 @@ def _calibration_from_dict(
                 )
             _check_value(_Field(block, block, "number", rule=rule), v, file, where)
     fields = {f.si_name for f in _CALIBRATION_FIELDS} - {"provenance"}
-    provenance = _sources(values["provenance"], fields, file, f"{path}.provenance")
-    unexplained = sorted(k for k in values if k in fields and k not in provenance)
+    provenance = _provenance(values["provenance"], fields, tier_names, file,
+                             f"{path}.provenance")
+    covered = {k.partition(".")[0] for k in provenance}
+    if "collective" in covered:  # `collective.<tier>` explains that tier's α and efficiency
+        covered |= {"collective_alpha_s", "collective_bw_efficiency"}
+    unexplained = sorted(k for k in values if k in fields and k not in covered)
     if unexplained:
         raise ConfigError(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "

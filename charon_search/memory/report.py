@@ -10,6 +10,8 @@ Reserved bytes follow the cluster's calibrated allocator model:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,12 @@ class MemoryOptions:
     """Shard expert weights over TP as well as EP (Megatron expert tensor parallelism)."""
     ddp_bucket_bytes: float = 25 * MIB
     """Gradient bucket of unsharded DDP (PyTorch ``bucket_cap_mb=25``)."""
+    fsdp_no_sync_accumulation: bool | None = None
+    """FSDP gradient sync disabled across micro-batches, so each stage accumulates *unsharded*
+    gradients (in ``grad_bytes``, FSDP2's reduce dtype) until the last backward. PyTorch's
+    pipelining does this for FSDP stages (``torch/distributed/pipelining/stage.py``,
+    ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``). ``None``: on for an
+    FSDP recipe with ``pp > 1``."""
     attn_impl: str | None = None
     """``sdpa`` or ``eager``; ``None``: ``sdpa`` with ``layout.fused_kernels`` else ``eager``."""
 
@@ -140,6 +148,11 @@ class MemoryReport:
 
 
 # ---------------------------------------------------------------------------- layout helpers
+@functools.lru_cache(maxsize=256)
+def _stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(x) for x in stage_layers(layer_types, pp, vpp))
+
+
 def stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int = 1) -> list[list[str]]:
     """Layer types held by each pipeline rank: ``pp * vpp`` contiguous chunks as even as
     possible (earlier chunks take the remainder), chunk ``j`` on rank ``j % pp``."""
@@ -200,14 +213,14 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
     recipe = _recipe(opts, layout)
     cal = cl.calibration
 
-    per_stage = stage_layers(_layer_types(spec), layout.pp, layout.vpp)
+    per_stage = _stage_layers(_layer_types(spec), layout.pp, layout.vpp)
     m = layout.num_micro_batches
     point = ShardingPoint(
         b=layout.micro_batch_size, s=layout.seq_len / layout.cp,
         c=layout.seq_len / layout.cp if layout.cp_algo == "ring" else layout.seq_len,
         tp=layout.tp, sequence_parallel=layout.sequence_parallel,
     )
-    evals = {name: blk.evaluate(point) for name, blk in prof.blocks.items()}
+    evals = _evaluate(prof, point)
     fp8_saved = (opts.fp8_saved_activations if opts.fp8_saved_activations is not None
                  else layout.precision == "fp8") and layout.precision == "fp8"
 
@@ -215,22 +228,33 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
     expert_shards = max(1, layout.dp * layout.cp // layout.ep)
     prefetch = (opts.fsdp_prefetch_depth if opts.fsdp_prefetch_depth is not None
                 else int(layout.fsdp_prefetch))
-    groups = sum(1 for d in (layout.tp, layout.cp, layout.dp, layout.ep, layout.pp) if d > 1)
-    comm_buffers = cal.comm_buffer_bytes * groups
+    no_sync = (opts.fsdp_no_sync_accumulation if opts.fsdp_no_sync_accumulation is not None
+               else recipe.fsdp and layout.pp > 1)
+    num_groups = sum(1 for d in (layout.tp, layout.cp, layout.dp, layout.ep, layout.pp) if d > 1)
+    comm_buffers = cal.comm_buffer_bytes * num_groups
 
     stages = []
     for i, layers in enumerate(per_stage):
-        names = list(layers)
+        # (block name, recompute mode) -> layers of that kind on this stage.
+        groups: dict[tuple[str, str], int] = {}
+        recompute_k = 0
+        if layout.recompute == "full":
+            recompute_k = layout.recompute_num_layers or len(layers)
+        for j, name in enumerate(layers):
+            mode = layout.recompute
+            if mode == "full" and j >= recompute_k:
+                mode = "none"
+            groups[(name, mode)] = groups.get((name, mode), 0) + 1
         if i == 0:
-            names.insert(0, "embedding")
+            groups[("embedding", "none")] = 1
         if i == layout.pp - 1:
-            names.append("lm_head")
+            groups[("lm_head", "none")] = 1
         # ---- parameters
         dense = expert = 0.0
         unit_max = 0.0
-        for name in names:
+        for (name, _), count in groups.items():
             d, e = prof.params[name].local(tp=layout.tp, ep=layout.ep, expert_tp=opts.expert_tp)
-            dense, expert = dense + d, expert + e
+            dense, expert = dense + count * d, expert + count * e
             unit_max = max(unit_max, d + e)
         if (i == layout.pp - 1 and layout.pp > 1 and spec.tie_word_embeddings
                 and prof.params["lm_head"].tp == 0):
@@ -242,6 +266,10 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
                               zero_stage=layout.zero_stage if layout.dp * layout.cp > 1 else 0,
                               dense_shards=dense_shards, expert_shards=expert_shards,
                               recipe=recipe)
+        if no_sync and layout.dp * layout.cp > 1:
+            # Unsharded accumulated gradients replace the sharded ones until the step.
+            states = dataclasses.replace(
+                states, grads_bytes=(dense + expert) * recipe.grad_bytes)
         buffers = comm_buffers
         if layout.zero_stage == 3 and dense_shards > 1:
             # Gathered weights of the unit computing plus those prefetched, and the unsharded
@@ -256,18 +284,10 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
                                     num_micro_batches=m, vpp=layout.vpp)
         saved_stage = 0.0
         extra = 0.0
-        n_layers = len(layers)
-        recompute_k = 0
-        if layout.recompute == "full":
-            recompute_k = layout.recompute_num_layers or n_layers
-        for j, name in enumerate(names):
+        for (name, mode), count in groups.items():
             ev = evals.get(name)
             if ev is None:
                 continue
-            decoder = name not in ("embedding", "lm_head")
-            mode = layout.recompute if decoder else "none"
-            if mode == "full" and decoder and (j - (1 if i == 0 else 0)) >= recompute_k:
-                mode = "none"
             kept = _kept(ev, mode, opts.selective_policy)
             # The timelines are in the traced dtype; FP8 copies shrink what is kept and what
             # the backward reads alike, so the transient on top is unchanged.
@@ -275,7 +295,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             if fp8_saved and (mode == "none" or (mode == "selective"
                                                  and opts.selective_policy == "attention")):
                 kept -= 0.5 * ev["saved_gemm_input"]  # bf16 -> fp8 copies of GEMM inputs
-            saved_stage += kept
+            saved_stage += count * kept
         activations = n_flight * saved_stage / layout.vpp + extra
 
         allocated = states.total_bytes + buffers + activations
@@ -291,8 +311,24 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
         gpu_name=cl.gpu.name,
         assumptions={"attn_impl": attn_impl, "recipe": _recipe_name(opts, layout),
                      "selective_policy": opts.selective_policy, "fp8_saved": fp8_saved,
-                     "fsdp_prefetch_depth": prefetch},
+                     "fsdp_prefetch_depth": prefetch, "fsdp_no_sync_accumulation": no_sync},
     )
+
+
+_EVAL_CACHE: dict[tuple[int, ShardingPoint], tuple[ModelMemoryProfile, dict]] = {}
+
+
+def _evaluate(prof: ModelMemoryProfile, point: ShardingPoint) -> dict[str, dict[str, float]]:
+    """Block summaries at ``point``, memoised (the search revisits the same shapes)."""
+    key = (id(prof), point)
+    hit = _EVAL_CACHE.get(key)
+    if hit is not None and hit[0] is prof:
+        return hit[1]
+    out = {name: blk.evaluate(point) for name, blk in prof.blocks.items()}
+    if len(_EVAL_CACHE) > 4096:
+        _EVAL_CACHE.clear()
+    _EVAL_CACHE[key] = (prof, out)
+    return out
 
 
 def _kept(ev: Mapping[str, float], mode: str, policy: str) -> float:

@@ -8,6 +8,8 @@ from charon_search.passes import (  # noqa: F401 - registration side effects
     context_parallel,
     data_parallel,
     expert_parallel,
+    fusion,
+    overlap,
     recompute,
     tensor_parallel,
 )

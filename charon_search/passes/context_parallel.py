@@ -107,7 +107,8 @@ class ContextParallelPass(Pass):
             gb.nodes.append(Node(
                 id=gb.fresh_id(), name=gb.unique_name(f"cp_join_{node.name}"),
                 kind=OpKind.OTHER, target="pass:cp", module_path=node.module_path,
-                role=node.role, phase=node.phase if node.phase != Phase.OPTIMIZER else Phase.FORWARD,
+                role=node.role,
+                phase=node.phase if node.phase != Phase.OPTIMIZER else Phase.FORWARD,
                 inputs=(t, comm_out), outputs=(joined,)))
             gb.rename[t] = joined
 

@@ -82,7 +82,9 @@ class ExpertParallelPass(Pass):
         # Expert weights: ep-th of them are read per rank.
         w = node.params["num_experts"] * node.params["n"] * node.params["k"] * 2
         saved = w * (1 - 1 / ep)
-        br = node.bytes_read - saved if (node.bytes_read - saved)(1, 1, 1) >= 0 else node.bytes_read
+        br = node.bytes_read - saved
+        if br(1, 1, 1) < 0:
+            br = node.bytes_read
         return node.replace(params=p, bytes_read=br)
 
 

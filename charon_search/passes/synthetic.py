@@ -193,7 +193,7 @@ def synthetic_block(kind: str = "dense", *, hidden: int = 256, heads: int = 8,
     bk = _G(kind + ".bwd", Phase.BACKWARD, next_t=shared_t)
     bk.tensors.update(f.tensors)
     dy = bk.inp(b, s, h)
-    bk.inputs += saved + [w_q, w_k, w_v, w_o, w_n1, w_n2]
+    bk.inputs += [*saved, w_q, w_k, w_v, w_o, w_n1, w_n2]
     bk.params += [w_q, w_k, w_v, w_o, w_n1, w_n2]
     grads: list[int] = []
     dn2 = _mlp_backward(bk, kind, dy, n2, mlp_saved, h, ffn, num_experts, top_k, moe_ffn,

@@ -33,6 +33,8 @@ ROW_ROLES = frozenset({Role.ATTN_OUT, Role.MLP_OUT})
 SHARDED_ROLES = frozenset({Role.ATTN_CORE, Role.ATTN_ROPE, Role.ATTN_QK_NORM, Role.MLP_ACT})
 """Ops between a column and a row GEMM: run on tp-th of the heads / features."""
 _GEMMS = (OpKind.GEMM,)
+_GATE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.RESIDUAL,
+                         Role.EMBED})
 _SUMMABLE = (OpKind.ELEMENTWISE, OpKind.COPY)
 
 
@@ -106,10 +108,29 @@ class _TPWalker:
             self.state[self.gathered[t]] = "F"
         return self.gathered[t]
 
+    def flush_dangling(self, node: Node) -> tuple[int, ...]:
+        """Reduce partial sums no op in this graph reads (their sum was traced elsewhere or
+        dropped) with one collective before ``node``; returns its output to gate ``node``."""
+        dangling = [t for t in self.partial_order if t not in self.reduced
+                    and not self.consumers.get(t)]
+        if not dangling:
+            return ()
+        big = max(dangling, key=lambda t: self.gb.tensors[t].numel(1, 1, 1))
+        self.reduce(big, node)
+        out = self.reduced[big]
+        for t in dangling:
+            self.reduced[t] = out
+        return (out,)
+
     def walk(self) -> OpGraph:
         tp, sp, gb = self.tp, self.sp, self.gb
+        self.consumers = self.graph.consumers
+        self.partial_order: list[int] = []
         for node in self.graph.nodes:
             act_in = [t for t in node.inputs if t not in self.params]
+            extra: tuple[int, ...] = ()
+            if node.role in _GATE_ROLES or node.kind in (OpKind.NORM, OpKind.EMBEDDING):
+                extra = self.flush_dangling(node)
             if _tp_gemm_role(node):
                 new, out_state, inputs = self.gemm(node, act_in)
             else:
@@ -133,12 +154,12 @@ class _TPWalker:
                 inputs = node.inputs
             for t in node.outputs:
                 self.state[t] = out_state
-            gb.add(new.replace(inputs=inputs))
+                if out_state == "P":
+                    self.partial_order.append(t)
+            gb.add(new.replace(inputs=tuple(inputs) + extra))
         # Partial sums leaving the graph (e.g. the block's input gradient) are reduced at the end.
-        for t in self.graph.outputs:
-            c = self.cur(t)
-            if self.st(c) == "P" and t not in self.params:
-                self.reduce(c, self.graph.nodes[-1])
+        if self.graph.nodes:
+            self.flush_dangling(self.graph.nodes[-1])
         meta = {"tp_sharded_inputs": tuple(t for t, s in self.state.items() if s == "S"),
                 "tp": tp, "sequence_parallel": sp}
         return gb.finish(meta=meta)

@@ -90,10 +90,10 @@ class _Cached(Evaluator):
 
 @EVALUATORS.register("training")
 class TrainingEvaluator(_Cached):
-    """Memory check (``memory.fits``), then ``training.simulate_training``."""
+    """Memory check (``memory.memory_report``), then ``training.simulate_training``."""
 
     def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
-        from charon_search.memory import fits, memory_report
+        from charon_search.memory import memory_report
         from charon_search.training import simulate_training
 
         model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
@@ -103,18 +103,19 @@ class TrainingEvaluator(_Cached):
             "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes),
             "tokens_per_step": layout.global_batch_size * layout.seq_len,
         }
-        ok, reason = fits(model, layout, cluster)
-        if not ok:
-            mem = memory_report(model, layout, cluster)
-            peak = getattr(mem, "peak_bytes", None) or getattr(mem, "peak_memory_bytes", None)
-            if peak is not None:
-                rec["peak_memory_bytes"] = float(peak)
-            return {**rec, "feasible": False, "prune_reason": f"memory: {reason}"}
+        mem = memory_report(model, layout, cluster)  # microseconds-milliseconds, no timeline
+        if not mem.fits:
+            rec["peak_memory_bytes"] = float(mem.peak_reserved_bytes)
+            return {**rec, "feasible": False, "prune_reason": f"memory: {mem.reason}"}
         try:
             report = simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
         except InfeasibleError as e:
             return {**rec, "feasible": False, "prune_reason": f"infeasible: {e}"}
-        rec.update(flatten_report(report))
+        rec.update({k: v for k, v in flatten_report(report).items()
+                    if not k.startswith("layout.")})
+        mem = report.memory or {}
+        if mem.get("peak_reserved_bytes") is not None:
+            rec["peak_memory_bytes"] = float(mem["peak_reserved_bytes"])
         _derive_training(rec, cluster)
         rec.setdefault("feasible", True)
         rec["feasible"] = True
@@ -148,7 +149,9 @@ class ServingEvaluator(_Cached):
 
 # ---------------------------------------------------------------- analytic toy
 #: Constants of the toy closed form (arbitrary, chosen so the front is non-trivial).
-_TOY_WORK_GPU_S = 4096.0  # GPU-seconds of compute per step at perfect scaling
+_TOY_WORK_GPU_S = 64.0  # GPU-seconds of compute per step at perfect scaling
+_TOY_SYNC_S = 0.6  # data-parallel gradient sync of unsharded weights, ring limit (dp -> inf)
+_TOY_OVERHEAD_S = 0.05  # per-step fixed cost
 _TOY_PARAM_BYTES = 320 * 2**30  # weights + grads + optimizer states, unsharded
 _TOY_ACT_BYTES = 24 * 2**30  # activations of one micro-batch, unsharded, no recompute
 _TOY_DEVICE_BYTES = 80 * 2**30
@@ -164,8 +167,8 @@ class ToyAnalyticEvaluator(Evaluator):
     * compute_s = W/n · (1 + 0.06·log2 tp + 0.04·log2 cp) · recompute_factor
       · (1 + 0.25/micro_batch_size)                               (small GEMMs are less efficient)
     * bubble_s = compute_s · (pp−1)/m
-    * comm_s = 0.002·(dp−1)·(1 + 0.5·[zero_stage ≥ 3]) + 0.01·log2(tp·cp)
-    * step_time_s = compute_s + bubble_s + comm_s
+    * comm_s = S·(1 − 1/dp)·(1 + 0.5·[zero_stage ≥ 3])/(tp·pp)
+    * step_time_s = compute_s + bubble_s + comm_s + overhead
     * peak_memory_bytes = P/(tp·pp·z) + A·micro_batch_size·act_factor/(tp·cp)
       with z = dp for zero_stage ≥ 1 (sharded states) else 1.
     """
@@ -181,8 +184,8 @@ class ToyAnalyticEvaluator(Evaluator):
         compute = (_TOY_WORK_GPU_S / n * (1 + 0.06 * math.log2(tp) + 0.04 * math.log2(cp))
                    * slow * (1 + 0.25 / mbs))
         bubble = compute * (pp - 1) / m
-        comm = 0.002 * (dp - 1) * (1.0 + 0.5 * (zero >= 3)) + 0.01 * math.log2(tp * cp)
-        step = compute + bubble + comm
+        comm = _TOY_SYNC_S * (1 - 1 / dp) * (1.0 + 0.5 * (zero >= 3)) / (tp * pp)
+        step = compute + bubble + comm + _TOY_OVERHEAD_S
         shard = dp if zero >= 1 else 1
         peak = _TOY_PARAM_BYTES / (tp * pp * shard) + _TOY_ACT_BYTES * mbs * act / (tp * cp)
         tokens = gbs * int(cfg.get("seq_len", 4096))

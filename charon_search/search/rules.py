@@ -141,14 +141,32 @@ def ep_divides_dp_cp(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
     return None
 
 
-@CONSTRAINTS.register("ep_divides_pool")
-def ep_divides_pool(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
-    """Serving: experts shard over a replica's tp*dp (attention DP) GPUs, so ep divides them."""
+@CONSTRAINTS.register("ep_divides_replica")
+def ep_divides_replica(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
+    """Serving: experts shard over ep of a replica's tp*pp GPUs, so ep divides tp*pp."""
     for key in _axis_keys(cfg, "ep"):
         pre = _pool(key, "ep")
-        width = _g(cfg, f"{pre}tp") * _g(cfg, f"{pre}attn_dp")
+        width = _g(cfg, f"{pre}tp") * _g(cfg, f"{pre}pp")
         if width % _g(cfg, key):
-            return f"{key}={_g(cfg, key)} must divide {pre}tp*{pre}attn_dp={width}"
+            return f"{key}={_g(cfg, key)} must divide {pre}tp*{pre}pp={width}"
+    return None
+
+
+def serving_num_gpus(cfg: Mapping[str, Any]) -> int:
+    """GPUs of a serving deployment: tp*pp*sp*dp, or the sum over prefill/decode pools."""
+    if cfg.get("mode") == "disaggregated":
+        return sum(_g(cfg, f"{p}_replicas") * _g(cfg, f"{p}_tp") * _g(cfg, f"{p}_pp")
+                   for p in ("prefill", "decode"))
+    return _g(cfg, "tp") * _g(cfg, "pp") * _g(cfg, "sp") * _g(cfg, "dp")
+
+
+@CONSTRAINTS.register("serving_gpus_in_range")
+def serving_gpus_in_range(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
+    """min_gpus <= deployment GPUs <= max_gpus (fixed keys of the space)."""
+    n = serving_num_gpus(cfg)
+    lo, hi = _g(cfg, "min_gpus", 1), _g(cfg, "max_gpus", 1 << 30)
+    if not lo <= n <= hi:
+        return f"deployment uses {n} GPUs, outside [min_gpus={lo}, max_gpus={hi}]"
     return None
 
 
@@ -216,7 +234,12 @@ def layout_valid(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
 
     try:
         layout = layout_from_config(cfg)
-        layout.validate_for(ctx.model(cfg["model"]), int(cfg["num_gpus"]))
+        try:  # the training simulator's own rules (dualpipe, interleaving) when present
+            from charon_search.training import validate_layout
+        except ImportError:
+            layout.validate_for(ctx.model(cfg["model"]), int(cfg["num_gpus"]))
+        else:
+            validate_layout(ctx.model(cfg["model"]), layout, int(cfg["num_gpus"]))
     except ConfigError as e:
         return str(e)
     return None
@@ -252,9 +275,19 @@ def recompute_layers(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+_AGGREGATED_ONLY = ("tp", "pp", "ep", "dp", "sp", "dynamic_sp", "dp_attention")
+
+
 @NORMALIZERS.register("disaggregation")
 def disaggregation(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Serving: an aggregated deployment has no decode pool (its ``decode_*`` keys are dropped)."""
-    if cfg.get("mode") != "aggregated":
-        return dict(cfg)
-    return {k: v for k, v in cfg.items() if not k.startswith("decode_")}
+    """Serving: keep only the keys the mode uses (pool keys when disaggregated, else replica).
+
+    ``num_gpus`` is set to the deployment's GPU count.
+    """
+    if cfg.get("mode", "aggregated") == "aggregated":
+        out = {k: v for k, v in cfg.items()
+               if not k.startswith(("prefill_", "decode_")) and k != "kv_transfer"}
+    else:
+        out = {k: v for k, v in cfg.items() if k not in _AGGREGATED_ONLY}
+    out["num_gpus"] = serving_num_gpus(out)
+    return out

@@ -33,7 +33,15 @@ from typing import Any
 from charon_search.errors import ConfigError
 from charon_search.registry import Registry
 from charon_search.search.objective import Objective
-from charon_search.search.results import CONFIG_PREFIX, RECORD_PREFIX, split_attrs, write_outputs
+from charon_search.search.results import (
+    CONFIG_PREFIX,
+    RECORD_PREFIX,
+    config_columns,
+    pareto_rows,
+    split_attrs,
+    trial_rows,
+    write_outputs,
+)
 from charon_search.search.rules import RuleContext
 from charon_search.search.space import SearchSpace, config_key
 from charon_search.search.worker import make_executor
@@ -132,6 +140,8 @@ class SearchResult:
     num_resubmits: int
     rows: list[dict[str, Any]] = field(repr=False)
     pareto: list[dict[str, Any]] = field(repr=False)
+    config_keys: list[str] = field(default_factory=list)
+    """Config columns of ``rows`` (the rest are metrics and bookkeeping)."""
     out_dir: str | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -258,8 +268,6 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         rows, front = write_outputs(trials, objective, space, Path(options.out_dir),
                                     html=options.html)
     else:
-        from charon_search.search.results import config_columns, pareto_rows, trial_rows
-
         rows = trial_rows(trials, objective, space)
         front = pareto_rows(rows, objective, config_columns(trials))
     feasible = sum(1 for r in rows if r.get("feasible"))
@@ -275,7 +283,7 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         nodes_used=len({r.get("node_id") for r in rows if r.get("node_id") and
                         not r.get("memo_hit") and r.get("valid") is not False}),
         num_worker_restarts=executor.num_restarts, num_resubmits=executor.num_resubmits,
-        rows=rows, pareto=front, out_dir=options.out_dir,
+        rows=rows, pareto=front, config_keys=config_columns(trials), out_dir=options.out_dir,
     )
 
 

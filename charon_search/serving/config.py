@@ -238,7 +238,8 @@ class ServingConfig:
     least ``kernels * this``. ~4 us per launch: CUDA C best-practices guide, "kernel launch
     overhead" (a few microseconds)."""
     iteration_overhead_s: float | None = None
-    """Per-iteration CPU/scheduler time; None = ``cluster.calibration.iteration_cpu_overhead_s``."""
+    """Per-iteration CPU/scheduler time; None = the cluster's calibrated
+    ``iteration_cpu_overhead_s``."""
     precision: str = "bf16"
     """Weight/GEMM precision."""
     kv_dtype: str = "bf16"
@@ -250,6 +251,14 @@ class ServingConfig:
     """TPOT objective for goodput (None = not constrained)."""
 
     def __post_init__(self) -> None:
+        # Accept the YAML forms directly (``disagg="prefill=2xTP2,decode=1xTP4"``, dicts).
+        if isinstance(self.disagg, str):
+            object.__setattr__(self, "disagg", parse_disagg(self.disagg))
+        elif isinstance(self.disagg, Mapping):
+            object.__setattr__(self, "disagg", DisaggConfig.from_dict(self.disagg))
+        if isinstance(self.speculative, Mapping):
+            object.__setattr__(self, "speculative", SpeculativeConfig.from_dict(self.speculative))
+        object.__setattr__(self, "cuda_graph_sizes", tuple(self.cuda_graph_sizes))
         for name in ("tp", "pp", "ep", "dp", "sp", "max_num_seqs", "max_num_batched_tokens",
                      "block_size"):
             _positive_int(name, getattr(self, name))
@@ -295,14 +304,5 @@ class ServingConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "serving config") -> ServingConfig:
         """Build from a mapping (YAML/JSON); unknown keys raise ``ConfigError``."""
-        kw = _strict_kwargs(cls, data, where)
-        if isinstance(kw.get("speculative"), Mapping):
-            kw["speculative"] = SpeculativeConfig.from_dict(kw["speculative"])
-        if isinstance(kw.get("disagg"), str):
-            kw["disagg"] = parse_disagg(kw["disagg"])
-        elif isinstance(kw.get("disagg"), Mapping):
-            kw["disagg"] = DisaggConfig.from_dict(kw["disagg"])
-        if "cuda_graph_sizes" in kw:
-            kw["cuda_graph_sizes"] = tuple(kw["cuda_graph_sizes"])
-        return cls(**kw)
+        return cls(**_strict_kwargs(cls, data, where))
 

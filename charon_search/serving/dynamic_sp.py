@@ -5,8 +5,9 @@ request *i* may run on ``d_i`` of them (a divisor of ``sp``): its causal attenti
 ``2 d_i`` zigzag chunks so each of the ``d_i`` GPUs gets equal work (``attn_i / d_i``), after an
 all-gather of the request's KV across the ``d_i`` GPUs. *Fixed* SP uses ``d_i = sp`` for every
 request (every GPU pays every request's all-gather); *dynamic* SP picks each ``d_i`` and the
-GPUs greedily (longest job first, least-loaded GPUs) to minimise the batch's attention latency,
-the maximum load over GPUs. Short requests then stay on one GPU and skip the all-gather.
+GPUs (local search from fixed SP, placing longest first on the least-loaded GPUs) to minimise
+the batch's attention latency, the maximum load over GPUs. Short requests then stay on one GPU
+and skip the all-gather.
 """
 
 from __future__ import annotations
@@ -42,35 +43,68 @@ def fixed_sp_latency(attn_s: Sequence[float], kv_bytes: Sequence[float], sp: int
     return float(sum(a / sp + all_gather(kv, sp) for a, kv in zip(attn_s, kv_bytes)))
 
 
+def _makespan(per_gpu_s: Sequence[float], degrees: Sequence[int], sp: int) -> float:
+    """Max GPU load when each request (longest first) goes to its d least-loaded GPUs."""
+    loads = [0.0] * sp
+    for i in sorted(range(len(per_gpu_s)), key=lambda j: -per_gpu_s[j]):
+        for g in sorted(range(sp), key=loads.__getitem__)[: degrees[i]]:
+            loads[g] += per_gpu_s[i]
+    return max(loads) if loads else 0.0
+
+
 def plan_dynamic_sp(attn_s: Sequence[float], kv_bytes: Sequence[float], sp: int,
                     all_gather: AllGatherFn) -> SpPlan:
-    """Greedy per-request degrees and placement minimising the max GPU load.
+    """Per-request degrees minimising the batch's attention latency (max GPU load).
 
-    Requests are placed longest first; each tries every degree ``d`` dividing ``sp`` on the
-    ``d`` least-loaded GPUs and keeps the one giving the smallest resulting maximum (ties: less
-    total GPU time). Never worse than fixed SP on one request; O(n sp log sp).
+    Local search (one request's degree at a time, shortest requests first, until a pass changes
+    nothing; placement longest first onto the least-loaded GPUs) from three starts: fixed SP
+    (every request at ``sp``), every request on one GPU, and a greedy longest-first choice.
+    The fixed-SP start makes the plan never worse than fixed SP.
     """
     n = len(attn_s)
-    degrees = [1] * n
-    loads = [0.0] * sp
     options = _degree_options(sp)
+
+    def per_gpu(i: int, d: int) -> float:
+        return attn_s[i] / d + (all_gather(kv_bytes[i], d) if d > 1 else 0.0)
+
+    table = [{d: per_gpu(i, d) for d in options} for i in range(n)]
+
+    def span(degs: Sequence[int]) -> float:
+        return _makespan([table[i][degs[i]] for i in range(n)], degs, sp)
+
+    def local_search(degs: list[int]) -> tuple[float, list[int]]:
+        cur = span(degs)
+        for _ in range(4):
+            changed = False
+            for i in sorted(range(n), key=lambda j: attn_s[j]):
+                for d in options:
+                    if d == degs[i]:
+                        continue
+                    trial = degs.copy()
+                    trial[i] = d
+                    t = span(trial)
+                    if t < cur - 1e-15:
+                        cur, degs, changed = t, trial, True
+            if not changed:
+                break
+        return cur, degs
+
+    # Multi-start: fixed SP, everything local, and a greedy longest-first placement.
+    greedy = [1] * n
+    loads = [0.0] * sp
     for i in sorted(range(n), key=lambda j: -attn_s[j]):
         order = sorted(range(sp), key=loads.__getitem__)
-        best: tuple[float, float, int] | None = None
-        current_max = max(loads)
-        for d in options:
-            t = attn_s[i] / d + (all_gather(kv_bytes[i], d) if d > 1 else 0.0)
-            new_max = max(current_max, loads[order[d - 1]] + t)
-            cand = (new_max, t * d, d)
-            if best is None or cand < best:
-                best = cand
-        assert best is not None
-        d = best[2]
-        t = attn_s[i] / d + (all_gather(kv_bytes[i], d) if d > 1 else 0.0)
+        d = min(options, key=lambda dd: (max(max(loads), loads[order[dd - 1]] + table[i][dd]),
+                                         dd * table[i][dd]))
         for g in order[:d]:
-            loads[g] += t
-        degrees[i] = d
-    return SpPlan(latency_s=max(loads) if loads else 0.0, degrees=tuple(degrees))
+            loads[g] += table[i][d]
+        greedy[i] = d
+    best, degrees = local_search([sp] * n)
+    for start in ([1] * n, greedy):
+        t, degs = local_search(start)
+        if t < best - 1e-15:
+            best, degrees = t, degs
+    return SpPlan(latency_s=best, degrees=tuple(degrees))
 
 
 class SequenceParallelCostModel(IterationCostModel):
@@ -116,7 +150,7 @@ class SequenceParallelCostModel(IterationCostModel):
             return fixed
         dyn = plan_dynamic_sp(attn, kvb, self.sp, self.all_gather).latency_s
         self.saved_s += max(0.0, fixed - dyn)
-        return min(dyn, fixed)
+        return dyn
 
     def iteration_s(self, prefill: PrefillChunks, num_decode: int, decode_kv_sum: float,
                     decode_q: int = 1, *, padded_decode: int = 0) -> float:

@@ -32,10 +32,52 @@ __all__ = ["IterationRecord", "ReplicaEngine", "Request"]
 _EPS = 1e-9
 
 
+class ItlHistogram:
+    """Inter-token latencies, weighted by tokens, in log bins of 0.2 % (memory flat in the
+    number of iterations); the mean is exact, percentiles within 0.1 %."""
+
+    __slots__ = ("bins", "total_s", "weight")
+    _PER_E = 500.0
+
+    def __init__(self) -> None:
+        self.bins: dict[int, float] = {}
+        self.total_s = 0.0
+        self.weight = 0.0
+
+    def add(self, itl_s: float, tokens: float) -> None:
+        if itl_s <= 0 or tokens <= 0:
+            return
+        k = math.floor(math.log(itl_s) * self._PER_E)
+        self.bins[k] = self.bins.get(k, 0.0) + tokens
+        self.total_s += itl_s * tokens
+        self.weight += tokens
+
+    def merge(self, other: ItlHistogram) -> None:
+        for k, w in other.bins.items():
+            self.bins[k] = self.bins.get(k, 0.0) + w
+        self.total_s += other.total_s
+        self.weight += other.weight
+
+    def stats(self) -> dict[str, float]:
+        if not self.weight:
+            return {k: math.nan for k in ("mean", "p50", "p90", "p99")}
+        keys = sorted(self.bins)
+        out = {"mean": self.total_s / self.weight}
+        acc, i = 0.0, 0
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            while i < len(keys) and acc + self.bins[keys[i]] < q * self.weight:
+                acc += self.bins[keys[i]]
+                i += 1
+            k = keys[min(i, len(keys) - 1)]
+            out[name] = math.exp((k + 0.5) / self._PER_E)
+        return out
+
+
 class Request:
     """Mutable per-request simulation state."""
 
-    __slots__ = ("arrived_s", "finish_s", "finish_step", "first_token_s", "gen0", "generated_at_finish",
+    __slots__ = ("arrived_s", "finish_s", "finish_step", "first_token_s", "gen0",
+                 "generated_at_finish",
                  "hit_blocks", "hit_tokens", "join_step", "num_preemptions", "output_tokens",
                  "prefilled", "prefix_keys", "prompt_tokens", "spec", "stored0", "target",
                  "transfer_done")
@@ -127,7 +169,7 @@ class ReplicaEngine:
         self.num_iterations = 0
         self.busy_s = 0.0
         self.kv_used_block_s = 0.0
-        self.decode_token_weighted: list[tuple[float, float]] = []
+        self.itl = ItlHistogram()
         self.records: list[IterationRecord] | None = [] if record else None
         self._dec_charge = 0
         self._static_ctx = 0
@@ -273,6 +315,7 @@ class ReplicaEngine:
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
                 r, r.prefilled)
             if not pool.reserve(extra):
+                r.hit_tokens -= r.hit_blocks * bs
                 self._release_prefix(r, now_s)
                 r.prefilled = 0
                 break
@@ -282,6 +325,10 @@ class ReplicaEngine:
             chunks.append((r, take))
             budget -= take
         if not chunks and not self.decoding:
+            if len(self.prefilling) > 1:
+                # Partial prefills hold the blocks each other needs: recompute the newest.
+                self._preempt_newest(now_s)
+                return self.start_iteration(now_s)
             return 0.0
         # 4. Cost: decode-only batches replay a CUDA graph of the next captured size.
         shape = [(take, r.prefilled + take) for r, take in chunks]
@@ -305,7 +352,7 @@ class ReplicaEngine:
         self.busy_s += duration
         self.kv_used_block_s += pool.used_blocks * duration
         if n_dec:
-            self.decode_token_weighted.append((duration, n_dec * self.e))
+            self.itl.add(duration / self.e, n_dec * self.e)
         if self.records is not None:
             self.records.append(IterationRecord(self.name, now_s, duration,
                                                 sum(t for _, t in chunks), len(chunks), n_dec,
@@ -431,7 +478,7 @@ class ReplicaEngine:
         self.busy_s += duration
         self.kv_used_block_s += self.pool.used_blocks * duration
         if phase == "decode":
-            self.decode_token_weighted.append((duration, float(len(self._static_batch))))
+            self.itl.add(duration, float(len(self._static_batch)))
         return duration
 
     def _finish_static(self, now_s: float) -> None:

@@ -21,13 +21,13 @@ import numpy as np
 
 from charon_search.errors import ConfigError, InfeasibleError
 from charon_search.serving.config import PoolConfig, ServingConfig
-from charon_search.serving.engine import ReplicaEngine, Request
+from charon_search.serving.engine import ItlHistogram, ReplicaEngine, Request
 from charon_search.serving.iteration_cost import (
     GraphIterationCostModel,
     IterationCostModel,
     collective_s,
 )
-from charon_search.serving.report import ServingReport, latency_stats, weighted_stats
+from charon_search.serving.report import ServingReport, latency_stats
 from charon_search.serving.workload import RequestSpec, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -106,7 +106,8 @@ class ServingSimulation:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
                  cost_model: IterationCostModel | None = None,
                  draft_cost_model: IterationCostModel | None = None,
-                 record_iterations: bool = False) -> None:
+                 record_iterations: bool = False,
+                 cost_cache: dict[tuple, IterationCostModel] | None = None) -> None:
         self.model = model
         self.cluster = cluster
         self.config = config
@@ -114,7 +115,9 @@ class ServingSimulation:
         self._seq = itertools.count()
         self.prefill_pool: list[ReplicaEngine] = []
         self.decode_pool: list[ReplicaEngine] = []
-        self._cost_cache: dict[tuple, IterationCostModel] = {}
+        self._cost_cache: dict[tuple, IterationCostModel] = (
+            {} if cost_cache is None else cost_cache)
+        """Per-pool cost models (with their warm memo tables); pass one dict to reuse them."""
         self._injected = cost_model
         self._draft = draft_cost_model
         self._record = record_iterations
@@ -209,14 +212,9 @@ class ServingSimulation:
         cfg = self.config
         assert cfg.disagg is not None
         nbytes = req.target * self._kv_xfer_bytes_per_token
-        cl = self._prefill_cluster
-        if cfg.disagg.kv_transfer == "nvlink":
-            stride = 1
-        else:
-            stride = max(cl.gpus_per_node, self._prefill_gpus)
         # Every prefill GPU sends its shard in parallel.
         per_gpu = nbytes / max(1, self._prefill_gpus)
-        xfer = collective_s("send_recv", per_gpu, 2, cl, stride=stride)
+        xfer = kv_transfer_s(per_gpu, self._prefill_cluster, cfg.disagg.kv_transfer)
         self._push(now_s + xfer, 0, _KV, req)
 
     def _on_finished(self, req: Request, now_s: float) -> None:
@@ -319,14 +317,11 @@ class ServingSimulation:
         fin = np.where(done, finish, t_end)
         overlap = np.clip(np.minimum(fin, w1) - np.maximum(arrived, w0), 0.0, None)
         in_system = float(overlap.sum() / max(w1 - w0, 1e-12))
-        # ITL: decode iterations weighted by the tokens they commit.
-        pairs = [p for eng in self.replicas for p in eng.decode_token_weighted]
-        if pairs:
-            dur = np.array([p[0] for p in pairs])
-            tok = np.array([p[1] for p in pairs])
-            itl = weighted_stats(dur / self._e, tok)
-        else:
-            itl = latency_stats(np.array([]))
+        # ITL: decode iterations weighted by the tokens they commit (log histogram).
+        hist = ItlHistogram()
+        for eng in self.replicas:
+            hist.merge(eng.itl)
+        itl = hist.stats()
         ok = done.copy()
         if cfg.slo_ttft_s is not None:
             ok &= ttft <= cfg.slo_ttft_s
@@ -384,6 +379,25 @@ class ServingSimulation:
                                         "num_decode": rec.num_decode,
                                         "cuda_graph": rec.cuda_graph}})
         Path(path).write_text(json.dumps({"traceEvents": events}))
+
+
+def kv_transfer_s(nbytes_per_gpu: float, cluster: ClusterSpec, tier: str) -> float:
+    """Seconds to move one GPU's KV shard to the decode pool.
+
+    ``nvlink``: a send/recv between neighbouring ranks (innermost tier). ``rdma``: a
+    send/recv one node apart when the cluster has a scale-out tier, else the GPU's NIC
+    bandwidth (``GpuSpec.nic_bandwidth_bytes_per_s``) plus the outermost tier's latency.
+    """
+    if tier == "nvlink":
+        return collective_s("send_recv", nbytes_per_gpu, 2, cluster, stride=1)
+    if cluster.tiers[-1].num_devices > cluster.gpus_per_node:
+        return collective_s("send_recv", nbytes_per_gpu, 2, cluster,
+                            stride=cluster.gpus_per_node)
+    nic = cluster.gpu.nic_bandwidth_bytes_per_s
+    if nic <= 0:
+        raise ConfigError(f"`--kv-transfer rdma` needs a NIC, but GPU {cluster.gpu.name} "
+                          "has nic_bandwidth 0; use nvlink")
+    return nbytes_per_gpu / nic + cluster.tiers[-1].latency_s
 
 
 def _jsonable_config(cfg: ServingConfig) -> dict[str, Any]:

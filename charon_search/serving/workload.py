@@ -208,7 +208,9 @@ class WorkloadSpec:
 def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec]:
     """Read a request trace (CSV or Parquet).
 
-    Columns: ``arrived_at`` (s), ``prompt_tokens``, ``output_tokens`` and optionally
+    ``path`` may also name a shipped trace (``splitwise_conv_2k.csv``, see
+    ``charon_search/data/traces/SOURCE.md``). Columns: ``arrived_at`` (s), ``prompt_tokens``,
+    ``output_tokens`` and optionally
     ``prefix_id`` and ``prefix_tokens``. vidur/Splitwise spellings ``num_prefill_tokens`` /
     ``num_decode_tokens`` are accepted too.
 
@@ -217,7 +219,11 @@ def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec
     """
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"workload trace {str(p)!r} does not exist")
+        shipped = Path(__file__).resolve().parent.parent / "data" / "traces" / p.name
+        if not shipped.exists():
+            raise ConfigError(f"workload trace {str(p)!r} does not exist (shipped traces: "
+                              f"{sorted(x.name for x in shipped.parent.glob('*.csv'))})")
+        p = shipped
     try:
         if p.suffix == ".parquet":
             import pyarrow.parquet as pq
@@ -227,7 +233,7 @@ def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec
             import pyarrow.csv as pacsv
 
             table = pacsv.read_csv(p).to_pydict()
-    except Exception as e:  # noqa: BLE001 - any parse failure is bad input
+    except Exception as e:  # any parse failure is bad input
         raise ConfigError(f"workload trace {str(p)!r} could not be read: {e}") from e
     aliases = {"num_prefill_tokens": "prompt_tokens", "num_decode_tokens": "output_tokens"}
     cols = {aliases.get(k, k): v for k, v in table.items()}

@@ -29,6 +29,7 @@ from charon_search.validation.runner import (
     result_from_json,
     run_validation,
     select_records,
+    source_label,
 )
 from charon_search.validation.translate import ServingCase, TrainingCase, to_case
 
@@ -52,5 +53,6 @@ __all__ = [
     "result_from_json",
     "run_validation",
     "select_records",
+    "source_label",
     "to_case",
 ]

@@ -54,7 +54,7 @@ class ArchFacts:
 
 def _megatron_model(a: ArchFacts, B: float, s: float, *, v_div: float = 12.0) -> float:
     """Korthikanti et al. eq. (appendix): 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))."""
-    l, h, V = a.num_layers, a.hidden_size, a.vocab_size
+    l, h, V = a.num_layers, a.hidden_size, a.vocab_size  # noqa: E741 - the papers' symbols
     return 72.0 * B * s * l * h**2 * (1 + s / (6 * h) + V / (v_div * l * h))
 
 
@@ -135,7 +135,7 @@ def hardware_flops_per_step(convention: str, a: ArchFacts, B: float, s: float,
     - ``llm-foundry``: 4 passes with activation checkpointing, else 3.
     - others: model FLOPs (those sources report no recompute-inclusive figure).
     """
-    l, h, V = a.num_layers, a.hidden_size, a.vocab_size
+    l, h, V = a.num_layers, a.hidden_size, a.vocab_size  # noqa: E741 - the papers' symbols
     if convention == "megatron-sc21" or (convention == "megatron-2022" and recompute == "full"):
         return 96.0 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
     if convention == "megatron-2022" and recompute == "selective":

@@ -32,7 +32,7 @@ __all__ = ["ClusterChoice", "Unexpressible", "choose_cluster", "name_map", "reso
            "resolve_model_name"]
 
 
-class Unexpressible(Exception):  # noqa: N818 - a reason, not an error of the program
+class Unexpressible(Exception):
     """The simulator cannot express a record; ``str(e)`` is the reason shown in reports."""
 
 
@@ -104,7 +104,7 @@ def resolve_gpu(key: str) -> GpuSpec:
         from charon_search.hardware import load_gpu
     except ImportError as e:
         raise Unexpressible(f"hardware specs not available: {e}") from e
-    cands = list(name_map()["gpus"].get(key, [])) + [key]
+    cands = [*list(name_map()["gpus"].get(key, [])), key]
     if key in name_map()["gpus"] and not name_map()["gpus"][key]:
         raise Unexpressible(f"unsupported accelerator {key!r} (no GPU spec: not a GPU)")
     errors = []

@@ -87,7 +87,7 @@ def _memory_metrics(case: TrainingCase, report: Any,
                 return {}, f"memory model not available: {e}"
         try:
             mem = memory_fn(case.model, case.layout, case.cluster)
-        except Exception as e:  # noqa: BLE001 - reported per metric
+        except Exception as e:
             return {}, f"memory model failed: {type(e).__name__}: {e}"
     out: dict[str, float] = {}
     peak = read_number(mem, "peak_reserved_bytes")
@@ -191,12 +191,22 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
             from charon_search.serving import simulate_serving as simulate
         except ImportError as e:
             raise Unexpressible(f"serving simulator not available: {e}") from e
-    report = simulate(case.model, case.cluster, case.config, case.workload)
+    closed = getattr(case.workload, "closed_loop", False)
+    try:
+        report = simulate(case.model, case.cluster, case.config, case.workload,
+                          keep_requests=closed)
+    except TypeError:  # a simulator without per-request output
+        report = simulate(case.model, case.cluster, case.config, case.workload)
     pred: dict[str, float] = {}
     skipped: dict[str, str] = {}
+    ttft, tpot = read_number(report, "ttft_s"), read_number(report, "tpot_s")
+    steady = _steady_state(report, int(getattr(case.workload, "concurrency", 0))) \
+        if closed else None
+    if steady is not None:
+        ttft, tpot = steady
     values = {
-        "ttft_s": read_number(report, "ttft_s"),
-        "tpot_s": read_number(report, "tpot_s"),
+        "ttft_s": ttft,
+        "tpot_s": tpot,
         "output_tokens_per_s": read_number(report, "output_tokens_per_s"),
         "requests_per_s": read_number(report, "requests_per_s"),
     }
@@ -218,6 +228,32 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
         if v is not None:
             info[k] = v
     return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
+
+
+def _steady_state(report: Any, concurrency: int) -> tuple[float, float] | None:
+    """Mean TTFT/TPOT of a closed loop without its warm-up wave.
+
+    The first ``concurrency`` requests all arrive at t = 0, so their TTFT includes queueing
+    behind each other's prefill that a benchmark in steady state (requests issued as others
+    finish, hence staggered) does not see; they are left out when later requests exist.
+    """
+    per = report.get("per_request") if isinstance(report, Mapping) else getattr(
+        report, "per_request", None)
+    if not per or concurrency < 1:
+        return None
+    import numpy as np
+
+    rid = np.asarray(per["request_id"], dtype=float)
+    ttft = np.asarray(per["ttft_s"], dtype=float)
+    tpot = np.asarray(per["tpot_s"], dtype=float)
+    keep = rid >= concurrency
+    if keep.sum() < max(1, concurrency // 2):
+        return None
+    t1, t2 = ttft[keep], tpot[keep]
+    t1, t2 = t1[np.isfinite(t1)], t2[np.isfinite(t2)]
+    if not t1.size or not t2.size:
+        return None
+    return float(t1.mean()), float(t2.mean())
 
 
 def predict_case(case: TrainingCase | ServingCase, *,

@@ -145,7 +145,8 @@ def load_records(path: str | Path, *, expand_variants: bool = True) -> list[Reco
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        data = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: malformed YAML: {e}") from e
     return parse_records(data, where=str(path), expand_variants=expand_variants)
@@ -234,13 +235,13 @@ def _check_record(raw: Any, *, where: str) -> Record:
     where = f"{where.rsplit(': record', 1)[0]}: record {rid}"
     kind = raw.get("kind")
     _choice(kind, ("training", "serving"), f"{where}: `kind`")
-    _require_keys(raw, _RECORD_KEYS + (kind,), ("variants",), where)
+    _require_keys(raw, (*_RECORD_KEYS, kind), ("variants",), where)
     src = raw["source"]
     _require_keys(src, ("title", "read_from", "url"), (), f"{where}: `source`")
     _choice(raw["confidence"], ("high", "medium", "low"), f"{where}: `confidence`")
 
     model = raw["model"]
-    _require_keys(model, _MODEL_KEYS + ("arch",), ("extra",), f"{where}: `model`")
+    _require_keys(model, (*_MODEL_KEYS, "arch"), ("extra",), f"{where}: `model`")
     _choice(model["arch"], ("dense", "moe"), f"{where}: `model.arch`")
     for k in ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size", "num_experts", "num_experts_per_token"):
@@ -331,7 +332,8 @@ def _check_training(cfg: Any, model: Mapping[str, Any], hw: Mapping[str, Any], *
     if model["arch"] == "dense" and ep != 1:
         raise ConfigError(f"{where}: dense models need ep == 1, but got ep={ep}")
     if model["arch"] == "moe" and dp is not None and cp is not None and (dp * cp) % ep:
-        raise ConfigError(f"{where}: `ep` must divide dp * cp, but got (ep={ep}, dp={dp}, cp={cp})")
+        raise ConfigError(f"{where}: `ep` must divide dp * cp, but got "
+                          f"(ep={ep}, dp={dp}, cp={cp})")
     mbs, gbs = cfg["micro_batch_size"], cfg["global_batch_size"]
     if mbs is not None and gbs is not None and dp is not None and gbs % (mbs * dp):
         raise ConfigError(f"{where}: `global_batch_size` must be a multiple of micro_batch_size "

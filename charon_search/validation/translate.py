@@ -371,12 +371,16 @@ def _serving_case(record: Record) -> ServingCase:
         pools = {}
         for name, p in (("prefill", pre), ("decode", dec)):
             adp = p.get("attention_dp_size") or 1
-            if adp > 1:
-                notes.append(f"{name} pool attention-DP {adp} simulated as TP over the same GPUs")
             pools[name] = PoolConfig(num_replicas=int(p["num_workers"]),
                                      tp=int(p["tp_size"]) * adp, pp=int(p.get("pp_size") or 1),
                                      ep=int(p.get("moe_ep_size") or 1))
         kw["disagg"] = DisaggConfig(prefill=pools["prefill"], decode=pools["decode"])
+        adps = [int(p.get("attention_dp_size") or 1) for p in (pre, dec)]
+        if any(a > 1 for a in adps):
+            # ServingConfig.dp_attention applies to both pools.
+            kw["dp_attention"] = True
+            if not all(a > 1 or int(p["tp_size"]) == 1 for a, p in zip(adps, (pre, dec))):
+                notes.append("attention-DP applied to both pools (one pool uses attention TP)")
         num_gpus = sum(pl.num_replicas * pl.gpus_per_replica for pl in pools.values())
         per_node = max(pl.gpus_per_replica for pl in pools.values())
     else:
@@ -398,8 +402,29 @@ def _serving_case(record: Record) -> ServingCase:
                        num_gpus=num_gpus, assumptions=tuple(notes), extra=extra)
 
 
+_CASES: dict[str, TrainingCase | ServingCase | Unexpressible] = {}
+
+
 def to_case(record: Record) -> TrainingCase | ServingCase:
-    """Translate a record; raises ``Unexpressible`` with the reason when it cannot be."""
+    """Translate a record; raises ``Unexpressible`` with the reason when it cannot be.
+
+    Results (and reasons) are memoized per record content, so calibration sweeps that simulate
+    the same records many times translate each once.
+    """
+    key = json.dumps([record.id, record.model, record.hardware, record.config], sort_keys=True,
+                     default=str)
+    if key not in _CASES:
+        try:
+            _CASES[key] = _to_case(record)
+        except Unexpressible as e:
+            _CASES[key] = e
+    hit = _CASES[key]
+    if isinstance(hit, Unexpressible):
+        raise Unexpressible(str(hit))
+    return hit
+
+
+def _to_case(record: Record) -> TrainingCase | ServingCase:
     try:
         resolve_gpu(str(record.hardware.get("gpu")))  # hardware first: the most basic reason
         if record.kind == "training":

@@ -89,3 +89,18 @@ def test_memory_cli_json(tmp_path, capsys) -> None:
     rc = main(["memory", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
                "--tp", "3"])
     assert rc == 2
+
+
+def test_debug_moe_experts_shard_over_ep() -> None:
+    spec = load_model("debug-moe")
+    prof = model_profile(spec)
+    counts = {"embedding": 1, "lm_head": 1,
+              **{t: spec.num_layers_of(t) for t in spec.block_types}}
+    # Weight groups found from the traced consumers add up to the exact parameter count.
+    assert sum(prof.params[n].total * c for n, c in counts.items()) == spec.num_params
+    experts = prof.params["moe"].expert * spec.num_layers_of("moe")
+    assert experts > 0
+    base = {"micro_batch_size": 1, "global_batch_size": 4, "seq_len": 128, "dp": 4}
+    p1 = memory_report(spec, Layout(**base), toy_cluster()).stages[0].params_bytes
+    p2 = memory_report(spec, Layout(**base, ep=2), toy_cluster()).stages[0].params_bytes
+    assert p1 - p2 == pytest.approx(2 * experts / 2)

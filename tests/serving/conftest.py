@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from charon_search.serving import AffineIterationCostModel, RequestSpec
+from charon_search.serving import AffineIterationCostModel
 from charon_search.testing import toy_cluster
 
 
@@ -19,8 +19,3 @@ def affine() -> AffineIterationCostModel:
 def cluster():  # type: ignore[no-untyped-def]
     return toy_cluster()
 
-
-def req(i: int, t: float, prompt: int, out: int, *, prefix_id: int = -1,
-        prefix_tokens: int = 0) -> RequestSpec:
-    return RequestSpec(request_id=i, arrived_at_s=t, prompt_tokens=prompt, output_tokens=out,
-                       prefix_id=prefix_id, prefix_tokens=prefix_tokens)

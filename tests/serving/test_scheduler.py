@@ -8,6 +8,7 @@ import pytest
 
 from charon_search.serving import (
     LengthDistribution,
+    RequestSpec,
     ServingConfig,
     SpeculativeConfig,
     WorkloadSpec,
@@ -15,9 +16,13 @@ from charon_search.serving import (
 )
 from charon_search.serving.iteration_cost import collective_s
 
-from .conftest import req
-
 OH = 1e-3  # per-iteration CPU overhead used throughout
+
+
+def req(i: int, t: float, prompt: int, out: int, *, prefix_id: int = -1,
+        prefix_tokens: int = 0) -> RequestSpec:
+    return RequestSpec(request_id=i, arrived_at_s=t, prompt_tokens=prompt, output_tokens=out,
+                       prefix_id=prefix_id, prefix_tokens=prefix_tokens)
 
 
 def _cfg(**kw):  # type: ignore[no-untyped-def]
@@ -173,6 +178,7 @@ def test_disaggregated_adds_kv_transfer(affine, cluster) -> None:
     cfg = _cfg(disagg={"prefill": "1xTP1", "decode": "1xTP1", "kv_transfer": "rdma"})
     dis = simulate_serving("debug-llama", cluster, cfg, [req(0, 0.0, 1000, 10)],
                            cost_model=cm)
+    # The toy cluster has a network tier: the KV crosses it one node apart.
     xfer = collective_s("send_recv", 1000 * 1e5, 2, cluster, stride=cluster.gpus_per_node)
     assert dis.ttft_s["mean"] == pytest.approx(agg.ttft_s["mean"])
     decode_agg = agg.e2e_s["mean"] - agg.ttft_s["mean"]

@@ -13,7 +13,7 @@ from charon_search.validation.flops import (
 )
 
 
-def gpt(l=24, h=2304, V=51200, heads=24, params=1.7e9):  # noqa: E741
+def gpt(l=24, h=2304, V=51200, heads=24, params=1.7e9):  # noqa: E741 - the papers' symbols
     return ArchFacts(num_layers=l, hidden_size=h, vocab_size=V, num_attention_heads=heads,
                      num_key_value_heads=heads, head_dim=h // heads, intermediate_size=4 * h,
                      gated_mlp=False, params=params)
@@ -21,7 +21,7 @@ def gpt(l=24, h=2304, V=51200, heads=24, params=1.7e9):  # noqa: E741
 
 def test_sc21_closed_form_and_table1_row():
     a, B, s = gpt(), 512, 2048
-    l, h, V = 24, 2304, 51200
+    l, h, V = 24, 2304, 51200  # noqa: E741
     expected = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     assert hardware_flops_per_step("megatron-sc21", a, B, s, "full") == pytest.approx(expected)
     # SC21 Table 1, 1.7B row: 137 TFLOP/s per GPU is 44 % of the A100's 312.

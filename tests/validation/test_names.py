@@ -23,7 +23,7 @@ def test_model_names(name, catalog):
 
 
 def test_unknown_model_reason():
-    with pytest.raises(Unexpressible, match="unknown model: 'moonshotai/Kimi-K2.5'"):
+    with pytest.raises(Unexpressible, match=r"unknown model: 'moonshotai/Kimi-K2\.5'"):
         resolve_model_name("moonshotai/Kimi-K2.5")
 
 

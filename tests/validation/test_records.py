@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,13 @@ from charon_search.errors import ConfigError
 from charon_search.validation import data_dir, load_files, load_silicon_csv, parse_records
 
 
+@functools.cache
+def _doc_text() -> str:
+    return (data_dir() / "published-dev.yaml").read_text()
+
+
 def _doc():
-    return yaml.safe_load((data_dir() / "published-dev.yaml").read_text())
+    return yaml.load(_doc_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def test_shipped_counts(shipped_records):
@@ -59,7 +65,8 @@ def test_silicon_row_units(by_id):
         (lambda r: r.update(flop_convention=None), "`flop_convention` must be non-null"),
         (lambda r: r.update(inferred_fields=["training.nope"]), "'training.nope' is not a field"),
         (lambda r: r["hardware"].update(gpu="v100"), "`hardware.gpu` must be one of"),
-        (lambda r: r["training"].update(micro_batch_size=2.5), "training.micro_batch_size must be an integer"),
+        (lambda r: r["training"].update(micro_batch_size=2.5),
+         "training.micro_batch_size must be an integer"),
     ],
 )
 def test_malformed_record_raises(mutate, needle):

@@ -32,7 +32,7 @@ def fake_training(model, cluster, layout):
                                    "optimizer_bytes": 2e9, "activations_bytes": 5e9}]}}
 
 
-def fake_serving(model, cluster, config, workload):
+def fake_serving(model, cluster, config, workload, **_):
     return {"ttft_s": {"mean": 0.2, "p50": 0.2}, "tpot_s": {"mean": 0.008},
             "output_tokens_per_s": 20000.0}
 
@@ -73,7 +73,7 @@ def test_json_schema(result):
 
 
 def test_sc21_metrics_follow_convention(result, by_id):
-    recs, res = result
+    _recs, res = result
     rec = by_id["megatron_sc21_t1_1.7b"]
     rows = {r["metric"]: r for r in res.rows if r["id"] == rec.id}
     assert set(rows) == {"hardware_tflops_per_gpu", "hfu", "hardware_tflops_total"}

@@ -1,0 +1,47 @@
+"""Write the accuracy report (markdown + log-log scatter PNGs) from `validate --json` output.
+
+    charon-search validate --json validate.json
+    charon-search accuracy --from validate.json --out docs/accuracy.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="source", type=Path, required=True,
+                        help="JSON written by `charon-search validate --json`")
+    parser.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
+    parser.add_argument("--img-dir", type=Path, default=None,
+                        help="where the PNGs go (default: <out dir>/img)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from charon_search.errors import ConfigError
+    from charon_search.validation import result_from_json
+    from charon_search.validation.accuracy import render_accuracy
+
+    try:
+        data = json.loads(args.source.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--from {str(args.source)!r}: not a readable JSON file: {e}") from e
+    if not isinstance(data, dict) or "records" not in data or "summary" not in data:
+        raise ConfigError(f"--from {str(args.source)!r} must be the output of "
+                          "`charon-search validate --json` (keys records, skipped, summary)")
+    result = result_from_json(data)
+    img_dir = args.img_dir or args.out.parent / "img"
+    import os
+
+    rel = os.path.relpath(img_dir, args.out.parent)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    text = render_accuracy(result, img_dir=img_dir, img_rel=rel,
+                           command=f"charon-search accuracy --from {args.source.name} "
+                                   f"--out {args.out}")
+    args.out.write_text(text + "\n")
+    print(f"wrote {args.out} and plots under {img_dir}")
+    return 0

@@ -1,0 +1,84 @@
+"""Fit unpublished physical parameters on development records (leave-one-source-out report).
+
+Fits the parameters of ``charon_search.validation.calibration.PARAMETERS`` (GEMM and HBM
+efficiency where no profile covers an op, collective bandwidth scale, overlap slowdown,
+per-iteration CPU overhead) as ONE vector shared by all clusters, on development records only
+(confidence high/medium, fully specified), and reports train vs held-out error per source. No
+per-record factors. Writes the fitted calibration blocks with provenance to a YAML file;
+``--write DIR`` also updates the ``calibration:`` blocks of ``DIR/<cluster>.yaml``.
+
+    charon-search calibrate --kind training --params compute_efficiency overlap_compute_slowdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from charon_search.validation.calibration import PARAMETERS
+
+    parser.add_argument("files", nargs="*", type=Path,
+                        help="record YAML / silicon CSV files (default: shipped data)")
+    parser.add_argument("--kind", choices=("training", "serving"), default="training")
+    parser.add_argument("--params", nargs="+", default=None, choices=sorted(PARAMETERS),
+                        help="parameters to fit (default: those affecting --kind)")
+    parser.add_argument("--ids", nargs="+", default=None, help="only these record ids")
+    parser.add_argument("--limit", type=int, default=None, help="first N records (serving)")
+    parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps")
+    parser.add_argument("--no-loso", action="store_true",
+                        help="skip the leave-one-source-out report")
+    parser.add_argument("--out", type=Path, default=Path("calibration.yaml"),
+                        help="YAML output (default: calibration.yaml)")
+    parser.add_argument("--write", type=Path, default=None, metavar="SPEC_DIR",
+                        help="also update calibration: blocks of SPEC_DIR/<cluster>.yaml")
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from charon_search.errors import ConfigError
+    from charon_search.validation import default_files, load_files, run_validation, select_records
+    from charon_search.validation.calibration import (
+        PARAMETERS,
+        calibration_document,
+        development_records,
+        fit_parameters,
+        leave_one_source_out,
+        write_cluster_specs,
+    )
+    from charon_search.validation.translate import to_case
+
+    records = select_records(load_files(args.files or default_files()), kind=args.kind,
+                             ids=args.ids, limit=args.limit)
+    baseline = run_validation(development_records(records))
+    dev = development_records(records, baseline)
+    dev = [r for r in dev if r.id in {row["id"] for row in baseline.rows}]
+    if not dev:
+        raise ConfigError(f"no expressible development records of kind {args.kind!r} to fit "
+                          f"(skipped: {len(baseline.skipped)})")
+    names = args.params or [n for n, p in PARAMETERS.items() if args.kind in p.kinds]
+    print(f"fitting {names} on {len(dev)} development records")
+    fit = fit_parameters(dev, names, sweeps=args.sweeps)
+    print(f"fit: {json.dumps(fit.values)}  median |log err| {fit.objective:.4f} "
+          f"({fit.evaluations} evaluations)")
+    loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=1)
+    for row in loso:
+        print(f"  held out {row['held_out']:<44} train {row['train_median_abs_log_error']:.3f}"
+              f"  test {row['test_median_abs_log_error']:.3f}  (uncalibrated "
+              f"{row['test_median_abs_log_error_uncalibrated']:.3f})")
+    clusters = {}
+    for r in dev:
+        case = to_case(r)
+        clusters[case.cluster.name] = case.cluster
+    doc = calibration_document(fit, clusters, loso)
+    args.out.write_text(yaml.safe_dump(doc, sort_keys=False, width=99))
+    print(f"wrote {args.out}")
+    if args.write:
+        for path in write_cluster_specs(doc, args.write):
+            print(f"updated calibration block of {path}")
+    return 0

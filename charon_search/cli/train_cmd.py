@@ -1,0 +1,114 @@
+"""Simulate one training step of a model on a cluster under a parallel layout.
+
+Flags set the layout; ``--layout FILE.yaml`` supplies it (flags given explicitly override the
+file). Missing ``--dp`` is derived as gpus / (tp·pp·cp). Writes the StepReport with ``--json``
+and a Chrome/Perfetto trace with ``--trace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from charon_search.errors import ConfigError
+
+_FLAGS = {  # flag dest -> Layout field
+    "tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "ep": "ep", "vpp": "vpp",
+    "schedule": "schedule", "sp": "sequence_parallel", "zero": "zero_stage",
+    "mbs": "micro_batch_size", "gbs": "global_batch_size", "seq": "seq_len",
+    "recompute": "recompute", "precision": "precision", "cp_algo": "cp_algo",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="catalog name or HF config path")
+    p.add_argument("--cluster", required=True, help="cluster name or YAML path")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs used (checked against degrees)")
+    for name in ("tp", "pp", "cp", "dp", "ep", "vpp", "zero", "mbs", "gbs", "seq"):
+        p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--schedule", default=None)
+    p.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
+    p.add_argument("--recompute", default=None, help="none | selective | full")
+    p.add_argument("--precision", default=None, help="bf16 | fp16 | fp8 | fp32")
+    p.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
+    p.add_argument("--layout", default=None, help="layout YAML (Layout fields)")
+    p.add_argument("--json", default=None, help="write the StepReport JSON here")
+    p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")
+
+
+def build_layout(args: argparse.Namespace) -> Any:
+    from charon_search.layout import Layout
+
+    data: dict[str, Any] = {}
+    if args.layout:
+        import yaml
+
+        path = Path(args.layout)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: cannot read layout YAML: {e}") from e
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: a layout YAML must be a mapping of Layout fields")
+        Layout.from_dict(raw, where=str(path))  # unknown keys -> ConfigError
+        data.update(raw)
+    for flag, fld in _FLAGS.items():
+        val = getattr(args, flag, None)
+        if val is not None:
+            data[fld] = val
+    if "dp" not in data and args.gpus:
+        denom = data.get("tp", 1) * data.get("pp", 1) * data.get("cp", 1)
+        if args.gpus % denom:
+            raise ConfigError(f"`tp * pp * cp` must divide gpus, but got (tp*pp*cp={denom}, "
+                              f"gpus={args.gpus})")
+        data["dp"] = args.gpus // denom
+    if data.get("pp", 1) > 1 and "schedule" not in data:
+        data["schedule"] = "interleaved-1f1b" if data.get("vpp", 1) > 1 else "1f1b"
+    if "global_batch_size" not in data:
+        data["global_batch_size"] = data.get("micro_batch_size", 1) * data.get("dp", 1)
+    return Layout.from_dict(data, where=args.layout or "flags")
+
+
+def run(args: argparse.Namespace) -> int:
+    from charon_search.training import simulate_training
+    from charon_search.units import format_seconds
+
+    layout = build_layout(args)
+    report = simulate_training(args.model, args.cluster, layout, num_gpus=args.gpus)
+    d = report.to_dict()
+    bd = d["breakdown"]
+    rows = [
+        ("step time", format_seconds(report.step_time_s)),
+        ("tokens/s", f"{report.tokens_per_s:,.0f}"),
+        ("tokens/s/GPU", f"{report.tokens_per_s_per_gpu:,.1f}"),
+        ("MFU / HFU", f"{report.mfu:.1%} / {report.hfu:.1%}"),
+        ("compute", format_seconds(bd["compute_s"])),
+        ("exposed comm", format_seconds(bd["exposed_comm_s"]) + "  " + ", ".join(
+            f"{k} {format_seconds(v)}" for k, v in bd["exposed_comm_by_kind_s"].items())),
+        ("pipeline bubble", format_seconds(bd["pipeline_bubble_s"])),
+        ("overlap slowdown", format_seconds(bd["overlap_slowdown_s"])),
+        ("optimizer", format_seconds(bd["optimizer_s"])),
+        ("micro-batches", str(report.num_micro_batches)),
+        ("cost sources", ", ".join(f"{k} {v:.0%}" for k, v in report.cost_sources.items())),
+    ]
+    if report.memory:
+        peak = report.memory.get("peak_reserved_bytes")
+        if peak is not None:
+            rows.append(("peak reserved memory", f"{peak / 2**30:.1f} GiB (fits: "
+                                                 f"{report.memory.get('fits')})"))
+    print(f"{report.model} on {report.cluster}, {report.num_gpus} GPUs "
+          f"(tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} "
+          f"schedule={layout.schedule})")
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    for w in report.warnings:
+        print(f"  warning: {w}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(d, indent=2, default=str))
+    if args.trace:
+        from charon_search.sim.trace import write_chrome_trace
+        write_chrome_trace(report.timeline, args.trace)
+    return 0

@@ -1,0 +1,153 @@
+"""Communication-overlap optimisations as graph rewrites (each on/off, so the search can weigh
+the hidden communication against the overlap slowdown the engine charges).
+
+* ``async_tp`` - async tensor parallelism (PyTorch async-TP / Megatron TP comm overlap): a GEMM
+  next to its TP collective is split into ``tp`` chunks pipelined with ``tp`` collective chunks
+  (all-gather chunk i feeds GEMM chunk i; GEMM chunk i feeds reduce-scatter chunk i), so all but
+  one chunk of the collective runs under GEMM work. A zero-cost join restores the full tensor.
+* ``moe_overlap`` - DeepSeek-style two-micro-batch overlap: the block runs as two half
+  micro-batches whose ops are interleaved at the expert-parallel all-to-all boundaries, so one
+  half's dispatch/combine overlaps the other half's attention / expert compute.
+
+FSDP prefetch is a simulator switch (``Layout.fsdp_prefetch``, see ``sim.layer``) and DualPipe's
+bidirectional overlap is applied by the pipeline executor (``pair_overlap``).
+"""
+
+from __future__ import annotations
+
+from charon_search.ir import Node, OpGraph, OpKind, sym
+from charon_search.passes._rewrite import GraphBuilder, subs_node
+from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
+
+__all__ = ["AsyncTensorParallelPass", "MoEOverlapPass"]
+
+_CHUNKABLE = (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_REDUCE)
+
+
+def _chunk(node: Node, k: int, i: int, gb: GraphBuilder, inputs: tuple[int, ...]) -> Node:
+    outs = tuple(gb.new_tensor(gb.tensors[t]) for t in node.outputs)
+    params = {n: (v / k if n in ("m", "bytes") else v) for n, v in node.params.items()}
+    return node.replace(
+        id=gb.fresh_id(), name=gb.unique_name(f"{node.name}_chunk{i}"), inputs=inputs,
+        outputs=outs, flops=node.flops / k, bytes_read=node.bytes_read / k,
+        bytes_written=node.bytes_written / k, params=params, tags=node.tags | {"async_tp"})
+
+
+def _join(node: Node, parts: list[Node], gb: GraphBuilder) -> None:
+    for idx, t in enumerate(node.outputs):
+        gb.nodes.append(Node(
+            id=gb.fresh_id(), name=gb.unique_name(f"{node.name}_join{idx}"), kind=OpKind.OTHER,
+            target="pass:async_tp", module_path=node.module_path, role=node.role,
+            phase=node.phase, inputs=tuple(p.outputs[idx] for p in parts), outputs=(t,),
+            stream=node.stream, group="" if not node.is_comm else node.group))
+
+
+@PASSES.register("async_tp")
+class AsyncTensorParallelPass(Pass):
+    name = "async_tp"
+
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.async_tp and ctx.tp > 1
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        k = ctx.tp
+        nodes = graph.nodes
+        producer = {t: i for i, n in enumerate(nodes) for t in n.outputs}
+        consumers = graph.consumers
+        pairs: dict[int, int] = {}  # comm index -> gemm index it pipelines with
+        for i, n in enumerate(nodes):
+            if n.group != "tp" or n.kind not in _CHUNKABLE or len(n.inputs) != 1:
+                continue
+            if n.kind == OpKind.ALL_GATHER:
+                users = [graph.node_index[c] for c in consumers.get(n.outputs[0], ())]
+                gemms = [j for j in users if nodes[j].kind == OpKind.GEMM]
+                if len(gemms) == 1 and len(users) == 1:
+                    pairs[i] = gemms[0]
+            else:
+                j = producer.get(n.inputs[0])
+                if j is not None and nodes[j].kind == OpKind.GEMM and len(
+                        consumers.get(n.inputs[0], ())) == 1:
+                    pairs[i] = j
+        if not pairs:
+            return PassResult(graph, False)
+        partner = {g: c for c, g in pairs.items()}
+        gb = GraphBuilder(graph)
+        done: set[int] = set()
+        for i, n in enumerate(nodes):
+            if i in done:
+                continue
+            if i in pairs and n.kind == OpKind.ALL_GATHER:  # AG chunk i -> GEMM chunk i
+                g = nodes[pairs[i]]
+                comm_parts = [_chunk(n, k, c, gb, gb.mapped(n.inputs)) for c in range(k)]
+                for p in comm_parts:
+                    gb.nodes.append(p)
+                _join(n, comm_parts, gb)
+                other = tuple(t for t in gb.mapped(g.inputs) if t not in n.outputs)
+                gemm_parts = [_chunk(g, k, c, gb, (comm_parts[c].outputs[0], *other))
+                              for c in range(k)]
+                done.add(pairs[i])
+                pending = (g, gemm_parts)
+                gb.nodes.extend(pending[1])
+                _join(g, gemm_parts, gb)
+                continue
+            if i in partner and nodes[partner[i]].kind != OpKind.ALL_GATHER:
+                c_node = nodes[partner[i]]  # GEMM chunk i -> RS/AR chunk i
+                gemm_parts = [_chunk(n, k, c, gb, gb.mapped(n.inputs)) for c in range(k)]
+                gb.nodes.extend(gemm_parts)
+                comm_parts = [_chunk(c_node, k, c, gb, (gemm_parts[c].outputs[0],))
+                              for c in range(k)]
+                gb.nodes.extend(comm_parts)
+                _join(n, gemm_parts, gb)
+                _join(c_node, comm_parts, gb)
+                done.add(partner[i])
+                continue
+            gb.add(n)
+        return PassResult(gb.finish(), True)
+
+
+@PASSES.register("moe_overlap")
+class MoEOverlapPass(Pass):
+    name = "moe_overlap"
+
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.moe_a2a_overlap and ctx.ep > 1
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        cuts = [i for i, n in enumerate(graph.nodes)
+                if n.group == "ep" and n.kind == OpKind.ALL_TO_ALL]
+        if not cuts:
+            return PassResult(graph, False)
+        half = {"b": sym("b") / 2}
+        segments: list[list[Node]] = []
+        prev = 0
+        for c in cuts:
+            segments.append(list(graph.nodes[prev:c + 1]))
+            prev = c + 1
+        segments.append(list(graph.nodes[prev:]))
+        gb = GraphBuilder(graph)
+        # Copy B: fresh ids and tensors for everything the graph produces.
+        remap: dict[int, int] = {}
+        copy_b: list[list[Node]] = []
+        for seg in segments:
+            out = []
+            for n in seg:
+                outs = []
+                for t in n.outputs:
+                    remap[t] = gb.new_tensor(gb.tensors[t])
+                    outs.append(remap[t])
+                out.append(subs_node(n, **half).replace(
+                    id=gb.fresh_id(), name=gb.unique_name(f"{n.name}_mb1"),
+                    inputs=tuple(remap.get(t, t) for t in n.inputs), outputs=tuple(outs),
+                    tags=n.tags | {"moe_overlap"}))
+            copy_b.append(out)
+        for seg_a, seg_b in zip(segments, copy_b, strict=True):
+            for n in seg_a:
+                gb.add(subs_node(n, **half).replace(tags=n.tags | {"moe_overlap"}))
+            gb.nodes.extend(seg_b)
+        outs = tuple(graph.outputs) + tuple(remap[t] for t in graph.outputs if t in remap)
+        return PassResult(gb.finish(outputs=outs), True)
+
+
+for _before in ("tp", "ep", "cp", "recompute", "fsdp"):
+    must_run_before(_before, "async_tp")
+    must_run_before(_before, "moe_overlap")

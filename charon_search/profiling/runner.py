@@ -1,0 +1,290 @@
+"""Run op shapes on a CUDA GPU and write profile-DB rows; NCCL collectives; overlap slowdown.
+
+Timing is injected: ``profile_shapes(shapes, timer=...)`` calls ``timer(op_shape)`` for seconds,
+so the plumbing (shape selection, row writing, calibration blocks) is tested on CPU with a fake
+timer. ``CudaEventTimer`` is the real one: it builds the op's tensors with torch on the GPU,
+runs ``warmup`` calls, then times ``repeats`` calls with CUDA events and returns the median.
+
+Everything torch-specific stays in this module (imported lazily), per the package layout.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from charon_search.profiling.shapes import OpShape
+
+__all__ = [
+    "CudaEventTimer",
+    "measure_collectives",
+    "measure_overlap",
+    "overlap_calibration",
+    "profile_shapes",
+    "rows_from_measurements",
+]
+
+Timer = Callable[[OpShape], float]
+
+
+def rows_from_measurements(measured: Iterable[tuple[OpShape, float]], *, gpu: str, kernel: str,
+                           source: str) -> list[dict[str, Any]]:
+    """Profile-DB rows (``cost.profile_db.COLUMNS``) for measured shapes."""
+    rows = []
+    for shape, seconds in measured:
+        p = dict(shape.params)
+        row: dict[str, Any] = {"gpu": gpu, "op_kind": shape.op_kind, "variant": shape.variant,
+                               "dtype": shape.dtype, "kernel": f"{kernel} {shape.op_kind}",
+                               "source": source, "latency_s": float(seconds)}
+        if shape.op_kind == "elementwise":
+            numel = p["numel"]
+            p["bytes"] = {"add": 6, "act": 6, "rope": 4}.get(shape.variant, 6) * numel
+        if shape.op_kind == "grouped_gemm":
+            p["group_size"] = 1.0
+        row.update(p)
+        rows.append(row)
+    return rows
+
+
+def profile_shapes(shapes: Sequence[OpShape], *, timer: Timer, gpu: str, kernel: str,
+                   source: str, on_error: Callable[[OpShape, Exception], None] | None = None
+                   ) -> list[dict[str, Any]]:
+    """Time every shape with ``timer`` and return DB rows; shapes that fail are skipped."""
+    measured = []
+    for shape in shapes:
+        try:
+            measured.append((shape, timer(shape)))
+        except Exception as e:  # an OOM or unsupported shape must not end the whole run
+            if on_error is not None:
+                on_error(shape, e)
+    return rows_from_measurements(measured, gpu=gpu, kernel=kernel, source=source)
+
+
+def default_source(device_name: str) -> str:
+    import torch
+
+    day = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+    return f"charon-search profiler on {device_name}, torch {torch.__version__}, {day}"
+
+
+# ---------------------------------------------------------------------------- CUDA timing
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class CudaEventTimer:
+    """Median seconds of an op shape on the current CUDA device (CUDA events).
+
+    By default the op is captured ``inner`` times into a CUDA graph and the graph is replayed
+    between two events (time / ``inner``): that is the GPU time of the kernels, as serving
+    engines see it under CUDA graphs, without the Python/driver launch gaps that dominate
+    eager timing of small kernels (~20-40 µs per call on a sandboxed host). Ops that cannot be
+    captured fall back to eager timing.
+    """
+
+    def __init__(self, *, warmup: int = 3, repeats: int = 10, device: str = "cuda",
+                 use_graphs: bool = True, inner: int = 10) -> None:
+        import torch
+
+        self.torch = torch
+        self.warmup, self.repeats, self.device = warmup, repeats, device
+        self.use_graphs, self.inner = use_graphs, inner
+        self.eager_fallbacks = 0
+
+    def time_fn(self, fn: Callable[[], Any]) -> float:
+        if self.use_graphs:
+            try:
+                return self._time_graph(fn)
+            except Exception:  # not capturable (host sync, NCCL without graph support...)
+                self.eager_fallbacks += 1
+                self.torch.cuda.synchronize()
+        return self._time_eager(fn)
+
+    def _events(self, fn: Callable[[], Any]) -> list[float]:
+        torch = self.torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        for st, en in zip(starts, ends):
+            st.record()
+            fn()
+            en.record()
+        torch.cuda.synchronize()
+        return [st.elapsed_time(en) * 1e-3 for st, en in zip(starts, ends)]
+
+    def _time_eager(self, fn: Callable[[], Any]) -> float:
+        for _ in range(self.warmup):
+            fn()
+        self.torch.cuda.synchronize()
+        return statistics.median(self._events(fn))
+
+    def _time_graph(self, fn: Callable[[], Any]) -> float:
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.inner):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return statistics.median(self._events(graph.replay)) / self.inner
+
+    def __call__(self, shape: OpShape) -> float:
+        fn = self.build(shape)
+        try:
+            return self.time_fn(fn)
+        finally:
+            del fn
+            self.torch.cuda.empty_cache()
+
+    def build(self, shape: OpShape) -> Callable[[], Any]:
+        torch = self.torch
+        import torch.nn.functional as F
+
+        dt = getattr(torch, _TORCH_DTYPE.get(shape.dtype, "bfloat16"))
+        dev = self.device
+        p = {k: int(v) for k, v in shape.params}
+        rnd = lambda *s: torch.randn(*s, device=dev, dtype=dt)  # noqa: E731
+        if shape.op_kind == "gemm":
+            a, w = rnd(p["m"], p["k"]), rnd(p["n"], p["k"])
+            return lambda: F.linear(a, w)
+        if shape.op_kind == "attention":
+            b, h, kvh, q, kv, d = (p["batch"], p["heads"], p["kv_heads"], p["q_len"],
+                                   p["kv_len"], p["head_dim"])
+            qt, kt, vt = rnd(b, h, q, d), rnd(b, kvh, kv, d), rnd(b, kvh, kv, d)
+            causal = q > 1 and q == kv
+            return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                          enable_gqa=kvh != h)
+        if shape.op_kind == "norm":
+            x, w = rnd(p["rows"], p["cols"]), rnd(p["cols"])
+            return lambda: F.rms_norm(x, (p["cols"],), w)
+        if shape.op_kind == "elementwise":
+            n = p["numel"]
+            if shape.variant == "act":
+                g, u = rnd(n), rnd(n)
+                return lambda: F.silu(g) * u
+            if shape.variant == "rope":
+                x, cs = rnd(n // 2, 2), rnd(n // 2, 2)
+                return lambda: x * cs  # one read-modify-write pass over q/k, like RoPE
+            x, y = rnd(n), rnd(n)
+            return lambda: x + y
+        if shape.op_kind == "grouped_gemm":
+            e = max(p["num_experts"], 1)
+            rows = max(p["tokens"] * p["top_k"] // e, 1)  # balanced routing
+            xs, ws = rnd(e, rows, p["k"]), rnd(e, p["k"], p["n"])
+            return lambda: torch.bmm(xs, ws)
+        raise ValueError(f"cannot profile op kind {shape.op_kind}")
+
+
+# ---------------------------------------------------------------------------- collectives
+def measure_collectives(sizes_bytes: Sequence[int], *, kinds: Sequence[str] = (
+        "all_reduce", "all_gather", "reduce_scatter"), warmup: int = 3, repeats: int = 10
+        ) -> list[dict[str, Any]]:
+    """NCCL collective latencies over every local GPU (torch.distributed, one process per GPU).
+
+    Returns DB rows (``bytes`` = full buffer, ``group_size`` = GPUs). Needs >= 2 GPUs; the
+    caller decides what to do otherwise.
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    world = torch.cuda.device_count()
+    if world < 2:
+        raise RuntimeError(f"collectives need >= 2 GPUs, found {world}")
+    manager = mp.Manager()
+    results = manager.list()
+    mp.spawn(_collective_worker, args=(world, list(sizes_bytes), list(kinds), warmup, repeats,
+                                       results), nprocs=world, join=True)
+    return list(results)
+
+
+def _collective_worker(rank: int, world: int, sizes: list[int], kinds: list[str], warmup: int,
+                       repeats: int, results: Any) -> None:  # pragma: no cover - needs GPUs
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    timer = CudaEventTimer(warmup=warmup, repeats=repeats, use_graphs=False)
+    for kind in kinds:
+        for size in sizes:
+            numel = max(size // 2 // world * world, world)
+            x = torch.ones(numel, device="cuda", dtype=torch.bfloat16)
+            shard = torch.empty(numel // world, device="cuda", dtype=torch.bfloat16)
+            if kind == "all_reduce":
+                fn = lambda x=x: dist.all_reduce(x)  # noqa: E731
+            elif kind == "all_gather":
+                fn = lambda x=x, sh=shard: dist.all_gather_into_tensor(x, sh)  # noqa: E731
+            else:
+                fn = lambda x=x, sh=shard: dist.reduce_scatter_tensor(sh, x)  # noqa: E731
+            dist.barrier()
+            seconds = timer.time_fn(fn)
+            if rank == 0:
+                results.append({"op_kind": kind, "bytes": float(numel * 2),
+                                "group_size": float(world), "num_nodes": 1.0,
+                                "latency_s": seconds, "dtype": "bf16", "variant": ""})
+    dist.destroy_process_group()
+
+
+def measure_overlap(timer: CudaEventTimer, *, m: int = 8192, n: int = 8192, k: int = 8192,
+                    comm: Callable[[], Any] | None = None) -> dict[str, float]:
+    """Compute/communication overlap slowdown: GEMM and ``comm`` alone vs on two streams.
+
+    ``comm`` defaults to an all-reduce when a process group is up; with one GPU it is a
+    device-to-device copy of 1 GiB (a memory-bound stand-in that contends for HBM and SMs as
+    NCCL kernels do; the result says which was used).
+    """
+    torch = timer.torch
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    used = "all_reduce"
+    if comm is None:
+        src = torch.empty(2**29, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        comm = lambda: dst.copy_(src)  # noqa: E731
+        used = "d2d_copy_1GiB"
+    gemm = lambda: a @ b  # noqa: E731
+    gemm_s = timer._time_eager(gemm)  # large ops: launch gaps are negligible
+    comm_s = timer._time_eager(comm)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    reps = max(round(comm_s / gemm_s), 1)
+
+    def both() -> None:
+        with torch.cuda.stream(s1):
+            for _ in range(reps):
+                gemm()
+        with torch.cuda.stream(s2):
+            comm()
+        torch.cuda.current_stream().wait_stream(s1)
+        torch.cuda.current_stream().wait_stream(s2)
+
+    both_s = timer._time_eager(both)
+    serial = reps * gemm_s + comm_s
+    return {"gemm_s": gemm_s, "comm_s": comm_s, "gemm_reps": float(reps), "both_s": both_s,
+            "serial_s": serial, "comm_kind": used,  # type: ignore[dict-item]
+            # Fraction of the shorter op that was hidden; slowdown of the overlapped pair.
+            "overlap_slowdown": both_s / max(reps * gemm_s, comm_s)}
+
+
+def overlap_calibration(result: Mapping[str, float], *, device: str) -> dict[str, Any]:
+    """A cluster-spec ``calibration`` block (YAML-ready) from ``measure_overlap``'s result.
+
+    Both slowdown factors get the measured pair slowdown (we cannot tell from one wall-clock
+    which side slowed); provenance names the measurement.
+    """
+    slow = max(float(result["overlap_slowdown"]), 1.0)
+    prov = (f"charon-search profile on {device}: GEMM {result['gemm_s'] * 1e3:.3f} ms x"
+            f"{int(result['gemm_reps'])} || {result['comm_kind']} {result['comm_s'] * 1e3:.3f} ms"
+            f" -> together {result['both_s'] * 1e3:.3f} ms")
+    return {"overlap_compute_slowdown": round(slow, 3), "overlap_comm_slowdown": round(slow, 3),
+            "provenance": {"overlap_compute_slowdown": prov, "overlap_comm_slowdown": prov}}

@@ -1,0 +1,157 @@
+"""Which op shapes to measure: the compute nodes of traced graphs at concrete (b, s, c) points.
+
+``select_shapes(graphs, points)`` evaluates every compute node's shape params at each point and
+keeps the unique (op kind, family, dtype, shape) combinations, so a profiling run measures
+exactly what the simulator will ask the profile DB for. ``model_graphs`` gets the graphs of a
+catalog model: the real frontend (``charon_search.frontend.trace_model``) when available, else
+the hand-built synthetic blocks with the model's dimensions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from charon_search.errors import ConfigError
+from charon_search.ir.graph import OpGraph
+
+__all__ = ["PROFILED_KINDS", "OpShape", "model_graphs", "parse_points", "select_shapes",
+           "standard_grid"]
+
+#: Op kinds the profiler knows how to run, with the params it reads.
+PROFILED_KINDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k"),
+    "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
+    "norm": ("rows", "cols"),
+    "elementwise": ("numel",),
+    "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k"),
+}
+#: Dtypes the timer builds tensors for (index/int ops are not profiled).
+_DTYPES = ("bf16", "fp16", "fp32")
+_ELEMENTWISE_VARIANT = {"residual": "add", "mlp.act": "act", "attn.rope": "rope"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpShape:
+    """One concrete op to measure."""
+
+    op_kind: str
+    variant: str
+    """``prefill``/``decode`` (attention), ``add``/``act``/``rope`` (elementwise),
+    ``moe_ffn`` (grouped GEMM, one expert GEMM), ``rmsnorm`` (norm), ``""`` (GEMM)."""
+    dtype: str
+    params: tuple[tuple[str, float], ...]
+
+    def get(self, name: str, default: float = 0.0) -> float:
+        return dict(self.params).get(name, default)
+
+
+def parse_points(text: str) -> list[tuple[float, float, float]]:
+    """``"1x4096,8x1:2048"`` -> [(b=1, s=4096, c=4096), (b=8, s=1, c=2048)]."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            b, rest = item.split("x")
+            s, _, c = rest.partition(":")
+            out.append((float(b), float(s), float(c or s)))
+        except ValueError:
+            raise ConfigError(f"--points item {item!r}: must look like BxS or BxS:C "
+                              "(micro-batch x query tokens [: context length])") from None
+    if not out:
+        raise ConfigError("--points: give at least one BxS point")
+    return out
+
+
+def select_shapes(graphs: Iterable[OpGraph], points: Sequence[tuple[float, float, float]]
+                  ) -> list[OpShape]:
+    """Unique profiled-kind shapes of the graphs' compute nodes at ``points`` (stable order)."""
+    seen: dict[OpShape, None] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            kind = str(node.kind)
+            if kind == "attention_bwd":
+                continue  # backward kernels: derived from the forward (cost/selector.py)
+            if node.is_comm or kind not in PROFILED_KINDS or node.dtype not in _DTYPES:
+                continue
+            for b, s, c in points:
+                values = {p: float(node.params[p](b, s, c)) for p in PROFILED_KINDS[kind]
+                          if p in node.params}
+                if kind == "attention":
+                    variant = "decode" if values.get("q_len") == 1 else "prefill"
+                elif kind == "elementwise":
+                    variant = _ELEMENTWISE_VARIANT.get(str(node.role), "add")
+                elif kind == "norm":
+                    variant = "rmsnorm"
+                elif kind == "grouped_gemm":
+                    variant = "moe_ffn"
+                else:
+                    variant = ""
+                if any(v <= 0 for v in values.values()):
+                    continue
+                shape = OpShape(op_kind=kind, variant=variant, dtype=node.dtype,
+                                params=tuple(sorted(values.items())))
+                seen.setdefault(shape, None)
+    return list(seen)
+
+
+def model_graphs(name: str, phase: str = "prefill") -> list[OpGraph]:
+    """Forward (and backward for ``train``) graphs of a catalog model."""
+    from charon_search.catalog import load_model
+
+    spec = load_model(name)
+    try:
+        from charon_search.frontend import trace_model  # type: ignore[attr-defined]
+
+        traced: Any = trace_model(spec, phase=phase)
+    except Exception:  # frontend missing or failing here: same dims, hand-built blocks
+        from charon_search.passes.synthetic import synthetic_model
+
+        dims = {"hidden": spec.hidden_size, "heads": spec.num_attention_heads,
+                "kv_heads": spec.num_key_value_heads, "ffn": spec.intermediate_size,
+                "vocab": spec.vocab_size}
+        layer_types = tuple(spec.layer_types) or ("dense",)
+        if spec.num_experts:
+            dims.update(num_experts=spec.num_experts, top_k=spec.num_experts_per_token,
+                        moe_ffn=spec.moe_intermediate_size or spec.intermediate_size)
+        traced = synthetic_model(spec, layer_types=layer_types, train=phase == "train", **dims)
+    out = []
+    for block in traced.blocks.values():
+        out.append(block.forward)
+        if phase == "train" and block.backward is not None:
+            out.append(block.backward)
+    return out
+
+
+def standard_grid(dtype: str = "bf16") -> list[OpShape]:
+    """A compact shape grid on the aiconfigurator collection's grid points, so measured rows
+    can be compared one-to-one with the shipped DB: GEMMs m x (n, k), causal prefill and
+    decode attention, RMSNorm, elementwise, balanced grouped expert GEMMs."""
+    out: list[OpShape] = []
+
+    def add(kind: str, variant: str, **params: float) -> None:
+        out.append(OpShape(op_kind=kind, variant=variant, dtype=dtype,
+                           params=tuple(sorted((k, float(v)) for k, v in params.items()))))
+
+    for m in (1, 16, 128, 1024, 4096, 16384):
+        for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (12288, 4096), (8192, 8192),
+                     (1024, 8192), (8192, 1024), (3072, 3072)):
+            add("gemm", "", m=m, n=n, k=k)
+    for heads, kvh, d in ((32, 8, 128), (64, 8, 128), (8, 1, 128), (16, 16, 64)):
+        for batch, seq in ((1, 1024), (1, 4096), (4, 2048), (1, 16384)):
+            add("attention", "prefill", batch=batch, heads=heads, kv_heads=kvh, q_len=seq,
+                kv_len=seq, head_dim=d)
+        for batch, kv in ((1, 1024), (16, 4096), (64, 2048), (256, 1024), (64, 16384)):
+            add("attention", "decode", batch=batch, heads=heads, kv_heads=kvh, q_len=1,
+                kv_len=kv, head_dim=d)
+    for rows in (1, 256, 4096, 16384):
+        for cols in (4096, 8192):
+            add("norm", "rmsnorm", rows=rows, cols=cols)
+    for numel in (2**16, 2**20, 2**24, 2**27):
+        for variant in ("add", "act", "rope"):
+            add("elementwise", variant, numel=numel)
+    for tokens in (16, 256, 4096):
+        for experts, topk, n, k in ((8, 2, 28672, 4096), (128, 8, 1536, 2048)):
+            add("grouped_gemm", "moe_ffn", tokens=tokens, top_k=topk, num_experts=experts,
+                n=n, k=k)
+    return out

@@ -1,0 +1,104 @@
+"""Flat serving-space configs -> ``ServingConfig`` + ``WorkloadSpec`` -> a flat record.
+
+Config keys of a serving space:
+
+* ``model``, ``cluster`` (the default GPU type/cluster), ``workload`` (a ``WorkloadSpec`` mapping).
+* ``mode``: ``aggregated`` (replicas of one engine, ``dp`` of them) or ``disaggregated``
+  (prefill and decode pools).
+* Any ``ServingConfig`` field (``tp``, ``pp``, ``ep``, ``dp``, ``dp_attention``, ``sp``,
+  ``dynamic_sp``, ``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``,
+  ``cuda_graph``, ``cuda_graph_sizes``, ``gpu_memory_utilization``...).
+* Pool keys ``prefill_<f>`` / ``decode_<f>`` with ``f`` in ``replicas``, ``tp``, ``pp``, ``ep``,
+  ``cluster`` (disaggregated only), and ``kv_transfer``.
+* ``spec_k`` (speculative draft tokens; 0 = off) and ``spec_acceptance`` (per-token acceptance).
+* ``cuda_graph_max`` (largest captured batch; graphs at 1, 2, 4, 8, 16, 24, ... up to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from charon_search.errors import ConfigError
+from charon_search.search.evaluators import flatten_report
+
+__all__ = ["MODES", "evaluate_serving", "serving_config_from"]
+
+MODES = ("aggregated", "disaggregated")
+_POOL_KEYS = {"replicas": "num_replicas", "tp": "tp", "pp": "pp", "ep": "ep", "cluster": "cluster"}
+_SEARCH_ONLY = {"model", "cluster", "workload", "mode", "spec_k", "spec_acceptance",
+                "kv_transfer", "cuda_graph_max", "num_gpus", "min_gpus", "max_gpus"}
+
+
+def _cuda_graph_sizes(max_size: int) -> tuple[int, ...]:
+    """vLLM's capture list shape: 1, 2, 4, then multiples of 8 up to ``max_size``."""
+    sizes = [s for s in (1, 2, 4) if s <= max_size]
+    sizes += list(range(8, max_size + 1, 8))
+    return tuple(sizes) or (1,)
+
+
+def serving_config_from(cfg: Mapping[str, Any]) -> Any:
+    """Build the ``ServingConfig`` a flat search config describes."""
+    from charon_search.serving import ServingConfig
+
+    mode = cfg.get("mode", "aggregated")
+    if mode not in MODES:
+        raise ConfigError(f"`mode` must be one of {list(MODES)}, but got {mode!r}")
+    fields = {f.name for f in dataclasses.fields(ServingConfig)}
+    kw: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if k in fields:
+            kw[k] = v
+        elif k in _SEARCH_ONLY or k.startswith(("prefill_", "decode_")):
+            continue
+        else:
+            raise ConfigError(
+                f"serving config key {k!r} is neither a ServingConfig field nor one of "
+                f"{sorted(_SEARCH_ONLY)} or prefill_*/decode_*; allowed fields: {sorted(fields)}"
+            )
+    k = int(cfg.get("spec_k", 0) or 0)
+    if k > 0:
+        kw["speculative"] = {"num_draft_tokens": k,
+                             "acceptance_rate": float(cfg.get("spec_acceptance", 0.7))}
+    if cfg.get("cuda_graph_max"):
+        kw["cuda_graph_sizes"] = _cuda_graph_sizes(int(cfg["cuda_graph_max"]))
+    if mode == "disaggregated":
+        pools = {}
+        for pool in ("prefill", "decode"):
+            pools[pool] = {dst: cfg[f"{pool}_{src}"] for src, dst in _POOL_KEYS.items()
+                           if f"{pool}_{src}" in cfg}
+        kw["disagg"] = {**pools, "kv_transfer": cfg.get("kv_transfer", "rdma")}
+    return ServingConfig.from_dict(kw)
+
+
+def evaluate_serving(ev: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Run ``simulate_serving`` for one flat config; ``ev`` caches models and clusters."""
+    from charon_search.serving import WorkloadSpec, simulate_serving
+
+    model, cluster = ev.model(cfg["model"]), ev.cluster(cfg["cluster"])
+    config = serving_config_from(cfg)
+    workload = WorkloadSpec.from_dict(dict(cfg.get("workload") or {}))
+    rec: dict[str, Any] = {"num_gpus": config.num_gpus,
+                           "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes)}
+    report = simulate_serving(model, cluster, config, workload)
+    flat = flatten_report(report)
+    rec.update({k: v for k, v in flat.items() if not k.startswith(("config.", "per_request"))})
+    # Price of the deployment: each pool's GPUs at its cluster's price per GPU-hour.
+    usd_per_s = 0.0
+    if config.disagg is not None:
+        for pool in (config.disagg.prefill, config.disagg.decode):
+            cl = ev.cluster(pool.cluster) if pool.cluster else cluster
+            usd_per_s += pool.num_replicas * pool.gpus_per_replica * _price(cl) / 3600.0
+    else:
+        usd_per_s = config.num_gpus * _price(cluster) / 3600.0
+    tps = float(rec.get("output_tokens_per_s") or 0.0)
+    if usd_per_s > 0 and tps > 0:
+        rec["cost_per_million_tokens_usd"] = usd_per_s / tps * 1e6
+    rec["feasible"] = True
+    rec["prune_reason"] = None
+    return rec
+
+
+def _price(cluster: Any) -> float:
+    return float(getattr(cluster, "cost_per_gpu_hour_usd", 0.0) or 0.0)

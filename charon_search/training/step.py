@@ -1,0 +1,427 @@
+"""``simulate_training``: frontend -> passes -> cost -> engine -> ``StepReport``.
+
+Hierarchical simulation (see ``sim.layer`` and ``sim.pipeline``):
+
+1. each block type's per-rank forward / backward graph (after the passes) is laid on the
+   compute and comm streams -> first-layer and steady-state costs per micro-batch;
+2. the pipeline schedule runs (rank, micro-batch, chunk, F/B/W) units whose costs are the sums
+   over the chunk's layers, with P2P hand-offs between ranks;
+3. after each rank's last backward of a chunk, its gradient buckets (one per layer) are reduced
+   over DP on the ``dp`` stream, overlapped with the remaining backward work; then the optimizer
+   step (memory bound over the local parameter shard) and, for ZeRO-1/2, the parameter
+   all-gather.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from charon_search.errors import ConfigError
+from charon_search.hardware.spec import ClusterSpec
+from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
+from charon_search.layout import Layout
+from charon_search.passes import (
+    ParallelBlock,
+    PassContext,
+    local_params,
+    parallelize_block,
+)
+from charon_search.sim.costing import CostedGraph, GraphCoster, axis_strides
+from charon_search.sim.layer import LayerCost, UnitCost, layer_cost
+from charon_search.sim.pipeline import PipelineResult, run_pipeline
+from charon_search.training.report import StepBreakdown, StepReport
+
+__all__ = ["StepTimeline", "simulate_training", "stage_layers", "validate_layout"]
+
+#: Adam bytes per local parameter and step: read fp32 master, m, v and the fp32 main grad
+#: (16 B), write master, m, v (12 B) and the bf16 model copy (2 B) (Megatron mixed precision).
+ADAM_BYTES_PER_PARAM = 30.0
+SGD_BYTES_PER_PARAM = 14.0
+
+_CACHE_LOCK = threading.Lock()
+_PAR_CACHE: OrderedDict[tuple, dict[str, ParallelBlock]] = OrderedDict()
+_LAYER_CACHE: OrderedDict[tuple, tuple[LayerCost, LayerCost | None, CostedGraph,
+                                       CostedGraph | None]] = OrderedDict()
+_CACHE_SIZE = 256
+
+
+@dataclass(kw_only=True)
+class StepTimeline:
+    """Everything needed to draw the step (``sim.trace.chrome_trace``)."""
+
+    pipeline: PipelineResult
+    dp_intervals: list[tuple[int, str, float, float]]
+    """(rank, name, start, end) of gradient-sync collectives."""
+    tail_intervals: list[tuple[int, str, str, float, float]]
+    """(rank, stream, name, start, end): optimizer and parameter all-gather."""
+    layer_costs: dict[str, tuple[LayerCost, LayerCost | None]]
+    stage_blocks: list[list[list[str]]]
+    """[rank][chunk] -> block names of the chunk's layers (embedding / lm_head included)."""
+
+
+def _resolve(model: Any, cluster: Any) -> tuple[Any, ClusterSpec]:
+    if isinstance(model, str):
+        from charon_search.catalog import load_model
+        model = load_model(model)
+    if isinstance(cluster, str):
+        from charon_search.hardware import load_cluster
+        cluster = load_cluster(cluster)
+    return model, cluster
+
+
+def validate_layout(spec: Any, layout: Layout, num_gpus: int | None) -> list[str]:
+    """``Layout.validate_for`` plus the simulator's rules; returns warnings."""
+    layout.validate_for(spec, num_gpus)
+    warnings: list[str] = []
+    m = layout.num_micro_batches
+    if layout.schedule == "interleaved-1f1b" and m % layout.pp:
+        raise ConfigError(f"`num_micro_batches % pp == 0` must hold for interleaved-1f1b, but "
+                          f"got (num_micro_batches={m}, pp={layout.pp})")
+    if layout.schedule == "dualpipe" and (m % 2 or layout.pp % 2):
+        raise ConfigError(f"dualpipe needs an even pp and an even number of micro-batches, but "
+                          f"got (pp={layout.pp}, num_micro_batches={m})")
+    if layout.cp_algo == "ulysses" and layout.cp > 1 and (
+            spec.num_attention_heads % (layout.tp * layout.cp)):
+        raise ConfigError(f"ulysses `tp * cp` must divide num_attention_heads, but got "
+                          f"(tp={layout.tp}, cp={layout.cp}, "
+                          f"num_attention_heads={spec.num_attention_heads})")
+    chunks = layout.pp * (2 if layout.schedule == "dualpipe" else layout.vpp)
+    if layout.schedule == "dualpipe" and spec.num_layers < layout.pp:
+        raise ConfigError(f"`pp <= num_layers` must hold, but got (pp={layout.pp}, "
+                          f"num_layers={spec.num_layers})")
+    if layout.pp > 1 and m < layout.pp:
+        warnings.append(f"only {m} micro-batches for {layout.pp} pipeline ranks: the bubble "
+                        "dominates")
+    if spec.is_moe and layout.tp > 1 and not layout.sequence_parallel:
+        warnings.append("MoE with tp > 1 and no sequence parallelism: routed experts run "
+                        "redundantly on every TP rank (Megatron requires SP here)")
+    del chunks
+    return warnings
+
+
+def stage_layers(layer_types: tuple[str, ...], num_chunks: int) -> list[list[str]]:
+    """Split the decoder layers over ``num_chunks`` virtual stages.
+
+    Even split; when ``num_chunks`` does not divide the layers, the extra layers go to the
+    middle stages first, so the first and last stages (which also hold the embedding and the
+    LM head) get fewer (the uneven-first/last partition).
+    """
+    n = len(layer_types)
+    base, extra = divmod(n, num_chunks)
+    order = [*list(range(1, num_chunks - 1)), 0, num_chunks - 1] if num_chunks > 2 else \
+        list(range(num_chunks))
+    counts = [base] * num_chunks
+    for i in order[:extra]:
+        counts[i] += 1
+    out, k = [], 0
+    for cnt in counts:
+        out.append(list(layer_types[k:k + cnt]))
+        k += cnt
+    return out
+
+
+def _parallel_blocks(traced: Any, ctx: PassContext, key: tuple) -> dict[str, ParallelBlock]:
+    with _CACHE_LOCK:
+        hit = _PAR_CACHE.get(key)
+        if hit is not None:
+            _PAR_CACHE.move_to_end(key)
+            return hit
+    out = {name: parallelize_block(b, ctx) for name, b in traced.blocks.items()}
+    with _CACHE_LOCK:
+        _PAR_CACHE[key] = out
+        while len(_PAR_CACHE) > _CACHE_SIZE:
+            _PAR_CACHE.popitem(last=False)
+    return out
+
+
+def _layer_costs(pb: ParallelBlock, coster: GraphCoster, b: float, s: float, cluster: ClusterSpec,
+                 layout: Layout, key: tuple) -> tuple[LayerCost, LayerCost | None, CostedGraph,
+                                                      CostedGraph | None]:
+    with _CACHE_LOCK:
+        hit = _LAYER_CACHE.get(key)
+        if hit is not None:
+            _LAYER_CACHE.move_to_end(key)
+            return hit
+    cal = cluster.calibration
+    kw = dict(compute_slowdown=cal.overlap_compute_slowdown,
+              comm_slowdown=cal.overlap_comm_slowdown, fsdp_prefetch=layout.fsdp_prefetch)
+    cf = coster.cost(pb.forward, b, s)
+    fwd = layer_cost(cf, flops=pb.forward.total_flops(b, s), **kw)
+    bwd = cb = None
+    if pb.backward is not None:
+        cb = coster.cost(pb.backward, b, s)
+        bwd = layer_cost(cb, flops=pb.backward.total_flops(b, s), **kw)
+    out = (fwd, bwd, cf, cb)
+    with _CACHE_LOCK:
+        _LAYER_CACHE[key] = out
+        while len(_LAYER_CACHE) > _CACHE_SIZE:
+            _LAYER_CACHE.popitem(last=False)
+    return out
+
+
+def _model_flops_per_seq(traced: Any, spec: Any, s: float) -> float:
+    """PaLM-convention model FLOPs of one sequence (see ``FLOPS_CONVENTION``)."""
+    counts = {t: spec.num_layers_of(t) for t in spec.block_types}
+    total = 0.0
+    for name, blk in traced.blocks.items():
+        mult = counts.get(name, 1)
+        fwd = 0.0
+        for n in blk.forward.nodes:
+            if n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM):
+                fwd += n.flops(1, s, s)
+            elif n.kind == OpKind.ATTENTION:
+                p = {k: v(1, s, s) for k, v in n.params.items()}
+                fwd += 2 * p["batch"] * p["heads"] * p["q_len"] * p["kv_len"] * (
+                    p["head_dim"] + p["v_head_dim"])
+        total += 3 * fwd * mult
+    return total
+
+
+def _optimizer_node(numel: float, optimizer: str) -> OpGraph:
+    per = ADAM_BYTES_PER_PARAM if optimizer == "adam" else SGD_BYTES_PER_PARAM
+    node = Node(id=0, name="optimizer_step", kind=OpKind.OPTIMIZER, target="training",
+                module_path="optimizer", role=Role.OPTIMIZER, phase=Phase.OPTIMIZER,
+                flops=Poly.const(10 * numel), bytes_read=Poly.const(numel * per * 16 / 30),
+                bytes_written=Poly.const(numel * per * 14 / 30),
+                params={"numel": Poly.const(numel)}, dtype="fp32")
+    return OpGraph(name="optimizer", nodes=(node,), tensors={})
+
+
+def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int | None = None,
+                      cost_model: Any = None, traced: Any = None) -> StepReport:
+    """Simulate one training step.
+
+    Args:
+        model: ``ModelSpec`` or catalog name.
+        cluster: ``ClusterSpec`` or cluster name.
+        layout: the parallel layout and batch.
+        num_gpus: checked against ``tp·pp·dp·cp`` when given.
+        cost_model: object with ``cost_graph(graph, b, s, c)`` (default: the cluster's
+            ``FusedCostModel``).
+        traced: a ``TracedModel`` (default: ``frontend.trace_model(spec, "train")``, cached).
+
+    Example:
+        >>> r = simulate_training("llama-3.1-8b", "h100-sxm-8gpu",  # doctest: +SKIP
+        ...                       Layout(tp=8, global_batch_size=8, seq_len=8192))
+        >>> r.step_time_s, r.mfu  # doctest: +SKIP
+    """
+    spec, cl = _resolve(model, cluster)
+    warnings = validate_layout(spec, layout, num_gpus)
+    if layout.num_gpus > cl.num_gpus:
+        raise ConfigError(f"`tp * pp * dp * cp <= cluster GPUs` must hold, but got "
+                          f"({layout.num_gpus} > {cl.num_gpus} in {cl.name})")
+    if traced is None:
+        from charon_search.frontend import trace_model
+        traced = trace_model(spec, phase="train")
+    if cost_model is None:
+        from charon_search.cost.selector import default_cost_model
+        cost_model = default_cost_model(cl)
+    L = layout
+    p, m = L.pp, L.num_micro_batches
+    dual = L.schedule == "dualpipe"
+    v = 2 if dual else L.vpp
+    b, s = float(L.micro_batch_size), float(L.seq_len)
+    ctx = PassContext.from_layout(L)
+    blocks = _parallel_blocks(traced, ctx, (id(traced), ctx.key()))
+    sizes = {"tp": L.tp, "cp": L.cp, "dp": L.dp, "pp": L.pp, "ep": L.ep}
+    strides = axis_strides(L.rank_order, sizes)
+    # Gradients of dense weights are reduced over the dp·cp ranks holding the same shard.
+    strides["dpcp"] = min(strides["cp"], strides["dp"]) if L.cp > 1 else strides["dp"]
+    concurrent = {ax: max(strides[ax], 1) for ax in strides}
+    coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent)
+    costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
+    costed: dict[str, tuple[CostedGraph, CostedGraph | None]] = {}
+    for name, pb in blocks.items():
+        key = (id(traced), ctx.key(), name, b, s, cl.name, id(cost_model), tuple(
+            sorted(strides.items())), L.fsdp_prefetch)
+        fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key)
+        costs[name], costed[name] = (fl, bl), (cf, cb)
+
+    # ---------------------------------------------------------------- stage partition
+    layer_types = tuple(spec.layer_types) or ("dense",) * spec.num_layers
+    missing = sorted(set(layer_types) - set(blocks))
+    if missing:
+        raise ConfigError(f"traced model lacks blocks {missing}; has {sorted(blocks)}")
+    nvs = p * v if not dual else p
+    parts = stage_layers(layer_types, nvs)
+    if dual:
+        # rank r: chunk 0 = stage r, chunk 1 = stage p-1-r (parameters held twice).
+        stage_blocks = [[list(parts[r]), list(parts[p - 1 - r])] for r in range(p)]
+        first_pos = {(0, 0), (p - 1, 1)}
+        last_pos = {(p - 1, 0), (0, 1)}
+    else:
+        stage_blocks = [[list(parts[c * p + r]) for c in range(v)] for r in range(p)]
+        first_pos, last_pos = {(0, 0)}, {(p - 1, v - 1)}
+    for r in range(p):
+        for c in range(v):
+            if (r, c) in first_pos and "embedding" in blocks:
+                stage_blocks[r][c].insert(0, "embedding")
+            if (r, c) in last_pos and "lm_head" in blocks:
+                stage_blocks[r][c].append("lm_head")
+
+    def unit(r: int, c: int, kind: str) -> UnitCost:
+        counts: dict[str, int] = {}
+        for name in stage_blocks[r][c]:
+            counts[name] = counts.get(name, 0) + 1
+        total = UnitCost()
+        for name, n in counts.items():
+            fl, bl = costs[name]
+            lc = fl if kind == "F" else bl
+            if lc is None:
+                continue
+            total = total + lc.layers(n)
+        if L.schedule == "zero-bubble" and kind in ("B", "W"):
+            w = total.wgrad_s
+            if kind == "W":
+                return UnitCost(duration_s=w, compute_s=w, wgrad_s=w)
+            return UnitCost(duration_s=max(total.duration_s - w, 0.0),
+                            compute_s=max(total.compute_s - w, 0.0),
+                            slowdown_s=total.slowdown_s, exposed_comm_s=total.exposed_comm_s,
+                            hw_flops=total.hw_flops)
+        return total
+
+    act_bytes = b * s * spec.hidden_size * DTYPE_BYTES["bf16"] / L.cp / (
+        L.tp if L.sequence_parallel else 1)
+    p2p_s = coster.collective("send_recv", act_bytes, 2, "pp")[0] if p > 1 else 0.0
+    pipe = run_pipeline(schedule=L.schedule, p=p, m=m, v=v, cost=unit, p2p_s=p2p_s,
+                        split_w=L.schedule == "zero-bubble",
+                        pair_overlap=dual and L.moe_a2a_overlap)
+
+    # ---------------------------------------------------------------- DP sync, optimizer
+    dp_cp = L.dp * L.cp
+    grad_b = DTYPE_BYTES[ctx.grad_reduce_dtype]
+    cal = cl.calibration
+    dp_intervals: list[tuple[int, str, float, float]] = []
+    tail_intervals: list[tuple[int, str, str, float, float]] = []
+    rank_step: list[float] = []
+    rank_parts: list[dict[str, float]] = []
+    lp_cache: dict[str, Any] = {}
+
+    def lp(name: str) -> Any:
+        if name not in lp_cache:
+            lp_cache[name] = local_params(traced.blocks[name].forward, tp=L.tp, ep=L.ep)
+        return lp_cache[name]
+
+    dense_group = L.hsdp_shard or dp_cp
+    expert_group = max(dp_cp // L.ep, 1)
+    for r in range(p):
+        rank_end = pipe.rank_end_s[r]
+        dp_free = 0.0
+        local_numel = 0.0
+        for c in range(v):
+            names = stage_blocks[r][c]
+            start, end = pipe.last_backward.get((r, c), (rank_end, rank_end))
+            nl = max(len(names), 1)
+            for i, name in enumerate(reversed(names)):
+                prm = lp(name)
+                local_numel += prm.numel
+                ready = start + (end - start) * (i + 1) / nl
+                t = 0.0
+                if L.zero_stage == 3:
+                    if L.hsdp_shard and dp_cp // L.hsdp_shard > 1:
+                        t += coster.collective("all_reduce", prm.numel * grad_b / L.hsdp_shard,
+                                               dp_cp // L.hsdp_shard, "dpcp")[0]
+                else:
+                    kind = "all_reduce" if L.zero_stage == 0 else "reduce_scatter"
+                    t += coster.collective(kind, prm.dense_numel * grad_b, dense_group, "dpcp")[0]
+                    t += coster.collective(kind, prm.expert_numel * grad_b, expert_group,
+                                           "dpcp")[0]
+                    if L.hsdp_shard and L.zero_stage and dp_cp // L.hsdp_shard > 1:
+                        t += coster.collective("all_reduce", prm.numel * grad_b / L.hsdp_shard,
+                                               dp_cp // L.hsdp_shard, "dp")[0]
+                if t > 0:
+                    st = max(dp_free, ready)
+                    dp_free = st + t
+                    dp_intervals.append((r, f"grad_sync.{name}", st, dp_free))
+        overlap = sum(max(0.0, min(e, rank_end) - s0) for rr, _, s0, e in dp_intervals
+                      if rr == r)
+        dp_slow = overlap * (cal.overlap_compute_slowdown - 1.0)
+        exposed_dp = max(dp_free - rank_end, 0.0)
+        t = rank_end + dp_slow + exposed_dp
+        shard = (L.hsdp_shard or dp_cp) if L.zero_stage >= 1 else 1
+        opt_numel = local_numel / shard
+        opt_s = float(coster.cost(_optimizer_node(opt_numel, L.optimizer), 1, 1)
+                      .durations_s.sum()) if opt_numel > 0 else 0.0
+        tail_intervals.append((r, "compute", "optimizer_step", t, t + opt_s))
+        t += opt_s
+        ag_exposed = 0.0
+        if L.zero_stage in (1, 2) and shard > 1:
+            ag = coster.collective("all_gather", local_numel * DTYPE_BYTES["bf16"], shard,
+                                   "dp")[0]
+            # Megatron's --overlap-param-gather hides it behind the next step's first forward.
+            first_f = unit(r, 0, "F").duration_s if L.fsdp_prefetch else 0.0
+            ag_exposed = max(ag - first_f, 0.0)
+            tail_intervals.append((r, "comm_dp", "param_all_gather", t, t + ag))
+        t += ag_exposed + cal.iteration_cpu_overhead_s
+        rank_step.append(t)
+        rank_parts.append({"dp_slow": dp_slow, "exposed_dp": exposed_dp, "opt": opt_s,
+                           "ag": ag_exposed})
+    step = max(rank_step)
+    crit = rank_step.index(step)
+
+    # ---------------------------------------------------------------- breakdown and FLOPs
+    mine = [u for u in pipe.units if u.rank == crit]
+    busy = sum(u.end_s - u.start_s for u in mine)
+    comp = sum(u.cost.compute_s for u in mine)
+    slow = sum(u.cost.slowdown_s for u in mine) + rank_parts[crit]["dp_slow"]
+    by_kind: dict[str, float] = {}
+    for u in mine:
+        for g, val in u.cost.exposed_comm_s:
+            by_kind[g] = by_kind.get(g, 0.0) + val
+    by_kind["dp"] = by_kind.get("dp", 0.0) + rank_parts[crit]["exposed_dp"]
+    if rank_parts[crit]["ag"] > 0:
+        by_kind["dp_param_gather"] = rank_parts[crit]["ag"]
+    unit_exposed = sum(sum(v for _, v in u.cost.exposed_comm_s) for u in mine)
+    # Unit durations may differ from their parts by overlap rounding; keep the sum exact.
+    comp += max(busy - comp - sum(u.cost.slowdown_s for u in mine) - unit_exposed, 0.0)
+    bubble = pipe.rank_end_s[crit] - busy
+    breakdown = StepBreakdown(
+        compute_s=comp, exposed_comm_s=sum(by_kind.values()),
+        exposed_comm_by_kind_s={k: v for k, v in sorted(by_kind.items()) if v > 0},
+        pipeline_bubble_s=max(bubble, 0.0), overlap_slowdown_s=slow,
+        optimizer_s=rank_parts[crit]["opt"], other_s=cal.iteration_cpu_overhead_s)
+    replicas = L.tp * L.cp * L.dp
+    hw_flops = sum(u.cost.hw_flops for u in pipe.units) * replicas
+    model_flops = _model_flops_per_seq(traced, spec, s) * L.global_batch_size
+    peak = cl.gpu.peak_flops("bf16")
+    n = L.num_gpus
+    tokens = L.global_batch_size * L.seq_len
+
+    # ---------------------------------------------------------------- provenance shares
+    counts = {t: layer_types.count(t) for t in set(layer_types)}
+    prov_s: dict[str, float] = {}
+    for name, (cf, cb) in costed.items():
+        mult = counts.get(name, 1) * m
+        for cg in (cf, cb):
+            if cg is None:
+                continue
+            for d, pv in zip(cg.durations_s, cg.provenance, strict=True):
+                prov_s[pv or "other"] = prov_s.get(pv or "other", 0.0) + float(d) * mult
+    tot = sum(prov_s.values()) or 1.0
+    sources = {k: v / tot for k, v in sorted(prov_s.items())}
+
+    memory = None
+    try:
+        from charon_search.memory import memory_report
+        memory = memory_report(spec, L, cl).to_dict()
+    except ImportError:
+        warnings.append("memory model not importable; StepReport.memory is None")
+    except Exception as e:
+        warnings.append(f"memory model failed: {type(e).__name__}: {e}")
+
+    timeline = StepTimeline(pipeline=pipe, dp_intervals=dp_intervals,
+                            tail_intervals=tail_intervals, layer_costs=costs,
+                            stage_blocks=stage_blocks)
+    return StepReport(
+        model=spec.name, cluster=cl.name, num_gpus=n, layout=L.to_dict(), step_time_s=step,
+        tokens_per_step=tokens, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+        mfu=model_flops / (step * n * peak), hfu=hw_flops / (step * n * peak),
+        breakdown=breakdown, stage_times_s=tuple(pipe.rank_end_s),
+        stage_busy_s=tuple(sum(u.end_s - u.start_s for u in pipe.units if u.rank == r)
+                           for r in range(p)),
+        micro_batches_in_flight=tuple(pipe.max_in_flight), num_micro_batches=m,
+        cost_sources=sources, warnings=tuple(warnings), memory=memory, timeline=timeline)

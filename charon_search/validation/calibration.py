@@ -1,0 +1,281 @@
+"""``charon-search calibrate``: fit the parameters real systems do not publish.
+
+Discipline (issue 8):
+
+- Only physical parameters that no data sheet gives are fitted (``PARAMETERS``): the roofline's
+  achievable fractions of peak FLOP/s and HBM bandwidth (used where no profile covers an op), the
+  fraction of link bandwidth collectives reach, the overlap slowdown, the per-iteration CPU
+  overhead, and the caching allocator's headroom. No per-record factor exists anywhere.
+- One parameter vector is shared by every cluster (the values are ratios of physics, not of a
+  cluster), so a source held out really is unseen: ``leave_one_source_out`` fits on all other
+  development sources and reports the held-out source's error next to the training error.
+- Only development records are used: confidence ``high``/``medium`` and fully specified
+  (``runner._fully_specified``); low-confidence sanity-check records never enter a fit.
+- Results carry provenance (sources, record count, objective, date) and go to a YAML file; with
+  ``write_cluster_specs`` they replace only the ``calibration:`` block of cluster spec files.
+
+The objective is the median of ``|log(predicted / measured)|`` over each record's representative
+metric (``stats.representative_rows``), minimized by coordinate descent over a small grid per
+parameter (cheap, derivative-free, and every evaluated point is a real simulation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+from charon_search.validation.records import Record
+from charon_search.validation.runner import ValidationResult, run_validation
+from charon_search.validation.stats import representative_rows
+
+if TYPE_CHECKING:
+    from charon_search.hardware.spec import ClusterSpec
+
+__all__ = [
+    "PARAMETERS",
+    "CalibrationFit",
+    "Parameter",
+    "apply_parameters",
+    "development_records",
+    "fit_parameters",
+    "leave_one_source_out",
+    "write_cluster_specs",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parameter:
+    """One fitted quantity: where it lives in a ``ClusterSpec`` and the values tried."""
+
+    name: str
+    target: str
+    """``gpu.<field>`` or ``calibration.<field>``; ``calibration.collective_bw_efficiency``
+    sets the same fraction on every tier."""
+    grid: tuple[float, ...]
+    default: float
+    kinds: tuple[str, ...] = ("training", "serving")
+    """Record kinds whose error depends on the parameter (only those are simulated)."""
+    doc: str = ""
+
+
+PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
+    Parameter(name="compute_efficiency", target="gpu.compute_efficiency",
+              grid=(0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85), default=0.75,
+              doc="achievable fraction of peak FLOP/s for GEMMs no profile covers"),
+    Parameter(name="memory_efficiency", target="gpu.memory_efficiency",
+              grid=(0.7, 0.75, 0.8, 0.85, 0.9), default=0.85, kinds=("serving",),
+              doc="achievable fraction of HBM bandwidth for memory-bound ops"),
+    Parameter(name="collective_bw_scale", target="calibration.collective_bw_efficiency",
+              grid=(0.7, 0.8, 0.9, 1.0, 1.1), default=1.0, kinds=("training",),
+              doc="multiplies every tier's fraction of link bandwidth NCCL reaches (capped at "
+                  "1); written back as per-tier efficiencies"),
+    Parameter(name="overlap_compute_slowdown", target="calibration.overlap_compute_slowdown",
+              grid=(1.0, 1.05, 1.1, 1.15, 1.2, 1.3), default=1.0, kinds=("training",),
+              doc="compute slowdown while a collective overlaps it"),
+    Parameter(name="iteration_cpu_overhead_s", target="calibration.iteration_cpu_overhead_s",
+              grid=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), default=0.0, kinds=("serving",),
+              doc="per-iteration host/scheduler time (serving)"),
+)}
+
+
+def development_records(records: Sequence[Record],
+                        result: ValidationResult | None = None) -> list[Record]:
+    """Records a fit may use: confidence high/medium, and fully specified when known."""
+    out = [r for r in records if r.confidence in ("high", "medium")]
+    if result is not None:
+        out = [r for r in out if result.cases.get(r.id, {}).get("fully_specified")]
+    return out
+
+
+def apply_parameters(cluster: ClusterSpec, values: Mapping[str, float]) -> ClusterSpec:
+    """A copy of ``cluster`` with fitted values set (renamed so no cache serves the old one)."""
+    gpu_changes: dict[str, float] = {}
+    cal_changes: dict[str, Any] = {}
+    for name, value in values.items():
+        p = PARAMETERS[name]
+        where, _, field_name = p.target.partition(".")
+        if where == "gpu":
+            gpu_changes[field_name] = float(value)
+        elif field_name == "collective_bw_efficiency":
+            cal_changes[field_name] = _scaled_bw(cluster, float(value))
+        else:
+            cal_changes[field_name] = float(value)
+    gpu = dataclasses.replace(cluster.gpu, **gpu_changes) if gpu_changes else cluster.gpu
+    cal = (dataclasses.replace(cluster.calibration, **cal_changes) if cal_changes
+           else cluster.calibration)
+    tag = hashlib.sha1(json.dumps(dict(values), sort_keys=True).encode()).hexdigest()[:8]
+    return dataclasses.replace(cluster, gpu=gpu, calibration=cal,
+                               name=f"{cluster.name}@cal-{tag}")
+
+
+def _scaled_bw(cluster: ClusterSpec, scale: float) -> dict[str, float]:
+    base = dict(cluster.calibration.collective_bw_efficiency)
+    for t in cluster.tiers:
+        base.setdefault(t.name, 1.0)
+    return {k: min(1.0, v * scale) for k, v in base.items()}
+
+
+def _objective(result: ValidationResult) -> float:
+    errs = [abs(math.log1p(r["error"])) for r in representative_rows(result.rows)
+            if r["error"] > -1]
+    return float(np.median(errs)) if errs else math.inf
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationFit:
+    values: dict[str, float]
+    objective: float
+    """Median |log(pred/meas)| on the records fitted."""
+    num_records: int
+    sources: tuple[str, ...]
+    evaluations: int
+
+
+Evaluate = Callable[[Sequence[Record], Mapping[str, float]], ValidationResult]
+
+
+def default_evaluate(**sim_overrides: Any) -> Evaluate:
+    """Evaluate records with parameters applied to every case's cluster."""
+    def evaluate(records: Sequence[Record], values: Mapping[str, float]) -> ValidationResult:
+        return run_validation(records, cluster_transform=lambda c: apply_parameters(c, values),
+                              **sim_overrides)
+    return evaluate
+
+
+def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
+                   evaluate: Evaluate | None = None, sweeps: int = 2,
+                   start: Mapping[str, float] | None = None) -> CalibrationFit:
+    """Coordinate descent over each parameter's grid, minimizing the median |log error|."""
+    evaluate = evaluate or default_evaluate()
+    values = {n: float((start or {}).get(n, PARAMETERS[n].default)) for n in names}
+    cache: dict[tuple[tuple[str, float], ...], float] = {}
+
+    def score(vals: Mapping[str, float]) -> float:
+        key = tuple(sorted(vals.items()))
+        if key not in cache:
+            kinds = set().union(*(PARAMETERS[n].kinds for n in names)) if names else set()
+            recs = [r for r in records if r.kind in kinds] or list(records)
+            cache[key] = _objective(evaluate(recs, vals))
+        return cache[key]
+
+    best = score(values)
+    for _ in range(sweeps):
+        improved = False
+        for n in names:
+            for v in PARAMETERS[n].grid:
+                trial = {**values, n: float(v)}
+                s = score(trial)
+                if s < best - 1e-12:
+                    best, values, improved = s, trial, True
+        if not improved:
+            break
+    from charon_search.validation.runner import source_label
+
+    return CalibrationFit(values=values, objective=best, num_records=len(records),
+                          sources=tuple(sorted({source_label(r.source) for r in records})),
+                          evaluations=len(cache))
+
+
+def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
+                         evaluate: Evaluate | None = None, sweeps: int = 1
+                         ) -> list[dict[str, Any]]:
+    """Per development source: fit on the others, report train and held-out test error."""
+    from charon_search.validation.runner import source_label
+
+    evaluate = evaluate or default_evaluate()
+    sources = sorted({source_label(r.source) for r in records})
+    out = []
+    for held in sources:
+        train = [r for r in records if source_label(r.source) != held]
+        test = [r for r in records if source_label(r.source) == held]
+        if not train or not test:
+            continue
+        fit = fit_parameters(train, names, evaluate=evaluate, sweeps=sweeps)
+        test_obj = _objective(evaluate(test, fit.values))
+        default_obj = _objective(evaluate(test, {n: PARAMETERS[n].default for n in names}))
+        out.append({"held_out": held, "train_records": len(train), "test_records": len(test),
+                    "values": fit.values, "train_median_abs_log_error": fit.objective,
+                    "test_median_abs_log_error": test_obj,
+                    "test_median_abs_log_error_uncalibrated": default_obj})
+    return out
+
+
+def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec],
+                         loso: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The YAML written by ``calibrate``: per-cluster ``calibration`` values with provenance.
+
+    ``clusters`` maps cluster name -> its spec (the fit's shared values are applied to each, so
+    per-tier bandwidth efficiencies are that cluster's own values times the fitted scale).
+    """
+    date = _dt.date.today().isoformat()
+    prov = (f"charon-search calibrate {date}: shared fit on {fit.num_records} development "
+            f"records of {', '.join(fit.sources)}; median |log(pred/meas)| "
+            f"{fit.objective:.4f}")
+    blocks = {}
+    for name, spec in clusters.items():
+        cal: dict[str, Any] = {}
+        gpu: dict[str, Any] = {}
+        for n, v in fit.values.items():
+            where, _, field_name = PARAMETERS[n].target.partition(".")
+            if where == "gpu":
+                gpu[field_name] = float(v)
+            elif field_name == "collective_bw_efficiency":
+                cal[field_name] = _scaled_bw(spec, float(v))
+            else:
+                cal[field_name] = float(v)
+        blocks[name] = {"calibration": cal, "gpu": gpu, "provenance": prov}
+    return {"fit": dataclasses.asdict(fit), "leave_one_source_out": list(loso),
+            "clusters": blocks}
+
+
+_BLOCK_RE = re.compile(r"^calibration:[^\n]*\n(?:(?:[ \t]+[^\n]*|)\n)*", re.M)
+
+
+def _base(key: str) -> str:
+    from charon_search.units import split_unit_key
+
+    parts = split_unit_key(key)
+    return parts[0] if parts else key
+
+
+def write_cluster_specs(doc: Mapping[str, Any], spec_dir: Path) -> list[Path]:
+    """Update only the top-level ``calibration:`` block of each ``<cluster>.yaml``.
+
+    Fitted fields replace the block's entries of the same quantity (whatever unit suffix they
+    had) and get a provenance line; other calibration entries are kept. Keys outside the block
+    are untouched (comments inside the block are not kept). Fitted GPU efficiencies are not
+    written (GPU files belong to the hardware owner); they stay in the calibration output.
+    """
+    written = []
+    for name, block in doc["clusters"].items():
+        path = spec_dir / f"{name}.yaml"
+        if not path.exists():
+            continue
+        text = path.read_text()
+        old = dict((yaml.safe_load(text) or {}).get("calibration") or {})
+        prov = dict(old.pop("provenance", None) or {})
+        for key, value in block["calibration"].items():
+            for k in [k for k in old if _base(k) == _base(key)]:
+                old.pop(k)
+                prov.pop(k, None)
+            old[key] = value
+            prov[key] = block["provenance"]
+        old["provenance"] = prov
+        new_block = yaml.safe_dump({"calibration": old}, sort_keys=False, width=99)
+        m = _BLOCK_RE.search(text)
+        text = (text[:m.start()] + new_block + text[m.end():] if m
+                else text.rstrip("\n") + "\n" + new_block)
+        path.write_text(text)
+        written.append(path)
+    return written

@@ -1,0 +1,109 @@
+"""Sanity check of the serving simulator against measured silicon serving rows.
+
+Reads aiconfigurator-core ``systems/silicon_sample.csv`` (measured TTFT/TPOT of vLLM/TRT-LLM
+deployments; see /work/shared/data/peers/SOURCES.md) -- an import-time input, never read by the
+package -- and simulates a spread of aggregated rows in closed loop (concurrency = the row's
+``batch_size``, ``isl``/``osl`` fixed). Nothing is calibrated per row.
+
+    python examples/workloads/silicon_check.py [silicon_sample.csv] [--rows N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+
+from charon_search.serving import LengthDistribution, ServingConfig, WorkloadSpec, simulate_serving
+
+DEFAULT = "/work/shared/data/peers/aiconfigurator-core/systems/silicon_sample.csv"
+MODELS = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
+    "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+}
+CLUSTERS = {"h100_sxm": "h100-sxm-8gpu", "h200_sxm": "h200-sxm-8gpu"}
+#: (system, model_path, backend) -> how many rows to take (the first ones in file order).
+PICK = {
+    ("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct", "trtllm"): 3,
+    ("h200_sxm", "nvidia/Llama-3.1-8B-Instruct-FP8", "vllm"): 3,
+    ("h100_sxm", "meta-llama/Llama-3.1-70B", "vllm"): 3,
+    ("h200_sxm", "meta-llama/Llama-3.1-70B", "vllm"): 3,
+    ("h100_sxm", "Qwen/Qwen3-32B", "vllm"): 3,
+    ("h200_sxm", "Qwen/Qwen3-235B-A22B-FP8", "vllm"): 2,
+    ("h100_sxm", "openai/gpt-oss-120b", "vllm"): 2,
+}
+
+
+def pick_rows(path: str, max_osl: int) -> list[dict]:
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["mode"] == "agg"]
+    out = []
+    for key, n in PICK.items():
+        cand = [r for r in rows if (r["system"], r["model_path"], r["backend"]) == key
+                and int(r["osl"]) <= max_osl and int(r["pp_size"] or 1) == 1]
+        out.extend(cand[:n])
+    return out
+
+
+def simulate_row(r: dict) -> dict:
+    bs = int(r["batch_size"])
+    tp = int(r["tp_size"])
+    ep = int(r["moe_ep_size"] or 1)
+    precision = {"": "bf16", "fp8": "fp8", "fp4": "fp4"}.get(r["precision"], "bf16")
+    cfg = ServingConfig(tp=tp, ep=ep, precision=precision, max_num_seqs=max(bs, 1),
+                        max_num_batched_tokens=8192)
+    wl = WorkloadSpec(arrival="concurrency", concurrency=bs, num_requests=3 * bs,
+                      input_len=LengthDistribution(value=int(r["isl"])),
+                      output_len=LengthDistribution(value=int(r["osl"])))
+    t0 = time.perf_counter()
+    rep = simulate_serving(MODELS[r["model_path"]], CLUSTERS[r["system"]], cfg, wl)
+    ttft_ms, tpot_ms = rep.ttft_s["mean"] * 1e3, rep.tpot_s["mean"] * 1e3
+    meas_ttft, meas_tpot = float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"])
+    return {
+        "id": r["id"], "system": r["system"], "model": r["model_path"], "backend": r["backend"],
+        "precision": precision, "isl": int(r["isl"]), "osl": int(r["osl"]), "batch_size": bs,
+        "tp": tp, "ep": ep, "measured_ttft_ms": meas_ttft, "predicted_ttft_ms": ttft_ms,
+        "ttft_err": ttft_ms / meas_ttft - 1, "measured_tpot_ms": meas_tpot,
+        "predicted_tpot_ms": tpot_ms, "tpot_err": tpot_ms / meas_tpot - 1,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv", nargs="?", default=DEFAULT)
+    ap.add_argument("--max-osl", type=int, default=1024)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    results = []
+    for r in pick_rows(args.csv, args.max_osl):
+        try:
+            res = simulate_row(r)
+        except Exception as e:  # report and continue: this is a sanity sweep
+            print(f"{r['id']}: failed: {type(e).__name__}: {e}", flush=True)
+            continue
+        results.append(res)
+        print(f"{res['system']:9s} {res['model'][-28:]:28s} {res['backend']:6s} "
+              f"{res['precision']:4s} isl={res['isl']:5d} osl={res['osl']:5d} "
+              f"bs={res['batch_size']:3d} tp={res['tp']} | TTFT {res['measured_ttft_ms']:8.1f} "
+              f"-> {res['predicted_ttft_ms']:8.1f} ms ({res['ttft_err']:+.0%}) | TPOT "
+              f"{res['measured_tpot_ms']:6.2f} -> {res['predicted_tpot_ms']:6.2f} ms "
+              f"({res['tpot_err']:+.0%}) [{res['wall_s']:.1f}s]", flush=True)
+    if results:
+        import statistics as st
+
+        print(f"median |TTFT err| {st.median(abs(x['ttft_err']) for x in results):.1%}, "
+              f"median |TPOT err| {st.median(abs(x['tpot_err']) for x in results):.1%} "
+              f"over {len(results)} rows")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Fused selector: profile hit -> predictor -> roofline, with provenance."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from charon_search.cost import predictor as P
+from charon_search.cost.base import COST_BACKENDS, ShapePoint
+from charon_search.cost.profile_db import default_profile_db, subset_profile_db
+from charon_search.cost.roofline import RooflineCostBackend
+from charon_search.cost.selector import (
+    ATTENTION_BWD_FLOP_RATIO,
+    FusedCostModel,
+    PredictorCostBackend,
+    ProfileCostBackend,
+    default_cost_model,
+)
+from charon_search.ir import Node, OpGraph, OpKind, Phase
+from charon_search.ir.graph import poly_params
+from charon_search.ir.symbolic import Poly, sym
+from charon_search.testing import CostBackendContract, comm_node, gemm_node, toy_cluster
+
+GPU = "h100-sxm-80gb"
+SMALL_HP = {**P.HYPERPARAMS, "max_iter": 80, "learning_rate": 0.15}
+P1 = ShapePoint(1, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    db = subset_profile_db(default_profile_db(), tmp_path_factory.mktemp("pdb"), gpus=[GPU],
+                           op_kinds=["gemm", "attention", "norm", "elementwise"], every=8,
+                           keep={"gemm": [{"m": 4096, "n": 4096, "k": 4096}],
+                                 "attention": [{"batch": 1, "heads": 32, "kv_heads": 8,
+                                                "q_len": 4096, "kv_len": 4096,
+                                                "head_dim": 128}]})
+    return FusedCostModel(toy_cluster(), db=db, store=P.PredictorStore(db, hyperparams=SMALL_HP))
+
+
+def _attn(kind: OpKind, q, kv, node_id=0) -> Node:
+    return Node(id=node_id, name=f"attn{node_id}", kind=kind, phase=Phase.FORWARD,
+                params=poly_params(batch=1, heads=32, kv_heads=8, q_len=q, kv_len=kv,
+                                   head_dim=128, v_head_dim=128, causal=1),
+                flops=Poly.const(1e9), bytes_read=Poly.const(1e6))
+
+
+def test_profile_hit_returns_the_measurement(model):
+    cost = model.cost(gemm_node(4096, 4096, 4096), P1)
+    # aiconfigurator h100_sxm gemm/vllm/0.24.0 torch linear bf16 4096^3: 0.166026 ms.
+    assert cost.provenance == "profile"
+    assert cost.duration_s == pytest.approx(0.166026e-3, rel=1e-5)
+    attn = model.cost(_attn(OpKind.ATTENTION, 4096, 4096), P1)
+    assert attn.provenance == "profile"
+    assert attn.duration_s == pytest.approx(0.264315e-3, rel=1e-5)  # FA3, b1 h32 kv8 d128
+
+
+def test_fallback_order_and_provenance(model):
+    unseen = model.cost(gemm_node(3000, 5000, 7000), P1)
+    assert unseen.provenance == "predictor" and unseen.detail == "model"
+    roof = RooflineCostBackend().cost(gemm_node(3000, 5000, 7000), P1, model.gpu)
+    assert unseen.duration_s == pytest.approx(roof.duration_s, rel=0.5)
+    softmax = Node(id=1, name="sm", kind=OpKind.SOFTMAX, params=poly_params(rows=8, cols=8),
+                   flops=Poly.const(320), bytes_read=Poly.const(256))
+    res = model.cost(softmax, P1)  # no softmax measurements anywhere
+    assert res.provenance == "roofline"
+    assert res.duration_s == RooflineCostBackend().cost(softmax, P1, model.gpu).duration_s
+    assert model.cost(comm_node(OpKind.ALL_REDUCE, 2**20, 8), P1) is None
+
+
+def test_attention_backward_is_scaled_forward(model):
+    q = 3000  # not measured: both go through the predictor
+    fwd = model.cost(_attn(OpKind.ATTENTION, q, q), P1)
+    bwd = model.cost(_attn(OpKind.ATTENTION_BWD, q, q), P1)
+    assert fwd.provenance == "predictor"
+    assert (bwd.provenance, bwd.detail) == ("predictor", "fwd-scaled")
+    assert bwd.duration_s == pytest.approx(ATTENTION_BWD_FLOP_RATIO * fwd.duration_s)
+
+
+def test_gpu_without_data_is_roofline_with_warning():
+    fused = FusedCostModel(toy_cluster(gpu="l20-48gb"))
+    assert fused.warnings == ["no profile data for l20-48gb; roofline only"]
+    node = gemm_node(4096, 4096, 4096)
+    res = fused.cost(node, P1)
+    assert res.provenance == "roofline"
+    assert res.duration_s == RooflineCostBackend().cost(node, P1, fused.gpu).duration_s
+
+
+def test_cost_graph_matches_nodes_and_memoizes(model):
+    b, s = sym("b"), sym("s")
+    nodes = (gemm_node(b * s, 4096, 4096, node_id=0), gemm_node(b * s, 1000, 3000, node_id=1),
+             comm_node(OpKind.ALL_REDUCE, b * s * 8192, 2, node_id=2),
+             _attn(OpKind.ATTENTION, s, s, node_id=3).replace(
+                 params=poly_params(batch=b, heads=32, kv_heads=8, q_len=s, kv_len=s,
+                                    head_dim=128, v_head_dim=128, causal=1)))
+    graph = OpGraph(name="g", nodes=nodes, tensors={})
+    detailed = model.cost_graph_detailed(graph, 1, 4096)
+    assert detailed.provenance == ("profile", "predictor", "", "profile")
+    durations = model.cost_graph(graph, 1, 4096)
+    assert durations is detailed.durations_s  # memoized
+    assert math.isnan(durations[2])
+    for i in (0, 1, 3):
+        assert durations[i] == model.cost(nodes[i], ShapePoint(1, 4096, 4096)).duration_s
+    shares = detailed.shares()
+    assert set(shares) == {"profile", "predictor"} and sum(shares.values()) == pytest.approx(1)
+    assert model.cost_graph(graph, 2, 4096)[0] > durations[0]
+
+
+def test_backends_registered():
+    assert COST_BACKENDS.get("profile") is ProfileCostBackend
+    assert COST_BACKENDS.get("predictor") is PredictorCostBackend
+
+
+def test_default_cost_model_cached():
+    cl = toy_cluster()
+    assert default_cost_model(cl) is default_cost_model(cl)
+
+
+class TestProfileBackendContract(CostBackendContract):
+    backend_factory = ProfileCostBackend
+
+
+def test_profile_backend_hit_and_miss():
+    backend, gpu = ProfileCostBackend(), toy_cluster().gpu
+    hit = backend.cost(gemm_node(4096, 4096, 4096), P1, gpu)
+    assert hit.provenance == "profile"
+    assert hit.duration_s == pytest.approx(0.166026e-3, rel=1e-5)
+    assert backend.cost(gemm_node(4095, 4096, 4096), P1, gpu) is None
+
+
+def test_predictor_durations_are_finite_positive(model):
+    m = np.array([1, 7, 100, 1000, 5000, 20000])
+    graph = OpGraph(name="gs", nodes=tuple(gemm_node(int(x), 2048, 1536, node_id=i)
+                                           for i, x in enumerate(m)), tensors={})
+    d = model.cost_graph(graph, 1, 1)
+    assert np.all(np.isfinite(d)) and np.all(d > 0)
+    assert np.all(np.diff(d[2:]) > 0)  # from 100 tokens on, more tokens take longer

@@ -1,0 +1,58 @@
+"""`charon-search serve` end to end on the debug model (traced graphs, fused cost model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from charon_search.cli import main
+
+REQUIRED = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "requests_per_s", "output_tokens_per_s",
+            "tokens_per_s_per_user", "tokens_per_s_per_gpu", "num_gpus", "num_requests",
+            "num_completed", "num_preemptions", "prefix_hit_rate", "kv_utilization",
+            "mean_requests_in_system", "arrival_rate")
+
+
+def test_serve_writes_report(tmp_path, capsys) -> None:
+    out = tmp_path / "serve.json"
+    trace = tmp_path / "trace.json"
+    rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--tp", "2",
+               "--workload", "poisson", "--rate", "50", "--num-requests", "50",
+               "--input-len", "200", "--output-len", "20", "--max-num-seqs", "16",
+               "--json", str(out), "--chrome-trace", str(trace)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    for key in REQUIRED:
+        assert key in data, key
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert set(data[key]) == {"mean", "p50", "p90", "p99"}
+    assert data["num_completed"] == data["num_requests"] == 50
+    assert data["num_gpus"] == 2
+    assert data["ttft_s"]["mean"] > 0 and data["tpot_s"]["mean"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "decode" for e in events)
+    assert "TTFT" in capsys.readouterr().out
+
+
+def test_serve_disagg_and_trace(tmp_path) -> None:
+    out = tmp_path / "d.json"
+    rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+               "--workload", "splitwise_conv_2k.csv", "--num-requests", "100",
+               "--disagg", "prefill=2xTP1,decode=1xTP2", "--kv-transfer", "nvlink",
+               "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["num_gpus"] == 4 and data["num_completed"] == 100
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--disagg", "prefill=2"], "disagg"),
+    (["--tp", "3"], "tp"),
+    (["--workload", "missing.csv"], "does not exist"),
+])
+def test_serve_bad_input_exits_2(argv, needle, capsys) -> None:
+    rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+               "--num-requests", "5", *argv])
+    assert rc == 2
+    assert needle in capsys.readouterr().err

@@ -1,0 +1,55 @@
+"""The graph-based iteration cost model (traced debug model, fused cost model) in the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from charon_search.catalog import load_model
+from charon_search.serving import ServingConfig, simulate_serving
+from charon_search.serving.simulator import build_cost_model
+from charon_search.serving.workload import RequestSpec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup():  # type: ignore[no-untyped-def]
+    from charon_search.testing import toy_cluster
+
+    model = load_model("debug-llama")
+    cluster = toy_cluster()
+    cfg = ServingConfig(tp=2, iteration_overhead_s=2e-3)
+    return model, cluster, cfg, build_cost_model(model, cluster, cfg)
+
+
+def test_single_request_matches_iteration_cost(setup) -> None:
+    model, cluster, cfg, cost = setup
+    rep = simulate_serving(model, cluster, cfg, [RequestSpec(
+        request_id=0, arrived_at_s=0.0, prompt_tokens=512, output_tokens=5)], cost_model=cost)
+    # Prefill is eager (not graph-captured): at least the host launch time of its kernels.
+    launch = cost.num_kernels * cfg.kernel_launch_overhead_s
+    ttft = max(cost.iteration_s([(512, 512)], 0, 0.0), launch) + 2e-3
+    assert rep.ttft_s["mean"] == pytest.approx(ttft, rel=1e-9)
+    steps = [cost.iteration_s((), 1, 512 + j, 1, padded_decode=1) + 2e-3 for j in range(1, 5)]
+    assert rep.tpot_s["mean"] == pytest.approx(sum(steps) / 4, rel=1e-9)
+
+
+def test_iteration_cost_grows_with_tokens_and_context(setup) -> None:
+    _, _, _, cost = setup
+    assert cost.iteration_s([(4096, 4096)], 0, 0) > cost.iteration_s([(512, 512)], 0, 0) > 0
+    assert cost.decode_attention_s(64, 64 * 8192) > cost.decode_attention_s(64, 64 * 512) > 0
+    assert cost.kv_bytes_per_token() == 2 * 2 * 1 * 16 * 2  # K+V, 2 layers, 2/2 heads, dim 16
+
+
+def test_tp_shards_the_work() -> None:
+    from charon_search.hardware import load_cluster
+
+    model = load_model("llama-3.1-8b")
+    cluster = load_cluster("h100-sxm-8gpu")
+    one = build_cost_model(model, cluster, ServingConfig(tp=1))
+    four = build_cost_model(model, cluster, ServingConfig(tp=4))
+    # A large prefill is compute bound: TP4 must be well under TP1 (and over a quarter of it,
+    # since it adds all-reduces).
+    t1 = one.iteration_s([(8192, 8192)], 0, 0)
+    t4 = four.iteration_s([(8192, 8192)], 0, 0)
+    assert t1 / 4 < t4 < t1 / 2

@@ -1,0 +1,124 @@
+"""simulate_training on synthetic traced blocks (no torch): validation, determinism, physics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from charon_search.catalog.spec import ModelSpec
+from charon_search.cli import main
+from charon_search.errors import ConfigError
+from charon_search.layout import Layout
+from charon_search.passes.synthetic import synthetic_model
+from charon_search.sim.costing import GraphCoster
+from charon_search.testing import toy_cluster
+from charon_search.training import simulate_training, stage_layers
+
+
+class FlopsCostModel:
+    """Compute nodes at 100 TFLOP/s or 1 TB/s, whichever is slower (test stand-in)."""
+
+    provenance = "roofline"
+
+    def cost_graph(self, graph, b, s, c=None):
+        ev = graph.evaluate(b, s, c)
+        return np.maximum(ev.flops / 100e12, ev.bytes / 1e12)
+
+
+SPEC = ModelSpec(name="synthetic", hf_config={}, model_type="llama", num_layers=8,
+                 hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                 intermediate_size=512, vocab_size=1024, layer_types=("dense",) * 8)
+TRACED = synthetic_model(SPEC, layer_types=("dense",))
+
+
+def _sim(layout: Layout, **kw):
+    return simulate_training(SPEC, toy_cluster(), layout, cost_model=FlopsCostModel(),
+                             traced=TRACED, **kw)
+
+
+def test_step_report_fields_and_breakdown_sum() -> None:
+    r = _sim(Layout(tp=2, pp=2, schedule="1f1b", global_batch_size=8, seq_len=256))
+    d = r.to_dict()
+    for key in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu",
+                "model_flops_per_step", "breakdown", "cost_sources", "memory"):
+        assert key in d
+    bd = r.breakdown
+    parts = (bd.compute_s + bd.exposed_comm_s + bd.pipeline_bubble_s + bd.overlap_slowdown_s
+             + bd.optimizer_s + bd.other_s)
+    assert parts == pytest.approx(r.step_time_s, rel=1e-6)
+    assert r.tokens_per_s == pytest.approx(8 * 256 / r.step_time_s)
+
+
+def test_deterministic() -> None:
+    lay = Layout(tp=2, pp=2, schedule="interleaved-1f1b", vpp=2, global_batch_size=4,
+                 seq_len=128)
+    a, b = _sim(lay), _sim(lay)
+    assert a.to_dict() == b.to_dict()
+    ua = [(u.rank, u.op, u.start_s, u.end_s) for u in a.timeline.pipeline.units]
+    ub = [(u.rank, u.op, u.start_s, u.end_s) for u in b.timeline.pipeline.units]
+    assert ua == ub
+
+
+@pytest.mark.parametrize(("layout", "gpus", "rule"), [
+    (Layout(tp=2, dp=2, global_batch_size=2), 8, "tp * pp * dp * cp == gpus"),
+    (Layout(tp=3), None, "`tp` must divide num_attention_heads"),
+    (Layout(pp=16, schedule="1f1b", global_batch_size=16), None, "pp * vpp <= num_layers"),
+    (Layout(pp=2, vpp=2, schedule="interleaved-1f1b", global_batch_size=3), None,
+     "num_micro_batches % pp == 0"),
+])
+def test_invalid_layouts_raise(layout: Layout, gpus: int | None, rule: str) -> None:
+    with pytest.raises(ConfigError, match=rule.replace("*", r"\*")):
+        _sim(layout, num_gpus=gpus)
+
+
+def test_ep_needs_moe() -> None:
+    with pytest.raises(ConfigError, match="ep > 1"):
+        _sim(Layout(dp=2, ep=2, global_batch_size=2))
+
+
+def test_cli_invalid_layout_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
+               "--tp", "3", "--pp", "1"])
+    assert rc == 2
+    assert "must divide gpus" in capsys.readouterr().err
+
+
+def test_cli_unknown_yaml_key_exits_2(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "layout.yaml"
+    f.write_text("tp: 2\ntensor_parallel: 2\n")
+    rc = main(["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+               "--layout", str(f)])
+    assert rc == 2
+    assert "tensor_parallel" in capsys.readouterr().err
+
+
+def test_ring_allreduce_one_tier_closed_form() -> None:
+    cl = toy_cluster()
+    coster = GraphCoster(cl, FlopsCostModel(), strides={"tp": 1})
+    tier = cl.tiers[0]
+    n, nbytes = 2, 64e6
+    t, _ = coster.collective("all_reduce", nbytes, n, "tp")
+    from charon_search.cost.collectives import collective_time
+    ring = collective_time("all_reduce", nbytes, n, cl, algo="ring")
+    cal = cl.calibration
+    eff = cal.collective_bw_efficiency.get(tier.name, 1.0)
+    alpha = cal.collective_alpha_s.get(tier.name, tier.latency_s)
+    closed = 2 * (n - 1) / n * nbytes / (tier.bandwidth_bytes_per_s * eff) + 2 * (n - 1) * alpha
+    assert ring == pytest.approx(closed + cal.collective_launch_s, rel=1e-6)
+    assert t <= ring + 1e-12
+
+
+def test_stage_layers_uneven_first_last() -> None:
+    parts = stage_layers(("dense",) * 10, 4)
+    assert [len(p) for p in parts] == [2, 3, 3, 2]
+    assert sum(len(p) for p in stage_layers(("dense",) * 61, 16)) == 61
+
+
+def test_more_dp_overlap_and_zero3_run() -> None:
+    for lay in (Layout(dp=4, zero_stage=3, global_batch_size=8, seq_len=128),
+                Layout(dp=4, zero_stage=1, global_batch_size=8, seq_len=128),
+                Layout(tp=2, cp=2, global_batch_size=2, seq_len=256, recompute="full"),
+                Layout(tp=2, pp=2, schedule="zero-bubble", global_batch_size=8, seq_len=128),
+                Layout(tp=2, pp=2, schedule="dualpipe", global_batch_size=8, seq_len=128)):
+        r = _sim(lay)
+        assert r.step_time_s > 0 and 0 < r.mfu < 1

@@ -1,0 +1,97 @@
+"""Calibration recovers a known parameter; LOSO reports train/test; accuracy report renders."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from charon_search.cli import main
+from charon_search.validation import run_validation, select_records
+from charon_search.validation.calibration import (
+    apply_parameters,
+    fit_parameters,
+    leave_one_source_out,
+    write_cluster_specs,
+)
+
+IDS = ["megatron_sc21_t1_1.7b", "megatron_sc21_t1_7.5b", "korthikanti_t5_22b_seqsel",
+       "korthikanti_t5_22b_full"]
+
+
+def fake_training(model, cluster, layout):
+    """Step time of the hardware FLOPs at compute_efficiency x peak (the fitted parameter)."""
+    flops = (8 if layout.recompute == "full" else 6) * model.num_params
+    tokens = layout.global_batch_size * layout.seq_len
+    rate = cluster.gpu.peak_flops("bf16") * cluster.gpu.compute_efficiency
+    return {"step_time_s": flops * tokens / (layout.num_gpus * rate)}
+
+
+def evaluate(records, values):
+    return run_validation(records, simulate_training=fake_training,
+                          cluster_transform=lambda c: apply_parameters(c, values))
+
+
+@pytest.fixture(scope="module")
+def synthetic(shipped_records):
+    """The slice with measured values replaced by the fake simulator's at efficiency 0.65."""
+    recs = select_records(shipped_records, ids=IDS)
+    res = evaluate(recs, {"compute_efficiency": 0.65})
+    pred = {(r["id"], r["metric"]): r["predicted"] for r in res.rows}
+    return [dataclasses.replace(r, measured={m: pred[(r.id, m)] for m in r.measured})
+            for r in recs]
+
+
+def test_fit_recovers_efficiency(synthetic):
+    fit = fit_parameters(synthetic, ["compute_efficiency"], evaluate=evaluate)
+    assert fit.values == {"compute_efficiency": 0.65}
+    assert fit.objective == pytest.approx(0.0, abs=1e-9)
+    assert fit.num_records == 4 and len(fit.sources) == 2
+
+
+def test_loso_reports_train_and_test(synthetic):
+    rows = leave_one_source_out(synthetic, ["compute_efficiency"], evaluate=evaluate)
+    assert {r["held_out"] for r in rows} == {"Narayanan et al.", "Korthikanti et al."}
+    for r in rows:
+        assert r["values"] == {"compute_efficiency": 0.65}
+        assert r["test_median_abs_log_error"] == pytest.approx(0.0, abs=1e-9)
+        # default 0.75 is off by log(0.75/0.65)
+        assert r["test_median_abs_log_error_uncalibrated"] == pytest.approx(0.1431, abs=1e-3)
+
+
+def test_write_only_touches_calibration_block(tmp_path):
+    spec = tmp_path / "c.yaml"
+    spec.write_text("name: c\n# keep me\ngpu: h100\ncalibration:\n  overlap_compute_slowdown: 1.1"
+                    "\n  iteration_cpu_overhead_ms: 0.5\n  provenance:\n    "
+                    "overlap_compute_slowdown: 'default: x'\n    iteration_cpu_overhead_ms: "
+                    "'default: y'\ntiers: []\n")
+    doc = {"clusters": {"c": {"calibration": {"iteration_cpu_overhead_s": 0.0003},
+                              "gpu": {}, "provenance": "fit P"}}}
+    write_cluster_specs(doc, tmp_path)
+    text = spec.read_text()
+    assert text.startswith("name: c\n# keep me\ngpu: h100\n") and text.endswith("tiers: []\n")
+    import yaml
+
+    cal = yaml.safe_load(text)["calibration"]
+    assert cal["iteration_cpu_overhead_s"] == 0.0003 and "iteration_cpu_overhead_ms" not in cal
+    assert cal["overlap_compute_slowdown"] == 1.1
+    assert cal["provenance"] == {"overlap_compute_slowdown": "default: x",
+                                 "iteration_cpu_overhead_s": "fit P"}
+
+
+def test_accuracy_command(tmp_path, shipped_records):
+    recs = select_records(shipped_records, ids=IDS + ["palm_540b_6144_tpuv4"])
+    res = run_validation(recs, simulate_training=fake_training)
+    src = tmp_path / "v.json"
+    src.write_text(json.dumps(res.to_json()))
+    out = tmp_path / "docs" / "accuracy.md"
+    assert main(["accuracy", "--from", str(src), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## Per source" in text and "Narayanan et al." in text
+    assert "![training](img/accuracy_training.png)" in text
+    assert (tmp_path / "docs" / "img" / "accuracy_training.png").stat().st_size > 1000
+    assert "`palm_540b_6144_tpuv4`" in text  # listed as not expressible
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    assert main(["accuracy", "--from", str(bad), "--out", str(out)]) == 2
