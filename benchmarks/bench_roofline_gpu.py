@@ -56,7 +56,7 @@ def _timer(torch, device: str):  # type: ignore[no-untyped-def]
     return run
 
 
-def main() -> None:  # noqa: PLR0915 - one linear measurement script
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", default="h200-sxm-141gb", help="GPU spec name or alias")
     ap.add_argument("--out", type=Path, default=None)
@@ -68,7 +68,7 @@ def main() -> None:  # noqa: PLR0915 - one linear measurement script
     from charon_search.cost.base import ShapePoint
     from charon_search.cost.roofline import RooflineCostBackend
     from charon_search.hardware import load_gpu
-    from charon_search.ir import Node, OpKind, poly_params
+    from charon_search.ir import Node, OpKind, as_poly, poly_params
     from charon_search.testing import gemm_node
 
     gpu = load_gpu(args.gpu)
@@ -114,7 +114,7 @@ def main() -> None:  # noqa: PLR0915 - one linear measurement script
             b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major B
             one = torch.ones((), device=device)
             try:
-                t8 = timed(lambda a8=a8, b8=b8: torch._scaled_mm(
+                t8 = timed(lambda a8=a8, b8=b8, one=one: torch._scaled_mm(
                     a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), iters=20)
                 add(f"gemm_fp8_{m}x{n}x{k}", t8, predict(gemm_node(m, n, k, dtype="fp8")),
                     tflops_per_s=flops / t8 / 1e12,
@@ -145,10 +145,12 @@ def main() -> None:  # noqa: PLR0915 - one linear measurement script
     z = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
 
-    def ew(name: str, fn, read: int, written: int, flops: int = 0) -> None:  # type: ignore[no-untyped-def]
+    def ew(name: str, fn, read: int, written: int,  # type: ignore[no-untyped-def]
+           flops: int = 0) -> None:
         t = timed(fn, iters=10)
-        node = Node(id=0, name=name, kind=OpKind.ELEMENTWISE, bytes_read=read + 0 * x.numel(),
-                    bytes_written=written, flops=flops, params=poly_params(numel=x.numel()))
+        node = Node(id=0, name=name, kind=OpKind.ELEMENTWISE, bytes_read=as_poly(read),
+                    bytes_written=as_poly(written), flops=as_poly(flops),
+                    params=poly_params(numel=x.numel()))
         add(name, t, predict(node), gbyte_per_s=(read + written) / t / 1e9,
             frac_of_peak=(read + written) / t / gpu.hbm_bandwidth_bytes_per_s)
 
@@ -156,17 +158,18 @@ def main() -> None:  # noqa: PLR0915 - one linear measurement script
     ew("add_2GiB_bf16", lambda: torch.add(x, y, out=z), 2 * nbytes, nbytes, x.numel())
     ew("mul_scalar_inplace_2GiB_bf16", lambda: x.mul_(1.0), nbytes, nbytes, x.numel())
     t = timed(lambda: x.sum(dtype=torch.float32), iters=10)
-    node = Node(id=0, name="sum", kind=OpKind.REDUCTION, bytes_read=nbytes, bytes_written=4,
-                flops=x.numel(), params=poly_params(numel=x.numel()))
+    node = Node(id=0, name="sum", kind=OpKind.REDUCTION, bytes_read=as_poly(nbytes),
+                bytes_written=as_poly(4), flops=as_poly(x.numel()),
+                params=poly_params(numel=x.numel()))
     add("sum_2GiB_bf16", t, predict(node), gbyte_per_s=nbytes / t / 1e9,
         frac_of_peak=nbytes / t / gpu.hbm_bandwidth_bytes_per_s)
-    del x, y, z
 
     # ---------------------------------------------------------------- launch overhead
     small = torch.zeros(1024, device=device)
     t = timed(lambda: small.add_(1.0), iters=2000, warmup=50)
-    node = Node(id=0, name="tiny", kind=OpKind.ELEMENTWISE, bytes_read=4096, bytes_written=4096,
-                flops=1024, params=poly_params(numel=1024))
+    node = Node(id=0, name="tiny", kind=OpKind.ELEMENTWISE, bytes_read=as_poly(4096),
+                bytes_written=as_poly(4096), flops=as_poly(1024),
+                params=poly_params(numel=1024))
     add("tiny_add_back_to_back", t, predict(node), note="per-kernel time incl. launch, no graph")
 
     result = {"gpu": gpu.name, "device": info, "cases": cases}

@@ -1,6 +1,7 @@
 """Serving simulator speed: 10,000 requests of Llama-3.1-70B TP4 on H100 (+ a PD-disaggregated
-case). Graphs are traced and the cost model warmed first (one short run); the timed runs measure
-the discrete-event simulation with warm memo tables, as a search worker would see it.
+case). Graphs are traced and the cost model warmed first (a run on another sample of the same
+traffic); the timed runs measure the discrete-event simulation with a warm cost grid, as a search
+worker would see it.
 
     python benchmarks/bench_serving.py [--num-requests 10000]
 
@@ -22,8 +23,10 @@ from charon_search.serving.simulator import ServingSimulation
 def _case(name: str, model, cluster, cfg: ServingConfig, wl: WorkloadSpec) -> dict:  # type: ignore[no-untyped-def]
     requests = wl.generate()
     models: dict = {}
+    # Warm-up on another sample of the same traffic (seed + 1): traces the graphs, trains or
+    # loads the predictors and fills the cost grid a search worker keeps between evaluations.
     warm = ServingSimulation(model, cluster, cfg, cost_cache=models)
-    warm.run(requests[: min(2000, len(requests))])  # trace, cost, fill the memo tables
+    warm.run(wl.replace(seed=wl.seed + 1).generate())
     sim = ServingSimulation(model, cluster, cfg, cost_cache=models)
     t0 = time.perf_counter()
     reqs = sim.run(requests)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,10 @@ CLUSTER_FOR_GPU = {"h100-sxm-96gb-500w": "h100-96gb-grand-teton",
 def load_records(path: Path | None = None) -> list[dict[str, Any]]:
     """Training records with ``measured.peak_memory_bytes`` from the shipped validation data."""
     if path is None:
-        path = Path(str(resources.files("charon_search") / "data" / "validation"
-                        / "published-dev.yaml"))
+        import charon_search
+
+        root = Path(next(iter(charon_search.__path__)))
+        path = root / "data" / "validation" / "published-dev.yaml"
     data = yaml.safe_load(path.read_text())
     out = []
     for r in data["records"]:
@@ -63,15 +64,11 @@ def record_setup(rec: dict[str, Any]) -> tuple[Layout, MemoryOptions, list[str]]
         seq_len=t["seq_len"], recompute=t["recompute"], precision=t["precision"],
         async_tp=bool(t["async_tp"]),
     )
-    framework = extra.get("framework")
-    opts = MemoryOptions(
-        # FSDP2: fp32 sharded params/grads, AdamW m + v; bf16 gathered weights.
-        recipe="fsdp2" if framework == "torchtitan" else None,
-        # torchtitan per-op SAC ("op"): store every other mm and fused attention outputs.
-        selective_policy="op" if extra.get("selective_ac_option", "op") == "op" else "attention",
-        # torchao float8 linears save the bf16 input, not an fp8 copy.
-        fp8_saved_activations=False if framework == "torchtitan" else None,
-    )
+    # torchtitan: FSDP2 state, per-op SAC ("op"), torchao float8 saving bf16 GEMM inputs.
+    overrides = {}
+    if extra.get("selective_ac_option", "op") != "op":
+        overrides["selective_policy"] = "attention"
+    opts = MemoryOptions.for_framework(extra.get("framework"), **overrides)
     if extra.get("torch_compile"):
         notes.append("torch.compile fusion not modelled")
     return layout, opts, notes

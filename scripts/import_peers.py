@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.loc[rows.kernel.str.startswith("nccl (vidur"), "variant"] = "vidur"
     out = Path(args.out)
     for sub in out.iterdir() if out.exists() else ():
-        if sub.is_dir():
+        if sub.is_dir() and sub.name != "measured":  # measured/ holds our own profiler rows
             shutil.rmtree(sub)
     index = write_profile_db(rows, out)
     for lic in ("LICENSE.Apache-2.0.txt",):

@@ -163,6 +163,12 @@ def main() -> None:
         cfg = gpt(*row)
         write(name, cfg)
         sources.append((name, cfg["_charon_source"]))
+    for name, row in MPT.items():
+        cfg = mpt(*row)
+        write(name, cfg)
+        sources.append((name, cfg["_charon_source"]))
+    write("opt-175b", OPT_175B)
+    sources.append(("opt-175b", str(OPT_175B["_charon_source"])))
     for name, cfg in DEBUG.items():
         write(name, cfg)
         sources.append((name, str(cfg["_charon_source"])))
@@ -182,8 +188,48 @@ def main() -> None:
     (OUT / "SOURCES.md").write_text("\n".join(lines))
 
 
-#: Further GPT shapes used by validation records (filled below from the records' stated sizes).
-MORE_GPT: dict[str, tuple[int, int, int, int, int, str]] = {}
+#: Megatron-Core GPT weak-scaling shapes, as stated (layers/hidden/heads/ffn/vocab) by the
+#: records in /work/shared/validation/published-dev.yaml (NVIDIA Megatron-Core README table).
+MORE_GPT: dict[str, tuple[int, int, int, int, int, str]] = {
+    "mcore-gpt-1.7b": (24, 2048, 16, 4096, 131072, MCORE),
+    "mcore-gpt-16b": (32, 6144, 48, 4096, 131072, MCORE),
+    "mcore-gpt-70b": (84, 8192, 64, 4096, 131072, MCORE),
+    "mcore-gpt-177b": (96, 12288, 96, 4096, 131072, MCORE),
+    "mcore-gpt-462b": (112, 18432, 144, 4096, 131072, MCORE),
+}
+
+MPT_SRC = ("MosaicML MPT (HF model_type 'mpt': ALiBi, no biases, tied embeddings); shapes "
+           "(layers/hidden/heads, vocab 50,368, seq 2048) as stated by the MPT records in "
+           "/work/shared/validation/published-dev.yaml (MosaicML LLM Foundry throughput table)")
+#: name -> (layers, hidden, heads)
+MPT = {
+    "mpt-1b": (24, 2048, 16), "mpt-3b": (32, 2560, 20), "mpt-7b": (32, 4096, 32),
+    "mpt-13b": (40, 5120, 40), "mpt-30b": (48, 7168, 56), "mpt-70b": (80, 8192, 64),
+}
+
+
+def mpt(layers: int, hidden: int, heads: int) -> dict:
+    return {
+        "architectures": ["MptForCausalLM"], "model_type": "mpt", "n_layers": layers,
+        "d_model": hidden, "n_heads": heads, "expansion_ratio": 4, "max_seq_len": 2048,
+        "vocab_size": 50368, "no_bias": True, "layer_norm_epsilon": 1e-5,
+        "attn_config": {"alibi": True},
+        "tie_word_embeddings": True, "_charon_source": MPT_SRC,
+    }
+
+
+OPT_175B = {
+    "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 12288,
+    "num_hidden_layers": 96, "num_attention_heads": 96, "ffn_dim": 49152,
+    "word_embed_proj_dim": 12288, "vocab_size": 50272, "max_position_embeddings": 2048,
+    "do_layer_norm_before": True, "activation_function": "relu", "dropout": 0.1,
+    "attention_dropout": 0.0, "enable_bias": True, "layer_norm_elementwise_affine": True,
+    "tie_word_embeddings": True,
+    "_charon_source": ("Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', "
+                       "arXiv:2205.01068, Table 1 (96 layers, 96 heads, d_model 12288); other "
+                       "fields as the published HF facebook/opt-66b config.json"),
+    "_charon_aliases": ["facebook/opt-175b"],
+}
 
 if __name__ == "__main__":
     main()

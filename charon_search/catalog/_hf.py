@@ -37,7 +37,7 @@ def hf_config_object(name: str, cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"model config {name!r} must have a `model_type` key")
     try:
         return AutoConfig.for_model(model_type, **clean)
-    except (ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # transformers raises several types for bad configs
         raise ConfigError(
             f"model config {name!r}: transformers cannot build model_type={model_type!r}: {e}"
         ) from e

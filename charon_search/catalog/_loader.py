@@ -144,6 +144,10 @@ def spec_from_config(
     return spec
 
 
+#: model types whose MLP is two matrices with an activation between (no gate).
+_PLAIN_MLP = frozenset({"gpt2", "mpt", "opt", "gpt_neox", "gptj", "bloom", "falcon"})
+
+
 def _get(hf: Any, *names: str, default: Any = None) -> Any:
     for n in names:
         v = getattr(hf, n, None)
@@ -171,10 +175,11 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
         head_dim = int(_get(hf, "head_dim", default=hidden // heads))
     if mt == "gpt2":
         intermediate = int(hf.n_inner or 4 * hidden)
-        gated = False
+    elif mt == "mpt":
+        intermediate = int(hf.expansion_ratio * hidden)
     else:
-        intermediate = int(_get(hf, "intermediate_size", default=4 * hidden))
-        gated = True
+        intermediate = int(_get(hf, "intermediate_size", "ffn_dim", default=4 * hidden))
+    gated = mt not in _PLAIN_MLP
     num_experts = int(_get(hf, "num_experts", "num_local_experts", "n_routed_experts", default=0))
     top_k = int(_get(hf, "num_experts_per_tok", "num_experts_per_token", default=0))
     moe_inter = 0

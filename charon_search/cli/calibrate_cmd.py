@@ -39,6 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    # Tracing through torch/transformers emits UserWarnings per model; they are not about the
+    # records and would drown the table.
+    warnings.simplefilter("ignore", UserWarning)
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     import yaml
 
     from charon_search.errors import ConfigError

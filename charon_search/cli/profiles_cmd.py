@@ -5,6 +5,10 @@
 (GPU, op kind) predictor with whole shapes held out and prints MAPE of predictor vs roofline;
 ``--json`` writes ``{"rows": [{"gpu", "op_kind", "num_heldout", "mape_predictor",
 "mape_roofline", ...}]}`` with MAPE as ratios.
+``charon-search profiles fit-collectives [--cluster NAME] [--write]`` fits the collective
+launch / α / bandwidth-efficiency calibration of each cluster's NVLink tier to the measured NCCL
+rows through the simulator's own collective model, and with ``--write`` stores them (with
+provenance) in the cluster YAML.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("info", "eval"), help="what to do")
+    parser.add_argument("action", choices=("info", "eval", "fit-collectives"),
+                        help="what to do")
+    parser.add_argument("--cluster", action="append", default=None,
+                        help="fit-collectives: cluster name(s) (default: every cluster whose "
+                             "GPU has NCCL rows)")
+    parser.add_argument("--write", action="store_true",
+                        help="fit-collectives: write the fitted values into the cluster YAML's "
+                             "calibration block")
     parser.add_argument("--db", default=None, help="profile DB folder (default: shipped DB)")
     parser.add_argument("--gpu", action="append", default=None,
                         help="GPU name or alias (repeatable; default: every GPU in the DB)")
@@ -97,8 +108,37 @@ def _eval(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     return 0
 
 
+def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from charon_search.cost.nccl_fit import fit_cluster_calibration
+    from charon_search.hardware.loader import list_clusters, load_cluster
+
+    names = args.cluster or list_clusters()
+    for name in names:
+        cluster = load_cluster(name)
+        gpu = db.resolve_gpu(cluster.gpu.name, *cluster.gpu.aliases)
+        if gpu is None or not db.has(gpu, "all_reduce"):
+            if args.cluster:
+                raise ConfigError(f"--cluster {name}: no NCCL measurements for "
+                                  f"{cluster.gpu.name} in the profile DB")
+            continue
+        fit = fit_cluster_calibration(db, gpu, cluster)
+        shown = {k: (f"{v * 1e6:.3f} us" if not k.startswith("eff") else f"{v:.3f}")
+                 for k, v in fit.values.items()}
+        print(f"{name} ({gpu}) tier {fit.tier}: {shown}; {fit.num_points} points, "
+              f"MAPE {fit.mape:.1%}")
+        if args.write:
+            from charon_search.cost.nccl_fit import write_calibration
+
+            path = write_calibration(cluster, fit)
+            load_cluster(str(path))  # the edited file must still load
+            print(f"  wrote {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     db = _db(args.db)
     if args.action == "info":
         return _info(db)
+    if args.action == "fit-collectives":
+        return _fit_collectives(db, args)
     return _eval(db, args)

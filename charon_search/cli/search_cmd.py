@@ -70,7 +70,7 @@ def print_summary(res, objective, out: str) -> None:  # type: ignore[no-untyped-
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=sys.stdout)
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     console.print(
         f"study [bold]{res.study_name}[/] ({res.storage}): {res.num_trials} trials, "
         f"{res.num_feasible} feasible, {res.num_infeasible} infeasible "

@@ -208,8 +208,8 @@ class _Ctx:
     def lines(self, kind: OpKind, n: int) -> tuple[tuple[str, float, float, str], ...]:
         """Per candidate algorithm ``(name, a, b, bottleneck tier)`` with time ``a + b·S``.
 
-        Every candidate is affine in the message size, so it is evaluated twice once per
-        group shape and kind, and each call is a handful of multiply-adds.
+        Every candidate is affine in the message size, so it is evaluated at two sizes once
+        per group shape and kind; each later call is a handful of multiply-adds.
         """
         key = (kind, n)
         hit = self._lines.get(key)

@@ -26,8 +26,8 @@ import numpy as np
 from charon_search.cost.profile_db import ProfileDB
 from charon_search.errors import ConfigError
 
-__all__ = ["FIT_KINDS", "CollectiveFit", "bus_factors", "calibration_block", "fit_collectives",
-           "fit_points"]
+__all__ = ["FIT_KINDS", "ClusterCollectiveFit", "CollectiveFit", "bus_factors",
+           "calibration_block", "fit_cluster_calibration", "fit_collectives", "fit_points"]
 
 FIT_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -178,3 +178,192 @@ def calibration_block(fits: Mapping[str, CollectiveFit], tier_names: Mapping[str
             eff[name] = round(min(fit.bw_efficiency, 1.0), 3)
         prov[f"collective.{name}"] = fit.provenance()
     return {"collective_alpha_us": alpha, "collective_bw_efficiency": eff, "provenance": prov}
+
+
+# ---------------------------------------------------------------------------- cluster fit
+def _tier_points(db: ProfileDB, gpu: str, tier: str, gpus_per_node: int = 8
+                 ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, str]:
+    kinds: list[str] = []
+    p, nb, t, src = [], [], [], set()
+    for kind in FIT_KINDS:
+        tbl = db.table(gpu, kind)
+        if tbl is None:
+            continue
+        c = tbl.columns
+        nodes = np.where(np.isnan(c["num_nodes"]), 1.0, c["num_nodes"])
+        variants = c["variant"]
+        has_aic = bool((variants == "").any())
+        for i in range(len(tbl)):
+            if c["group_size"][i] < 2:
+                continue
+            g = c["group_size"][i]
+            here = ("intra" if nodes[i] == 1 else "inter" if nodes[i] == g
+                    else "multi" if g == nodes[i] * gpus_per_node else "")
+            # intra: aiconfigurator rows where present (one campaign); inter: vidur 1/node.
+            if here != tier or (tier == "intra" and has_aic and variants[i] != ""):
+                continue
+            kinds.append(kind)
+            p.append(c["group_size"][i])
+            nb.append(c["bytes"][i])
+            t.append(c["latency_s"][i])
+            src.add(str(c["source"][i]))
+    return kinds, np.array(p), np.array(nb), np.array(t), "; ".join(sorted(src))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterCollectiveFit:
+    """Calibration values fitted through ``cost.collectives.collective_time`` itself."""
+
+    tier: str
+    values: Mapping[str, float]
+    """``collective_launch_s``, ``alpha:<key>`` and ``eff:<key>`` (keys as in the YAML)."""
+    num_points: int
+    mape: float
+    source: str
+
+    def provenance(self) -> str:
+        return (f"fit (charon_search.cost.nccl_fit, log-error least squares through "
+                f"cost.collectives) to {self.source}, {self.num_points} points, "
+                f"MAPE {self.mape:.1%}")
+
+
+def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
+                            data_tier: str = "intra", tier_name: str | None = None,
+                            fit_launch: bool = True) -> ClusterCollectiveFit:
+    """Fit ``collective_launch_s`` and the α / efficiency of one cluster tier (and its
+    ``<tier>.nvls`` variant when the tier lists NVLS) to measured NCCL rows, by minimizing
+    log(model / measured) of ``cost.collectives.collective_time`` over the points.
+
+    Args:
+        db: profile DB with collective rows for ``gpu``.
+        gpu: DB GPU key.
+        cluster: the ``ClusterSpec`` whose model is fitted (its other values stay).
+        data_tier: ``intra`` (single-node tables; stride 1), ``inter`` (one GPU per node;
+            stride = ``gpus_per_node``) or ``multi`` (several full nodes, ``gpus_per_node``
+            GPUs each, stride 1: crosses the innermost tier and the next, as DP does).
+        tier_name: the cluster tier the points exercise (default: innermost for intra,
+            second for inter).
+        fit_launch: also fit ``collective_launch_s`` (else keep the cluster's).
+    """
+    import dataclasses
+
+    from scipy.optimize import least_squares
+
+    from charon_search.cost.collectives import collective_time
+
+    kinds, p, nb, t, src = _tier_points(db, gpu, data_tier,
+                                        cluster.gpus_per_node)  # type: ignore[attr-defined]
+    if len(t) < 4:
+        raise ConfigError(f"no {data_tier} collective measurements for {gpu} in the profile DB")
+    tiers = cluster.tiers  # type: ignore[attr-defined]
+    tier = next((x for x in tiers if x.name == tier_name), None) if tier_name else (
+        tiers[0] if data_tier == "intra" else tiers[1])
+    if tier is None:
+        raise ConfigError(f"tier_name {tier_name!r}: must be one of {[x.name for x in tiers]}")
+    stride = cluster.gpus_per_node if data_tier == "inter" else 1  # type: ignore[attr-defined]
+    keys = [tier.name] + ([f"{tier.name}.nvls"] if "nvls" in tier.algorithms else [])
+    cal = cluster.calibration  # type: ignore[attr-defined]
+    x0 = ([cal.collective_launch_s] if fit_launch else [])
+    for k in keys:
+        x0 += [cal.collective_alpha_s.get(k, tier.latency_s),
+               cal.collective_bw_efficiency.get(k, 0.8)]
+    lo = [0.0] * (1 if fit_launch else 0) + [0.0, 0.05] * len(keys)
+    hi = [100e-6] * (1 if fit_launch else 0) + [100e-6, 1.0] * len(keys)
+    x0 = [min(max(v, a + 1e-9), b - 1e-9) for v, a, b in zip(x0, lo, hi)]
+    scale = np.array([1e-5 if i % 2 == (0 if fit_launch else 1) or (fit_launch and i == 0)
+                      else 1.0 for i in range(len(x0))])
+
+    def unpack(x: np.ndarray) -> object:
+        vals = list(x)
+        launch = vals.pop(0) if fit_launch else cal.collective_launch_s
+        alpha, eff = dict(cal.collective_alpha_s), dict(cal.collective_bw_efficiency)
+        for k in keys:
+            alpha[k], eff[k] = vals.pop(0), vals.pop(0)
+        return dataclasses.replace(cluster, calibration=dataclasses.replace(  # type: ignore
+            cal, collective_launch_s=launch, collective_alpha_s=alpha,
+            collective_bw_efficiency=eff))
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        cl = unpack(x)
+        pred = np.array([collective_time(k, b, int(g), cl, stride=stride)
+                         for k, b, g in zip(kinds, nb, p)])
+        return np.log(pred / t)
+
+    res = least_squares(resid, np.array(x0), bounds=(lo, hi), x_scale=scale)
+    final = unpack(res.x)
+    pred = np.exp(resid(res.x)) * t
+    mape = float(np.mean(np.abs(pred - t) / t))
+    fcal = final.calibration  # type: ignore[attr-defined]
+    values: dict[str, float] = {"collective_launch_s": fcal.collective_launch_s}
+    for k in keys:
+        values[f"alpha:{k}"] = fcal.collective_alpha_s[k]
+        values[f"eff:{k}"] = fcal.collective_bw_efficiency[k]
+    return ClusterCollectiveFit(tier=tier.name, values=values, num_points=len(t), mape=mape,
+                                source=src)
+
+
+def write_calibration(cluster: object, fit: ClusterCollectiveFit, path: str | None = None
+                      ) -> object:
+    """Write ``fit`` into the ``calibration:`` block of the cluster's YAML file (in place).
+
+    Only ``collective_launch_us``, ``collective_alpha_us`` / ``collective_bw_efficiency`` entries
+    of the fitted keys and their ``provenance`` lines change; comments and other keys stay.
+    """
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from charon_search.hardware.loader import spec_dirs
+
+    name = cluster.name  # type: ignore[attr-defined]
+    target = Path(path) if path else next(
+        (d / f"{name}.yaml" for d in spec_dirs() if (d / f"{name}.yaml").exists()), None)
+    if target is None:
+        raise ConfigError(f"cluster {name}: no YAML file found to write the calibration into")
+    lines = target.read_text().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("calibration:")), None)
+    if start is None:
+        raise ConfigError(f"{target}: no `calibration:` block")
+    prov = fit.provenance()
+    alpha = {k[6:]: round(v * 1e6, 3) for k, v in fit.values.items() if k.startswith("alpha:")}
+    eff = {k[4:]: round(v, 3) for k, v in fit.values.items() if k.startswith("eff:")}
+    launch = round(fit.values["collective_launch_s"] * 1e6, 3)
+    seen: set[str] = set()
+    in_prov = False
+    for i in range(start + 1, len(lines)):
+        ln = lines[i]
+        if ln and not ln.startswith(" "):
+            break
+        m = re.match(r"^(\s+)(collective_alpha_us|collective_bw_efficiency|"
+                     r"collective_launch_us|provenance):\s*(.*)$", ln)
+        if not m:
+            continue
+        indent, key, value = m.groups()
+        if key == "provenance":
+            in_prov = True
+            continue
+        if in_prov and len(indent) > 2:
+            lines[i] = f'{indent}{key}: {json_str(prov)}'
+            seen.add("prov:" + key)
+            continue
+        if key == "collective_launch_us":
+            lines[i] = f"{indent}{key}: {launch}"
+        else:
+            current = dict(yaml.safe_load(value) or {})
+            current.update(alpha if key == "collective_alpha_us" else eff)
+            body = ", ".join(f"{k}: {v}" for k, v in current.items())
+            lines[i] = f"{indent}{key}: {{{body}}}"
+        seen.add(key)
+    missing = {"collective_launch_us", "collective_alpha_us", "collective_bw_efficiency"} - seen
+    if missing:
+        raise ConfigError(f"{target}: calibration block lacks {sorted(missing)}; add them first")
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def json_str(text: str) -> str:
+    """A double-quoted YAML scalar."""
+    import json
+
+    return json.dumps(text)

@@ -73,6 +73,7 @@ HYPERPARAMS: dict[str, Any] = {
     "max_leaf_nodes": 48,
     "min_samples_leaf": 8,
     "l2_regularization": 1e-3,
+    "max_depth": 10,
     "random_state": 0,
     "feature_version": 2,
 }
@@ -209,22 +210,39 @@ class FlatForest:
             self.missing_left[i, :n] = t["missing_go_to_left"].astype(bool)
         self.depth = int(max(int(t["depth"].max()) for t in trees))
         self.baseline = float(np.ravel(model._baseline_prediction)[0])
+        self._flatten()
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         n, t = X.shape[0], self.feature.shape[0]
-        trees = np.broadcast_to(np.arange(t), (n, t))
-        rows = np.broadcast_to(np.arange(n)[:, None], (n, t))
-        node = np.zeros((n, t), dtype=np.int64)
+        width = self.feature.shape[1]
+        # Flat node index tree * width + node, so each step is a few 1-D ``take``s.
+        base = np.arange(t, dtype=np.int64) * width
+        feat, thr = self.feature.ravel(), self.threshold.ravel()
+        node = np.broadcast_to(base, (n, t)).copy()
+        rows = np.arange(n)[:, None] * X.shape[1]
+        xflat = X.ravel()
         for _ in range(self.depth):
-            leaf = self.is_leaf[trees, node]
+            leaf = self._leaf_flat.take(node)
             if leaf.all():
                 break
-            x = X[rows, self.feature[trees, node]]
-            go_left = np.where(np.isnan(x), self.missing_left[trees, node],
-                               x <= self.threshold[trees, node])
-            nxt = np.where(go_left, self.left[trees, node], self.right[trees, node])
+            x = xflat.take(rows + feat.take(node))
+            go_left = np.where(np.isnan(x), self._missing_flat.take(node), x <= thr.take(node))
+            nxt = np.where(go_left, self._left_flat.take(node), self._right_flat.take(node))
             node = np.where(leaf, node, nxt)
-        return self.value[trees, node].sum(axis=1) + self.baseline
+        return self._value_flat.take(node).sum(axis=1) + self.baseline
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._flatten()
+
+    def _flatten(self) -> None:
+        t, width = self.feature.shape
+        base = (np.arange(t, dtype=np.int64) * width)[:, None]
+        self._left_flat = (self.left + base).ravel()
+        self._right_flat = (self.right + base).ravel()
+        self._leaf_flat = self.is_leaf.ravel()
+        self._missing_flat = self.missing_left.ravel()
+        self._value_flat = self.value.ravel()
 
 
 @dataclass(kw_only=True)
@@ -261,7 +279,8 @@ def _make_model(hp: Mapping[str, Any]) -> Any:
     return HistGradientBoostingRegressor(
         max_iter=hp["max_iter"], learning_rate=hp["learning_rate"],
         max_leaf_nodes=hp["max_leaf_nodes"], min_samples_leaf=hp["min_samples_leaf"],
-        l2_regularization=hp["l2_regularization"], random_state=hp["random_state"])
+        l2_regularization=hp["l2_regularization"], random_state=hp["random_state"],
+        max_depth=hp.get("max_depth"))
 
 
 def rows_for(table: ProfileTable, family: str, dtype: str) -> ProfileTable:
@@ -346,6 +365,8 @@ class PredictorStore:
                     with path.open("rb") as f:
                         pred = pickle.load(f)
                     if isinstance(pred, OpPredictor) and pred.num_sms == num_sms:
+                        if pred.flat is None:
+                            pred.flat = FlatForest(pred.model)
                         return pred
                 except Exception:  # a corrupt cache file is retrained
                     pass

@@ -3,6 +3,7 @@
 time = max(FLOPs / (peak(dtype) · compute_efficiency), bytes / (HBM bandwidth · memory_efficiency))
        + launch overhead
 
+``compute_efficiency`` may be overridden per dtype (``compute_efficiency_by_dtype``, e.g. FP8).
 Peaks and efficiencies come from the ``GpuSpec`` (``cluster_specs/gpus/*.yaml``). Matmul-like
 kinds (GEMM, batched GEMM, attention, grouped GEMM) run on tensor cores at the node's dtype;
 every other kind (norms, elementwise, softmax, reductions...) runs on the CUDA cores at the
@@ -27,7 +28,13 @@ if TYPE_CHECKING:
     from charon_search.hardware.spec import GpuSpec
     from charon_search.ir.graph import Node, OpGraph
 
-__all__ = ["TENSOR_CORE_KINDS", "RooflineCostBackend", "node_peak_flops_per_s", "roofline_times"]
+__all__ = [
+    "TENSOR_CORE_KINDS",
+    "RooflineCostBackend",
+    "node_compute_efficiency",
+    "node_peak_flops_per_s",
+    "roofline_times",
+]
 
 #: Kinds whose FLOPs run on tensor cores at the node's dtype.
 TENSOR_CORE_KINDS = frozenset(
@@ -45,8 +52,17 @@ def node_peak_flops_per_s(node: Node, gpu: GpuSpec) -> float:
     return gpu.peak_flops(VECTOR_DTYPE)
 
 
+def node_compute_efficiency(node: Node, gpu: GpuSpec) -> float:
+    """Fraction of the peak the roofline assumes: the GPU's per-dtype override for tensor-core
+    kinds (``compute_efficiency_by_dtype``), else ``compute_efficiency``."""
+    if node.kind in TENSOR_CORE_KINDS:
+        return gpu.compute_efficiency_by_dtype.get(node.dtype, gpu.compute_efficiency)
+    return gpu.compute_efficiency
+
+
 def _roofline_s(flops: float, nbytes: float, peak: float, gpu: GpuSpec) -> tuple[float, str]:
-    compute_s = flops / (peak * gpu.compute_efficiency)
+    """``peak`` is the effective peak (peak FLOP/s times compute efficiency)."""
+    compute_s = flops / peak
     memory_s = nbytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency)
     if compute_s >= memory_s:
         return compute_s + gpu.launch_overhead_s, "compute"
@@ -76,27 +92,31 @@ class RooflineCostBackend(CostBackend):
         nbytes = node.bytes_read(point.b, point.s, point.c) + node.bytes_written(
             point.b, point.s, point.c
         )
-        duration_s, bound = _roofline_s(flops, nbytes, node_peak_flops_per_s(node, gpu), gpu)
+        peak = node_peak_flops_per_s(node, gpu) * node_compute_efficiency(node, gpu)
+        duration_s, bound = _roofline_s(flops, nbytes, peak, gpu)
         return NodeCost(duration_s=duration_s, provenance="roofline", detail=bound)
 
 
-# (id(graph), gpu name) -> (weakref to graph, per-node peak array, compute mask)
-_NODE_CONSTANTS: dict[tuple[int, str], tuple[weakref.ref, np.ndarray, np.ndarray]] = {}
+# (id(graph), id(gpu)) -> (weakref to graph, gpu, effective peak per node, compute mask). The GPU
+# object is held so its id is not reused, and compared by identity: a spec rebuilt with another
+# efficiency (calibration) is a new object and gets its own entry.
+_NODE_CONSTANTS: dict[tuple[int, int], tuple[weakref.ref, GpuSpec, np.ndarray, np.ndarray]] = {}
 
 
 def _node_constants(graph: OpGraph, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray]:
-    key = (id(graph), gpu.name)
+    key = (id(graph), id(gpu))
     hit = _NODE_CONSTANTS.get(key)
-    if hit is not None and hit[0]() is graph:
-        return hit[1], hit[2]
+    if hit is not None and hit[0]() is graph and hit[1] is gpu:
+        return hit[2], hit[3]
     compute = np.array([not n.is_comm for n in graph.nodes], dtype=bool)
     peak = np.array(
-        [node_peak_flops_per_s(n, gpu) if c else 1.0 for n, c in zip(graph.nodes, compute)],
+        [node_peak_flops_per_s(n, gpu) * node_compute_efficiency(n, gpu) if c else 1.0
+         for n, c in zip(graph.nodes, compute)],
         dtype=float,
     )
     if len(_NODE_CONSTANTS) > 4096:
         _NODE_CONSTANTS.clear()
-    _NODE_CONSTANTS[key] = (weakref.ref(graph), peak, compute)
+    _NODE_CONSTANTS[key] = (weakref.ref(graph), gpu, peak, compute)
     return peak, compute
 
 
@@ -110,7 +130,7 @@ def roofline_times(
     """
     peak, compute = _node_constants(graph, gpu)
     ev = graph.evaluate(b, s, c)
-    compute_s = ev.flops / (peak * gpu.compute_efficiency)
+    compute_s = ev.flops / peak
     memory_s = ev.bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency)
     out = np.maximum(compute_s, memory_s) + gpu.launch_overhead_s
     return np.where(compute, out, 0.0)

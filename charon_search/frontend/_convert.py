@@ -116,7 +116,10 @@ class Converter:
         for cap in (self.c1, self.c2):
             for gm in (cap.fw, cap.bw):
                 if gm is not None:
-                    gm.graph.eliminate_dead_code()
+                    # Everything is pure here: random ops (dropout) whose results nobody reads
+                    # would otherwise keep the ops feeding them alive.
+                    gm.graph.eliminate_dead_code(
+                        is_impure_node=lambda n: n.op in ("placeholder", "output"))
         fw1 = list(self.c1.fw.graph.nodes)
         fw2 = list(self.c2.fw.graph.nodes)
         self._check_pair(fw1, fw2, "forward")
@@ -193,7 +196,6 @@ class Converter:
         fw_names = {k[1] for k in self.tid} | {k[1] for k in self.alias}
         prev: tuple[str, str, str, str] | None = None
         pending: list[_Op] = []
-        left_head = False
         for a, b in zip(bw1, bw2, strict=True):
             if a.op == "placeholder":
                 if a.name in fw_names and not a.name.startswith("tangents"):
@@ -207,10 +209,11 @@ class Converter:
                         self.graph_outputs.add(self.tid_of(("bw", o.name)))
                 continue
             info = fw_info.get(a.meta.get("seq_nr", -1))
-            if info is not None and info[0] == "lm_head" and left_head:
-                # Gradient accumulation (e.g. of the residual stream) is tagged with the seq_nr
-                # of the op autograd was running, not of a forward op of this block.
+            if a.meta.get("is_gradient_acc"):
+                # Gradient accumulation (e.g. of the residual stream) carries the seq_nr of
+                # whatever autograd node was running; it belongs where it sits in the graph.
                 info = None
+            recomputed = not a.meta.get("autograd_backward", False)
             inherited = info is None
             if info is None:
                 info = prev
@@ -223,9 +226,11 @@ class Converter:
                 op.role = _fallback_role(block)
             else:
                 op.role = role
-            if not block or (block == "embedding" and not inherited):
-                # Unassigned, or forward glue the partitioner chose to recompute in the backward
-                # (position ids, masks): it belongs with the block that consumes it next.
+            if recomputed:
+                op.tags.add("recomputed")
+            if not block or (recomputed and not inherited):
+                # Unassigned, or forward ops the partitioner chose to recompute in the backward
+                # (masks, position ids...): they belong with the block that consumes them next.
                 pending.append(op)
             else:
                 for p in pending:
@@ -233,7 +238,6 @@ class Converter:
                     p.role = p.role or _fallback_role(block)
                 pending.clear()
                 prev = (block, local, cls, role)
-                left_head = left_head or block not in ("lm_head", "embedding")
             self.ops.append(op)
         for p in pending:
             p.block, p.role = "embedding", Role.EMBED.value

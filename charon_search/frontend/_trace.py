@@ -188,16 +188,23 @@ def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int) -> Capture:
     compiled = aot_function(
         run, fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=default_partition
     )
+    import warnings
+
     import torch.fx.traceback as fxt
 
-    with fxt.preserve_node_meta(), _module_stack_hooks(model) as classes, _hf_patches(), fake:
+    with fxt.preserve_node_meta(), _module_stack_hooks(model) as classes, _hf_patches(), \
+            fake, warnings.catch_warnings():
+        # Our compilers only record graphs; AOT's "boxed arguments" advice does not apply.
+        warnings.filterwarnings("ignore", message=".*boxed arguments.*")
         if phase == "train":
             loss = compiled(*params, *bufs, ids, ids)
             loss.backward()
         else:
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            # Inference: one make_fx pass (AOT would add a metadata pass for nothing).
             with torch.no_grad():
-                # No grad: aot_function traces an inference graph (fw compiler only).
-                compiled(*params, *bufs, ids, ids, *past)
+                graphs["fw"] = make_fx(run)(*params, *bufs, ids, ids, *past)
     if "fw" not in graphs:
         raise ConfigError("tracing produced no forward graph")
     first_past = len(pnames) + len(bnames) + 2
@@ -218,7 +225,9 @@ def _past_kv(model: Any, params: list[Any], bufs: list[Any], pnames: tuple[str, 
         probe = torch.zeros((b, 2), dtype=torch.long)
         out = torch.func.functional_call(model, p, (probe,), {"use_cache": True,
                                                                 "logits_to_keep": 1})
-    cache = out.past_key_values if hasattr(out, "past_key_values") else out.cache
+    cache = out.get("cache") if isinstance(out, dict) else None
+    if cache is None:
+        cache = out.past_key_values
     past: list[Any] = []
     for layer in cache.layers:
         for t in (layer.keys, layer.values):

@@ -96,6 +96,8 @@ _GPU_FIELDS = (
            figure=True),
     _Field("memory_efficiency", "memory_efficiency", "number", required=False, rule="ratio",
            figure=True),
+    _Field("compute_efficiency_by_dtype", "compute_efficiency_by_dtype", "mapping",
+           required=False, figure=True),
     _Field("sources", "sources", "mapping"),
 )
 
@@ -299,16 +301,24 @@ def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
                 f"{_where(file, f'{p}peak_tflops_per_s.{dtype}')} is not a known dtype; "
                 f"allowed: {', '.join(DTYPES)}"
             )
-        if not v > 0:
-            raise ConfigError(
-                f"{_where(file, f'{p}peak_tflops_per_s.{dtype}')} must be > 0, but got {v!r}"
-            )
-        peak[dtype] = float(v)
+        where = f"{p}peak_tflops_per_s.{dtype}"
+        peak[dtype] = float(_check_value(_Field(where, where, "number", rule="positive"), v,
+                                         file, where))
     if not peak:
         raise ConfigError(f"{_where(file, f'{p}peak_tflops_per_s')} must list at least one dtype")
+    by_dtype: dict[str, float] = {}
+    for dtype, v in values.get("compute_efficiency_by_dtype", {}).items():
+        where = f"{p}compute_efficiency_by_dtype.{dtype}"
+        if dtype not in peak:
+            raise ConfigError(f"{_where(file, where)} names a dtype without a peak; "
+                              f"allowed: {sorted(peak)}")
+        by_dtype[dtype] = float(_check_value(
+            _Field(where, where, "number", rule="ratio"), v, file, where))
+    values["compute_efficiency_by_dtype"] = by_dtype
     figures = {f.si_name for f in _GPU_FIELDS if f.figure}
     sources = _sources(values["sources"], figures, file, f"{p}sources")
-    unsourced = sorted(k for k in values if k in figures and k not in sources)
+    unsourced = sorted(k for k in values if k in figures and k not in sources
+                       and not (k == "compute_efficiency_by_dtype" and not values[k]))
     if unsourced:
         raise ConfigError(
             f"{_where(file, f'{p}sources')} must give a source for every figure; "
@@ -402,7 +412,7 @@ def _calibration_from_dict(
 ) -> Calibration:
     values, _ = _parse_block(raw, _CALIBRATION_FIELDS, file, path)
     tier_names = {t.name for t in tiers}
-    algos = {a for t in tiers for a in t.algorithms}
+    algos = set(TIER_ALGORITHMS)  # pairwise (all-to-all) and p2p work on every tier
     alpha = values.get("collective_alpha_s", {})
     eff = values.get("collective_bw_efficiency", {})
     for block, mapping, rule in (("collective_alpha", alpha, "nonneg"),

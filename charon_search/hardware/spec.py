@@ -37,6 +37,8 @@ class GpuSpec:
     """Achievable fraction of peak FLOP/s for large GEMMs (roofline); calibrated."""
     memory_efficiency: float = 0.85
     """Achievable fraction of HBM bandwidth (roofline); calibrated."""
+    compute_efficiency_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    """Per-dtype override of ``compute_efficiency`` (e.g. FP8 GEMMs reach less of their peak)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field name -> where the figure comes from."""
     description: str = ""

@@ -89,9 +89,22 @@ class Poly:
         if isinstance(other, Poly):
             if other.is_const():
                 other = other.const_value()
+            elif len(other.terms) == 1:
+                return self._div_monomial(other)
             else:
-                raise TypeError("division by a non-constant polynomial is not supported")
+                raise TypeError(f"cannot divide {self} by the non-monomial {other}")
         return Poly(tuple((e, c / float(other)) for e, c in self.terms))
+
+    def _div_monomial(self, other: Poly) -> Poly:
+        """Exact division by one term, e.g. ``(4*b*s^2) / s == 4*b*s``."""
+        (oe, oc), = other.terms
+        out: dict[Exps, float] = {}
+        for e, c in self.terms:
+            q = (e[0] - oe[0], e[1] - oe[1], e[2] - oe[2])
+            if min(q) < 0:
+                raise TypeError(f"{self} is not divisible by the monomial {other}")
+            out[q] = out.get(q, 0.0) + c / oc
+        return Poly.from_dict(out)
 
     def __pow__(self, n: int) -> Poly:
         out = Poly.const(1.0)

@@ -92,6 +92,9 @@ class BlockActivations:
     saved_core: np.ndarray
     """Saved tensors produced inside the attention core and used only there: the part
     Megatron's selective recompute drops (Korthikanti et al., arXiv 2205.05198, Sec. 5)."""
+    core_inputs: np.ndarray
+    """Inputs of the attention core from outside it that are not saved anyway: what selective
+    recompute must keep instead of the dropped tensors."""
     saved_gemm_input: np.ndarray
     """Saved tensors some forward GEMM reads (stored as FP8 copies under FP8 training)."""
     block_input: np.ndarray
@@ -100,6 +103,8 @@ class BlockActivations:
     """What torchtitan's per-op selective AC stores: the block input, the outputs of every
     other forward ``mm`` (the 1st, 3rd...) and of fused attention
     (``torchtitan/models/llama3/infra/parallelize.py``, ``_custom_policy``)."""
+    shared_inputs: np.ndarray
+    """Model-wide inputs the block reads (attention mask, RoPE tables): one copy per stage."""
     fwd_live: np.ndarray
     """Live activation bytes after each forward step (saved tensors accumulate)."""
     bwd_live: np.ndarray
@@ -107,13 +112,20 @@ class BlockActivations:
     num_saved_tensors: int = 0
 
     def evaluate(self, point: ShardingPoint) -> dict[str, float]:
-        """Bytes of every summary at ``point``: saved, saved_core, ..., fwd_peak, bwd_peak."""
+        """Bytes of every summary at ``point`` (keys: the array names, ``selective_saved``,
+        ``fwd_peak``, ``bwd_peak``)."""
         w = point.weights(self.monomials)
+        saved = float(self.saved @ w)
         out = {
-            "saved": float(self.saved @ w),
+            "saved": saved,
             "saved_core": float(self.saved_core @ w),
             "saved_gemm_input": float(self.saved_gemm_input @ w),
+            "core_inputs": float(self.core_inputs @ w),
+            # Megatron selective recompute keeps everything but the attention core's
+            # internals, plus the core's inputs (Korthikanti et al., Sec. 5).
+            "selective_saved": saved - float(self.saved_core @ w) + float(self.core_inputs @ w),
             "block_input": float(self.block_input @ w),
+            "shared_inputs": float(self.shared_inputs @ w),
             "op_sac_saved": float(self.op_sac_saved @ w),
             "fwd_peak": float((self.fwd_live @ w).max()) if len(self.fwd_live) else 0.0,
             "bwd_peak": float((self.bwd_live @ w).max()) if len(self.bwd_live) else 0.0,
@@ -224,7 +236,9 @@ def block_activations(block: TracedBlock) -> BlockActivations:
     if block.backward is not None:
         # Any forward tensor the backward reads is saved, listed in ``saved`` or not.
         saved_ids += [t for t in block.backward.inputs if t in fwd_known]
-    saved_roots = list(dict.fromkeys(walk.root(t) for t in saved_ids if t not in walk.params))
+    hidden_in, shared_in = _split_inputs(block, walk)
+    saved_roots = list(dict.fromkeys(
+        walk.root(t) for t in saved_ids if t not in walk.params and t not in shared_in))
     saved_set = set(saved_roots)
     rows = _Rows(walk)
 
@@ -242,7 +256,7 @@ def block_activations(block: TracedBlock) -> BlockActivations:
             consumers_fwd.setdefault(r, []).append(node)
     fwd_outputs = {walk.root(t) for t in fwd.outputs}
     fwd_events: list[tuple[int, int, int]] = []  # (alloc step, free step, tensor)
-    block_input_ids = [t for t in fwd.inputs if t not in walk.params]
+    block_input_ids = hidden_in
     for t in block_input_ids:
         free = n_fwd - 1 if (t in saved_set or t in fwd_outputs) else last_use_fwd.get(t, 0)
         fwd_events.append((0, free, t))
@@ -272,7 +286,7 @@ def block_activations(block: TracedBlock) -> BlockActivations:
             bwd_events.append((0, last_use_bwd.get(t, 0), t))
         for t in bwd.inputs:
             r = walk.root(t)
-            if t in walk.params or r in saved_set or r in fwd_known:
+            if t in walk.params or r in saved_set or r in fwd_known or r in shared_in:
                 continue
             bwd_events.append((0, last_use_bwd.get(r, 0), r))  # incoming gradient
         for i, node in enumerate(bwd.nodes):
@@ -301,6 +315,21 @@ def block_activations(block: TracedBlock) -> BlockActivations:
                 core.append(t)
         if any(u.kind in _GEMMS for u in consumers_fwd.get(t, [])):
             gemm_in.append(t)
+    # Tensors entering the attention core from outside: recompute needs them, so selective
+    # recompute keeps them even where autograd saved only copies made inside the core (e.g.
+    # the q/k/v reshapes HF GPT-2 makes before its bmm).
+    core_ids = {node.id for node in fwd.nodes if node.role == Role.ATTN_CORE}
+    core_in: list[int] = []
+    for node in fwd.nodes:
+        if node.id not in core_ids:
+            continue
+        for t in node.inputs:
+            r = walk.root(t)
+            if t in walk.params or r in shared_in or r in saved_set:
+                continue
+            prod = fwd.producer.get(r)
+            if prod is None or prod not in core_ids:
+                core_in.append(r)
     op_saved = list(block_input_ids)
     mm_count = 0
     for node in fwd.nodes:
@@ -316,12 +345,32 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         saved=rows.sum(saved_roots),
         saved_core=rows.sum(core),
         saved_gemm_input=rows.sum(gemm_in),
+        core_inputs=rows.sum(dict.fromkeys(core_in)),
         block_input=rows.sum(block_input_ids),
+        shared_inputs=rows.sum(shared_in),
         op_sac_saved=rows.sum(dict.fromkeys(op_saved)),
         fwd_live=fwd_live,
         bwd_live=bwd_live,
         num_saved_tensors=len(saved_roots),
     )
+
+
+def _split_inputs(block: TracedBlock, walk: _Walk) -> tuple[list[int], list[int]]:
+    """(hidden-state inputs, model-wide shared inputs) of the forward graph.
+
+    The hidden state has the shape of the block's output; other non-parameter inputs (attention
+    mask, RoPE cos/sin, position ids) are one tensor for the whole model, referenced by every
+    layer, so they are not per-layer memory. Blocks whose output shape matches no input (the
+    embedding, the LM head) treat every input as their own.
+    """
+    fwd = block.forward
+    saved = set(block.saved)
+    out_shapes = {fwd.tensors[t].shape for t in fwd.outputs if t not in saved}
+    acts = [t for t in fwd.inputs if t not in walk.params]
+    hidden = [t for t in acts if fwd.tensors[t].shape in out_shapes]
+    if not hidden:
+        return acts, []
+    return hidden, [t for t in acts if t not in hidden]
 
 
 class _Rows:

@@ -61,6 +61,26 @@ class MemoryOptions:
     attn_impl: str | None = None
     """``sdpa`` or ``eager``; ``None``: ``sdpa`` with ``layout.fused_kernels`` else ``eager``."""
 
+    @classmethod
+    def for_framework(cls, framework: str | None, **overrides: Any) -> MemoryOptions:
+        """Conventions of a training framework (``extra.framework`` of a validation record).
+
+        * ``torchtitan``: FSDP2 state (fp32 sharded params/grads, AdamW m + v), per-op
+          selective AC (``selective_ac_option = "op"``), torchao float8 saving bf16 inputs.
+        * ``megatron`` / ``megatron-lm`` / ``nemo``: bf16 params with fp32 gradient buffers
+          and the distributed optimizer's fp32 master + m + v; attention-core selective
+          recompute; Transformer Engine FP8 copies of saved GEMM inputs.
+        * anything else: the defaults (ZeRO-paper mixed precision, attention-core recompute).
+        """
+        name = (framework or "").lower()
+        base: dict[str, Any] = {}
+        if name == "torchtitan":
+            base = {"recipe": "fsdp2", "selective_policy": "op", "fp8_saved_activations": False}
+        elif name in ("megatron", "megatron-lm", "megatron-core", "nemo"):
+            base = {"recipe": "megatron", "selective_policy": "attention",
+                    "fp8_saved_activations": True}
+        return cls(**{**base, **overrides})
+
     def __post_init__(self) -> None:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise ConfigError(f"`selective_policy` must be one of {list(SELECTIVE_POLICIES)}, "
@@ -284,10 +304,12 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
                                     num_micro_batches=m, vpp=layout.vpp)
         saved_stage = 0.0
         extra = 0.0
+        shared = 0.0  # attention mask / RoPE tables: one copy, referenced by every layer
         for (name, mode), count in groups.items():
             ev = evals.get(name)
             if ev is None:
                 continue
+            shared = max(shared, ev["shared_inputs"])
             kept = _kept(ev, mode, opts.selective_policy)
             # The timelines are in the traced dtype; FP8 copies shrink what is kept and what
             # the backward reads alike, so the transient on top is unchanged.
@@ -296,7 +318,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
                                                  and opts.selective_policy == "attention")):
                 kept -= 0.5 * ev["saved_gemm_input"]  # bf16 -> fp8 copies of GEMM inputs
             saved_stage += count * kept
-        activations = n_flight * saved_stage / layout.vpp + extra
+        activations = n_flight * saved_stage / layout.vpp + extra + shared
 
         allocated = states.total_bytes + buffers + activations
         reserved = allocated * cal.allocator_reserved_factor + cal.allocator_reserved_extra_bytes
@@ -336,7 +358,9 @@ def _kept(ev: Mapping[str, float], mode: str, policy: str) -> float:
     if mode == "full":
         return ev["block_input"]
     if mode == "selective":
-        return ev["op_sac_saved"] if policy == "op" else ev["saved"] - ev["saved_core"]
+        if policy == "op":
+            return ev["op_sac_saved"]
+        return ev["selective_saved"]
     return ev["saved"]
 
 

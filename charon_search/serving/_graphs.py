@@ -53,9 +53,21 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
     return out[0], out[1]
 
 
+#: Bytes per element of the serving GEMM precisions (weights and activations, W8A8 / W4A16).
+_PRECISION_BYTES = {"fp8": 1.0, "fp4": 0.5}
+
+
 def _with_gemm_dtype(graph: OpGraph, dtype: str) -> OpGraph:
-    """GEMMs (not the LM head, kept in bf16 by fp8 checkpoints) run at ``dtype``."""
+    """GEMMs (not the LM head, kept in bf16 by fp8/fp4 checkpoints) run at ``dtype``.
+
+    Their operand bytes shrink with the element size (the quantized checkpoint stores weights
+    at ``dtype``; fp8 kernels also read fp8 activations); outputs stay bf16.
+    NB: activation-quantization kernels are not added (fused into the preceding norm/act in
+    vLLM and TRT-LLM).
+    """
     kinds = (OpKind.GEMM, OpKind.GROUPED_GEMM)
+    scale = _PRECISION_BYTES[dtype] / 2.0
     return graph.with_nodes(
-        n.replace(dtype=dtype) if n.kind in kinds and n.role != Role.LM_HEAD.value else n
+        n.replace(dtype=dtype, bytes_read=n.bytes_read * scale, tags=n.tags | {dtype})
+        if n.kind in kinds and n.role != Role.LM_HEAD.value else n
         for n in graph.nodes)

@@ -145,13 +145,15 @@ class ServingSimulation:
         return load_cluster(pool.cluster)
 
     def _cost(self, pool: PoolConfig, cluster: ClusterSpec) -> IterationCostModel:
-        if self._injected is not None:
-            return self._injected
         key = (cluster.name, pool.tp, pool.pp, pool.ep)
         hit = self._cost_cache.get(key)
         if hit is None:
-            hit = build_cost_model(self.model, cluster, self.config, tp=pool.tp, pp=pool.pp,
-                                   ep=pool.ep)
+            if self._injected is not None:
+                hit = _maybe_sp(self._injected, cluster, self.config, pool.tp,
+                                self.model.num_layers)
+            else:
+                hit = build_cost_model(self.model, cluster, self.config, tp=pool.tp,
+                                       pp=pool.pp, ep=pool.ep)
             self._cost_cache[key] = hit
         return hit
 
@@ -333,7 +335,7 @@ class ServingSimulation:
         hits = sum(r.hit_tokens for r in reqs)
         kv_util = [eng.kv_used_block_s / (eng.busy_s * eng.pool.num_blocks)
                    for eng in self.replicas if eng.busy_s > 0]
-        saved = sum(getattr(eng.cost, "saved_s", 0.0) for eng in self.replicas[:1])
+        saved = sum(getattr(c, "saved_s", 0.0) for c in self._cost_cache.values())
         per_request = None
         if keep_requests:
             per_request = {

@@ -90,17 +90,12 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
     free = [0.0] * p
     end_of: dict[Key, float] = {}
     pending_w: list[deque[PipeOp]] = [deque() for _ in range(p)]
-    w_cap = [max(p - r - 1, 0) for r in range(p)]
+    # Zero-bubble: up to p - r - 1 deferred W units; DualPipe places its W units itself.
+    w_cap = [0 if dual else max(p - r - 1, 0) for r in range(p)]
     units: list[PipeUnit] = []
     last_op: list[PipeUnit | None] = [None] * p
     in_flight = [0] * p
     max_in_flight = [0] * p
-    # DualPipe pools: next forward / backward micro-batch per direction.
-    half = m // 2
-    dir_mbs = [list(range(half)), list(range(half, m))]
-    next_f = [[0, 0] for _ in range(p)]
-    next_b = [[0, 0] for _ in range(p)]
-    f_flight = [[0, 0] for _ in range(p)]
     cost_memo: dict[tuple[int, int, str], UnitCost] = {}
 
     def ucost(r: int, c: int, kind: str) -> UnitCost:
@@ -121,9 +116,15 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             return [(("B", op.mb, nb[0], nb[1]), p2p_s if nb[0] != r else 0.0)]
         return [(("B", op.mb, r, op.chunk), 0.0)]
 
+    dep_memo: dict[tuple[int, PipeOp], list[tuple[Key, float]]] = {}
+
     def ready_at(r: int, op: PipeOp) -> float | None:
         t = 0.0
-        for key, lat in deps(r, op):
+        dk = (r, op)
+        dl = dep_memo.get(dk)
+        if dl is None:
+            dl = dep_memo[dk] = deps(r, op)
+        for key, lat in dl:
             e = end_of.get(key)
             if e is None:
                 return None
@@ -158,22 +159,6 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             in_flight[r] -= 1
 
     def candidate(r: int) -> tuple[PipeOp, float] | None:
-        if dual:
-            best: tuple[tuple[float, int, int], PipeOp] | None = None
-            for d in (0, 1):
-                mbs = dir_mbs[d]
-                pos = topo.position(r, d)
-                if next_b[r][d] < len(mbs):
-                    op = PipeOp("B", mbs[next_b[r][d]], d)
-                    t = ready_at(r, op)
-                    if t is not None and (best is None or (max(t, free[r]), 0, d) < best[0]):
-                        best = ((max(t, free[r]), 0, d), op)
-                if next_f[r][d] < len(mbs) and f_flight[r][d] < max(p - pos, 1):
-                    op = PipeOp("F", mbs[next_f[r][d]], d)
-                    t = ready_at(r, op)
-                    if t is not None and (best is None or (max(t, free[r]), 1, d) < best[0]):
-                        best = ((max(t, free[r]), 1, d), op)
-            return None if best is None else (best[1], best[0][0])
         order = orders[r]
         while ptr[r] < len(order) and order[ptr[r]].kind == "W" and split_w \
                 and len(pending_w[r]) < w_cap[r]:
@@ -223,15 +208,7 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             done += 1
         execute(r, op, t_ready)
         done += 1
-        if dual:
-            if op.kind == "F":
-                next_f[r][op.chunk] += 1
-                f_flight[r][op.chunk] += 1
-            else:
-                next_b[r][op.chunk] += 1
-                f_flight[r][op.chunk] -= 1
-        else:
-            ptr[r] += 1
+        ptr[r] += 1
         stale = {r, (r - 1) % p, (r + 1) % p}
     for r in range(p):
         while pending_w[r]:

@@ -12,9 +12,9 @@ each rank's list in order, so a schedule is an order, not a bubble formula.
 * ``zero-bubble`` ZB-H1 (Qi et al., arXiv 2401.10241): 1F1B with ``W`` split from ``B``; a rank
   defers up to ``p - r - 1`` ``W``s and runs them in its bubbles (same peak memory as 1F1B).
 * ``dualpipe`` (DeepSeek-V3, arXiv 2412.19437): two directions, rank ``r`` holding stage ``r``
-  (chunk 0) and stage ``p - 1 - r`` (chunk 1); half the micro-batches enter at each end. Its
-  order is built by the executor greedily (backward first, at most ``p - position`` forwards in
-  flight per direction), then recorded.
+  (chunk 0) and stage ``p - 1 - r`` (chunk 1); half the micro-batches enter at each end; the
+  reference implementation's 8-step order (forward/backward pairs of opposite directions,
+  zero-bubble weight units in the ramps).
 """
 
 from __future__ import annotations
@@ -96,13 +96,84 @@ def zero_bubble_h1(p: int, m: int, v: int, r: int) -> list[PipeOp]:
 
 
 @SCHEDULE_ORDERS.register("dualpipe")
-def dualpipe_pool(p: int, m: int, v: int, r: int) -> list[PipeOp]:
-    """The rank's ops (both directions); the executor orders them greedily."""
+def dualpipe(p: int, m: int, v: int, r: int) -> list[PipeOp]:
+    """DualPipe's 8-step order for rank ``r`` (``DualPipe.step`` in deepseek-ai/DualPipe).
+
+    Chunk ``c`` is direction ``c``: micro-batches ``[0, m/2)`` enter at rank 0 (chunk 0),
+    ``[m/2, m)`` at rank ``p-1`` (chunk 1). ``W`` units follow their ``B`` immediately unless
+    the step uses zero-bubble, where they wait for the next ``weight_chunk`` slot. Needs an
+    even ``p`` and ``m >= 2p``.
+    """
+    if p % 2 or m % 2 or m < 2 * p:
+        raise ConfigError(f"dualpipe needs an even pp and num_micro_batches >= 2*pp (even), "
+                          f"but got (pp={p}, num_micro_batches={m})")
+    half_ranks, half_m = p // 2, m // 2
+    half_rank = min(r, p - 1 - r)
+    second = int(r >= half_ranks)
+    middle = r in (half_ranks - 1, half_ranks)
+    nxt_f, nxt_b = [0, 0], [0, 0]
     out: list[PipeOp] = []
-    half = m // 2
-    for i in range(m):
-        chunk = 0 if i < half else 1
-        out += [PipeOp("F", i, chunk), PipeOp("B", i, chunk)]
+    zb_queue: list[PipeOp] = []
+
+    def mb(direction: int, i: int) -> int:
+        return i if direction == 0 else half_m + i
+
+    def f(phase: int) -> None:
+        d = phase ^ second
+        out.append(PipeOp("F", mb(d, nxt_f[d]), d))
+        nxt_f[d] += 1
+
+    def b(phase: int, zb: bool = False) -> None:
+        d = phase ^ second
+        op = PipeOp("B", mb(d, nxt_b[d]), d)
+        nxt_b[d] += 1
+        out.append(op)
+        w = PipeOp("W", op.mb, d)
+        if zb:
+            zb_queue.append(w)
+        else:
+            out.append(w)
+
+    def w() -> None:
+        if zb_queue:
+            out.append(zb_queue.pop(0))
+
+    for _ in range((half_ranks - half_rank - 1) * 2):  # 1: nF0
+        f(0)
+    for _ in range(half_rank + 1):  # 2: nF0F1
+        f(0)
+        f(1)
+    for _ in range(half_ranks - half_rank - 1):  # 3: nB1W1F1
+        b(1, zb=True)
+        w()
+        f(1)
+    for i in range(half_m - p + half_rank + 1):  # 4: nF0B1F1B0
+        if i == 0 and middle:
+            f(0)
+            b(1)
+        else:
+            f(0)
+            b(1)
+        f(1)
+        b(0)
+    for _ in range(half_ranks - half_rank - 1):  # 5: nB1F1B0
+        b(1)
+        f(1)
+        b(0)
+    zb = False
+    steps6 = half_rank + 1
+    for i in range(steps6):  # 6: nB1B0
+        if i == steps6 // 2 and half_rank % 2 == 1:
+            zb = True
+        b(1, zb=zb)
+        if i == steps6 // 2 and half_rank % 2 == 0:
+            zb = True
+        b(0, zb=zb)
+    for _ in range(half_ranks - half_rank - 1):  # 7: nWB0
+        w()
+        b(0, zb=True)
+    while zb_queue:  # 8: nW
+        w()
     return out
 
 

@@ -43,8 +43,8 @@ SGD_BYTES_PER_PARAM = 14.0
 
 _CACHE_LOCK = threading.Lock()
 _PAR_CACHE: OrderedDict[tuple, dict[str, ParallelBlock]] = OrderedDict()
-_LAYER_CACHE: OrderedDict[tuple, tuple[LayerCost, LayerCost | None, CostedGraph,
-                                       CostedGraph | None]] = OrderedDict()
+_LAYER_CACHE: OrderedDict[tuple, tuple[Any, tuple[LayerCost, LayerCost | None, CostedGraph,
+                                                   CostedGraph | None]]] = OrderedDict()
 _CACHE_SIZE = 256
 
 
@@ -137,14 +137,22 @@ def _parallel_blocks(traced: Any, ctx: PassContext, key: tuple) -> dict[str, Par
     return out
 
 
+def _traced_key(spec: Any, traced: Any) -> tuple:
+    """Structural identity of a traced model (``trace_model`` may return equal copies)."""
+    return (spec.name, getattr(traced, "phase", "train"), tuple(
+        (name, len(blk.forward.nodes), len(blk.backward.nodes) if blk.backward else 0,
+         blk.num_params)
+        for name, blk in traced.blocks.items()))
+
+
 def _layer_costs(pb: ParallelBlock, coster: GraphCoster, b: float, s: float, cluster: ClusterSpec,
-                 layout: Layout, key: tuple) -> tuple[LayerCost, LayerCost | None, CostedGraph,
-                                                      CostedGraph | None]:
+                 layout: Layout, key: tuple, cost_model: Any
+                 ) -> tuple[LayerCost, LayerCost | None, CostedGraph, CostedGraph | None]:
     with _CACHE_LOCK:
         hit = _LAYER_CACHE.get(key)
-        if hit is not None:
+        if hit is not None and hit[0] is cost_model:
             _LAYER_CACHE.move_to_end(key)
-            return hit
+            return hit[1]
     cal = cluster.calibration
     kw = dict(compute_slowdown=cal.overlap_compute_slowdown,
               comm_slowdown=cal.overlap_comm_slowdown, fsdp_prefetch=layout.fsdp_prefetch)
@@ -156,7 +164,7 @@ def _layer_costs(pb: ParallelBlock, coster: GraphCoster, b: float, s: float, clu
         bwd = layer_cost(cb, flops=pb.backward.total_flops(b, s), **kw)
     out = (fwd, bwd, cf, cb)
     with _CACHE_LOCK:
-        _LAYER_CACHE[key] = out
+        _LAYER_CACHE[key] = (cost_model, out)
         while len(_LAYER_CACHE) > _CACHE_SIZE:
             _LAYER_CACHE.popitem(last=False)
     return out
@@ -191,7 +199,8 @@ def _optimizer_node(numel: float, optimizer: str) -> OpGraph:
 
 
 def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int | None = None,
-                      cost_model: Any = None, traced: Any = None) -> StepReport:
+                      cost_model: Any = None, traced: Any = None,
+                      memory: bool = True) -> StepReport:
     """Simulate one training step.
 
     Args:
@@ -202,6 +211,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         cost_model: object with ``cost_graph(graph, b, s, c)`` (default: the cluster's
             ``FusedCostModel``).
         traced: a ``TracedModel`` (default: ``frontend.trace_model(spec, "train")``, cached).
+        memory: attach ``memory.memory_report(...)`` (skip it for timing-only sweeps).
 
     Example:
         >>> r = simulate_training("llama-3.1-8b", "h100-sxm-8gpu",  # doctest: +SKIP
@@ -225,7 +235,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     v = 2 if dual else L.vpp
     b, s = float(L.micro_batch_size), float(L.seq_len)
     ctx = PassContext.from_layout(L)
-    blocks = _parallel_blocks(traced, ctx, (id(traced), ctx.key()))
+    tkey = _traced_key(spec, traced)
+    blocks = _parallel_blocks(traced, ctx, (tkey, ctx.key()))
     sizes = {"tp": L.tp, "cp": L.cp, "dp": L.dp, "pp": L.pp, "ep": L.ep}
     strides = axis_strides(L.rank_order, sizes)
     # Gradients of dense weights are reduced over the dp·cp ranks holding the same shard.
@@ -235,9 +246,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
     costed: dict[str, tuple[CostedGraph, CostedGraph | None]] = {}
     for name, pb in blocks.items():
-        key = (id(traced), ctx.key(), name, b, s, cl.name, id(cost_model), tuple(
+        key = (tkey, ctx.key(), name, b, s, cl.name, cl.gpu.name, id(cost_model), tuple(
             sorted(strides.items())), L.fsdp_prefetch)
-        fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key)
+        fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key, cost_model)
         costs[name], costed[name] = (fl, bl), (cf, cb)
 
     # ---------------------------------------------------------------- stage partition
@@ -262,6 +273,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
             if (r, c) in last_pos and "lm_head" in blocks:
                 stage_blocks[r][c].append("lm_head")
 
+    split_w = L.schedule in ("zero-bubble", "dualpipe")
+
     def unit(r: int, c: int, kind: str) -> UnitCost:
         counts: dict[str, int] = {}
         for name in stage_blocks[r][c]:
@@ -273,7 +286,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
             if lc is None:
                 continue
             total = total + lc.layers(n)
-        if L.schedule == "zero-bubble" and kind in ("B", "W"):
+        if split_w and kind in ("B", "W"):
             w = total.wgrad_s
             if kind == "W":
                 return UnitCost(duration_s=w, compute_s=w, wgrad_s=w)
@@ -287,7 +300,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         L.tp if L.sequence_parallel else 1)
     p2p_s = coster.collective("send_recv", act_bytes, 2, "pp")[0] if p > 1 else 0.0
     pipe = run_pipeline(schedule=L.schedule, p=p, m=m, v=v, cost=unit, p2p_s=p2p_s,
-                        split_w=L.schedule == "zero-bubble",
+                        split_w=split_w,
                         pair_overlap=dual and L.moe_a2a_overlap)
 
     # ---------------------------------------------------------------- DP sync, optimizer
@@ -403,10 +416,11 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     tot = sum(prov_s.values()) or 1.0
     sources = {k: v / tot for k, v in sorted(prov_s.items())}
 
-    memory = None
+    mem = None
     try:
-        from charon_search.memory import memory_report
-        memory = memory_report(spec, L, cl).to_dict()
+        if memory:
+            from charon_search.memory import memory_report
+            mem = memory_report(spec, L, cl).to_dict()
     except ImportError:
         warnings.append("memory model not importable; StepReport.memory is None")
     except Exception as e:
@@ -424,4 +438,4 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         stage_busy_s=tuple(sum(u.end_s - u.start_s for u in pipe.units if u.rank == r)
                            for r in range(p)),
         micro_batches_in_flight=tuple(pipe.max_in_flight), num_micro_batches=m,
-        cost_sources=sources, warnings=tuple(warnings), memory=memory, timeline=timeline)
+        cost_sources=sources, warnings=tuple(warnings), memory=mem, timeline=timeline)

@@ -3,7 +3,8 @@
 Reads aiconfigurator-core ``systems/silicon_sample.csv`` (measured TTFT/TPOT of vLLM/TRT-LLM
 deployments; see /work/shared/data/peers/SOURCES.md) -- an import-time input, never read by the
 package -- and simulates a spread of aggregated rows in closed loop (concurrency = the row's
-``batch_size``, ``isl``/``osl`` fixed). Nothing is calibrated per row.
+``batch_size``, ``isl``/``osl`` fixed, 4 x concurrency requests, the first wave dropped as
+warm-up). Nothing is calibrated per row.
 
     python examples/workloads/silicon_check.py [silicon_sample.csv] [--rows N] [--json out.json]
 """
@@ -57,12 +58,18 @@ def simulate_row(r: dict) -> dict:
     precision = {"": "bf16", "fp8": "fp8", "fp4": "fp4"}.get(r["precision"], "bf16")
     cfg = ServingConfig(tp=tp, ep=ep, precision=precision, max_num_seqs=max(bs, 1),
                         max_num_batched_tokens=8192)
-    wl = WorkloadSpec(arrival="concurrency", concurrency=bs, num_requests=3 * bs,
+    wl = WorkloadSpec(arrival="concurrency", concurrency=bs, num_requests=4 * bs,
                       input_len=LengthDistribution(value=int(r["isl"])),
                       output_len=LengthDistribution(value=int(r["osl"])))
     t0 = time.perf_counter()
-    rep = simulate_serving(MODELS[r["model_path"]], CLUSTERS[r["system"]], cfg, wl)
-    ttft_ms, tpot_ms = rep.ttft_s["mean"] * 1e3, rep.tpot_s["mean"] * 1e3
+    rep = simulate_serving(MODELS[r["model_path"]], CLUSTERS[r["system"]], cfg, wl,
+                           keep_requests=True)
+    # Steady state: drop the first wave (the `bs` requests issued together at t = 0), as a
+    # benchmark's warm-up does.
+    pr = rep.per_request
+    keep = [i for i, rid in enumerate(pr["request_id"]) if rid >= bs]
+    ttft_ms = 1e3 * sum(pr["ttft_s"][i] for i in keep) / len(keep)
+    tpot_ms = 1e3 * sum(pr["tpot_s"][i] for i in keep) / len(keep)
     meas_ttft, meas_tpot = float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"])
     return {
         "id": r["id"], "system": r["system"], "model": r["model_path"], "backend": r["backend"],

@@ -78,3 +78,13 @@ def test_specs_check_cli_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     captured = capsys.readouterr()
     assert "1 of 2 spec files valid" in captured.out
     assert "`surprise` is not an allowed key" in captured.err and str(bad) in captured.err
+
+
+def test_specs_show(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["specs", "show", "h100-roce-24k"]) == 0
+    out = capsys.readouterr().out
+    assert "oversubscription 1:7" in out and "gpu h100-sxm-80gb" in out
+    assert cli_main(["specs", "show", "NVIDIA H200"]) == 0
+    assert "HBM 139.8 GiB at 4.8 TB/s" in capsys.readouterr().out
+    assert cli_main(["specs", "show", "nope"]) == 2
+    assert "unknown GPU or cluster 'nope'" in capsys.readouterr().err

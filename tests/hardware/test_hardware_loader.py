@@ -291,3 +291,16 @@ def test_specs_pickle_round_trip() -> None:
     for name in ("h100-roce-24k", "gb200-nvl72", "l40s-8gpu"):
         spec = load_cluster(name)
         assert pickle.loads(pickle.dumps(spec)) == spec
+
+
+def test_per_dtype_efficiency_rules(gpu_raw: dict) -> None:
+    gpu = gpu_from_dict(gpu_raw, file="h100.yaml")
+    assert gpu.compute_efficiency_by_dtype == {"fp8": 0.63}
+    bad = copy.deepcopy(gpu_raw)
+    bad["compute_efficiency_by_dtype"] = {"fp4": 0.5}  # H100 has no fp4 peak
+    with pytest.raises(ConfigError, match=r"compute_efficiency_by_dtype.fp4.*allowed"):
+        gpu_from_dict(bad, file="h100.yaml")
+    bad = copy.deepcopy(gpu_raw)
+    bad["compute_efficiency_by_dtype"] = {"fp8": 1.5}
+    with pytest.raises(ConfigError, match=r"compute_efficiency_by_dtype.fp8.*\(0, 1\]"):
+        gpu_from_dict(bad, file="h100.yaml")

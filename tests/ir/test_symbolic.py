@@ -34,3 +34,15 @@ def test_graph_evaluate_matches_poly_and_check_passes():
     assert np.isclose(ev.bytes[0], 2 * (300 * h * 2 + h * h))
     assert g.num_params() == h * h
     assert pickle.loads(pickle.dumps(g)).total_flops(3, 100) == g.total_flops(3, 100)
+
+
+def test_division_by_monomial_is_exact():
+    b, s = sym("b"), sym("s")
+    assert (4 * b * s * s + 2 * s) / s == 4 * b * s + 2
+    assert (6 * b * s) / (3 * b) == 2 * s
+    import pytest
+
+    with pytest.raises(TypeError):
+        _ = (b * s) / (s * s)
+    with pytest.raises(TypeError):
+        _ = (b * s) / (b + s)

@@ -62,7 +62,7 @@ def test_1f1b_activations_follow_in_flight(gpt3_profile) -> None:
                   recompute="selective")
     blk = gpt3_profile.blocks["dense"].evaluate(
         ShardingPoint(b=1, s=S, c=S, tp=8, sequence_parallel=True))
-    per_layer = blk["saved"] - blk["saved_core"]
+    per_layer = blk["selective_saved"]
     assert per_layer == pytest.approx(34 * S * GPT3_H / 8, rel=0.05)
     # Middle stages hold (p - i) micro-batches of 24 layers plus one layer's transient.
     for st in rep.stages[1:3]:

@@ -82,3 +82,23 @@ def test_custom_recipe_and_expert_shards() -> None:
     assert st.params_bytes == 360
     assert st.grads_bytes == 720
     assert st.optimizer_bytes == pytest.approx(100 * 12 / 8 + 80 * 12 / 2)
+
+
+def test_framework_recipes(gpt3_profile) -> None:
+    n = _num_params(gpt3_profile)
+    layout = Layout(dp=D, zero_stage=1, micro_batch_size=1, global_batch_size=D)
+    # Megatron bf16 + distributed optimizer: 2 (bf16) + 4 (fp32 grads) + 12/d (Megatron-Core
+    # distributed optimizer docs: "bf16 param, fp32 grads: 6 + 12/d").
+    mega = memory_report(gpt_spec(), layout, toy_cluster(), profile=gpt3_profile,
+                         options=MemoryOptions.for_framework("megatron"))
+    assert sum(_states(mega)) == pytest.approx((6 + 12 / D) * n, rel=1e-9)
+    # torchtitan FSDP2 (zero 3): fp32 sharded params + fp32 sharded grads + AdamW m, v = 16/d.
+    tt = MemoryOptions.for_framework("torchtitan")
+    assert (tt.recipe, tt.selective_policy, tt.fp8_saved_activations) == ("fsdp2", "op", False)
+    fsdp = memory_report(gpt_spec(), layout.replace(zero_stage=3), toy_cluster(),
+                         profile=gpt3_profile, options=tt)
+    assert _states(fsdp) == pytest.approx((4 * n / D, 4 * n / D, 8 * n / D), rel=1e-9)
+    # FSDP without resharding after forward (zero 2) also holds every bf16 weight whole.
+    z2 = memory_report(gpt_spec(), layout.replace(zero_stage=2), toy_cluster(),
+                       profile=gpt3_profile, options=tt)
+    assert _states(z2)[0] == pytest.approx(4 * n / D + 2 * n, rel=1e-9)

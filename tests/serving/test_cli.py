@@ -14,6 +14,7 @@ REQUIRED = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "requests_per_s", "output_toke
             "mean_requests_in_system", "arrival_rate")
 
 
+@pytest.mark.slow
 def test_serve_writes_report(tmp_path, capsys) -> None:
     out = tmp_path / "serve.json"
     trace = tmp_path / "trace.json"
@@ -35,6 +36,7 @@ def test_serve_writes_report(tmp_path, capsys) -> None:
     assert "TTFT" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_serve_disagg_and_trace(tmp_path) -> None:
     out = tmp_path / "d.json"
     rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",

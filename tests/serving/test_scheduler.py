@@ -42,6 +42,9 @@ def test_single_request_ttft_and_tpot_closed_form(affine, cluster) -> None:
     # Hand check: 5 ms + 10 us + 0.1 us * 1000 + 1 ns * 500500 + 1 ms = 6.6105 ms.
     assert ttft == pytest.approx(5e-3 + 1e-2 + 1e-4 + 500500e-9 + 1e-3)
     assert rep.num_completed == 1 and rep.num_iterations == 10
+    # One request alone: every inter-token gap is one decode iteration.
+    assert rep.itl_s["mean"] == pytest.approx(rep.tpot_s["mean"], rel=1e-12)
+    assert rep.itl_s["p50"] == pytest.approx(steps[4], rel=2e-3)
 
 
 def test_littles_law_on_steady_run(affine, cluster) -> None:
@@ -184,3 +187,18 @@ def test_disaggregated_adds_kv_transfer(affine, cluster) -> None:
     decode_agg = agg.e2e_s["mean"] - agg.ttft_s["mean"]
     assert dis.e2e_s["mean"] - dis.ttft_s["mean"] == pytest.approx(decode_agg + xfer)
     assert dis.num_gpus == 2
+
+
+def test_dynamic_sp_beats_fixed_sp_on_mixed_lengths(affine, cluster) -> None:
+    from dataclasses import replace
+
+    cm = replace(affine, kv_token_bytes=2e5)
+    # One long prompt and several short ones arrive together: fixed SP splits (and
+    # all-gathers) every short request too; dynamic SP keeps them on single GPUs.
+    reqs = [req(0, 0.0, 6000, 2)] + [req(i, 0.0, 300, 2) for i in range(1, 8)]
+    fixed = simulate_serving("debug-llama", cluster, _cfg(sp=2), reqs, cost_model=cm)
+    dyn = simulate_serving("debug-llama", cluster, _cfg(sp=2, dynamic_sp=True), reqs,
+                           cost_model=cm)
+    assert dyn.ttft_s["mean"] < fixed.ttft_s["mean"]
+    assert dyn.dynamic_sp_saved_s > 0 and fixed.dynamic_sp_saved_s == 0
+    assert dyn.num_gpus == fixed.num_gpus == 2

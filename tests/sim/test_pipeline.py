@@ -54,11 +54,20 @@ def test_zero_bubble_not_slower_than_1f1b() -> None:
     assert zb < 33.0  # 1F1B with B+W fused: (m+p-1)·3 = 33
 
 
-def test_dualpipe_runs_every_unit_once() -> None:
-    res = run_pipeline(schedule="dualpipe", p=4, m=8, v=2, cost=_uniform())
-    assert len(res.units) == 4 * 8 * 2
+def _fbw(r: int, c: int, kind: str) -> UnitCost:
+    d = {"F": 1.0, "B": 1.0, "W": 1.0}[kind]
+    return UnitCost(duration_s=d, compute_s=d)
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 20), (8, 64)])
+def test_dualpipe_runs_every_unit_once_and_beats_1f1b(p: int, m: int) -> None:
+    res = run_pipeline(schedule="dualpipe", p=p, m=m, v=2, cost=_fbw, split_w=True)
+    assert len(res.units) == p * m * 3
     keys = {(u.rank, u.op) for u in res.units}
     assert len(keys) == len(res.units)
+    one = run_pipeline(schedule="1f1b", p=p, m=m, v=1, cost=lambda r, c, k: UnitCost(
+        duration_s={"F": 1.0, "B": 2.0}[k]))
+    assert max(res.rank_end_s) < max(one.rank_end_s)
 
 
 def test_engine_overlap_slowdown_only_on_overlap() -> None:

@@ -33,7 +33,7 @@ TRACED = synthetic_model(SPEC, layer_types=("dense",))
 
 def _sim(layout: Layout, **kw):
     return simulate_training(SPEC, toy_cluster(), layout, cost_model=FlopsCostModel(),
-                             traced=TRACED, **kw)
+                             traced=TRACED, memory=False, **kw)
 
 
 def test_step_report_fields_and_breakdown_sum() -> None:
@@ -122,3 +122,21 @@ def test_more_dp_overlap_and_zero3_run() -> None:
                 Layout(tp=2, pp=2, schedule="dualpipe", global_batch_size=8, seq_len=128)):
         r = _sim(lay)
         assert r.step_time_s > 0 and 0 < r.mfu < 1
+
+
+def test_real_model_end_to_end_with_memory_and_trace(tmp_path) -> None:  # noqa: ANN001
+    """debug-llama through the frontend, the fused cost model and the memory model."""
+    rc = main(["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
+               "--tp", "2", "--pp", "2", "--sp", "--gbs", "16", "--seq", "256",
+               "--json", str(tmp_path / "r.json"), "--trace", str(tmp_path / "t.json")])
+    assert rc == 0
+    import json
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["memory"] is not None and "peak_reserved_bytes" in d["memory"]
+    assert sum(d["cost_sources"].values()) == pytest.approx(1.0)
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert any(n.startswith("F mb0") for n in names)
+    assert any("self_attn" in n for n in names)  # op-level events carry module paths
+    pids = {e["pid"] for e in trace["traceEvents"]}
+    assert pids == {0, 1}

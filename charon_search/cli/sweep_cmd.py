@@ -1,0 +1,43 @@
+"""Run a capacity sweep (sweeps/*.yaml) into a partitioned Parquet dataset.
+
+Output: OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-<space>.parquet (all trials,
+with a boolean `pareto` column); read with pyarrow.dataset.dataset(OUT, partitioning="hive").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep", help="sweep YAML (sweeps/<name>.yaml) or a name in sweeps/")
+    parser.add_argument("--out", required=True, help="dataset root folder")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Ray worker actors (default: the sweep's `workers`, else 1)")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="trials per combination (default: the sweep's)")
+    parser.add_argument("--date", default=None,
+                        help="partition label of this run (default: the sweep's or today UTC)")
+    parser.add_argument("--ray-address", default=None, help="existing Ray cluster")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the run summaries")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from charon_search.search.sweep import load_sweep, run_sweep
+
+    spec = load_sweep(args.sweep)
+    summaries = run_sweep(spec, args.out, workers=args.workers, trials=args.trials,
+                          date=args.date, ray_address=args.ray_address,
+                          progress=not args.quiet)
+    for s in summaries:
+        print(f"{s['sweep']} model={s['model']} gpu={s['gpu']} date={s['date']}: "
+              f"{s['num_trials']} trials, {s['num_feasible']} feasible, "
+              f"pareto {s['pareto_size']}, {s['wall_s']:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summaries, indent=2) + "\n")
+    return 0

@@ -1,0 +1,136 @@
+"""Model catalog: names, aliases, ModelSpec fields and exact parameter counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from charon_search.catalog import list_models, load_model, resolve_model_name
+from charon_search.catalog._hf import count_params_full
+from charon_search.errors import ConfigError
+
+REQUIRED = [
+    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.3-70b", "llama-2-7b",
+    "llama-2-70b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b",
+    "deepseek-v3", "gpt-oss-120b", "gpt-1.7b", "gpt-7.5b", "gpt-22b", "gpt-39b", "gpt-145b",
+    "gpt-175b", "gpt-530b", "gpt-1t", "mcore-gpt-1.7b", "mcore-gpt-16b", "mcore-gpt-70b",
+    "mcore-gpt-177b", "mcore-gpt-462b", "mpt-7b", "opt-175b", "debug-llama", "debug-moe",
+]
+
+
+def test_required_models_are_shipped() -> None:
+    missing = set(REQUIRED) - set(list_models())
+    assert not missing
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("meta-llama/Llama-3.1-70B", "llama-3.1-70b"),
+        ("meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b"),
+        ("META-LLAMA/llama-3.1-70b", "llama-3.1-70b"),
+        ("Qwen/Qwen3-32B", "qwen3-32b"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+        ("openai/gpt-oss-120b", "gpt-oss-120b"),
+        ("LLAMA-3.1-8B", "llama-3.1-8b"),
+    ],
+)
+def test_hf_ids_resolve_to_catalog_names(alias: str, name: str) -> None:
+    assert resolve_model_name(alias) == name
+    assert load_model(alias).name == name
+
+
+def test_unknown_name_lists_close_matches() -> None:
+    with pytest.raises(ConfigError, match="llama-3.1-8b"):
+        load_model("llama-3.1-8")
+
+
+# Published parameter counts (HF model cards / safetensors metadata of the bf16 checkpoints):
+# Llama-3.1-8B 8,030,261,248; Llama-3.1-70B 70,553,706,496; Llama-3.1-405B 405,853,388,800;
+# DeepSeek-V3 671,026,404,352 without the MTP module (HF's DeepseekV3ForCausalLM has none);
+# Mixtral-8x7B 46,702,792,704; Qwen3-30B-A3B 30,532,122,624.
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("llama-3.1-8b", 8_030_261_248),
+        ("llama-3.1-70b", 70_553_706_496),
+        ("llama-3.1-405b", 405_853_388_800),
+        ("deepseek-v3", 671_026_404_352),
+        ("mixtral-8x7b", 46_702_792_704),
+        ("qwen3-30b-a3b", 30_532_122_624),
+    ],
+)
+def test_published_param_counts(name: str, params: int) -> None:
+    assert load_model(name).num_params == params
+
+
+@pytest.mark.parametrize(
+    "name", ["debug-llama", "debug-moe", "llama-3.1-8b", "gpt-1.7b", "qwen3-30b-a3b", "mpt-1b"]
+)
+def test_param_count_equals_full_meta_instantiation(name: str) -> None:
+    spec = load_model(name)
+    assert spec.num_params == count_params_full(spec)
+
+
+def test_llama_fields() -> None:
+    spec = load_model("llama-3.1-70b")
+    assert (spec.num_layers, spec.hidden_size, spec.num_attention_heads) == (80, 8192, 64)
+    assert (spec.num_key_value_heads, spec.head_dim, spec.intermediate_size) == (8, 128, 28672)
+    assert spec.attention == "gqa" and spec.gated_mlp and not spec.is_moe
+    assert spec.layer_types == ("dense",) * 80
+
+
+def test_moe_layer_types() -> None:
+    ds = load_model("deepseek-v3")
+    assert ds.attention == "mla" and (ds.head_dim, ds.v_head_dim) == (192, 128)
+    assert ds.layer_types[:3] == ("dense",) * 3 and set(ds.layer_types[3:]) == {"moe"}
+    assert (ds.num_experts, ds.num_experts_per_token, ds.num_shared_experts) == (256, 8, 1)
+    assert load_model("debug-moe").layer_types == ("dense", "moe")
+    assert set(load_model("qwen3-30b-a3b").layer_types) == {"moe"}
+    assert set(load_model("gpt-oss-120b").layer_types) == {"moe"}
+    gpt = load_model("gpt-175b")
+    assert not gpt.gated_mlp and gpt.attention == "mha" and gpt.intermediate_size == 4 * 12288
+
+
+def test_every_config_names_its_source() -> None:
+    from charon_search.catalog._loader import _catalog
+
+    for name, cfg in _catalog().items():
+        assert cfg.get("_charon_source"), name
+
+
+def test_load_from_path_and_errors(tmp_path) -> None:
+    from charon_search.catalog._loader import _catalog
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_catalog()["debug-llama"]))
+    spec = load_model(str(path))
+    assert spec.num_params == load_model("debug-llama").num_params
+    assert load_model(tmp_path).num_params == spec.num_params  # a folder with config.json
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_model(str(bad))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_model(str(tmp_path / "missing.json"))
+    nomt = tmp_path / "nomt.json"
+    nomt.write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ConfigError, match="model_type"):
+        load_model(str(nomt))
+
+
+def test_load_from_module() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from charon_search.catalog._hf import hf_config_object
+
+    ref = load_model("debug-llama")
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(hf_config_object("x", ref.hf_config))
+    spec = load_model(module)
+    assert spec.num_params == ref.num_params
+    assert spec.num_layers == 2 and spec.model_type == "llama"
+    with pytest.raises(ConfigError):
+        load_model(torch.nn.Linear(2, 2))

@@ -1,0 +1,193 @@
+"""Study loop on the enumerable toy space, in-process (workers=0); Ray is tested in test_ray.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import optuna
+import pyarrow.parquet as pq
+import pytest
+
+from charon_search.errors import ConfigError
+from charon_search.search import (
+    SearchOptions,
+    config_key,
+    non_dominated,
+    normalized_hypervolume,
+    run_search,
+)
+from charon_search.search.study import make_storage
+
+CFG_KEYS = ("num_gpus", "tp", "pp", "micro_batch_size", "recompute", "zero_stage")
+
+
+def _front_keys(rows, objective):
+    losses = [objective.minimized(objective.values(r)) for r in rows]
+    return {tuple(rows[i][k] for k in CFG_KEYS) for i in non_dominated(losses)}
+
+
+def _bounds(rows, objective):
+    losses = np.array([objective.minimized(objective.values(r)) for r in rows])
+    return losses.min(axis=0), losses.max(axis=0)
+
+
+def test_grid_returns_exactly_the_exhaustive_front(toy_space, toy_objective, toy_exhaustive,
+                                                   tmp_path):
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=100_000, workers=0, sampler="grid",
+                                   out_dir=str(tmp_path / "grid")))
+    n_valid = len(toy_space.enumerate_valid())
+    assert res.num_trials == n_valid                      # every valid point once, no more
+    assert res.num_invalid == 0 and res.num_memo_hits == 0
+    assert res.num_feasible == len(toy_exhaustive)
+    got = {tuple(r[k] for k in CFG_KEYS) for r in res.pareto}
+    assert got == _front_keys(toy_exhaustive, toy_objective)
+    assert len(got) >= 4
+    front = pq.read_table(tmp_path / "grid" / "pareto.parquet").to_pylist()
+    assert {tuple(r[k] for k in CFG_KEYS) for r in front} == got
+
+
+def test_nsga2_reaches_90_percent_of_exhaustive_hypervolume(toy_space, toy_objective,
+                                                           toy_exhaustive):
+    lo, hi = _bounds(toy_exhaustive, toy_objective)
+    ref_losses = [toy_objective.minimized(toy_objective.values(r)) for r in toy_exhaustive]
+    hv_all = normalized_hypervolume(ref_losses, lower=lo, upper=hi)
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=150, workers=0, sampler="nsga2", seed=3,
+                                   population_size=24))
+    hv = normalized_hypervolume(
+        [toy_objective.minimized(toy_objective.values(r)) for r in res.pareto],
+        lower=lo, upper=hi)
+    assert res.num_evaluations < len(toy_space.enumerate_valid()) / 4
+    assert hv >= 0.9 * hv_all
+
+
+def test_trials_parquet_columns_and_constraints(toy_space, toy_objective, tmp_path):
+    out = tmp_path / "run"
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=60, workers=0, sampler="random", seed=0,
+                                   out_dir=str(out)))
+    rows = pq.read_table(out / "trials.parquet").to_pylist()
+    assert len(rows) == res.num_trials == 60
+    for col in (*CFG_KEYS, "dp", "step_time_s", "feasible", "prune_reason", "eval_wall_s",
+                "worker_id", "node_id", "memo_hit", "valid", "constraint_violation"):
+        assert col in rows[0], col
+    assert (out / "pareto.html").stat().st_size > 1_000_000     # plotly.js embedded
+    assert "Pareto front" in (out / "pareto.html").read_text()[-200_000:]
+    # every trial COMPLETE; invalid/infeasible ones carry a violated constraint, never PRUNED
+    storage, _ = make_storage(None, out)
+    trials = optuna.load_study(study_name=toy_space.name, storage=storage).trials
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    by_number = {r["trial_number"]: r for r in rows}
+    for t in trials:
+        r = by_number[t.number]
+        cons = {k: v for k, v in t.system_attrs.items() if k.startswith("constraints:")}
+        assert sorted(cons) == ["constraints:evaluable", "constraints:peak_memory_bytes <= device",
+                                "constraints:valid"]
+        assert (max(cons.values()) > 0) == (not r["feasible"])
+        if not r["valid"]:
+            assert r["prune_reason"].startswith("invalid:") and r["eval_wall_s"] is None
+        elif not r["feasible"]:
+            assert r["prune_reason"].startswith("memory:")
+
+
+def test_memoized_configs_are_not_simulated_again(toy_space, toy_objective):
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=120, workers=0, sampler="nsga2", seed=0))
+    valid_rows = [r for r in res.rows if r["valid"]]
+    keys = [config_key({k: r[k] for k in CFG_KEYS}) for r in valid_rows]
+    assert res.num_evaluations == len(set(keys))
+    assert res.num_memo_hits == len(keys) - len(set(keys)) > 0
+    assert sum(1 for r in valid_rows if not r["memo_hit"]) == len(set(keys))
+
+
+def test_resume_continues_where_it_stopped(toy_space, toy_objective, tmp_path):
+    opts = dict(workers=0, sampler="nsga2", seed=1, out_dir=str(tmp_path / "r"))
+    first = run_search(toy_space, toy_objective, SearchOptions(trials=40, **opts))
+    assert first.num_trials == 40
+    before = {r["uid"]: r for r in first.rows}
+    second = run_search(toy_space, toy_objective, SearchOptions(trials=70, **opts))
+    assert second.num_new_trials == 30 and second.num_trials == 70
+    uids = [r["uid"] for r in second.rows]
+    assert len(set(uids)) == 70
+    assert sorted(r["trial_number"] for r in second.rows) == list(range(70))
+    for r in second.rows:                         # the first 40 are untouched
+        if r["uid"] in before:
+            assert r.get("step_time_s") == before[r["uid"]].get("step_time_s")
+    # already complete: nothing new runs
+    third = run_search(toy_space, toy_objective, SearchOptions(trials=70, **opts))
+    assert third.num_new_trials == 0 and third.num_trials == 70
+
+
+def test_interrupted_study_keeps_finished_trials_and_resumes(toy_space, toy_objective,
+                                                             tmp_path):
+    opts = dict(workers=0, sampler="tpe", seed=2, out_dir=str(tmp_path / "i"))
+    seen = []
+
+    def stop_after_25(rec):
+        seen.append(rec)
+        if len(seen) == 25:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_search(toy_space, toy_objective, SearchOptions(trials=80, **opts),
+                   on_record=stop_after_25)
+    storage, _ = make_storage(None, tmp_path / "i")
+    kept = optuna.load_study(study_name=toy_space.name, storage=storage).trials
+    assert 0 < len(kept) < 80
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in kept)
+    res = run_search(toy_space, toy_objective, SearchOptions(trials=80, **opts))
+    assert res.num_trials == 80
+    assert res.num_new_trials == 80 - len(kept)
+    assert len({r["uid"] for r in res.rows}) == 80
+    assert len(pq.read_table(tmp_path / "i" / "trials.parquet")) == 80
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp"])
+def test_other_samplers_learn_from_constrained_complete_trials(toy_space, toy_objective,
+                                                               sampler):
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=14 if sampler == "gp" else 40, workers=0,
+                                   sampler=sampler, seed=0))
+    assert res.num_trials == (14 if sampler == "gp" else 40)
+    assert res.num_feasible > 0 and res.pareto
+
+
+def test_sqlite_storage_and_direction_mismatch(toy_space, toy_objective, tmp_path):
+    from charon_search.search.objective import Objective
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=12, workers=0, sampler="random", storage=url))
+    assert res.num_trials == 12 and res.storage == url
+    flipped = Objective.from_dict({"name": "f", "objectives": [
+        {"metric": "step_time_s", "direction": "maximize"},
+        {"metric": "gpu_s_per_token", "direction": "minimize"}]})
+    with pytest.raises(ConfigError, match="directions"):
+        run_search(toy_space, flipped, SearchOptions(trials=12, workers=0, storage=url))
+
+
+def test_bad_storage_url_and_sampler(toy_space, toy_objective):
+    with pytest.raises(ConfigError, match="sqlite"):
+        run_search(toy_space, toy_objective, SearchOptions(trials=1, storage="redis://x"))
+    with pytest.raises(ConfigError, match="nsga2"):
+        run_search(toy_space, toy_objective, SearchOptions(trials=1, sampler="cmaes"))
+
+
+@pytest.mark.postgres
+def test_postgresql_storage_resume(toy_space, toy_objective):
+    url = os.environ.get("CHARON_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("CHARON_TEST_POSTGRES_URL not set (.ci/run starts scripts/start_postgres.sh)")
+    name = f"pytest-{os.getpid()}"
+    try:
+        first = run_search(toy_space, toy_objective, SearchOptions(
+            trials=15, workers=0, sampler="nsga2", storage=url, study_name=name))
+        res = run_search(toy_space, toy_objective, SearchOptions(
+            trials=25, workers=0, sampler="nsga2", storage=url, study_name=name))
+        assert first.num_trials == 15
+        assert res.num_trials == 25 and res.num_new_trials == 10
+        assert len({r["uid"] for r in res.rows}) == 25
+    finally:
+        optuna.delete_study(study_name=name, storage=url)
