@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -34,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from {str(args.source)!r} must be the output of "
                           "`charon-search validate --json` (keys records, skipped, summary)")
     result = result_from_json(data)
+    # Recompute the summary so reports of older JSON files get every current block.
+    from charon_search.validation.stats import summarize
+
+    result = dataclasses.replace(result, summary=summarize(result.rows, result.skipped,
+                                                           result.cases))
     img_dir = args.img_dir or args.out.parent / "img"
     import os
 

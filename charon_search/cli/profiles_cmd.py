@@ -78,10 +78,14 @@ def _info(db) -> int:  # type: ignore[no-untyped-def]
         print(f"{t['gpu']:20s} {t['op_kind']:15s} {t['rows']:8d} {format_bytes(t['bytes']):>10s}"
               f"  {','.join(t['dtypes'])} / {variants} / {'; '.join(t['kernels'])[:80]}")
     print(f"total: {len(db.gpus())} GPUs, {total_rows} rows, {format_bytes(total_bytes)}")
-    print("sources:")
-    for src in sorted({s.split(" ")[0] + " " + s.split(" ")[1] for t in db.summary()
-                       for s in t["sources"]}):
-        print(f"  {src}")
+    print("sources (tables converted; see ATTRIBUTION.md in the DB folder):")
+    projects: dict[str, int] = {}
+    for t in db.summary():
+        for src in t["sources"]:
+            proj = src.rsplit(" ", 1)[0]  # "<project> <version> <table path>"
+            projects[proj] = projects.get(proj, 0) + 1
+    for proj, n in sorted(projects.items()):
+        print(f"  {proj}: {n} tables")
     return 0
 
 

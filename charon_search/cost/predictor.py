@@ -332,8 +332,13 @@ class PredictorStore:
         self._lock = threading.Lock()
 
     def available(self, gpu: str, op_kind: str, family: str, dtype: str) -> bool:
-        tbl = self.db.table(gpu, op_kind) if op_kind in PREDICTED_KINDS else None
-        return tbl is not None and len(rows_for(tbl, family, dtype)) >= 8
+        """Whether the DB has rows for this model (from the index: no table is read)."""
+        entry = self.db.entry(gpu, op_kind) if op_kind in PREDICTED_KINDS else None
+        if entry is None or dtype not in entry.get("dtypes", ()):
+            return False
+        by_variant = op_kind in ("attention", "grouped_gemm") or (
+            op_kind == "elementwise" and family != "")
+        return not by_variant or family in entry.get("variants", ())
 
     def get(self, gpu: str, op_kind: str, family: str, dtype: str, *,
             num_sms: int | None = None) -> OpPredictor | None:
@@ -371,15 +376,18 @@ class PredictorStore:
                 except Exception:  # a corrupt cache file is retrained
                     pass
             pred = self._train(key, num_sms)
+            if pred is None:
+                return None
             tmp = path.with_suffix(".tmp")
             with tmp.open("wb") as f:
                 pickle.dump(pred, f, protocol=pickle.HIGHEST_PROTOCOL)
             tmp.replace(path)
             return pred
 
-    def _train(self, key: ModelKey, num_sms: int) -> OpPredictor:
+    def _train(self, key: ModelKey, num_sms: int) -> OpPredictor | None:
         tbl = self.db.table(key.gpu, key.op_kind)
-        assert tbl is not None
+        if tbl is None or len(rows_for(tbl, key.family, key.dtype)) < 8:
+            return None
         return train_predictor(key, rows_for(tbl, key.family, key.dtype), num_sms=num_sms,
                                hyperparams=self.hyperparams)
 

@@ -173,7 +173,12 @@ class ProfileDB:
                        if gpu is None or t["gpu"] == gpu})
 
     def has(self, gpu: str, op_kind: str) -> bool:
-        return any(t["gpu"] == gpu and t["op_kind"] == op_kind for t in self.index["tables"])
+        return self.entry(gpu, op_kind) is not None
+
+    def entry(self, gpu: str, op_kind: str) -> dict[str, Any] | None:
+        """The index entry (rows, dtypes, variants, kernels, sources) of one table."""
+        return next((t for t in self.index["tables"]
+                     if t["gpu"] == gpu and t["op_kind"] == op_kind), None)
 
     def summary(self) -> list[dict[str, Any]]:
         """One dict per stored table: gpu, op_kind, rows, bytes, sources."""
@@ -199,12 +204,20 @@ class ProfileDB:
                       if t["gpu"] == gpu and t["op_kind"] == op_kind), None)
         if entry is None:
             return None
-        arrow = pq.read_table(self.root / entry["file"])
+        # ParquetFile (not read_table: that imports pyarrow.dataset and pandas, ~1-3 s) with
+        # dictionary-decoded string columns, expanded through numpy without pandas.
+        arrow = pq.ParquetFile(self.root / entry["file"],
+                               read_dictionary=list(STRING_COLUMNS)).read()
         cols = {}
         for name in arrow.column_names:
             col = arrow.column(name)
             if name in STRING_COLUMNS:
-                cols[name] = np.asarray(col.to_pylist(), dtype=object)
+                arr = col.combine_chunks()
+                if pa.types.is_dictionary(arr.type):
+                    words = np.asarray(arr.dictionary.to_pylist(), dtype=object)
+                    cols[name] = words[arr.indices.to_numpy(zero_copy_only=False)]
+                else:
+                    cols[name] = np.asarray(arr.to_pylist(), dtype=object)
             else:
                 cols[name] = col.to_numpy(zero_copy_only=False).astype(np.float64)
         tbl = ProfileTable(gpu=gpu, op_kind=op_kind, columns=cols)
@@ -233,11 +246,10 @@ class ProfileDB:
         if tbl is not None:
             sub = tbl.select(variant=variant, dtype=dtype)
             names = SHAPE_KEYS.get(op_kind, ())
-            cols = [sub.columns[n] for n in names]
-            for i, lat in enumerate(sub.columns["latency_s"]):
-                # Keep the first row on duplicates (tables are written sorted; no duplicates
-                # in the shipped DB).
-                out.setdefault(_shape_key(c[i] for c in cols), float(lat))
+            keys = zip(*(sub.columns[n].tolist() for n in names))
+            # Keep the first row on duplicates (the shipped DB has none).
+            for key, lat in zip(keys, sub.columns["latency_s"].tolist()):
+                out.setdefault(key, lat)
         with self._lock:
             self._lookup[(gpu, op_kind, variant, dtype)] = out
         return out

@@ -196,6 +196,11 @@ class FusedCostModel:
                 continue
             kind = str(node.kind)
             params = {k: float(v(b, s, c)) for k, v in node.params.items()}
+            if kind == "elementwise":
+                # Bytes moved distinguish fp32 from bf16 and 2-input from 1-input ops.
+                nbytes = float(node.bytes(b, s, c))
+                if nbytes > 0:
+                    params["bytes"] = nbytes
             fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
             if self.gpu_key is not None and self.db is not None and self.use_profile:

@@ -176,7 +176,11 @@ def _store_disk(key: str, tm: TracedModel) -> None:
     tmp.replace(path)
 
 
-def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str) -> TracedModel:
+def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
+                    *, num_points: int = 1) -> TracedModel:
+    """Trace without caches. ``num_points=2`` traces twice at small primes and checks that
+    every dim fits one monomial at both points (slower; used by tests to validate the default
+    single-point factorisation)."""
     global TRACE_CALLS
     TRACE_CALLS += 1
     import torch
@@ -196,9 +200,9 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str) -> 
         rm = build_reduced_model(spec, attn_impl="eager")
         used_impl = "eager"
     rm.model.to(getattr(torch, DTYPES[dtype]))
-    p1, p2 = trace_points(phase)
-    caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"]) for p in (p1, p2))
-    conv = Converter(spec, phase, caps, (p1, p2), rm.layers_path, rm.layer_type_of)
+    points = trace_points(phase, num_points)
+    caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"]) for p in points)
+    conv = Converter(spec, phase, caps, points, rm.layers_path, rm.layer_type_of)
     conv.run()
     names = ["embedding", *spec.block_types, "lm_head"]
     blocks = assemble(conv, model_name=spec.name, dtype=dtype, block_names=names,

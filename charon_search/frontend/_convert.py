@@ -69,13 +69,14 @@ class _Op:
 
 
 class Converter:
-    def __init__(self, spec: ModelSpec, phase: str, caps: tuple[Capture, Capture],
-                 points: tuple[dict[str, int], dict[str, int]], layers_path: str,
+    def __init__(self, spec: ModelSpec, phase: str, caps: tuple[Capture, ...],
+                 points: tuple[dict[str, int], ...], layers_path: str,
                  layer_type_of: tuple[str, ...]) -> None:
         self.spec, self.phase = spec, phase
-        self.c1, self.c2 = caps
+        self.caps = caps
+        self.c1 = caps[0]
         symbols = ("b", "c") if phase == "decode" else ("b", "s")
-        self.fit = DimFitter(points[0], points[1], symbols)
+        self.fit = DimFitter(points, symbols)
         self.layers_path = layers_path
         self.layer_type_of = layer_type_of
         self.tid: dict[tuple[str, str], int] = {}
@@ -88,32 +89,37 @@ class Converter:
         self.graph_outputs: set[int] = set()
         self.tokens = sym("b") if phase == "decode" else sym("b") * sym("s")
         self._op_by_key: dict[tuple[str, str], _Op] = {}
-        self._b_nodes: dict[str, dict[str, Any]] = {
-            "fw": {n.name: n for n in self.c2.fw.graph.nodes},
-            "bw": {n.name: n for n in self.c2.bw.graph.nodes} if self.c2.bw is not None else {},
-        }
+        self._others: list[dict[str, dict[str, Any]]] = [
+            {"fw": {n.name: n for n in c.fw.graph.nodes},
+             "bw": {n.name: n for n in c.bw.graph.nodes} if c.bw is not None else {}}
+            for c in caps[1:]
+        ]
 
     # ------------------------------------------------------------------ shapes
-    def shape(self, v1: Any, v2: Any) -> tuple[Poly, ...]:
-        if len(v1.shape) != len(v2.shape):
-            raise PassError("frontend: the two traces disagree on a tensor's rank")
-        return tuple(self.fit.fit(int(a), int(b)) for a, b in zip(v1.shape, v2.shape,
-                                                                   strict=True))
+    def shape(self, vals: list[Any]) -> tuple[Poly, ...]:
+        if len({len(v.shape) for v in vals}) != 1:
+            raise PassError("frontend: the traces disagree on a tensor's rank")
+        return tuple(self.fit.fit(*(int(v.shape[i]) for v in vals))
+                     for i in range(len(vals[0].shape)))
+
+    def vals(self, g: str, node: Any) -> list[Any]:
+        """The ``val`` meta of ``node`` in every capture (first: the node's own)."""
+        return [node.meta.get("val")] + [o[g][node.name].meta.get("val") for o in self._others]
 
     def resolve(self, key: tuple[str, str]) -> tuple[str, str]:
         while key in self.alias:
             key = self.alias[key]
         return key
 
-    def new_tensor(self, key: tuple[str, str], v1: Any, v2: Any) -> int:
+    def new_tensor(self, key: tuple[str, str], vals: list[Any]) -> int:
         tid = len(self.tid)
         self.tid[key] = tid
-        self.tensors[tid] = TensorSpec(id=tid, shape=self.shape(v1, v2), dtype=_dtype(v1))
+        self.tensors[tid] = TensorSpec(id=tid, shape=self.shape(vals), dtype=_dtype(vals[0]))
         return tid
 
     # ------------------------------------------------------------------ main walk
     def run(self) -> None:
-        for cap in (self.c1, self.c2):
+        for cap in self.caps:
             for gm in (cap.fw, cap.bw):
                 if gm is not None:
                     # Everything is pure here: random ops (dropout) whose results nobody reads
@@ -121,17 +127,17 @@ class Converter:
                     gm.graph.eliminate_dead_code(
                         is_impure_node=lambda n: n.op in ("placeholder", "output"))
         fw1 = list(self.c1.fw.graph.nodes)
-        fw2 = list(self.c2.fw.graph.nodes)
-        self._check_pair(fw1, fw2, "forward")
+        for c in self.caps[1:]:
+            self._check_pair(fw1, list(c.fw.graph.nodes), "forward")
         roles = RoleTracker(self.spec)
         fw_info: dict[int, tuple[str, str, str, str]] = {}  # seq_nr -> (block, path, cls, role)
         seen_layer = False
         n_params = len(self.c1.param_names)
         primal_idx = 0
-        for a, b in zip(fw1, fw2, strict=True):
+        for a in fw1:
             key = ("fw", a.name)
             if a.op == "placeholder":
-                tid = self.new_tensor(key, a.meta["val"], b.meta["val"])
+                tid = self.new_tensor(key, self.vals("fw", a))
                 if primal_idx < n_params:
                     self.param_ids.add(tid)
                     self.param_owner_hint[tid] = self.c1.param_names[primal_idx]
@@ -152,7 +158,7 @@ class Converter:
                 block = "lm_head" if seen_layer else "embedding"
             else:
                 seen_layer = block not in ("embedding", "lm_head") or seen_layer
-            op = self._make_op(key, a, b, Phase.FORWARD, block, local, cls)
+            op = self._make_op(key, a, Phase.FORWARD, block, local, cls)
             role = roles.role(block, local, cls, op.kind if op else None, _ops.op_base(a.target))
             seq = a.meta.get("seq_nr")
             if seq is not None and (op is not None or seq not in fw_info):
@@ -191,17 +197,17 @@ class Converter:
 
     def _run_backward(self, fw_info: dict[int, tuple[str, str, str, str]]) -> None:
         bw1 = list(self.c1.bw.graph.nodes)
-        bw2 = list(self.c2.bw.graph.nodes)
-        self._check_pair(bw1, bw2, "backward")
+        for c in self.caps[1:]:
+            self._check_pair(bw1, list(c.bw.graph.nodes), "backward")
         fw_names = {k[1] for k in self.tid} | {k[1] for k in self.alias}
         prev: tuple[str, str, str, str] | None = None
         pending: list[_Op] = []
-        for a, b in zip(bw1, bw2, strict=True):
+        for a in bw1:
             if a.op == "placeholder":
                 if a.name in fw_names and not a.name.startswith("tangents"):
                     self.alias[("bw", a.name)] = ("fw", a.name)
                 else:
-                    self.new_tensor(("bw", a.name), a.meta["val"], b.meta["val"])
+                    self.new_tensor(("bw", a.name), self.vals("bw", a))
                 continue
             if a.op == "output":
                 for o in a.args[0]:
@@ -218,7 +224,7 @@ class Converter:
             if info is None:
                 info = prev
             block, local, cls, role = info if info else ("", "", "", "")
-            op = self._make_op(("bw", a.name), a, b, Phase.BACKWARD, block, local, cls)
+            op = self._make_op(("bw", a.name), a, Phase.BACKWARD, block, local, cls)
             if op is None:
                 continue
             if inherited:
@@ -264,10 +270,10 @@ class Converter:
         return [x for x in out if _is_tensor(x.meta.get("val"))]
 
     # ------------------------------------------------------------------ one op
-    def _make_op(self, key: tuple[str, str], a: Any, b: Any, phase: Phase, block: str,
+    def _make_op(self, key: tuple[str, str], a: Any, phase: Phase, block: str,
                  local: str, cls: str) -> _Op | None:
         g = key[0]
-        v1, v2 = a.meta.get("val"), b.meta.get("val")
+        v1 = a.meta.get("val")
         target = a.target
         if target is _getitem():
             parent = a.args[0]
@@ -275,7 +281,7 @@ class Converter:
             if pbase in _ops.VIEW_OPS:
                 self.alias[key] = self.resolve((g, parent.name))
             elif _is_tensor(v1):
-                tid = self.new_tensor(key, v1, v2)
+                tid = self.new_tensor(key, self.vals(g, a))
                 owner = self._op_by_key.get((g, parent.name))
                 if owner is not None:
                     owner.outputs.append(tid)
@@ -289,19 +295,19 @@ class Converter:
             return None
         outputs: list[int] = []
         if _is_tensor(v1):
-            outputs.append(self.new_tensor(key, v1, v2))
+            outputs.append(self.new_tensor(key, self.vals(g, a)))
         elif not isinstance(v1, (list, tuple)):
             return None  # symbolic scalars, None
         in_moe = block == "moe" and _in_moe_module(local)
         kind = _ops.classify(base, in_moe=in_moe)
         inputs: list[int] = []
         reads: dict[int, Poly] = {}
-        arg_vals: list[tuple[Any, Any]] = []
+        arg_vals: list[list[Any]] = []
         for x in args:
             xk = (g, x.name)
             tid = self.tid_of(xk)
-            arg_vals.append((x.meta["val"], self._val2(x, b)))
-            eff = self._effective_read(xk, x, b)
+            arg_vals.append(self.vals(g, x))
+            eff = self._effective_read(xk, arg_vals[-1])
             if tid not in reads:
                 inputs.append(tid)
                 reads[tid] = eff
@@ -312,18 +318,14 @@ class Converter:
                  flops=Poly(), reads=reads, params={}, dtype="bf16")
         self._op_by_key[key] = op
         op.dtype = self._compute_dtype(arg_vals, v1)
-        self._fill(op, a, b, arg_vals)
+        self._fill(op, a, arg_vals)
         return op
 
-    def _val2(self, x: Any, b_node: Any) -> Any:
-        g = "fw" if b_node.graph is self.c2.fw.graph else "bw"
-        return self._b_nodes[g][x.name].meta["val"]
-
-    def _effective_read(self, xk: tuple[str, str], x: Any, b_node: Any) -> Poly:
+    def _effective_read(self, xk: tuple[str, str], vals: list[Any]) -> Poly:
         base_key = self.resolve(xk)
         base_spec = self.tensors[self.tid[base_key]]
-        v1 = x.meta["val"]
-        view_shape = self.shape(v1, self._val2(x, b_node))
+        v1 = vals[0]
+        view_shape = self.shape(vals)
         view_numel = Poly.const(1)
         for d in view_shape:
             view_numel = view_numel * d
@@ -333,17 +335,17 @@ class Converter:
             p["b"], p["s"], p["c"]) else base_numel
         return pick * DTYPE_BYTES[_dtype(v1)]
 
-    def _compute_dtype(self, arg_vals: list[tuple[Any, Any]], out: Any) -> str:
-        for v, _ in arg_vals:
+    def _compute_dtype(self, arg_vals: list[list[Any]], out: Any) -> str:
+        for v, *_ in arg_vals:
             if v.dtype.is_floating_point:
                 return _dtype(v)
         return _dtype(out) if _is_tensor(out) else "fp32"
 
     # ------------------------------------------------------------------ formulas
-    def _fill(self, op: _Op, a: Any, b: Any, arg_vals: list[tuple[Any, Any]]) -> None:
-        shp = [self.shape(v1, v2) for v1, v2 in arg_vals]
-        out_val1, out_val2 = a.meta.get("val"), b.meta.get("val")
-        out_shape = self.shape(out_val1, out_val2) if _is_tensor(out_val1) else None
+    def _fill(self, op: _Op, a: Any, arg_vals: list[list[Any]]) -> None:
+        shp = [self.shape(vals) for vals in arg_vals]
+        g = op.key[0]
+        out_shape = self.shape(self.vals(g, a)) if _is_tensor(a.meta.get("val")) else None
         out_numel = _numel(out_shape) if out_shape is not None else Poly()
         in_numel = _numel(shp[0]) if shp else Poly()
         k, base = op.kind, op.base

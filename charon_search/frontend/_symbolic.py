@@ -1,9 +1,14 @@
-"""Recover symbolic dimensions from two concrete traces.
+"""Recover symbolic dimensions from concrete traces.
 
-Each dimension is traced at two points whose ``b``, ``s``/``c`` values are distinct primes, and
-is matched to ``k * b^i * s^j [* c^l] + offset`` (offset in 0, -1, +1; integer ``k``) consistent at
-both points. Because the point values are distinct primes, two different monomials can never
-both fit (unique factorisation), so a match is unambiguous; a dim that fits none raises.
+The frontend traces once, at a point where ``b``, ``s`` and ``c`` are large primes (10007, 10009,
+10037) that no model dimension is a multiple of. Every traced dim ``v`` then factors uniquely as
+``k * b^i * s^j * c^l`` (``k`` free of those primes), or, failing that, ``v -/+ 1`` does (shapes
+like ``s + 1`` from label padding, ``c - 1`` for a KV cache). FakeTensors never allocate, so the
+large sizes cost nothing.
+
+``DimFitter`` also accepts two points (each symbol a different prime at each point) and then
+requires the same monomial to fit both, which is the check used in tests to validate the
+single-point factorisation.
 """
 
 from __future__ import annotations
@@ -17,49 +22,74 @@ from charon_search.ir import Poly, sym
 __all__ = ["DimFitter", "trace_points"]
 
 
-def trace_points(phase: str) -> tuple[dict[str, int], dict[str, int]]:
-    """The two concrete points a phase is traced at (odd primes, none a model dim)."""
+#: Point values: primes no model dimension is a multiple of (checked for the whole catalog).
+_B, _S, _C = 10007, 10009, 10037
+
+
+def trace_points(phase: str, n: int = 1) -> tuple[dict[str, int], ...]:
+    """The concrete point(s) a phase is traced at (decode: one query token, ``c`` keys)."""
+    if n == 1:
+        if phase == "decode":
+            return ({"b": _B, "s": 1, "c": _C},)
+        return ({"b": _B, "s": _S, "c": _S},)
     if phase == "decode":
         return {"b": 3, "s": 1, "c": 13}, {"b": 5, "s": 1, "c": 17}
     return {"b": 3, "s": 13, "c": 13}, {"b": 5, "s": 17, "c": 17}
 
 
 class DimFitter:
-    """Maps a pair of concrete dim values (point 1, point 2) to a ``Poly``."""
+    """Maps the concrete values of one dim (one per trace point) to a ``Poly``."""
 
-    def __init__(self, p1: Mapping[str, int], p2: Mapping[str, int], symbols: tuple[str, ...]):
-        self.p1, self.p2 = p1, p2
-        self.monos: list[tuple[Poly, int, int]] = []
+    def __init__(self, points: tuple[Mapping[str, int], ...], symbols: tuple[str, ...]):
+        self.points = points
+        self.p1 = points[0]
+        self.symbols = symbols
+        self.monos: list[tuple[Poly, tuple[int, ...]]] = []
         ranges = {"b": range(3), "s": range(4), "c": range(3)}
         for exps in itertools.product(*(ranges[x] for x in symbols)):
             if not any(exps):
                 continue
             mono = Poly.const(1)
-            v1 = v2 = 1
+            vals = [1] * len(points)
             for name, e in zip(symbols, exps, strict=True):
                 mono = mono * (sym(name) ** e)
-                v1 *= p1[name] ** e
-                v2 *= p2[name] ** e
-            self.monos.append((mono, v1, v2))
-        self._memo: dict[tuple[int, int], Poly] = {}
+                for i, p in enumerate(points):
+                    vals[i] *= p[name] ** e
+            self.monos.append((mono, tuple(vals)))
+        self._memo: dict[tuple[int, ...], Poly] = {}
 
-    def fit(self, v1: int, v2: int) -> Poly:
-        key = (int(v1), int(v2))
-        if key in self._memo:
-            return self._memo[key]
-        out = self._fit(*key)
-        self._memo[key] = out
-        return out
+    def fit(self, *values: int) -> Poly:
+        key = tuple(int(v) for v in values)
+        if key not in self._memo:
+            self._memo[key] = self._fit(key) if len(key) > 1 else self._factor(key[0])
+        return self._memo[key]
 
-    def _fit(self, v1: int, v2: int) -> Poly:
-        if v1 == v2:
-            return Poly.const(v1)
+    def _factor(self, v: int) -> Poly:
         for off in (0, -1, 1):
-            a, b = v1 - off, v2 - off
-            for mono, m1, m2 in self.monos:
-                if a % m1 == 0 and b % m2 == 0 and a // m1 == b // m2 and a // m1 > 0:
-                    return mono * (a // m1) + off
+            a = v - off
+            if a <= 0:
+                continue
+            k = a
+            mono = Poly.const(1)
+            for name in self.symbols:
+                p = self.p1[name]
+                while k % p == 0:
+                    k //= p
+                    mono = mono * sym(name)
+            if not mono.is_const():
+                return mono * k + off
+        return Poly.const(v)
+
+    def _fit(self, vals: tuple[int, ...]) -> Poly:
+        if len(set(vals)) == 1:
+            return Poly.const(vals[0])
+        for off in (0, -1, 1):
+            shifted = [v - off for v in vals]
+            for mono, ms in self.monos:
+                ks = {a // m if a % m == 0 else -1 for a, m in zip(shifted, ms, strict=True)}
+                if len(ks) == 1 and (k := ks.pop()) > 0:
+                    return mono * k + off
         raise PassError(
-            f"frontend: cannot express a traced dimension as a monomial in b, s, c: it is {v1} "
-            f"at {dict(self.p1)} and {v2} at {dict(self.p2)}"
+            f"frontend: cannot express a traced dimension as a monomial in {self.symbols}: "
+            f"values {vals} at points {list(self.points)}"
         )

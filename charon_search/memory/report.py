@@ -295,7 +295,11 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             # Gathered weights of the unit computing plus those prefetched, and the unsharded
             # gradient of one unit before its reduce-scatter.
             buffers += unit_max * recipe.gathered_param_bytes * (1 + prefetch)
-            buffers += unit_max * recipe.gathered_param_bytes
+            buffers += unit_max * (recipe.gathered_param_bytes + recipe.reduce_buffer_bytes)
+        elif layout.zero_stage == 2 and recipe.fsdp and dense_shards > 1:
+            # Weights stay gathered (counted in params); one unit's gradients still pass
+            # through the reduce-scatter buffer.
+            buffers += unit_max * recipe.reduce_buffer_bytes
         elif layout.zero_stage <= 1 and layout.dp > 1:
             buffers += opts.ddp_bucket_bytes
 

@@ -45,6 +45,11 @@ class StateRecipe:
     """Optimizer states: fp32 master + Adam m + v = 4 + 4 + 4."""
     gathered_param_bytes: float = 2.0
     """ZeRO-3/FSDP: bytes of one all-gathered (unsharded) parameter in flight."""
+    reduce_buffer_bytes: float = 0.0
+    """Bytes per parameter of the reduce-scatter input buffer of one unit when gradients are
+    reduced in another dtype (FSDP2 ``reduce_dtype=float32`` copies the unit's bf16 gradients
+    into an fp32 buffer: ``foreach_reduce`` in ``torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py``)."""
     fsdp: bool = False
     """PyTorch FSDP semantics: ``param_bytes`` is the sharded storage (sharded from stage 2 on),
     and stage 2 (no reshard after forward) also holds every gathered ``gathered_param_bytes``
@@ -60,7 +65,8 @@ class StateRecipe:
 STATE_RECIPES: dict[str, StateRecipe] = {
     "mixed": StateRecipe(),
     "megatron": StateRecipe(grad_bytes=4.0),
-    "fsdp2": StateRecipe(param_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, fsdp=True),
+    "fsdp2": StateRecipe(param_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
+                         reduce_buffer_bytes=4.0, fsdp=True),
     "sgd": StateRecipe(optimizer_bytes=8.0),
 }
 

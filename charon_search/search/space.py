@@ -48,7 +48,7 @@ __all__ = ["PARAM_TYPES", "Param", "SearchSpace", "load_space"]
 
 PARAM_TYPES = ("categorical", "int", "log_int")
 _SPACE_KEYS = ("name", "description", "evaluator", "fixed", "params", "derived", "normalize",
-               "constraints", "family", "source")
+               "constraints", "family", "source", "example")
 _PARAM_KEYS: dict[str, tuple[str, ...]] = {
     "categorical": ("type", "choices"),
     "int": ("type", "low", "high", "step"),
@@ -150,6 +150,8 @@ class SearchSpace:
     """Config keys whose values name a point's "family" (plot colour)."""
     description: str = ""
     source: str = ""
+    example: Mapping[str, Any] = field(default_factory=dict)
+    """A valid parameter point (e.g. a published layout); smoke tests evaluate it."""
     path: str = ""
     """File the space was loaded from (for messages)."""
 
@@ -266,11 +268,21 @@ class SearchSpace:
                 raise ConfigError(
                     f"{path}: field `family` names unknown key {f!r}; allowed: {sorted(known)}"
                 )
+        example = dict(data.get("example") or {})
+        if example:
+            names = {p.name: p for p in params}
+            if set(example) != set(names):
+                raise ConfigError(f"{path}: field `example` must set exactly the params "
+                                  f"{sorted(names)}, but got {sorted(example)}")
+            for k, v in example.items():
+                if v not in names[k].values():
+                    raise ConfigError(f"{path}: field `example.{k}` must be one of "
+                                      f"{list(names[k].values())}, but got {v!r}")
         return cls(
             name=str(data["name"]), evaluator=evaluator, params=params, fixed=fixed,
             derived=derived, normalize=normalize, constraints=constraints, family=family,
             description=str(data.get("description", "")), source=str(data.get("source", "")),
-            path=path,
+            example=example, path=path,
         )
 
 

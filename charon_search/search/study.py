@@ -115,6 +115,9 @@ class SearchOptions:
     flush_every: int = 64
     flush_interval_s: float = 2.0
     html: bool = True
+    max_evaluations: int | None = None
+    """Stop once this many configs were simulated in this invocation (budget by simulations;
+    invalid points and memo hits are free); None = only ``trials`` limits."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,8 +330,13 @@ class _Loop:
             progress: _Progress) -> None:
         in_flight: dict[tuple, list[tuple[Any, dict[str, Any]]]] = {}
         asked = done
+        budget = self.options.max_evaluations
+
+        def can_submit() -> bool:
+            return budget is None or self.num_evaluations + executor.pending() < budget
+
         while done < target:
-            while asked < target and executor.pending() < executor.capacity:
+            while asked < target and executor.pending() < executor.capacity and can_submit():
                 if grid_queue:
                     self.mem.enqueue_trial(self.space.optuna_params(grid_queue.pop(0)))
                 trial = self.mem.ask()
@@ -354,6 +362,8 @@ class _Loop:
                 in_flight[key] = [(trial, cfg)]
                 executor.submit(key, self.space.evaluator, cfg)
             if executor.pending() == 0:
+                if not can_submit():
+                    break  # simulation budget spent
                 if asked >= target and done < target:  # pragma: no cover - invariant
                     raise RuntimeError(f"search loop stalled at {done}/{target} trials")
                 continue

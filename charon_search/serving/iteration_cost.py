@@ -10,9 +10,10 @@ An iteration runs prefill chunks (``q`` new tokens over ``kv`` context each) and
   linear in total KV bytes, so batch ``n`` at the mean equals the sum);
 * the LM head runs only on the positions that sample a token.
 
-Every piece is memoized on a geometric grid (8 points per octave) and interpolated in between,
-so a 10,000-request simulation costs a few hundred graph evaluations. The engine adds CUDA-graph padding, host launch
-cost of eager iterations and the per-iteration CPU overhead.
+Every piece is memoized on a geometric grid (8 points per octave; 4 for the 2-D prefill
+attention) and interpolated in between, so a 10,000-request simulation costs a few hundred
+graph evaluations. The engine adds CUDA-graph padding, host launch cost of eager iterations and
+the per-iteration CPU overhead.
 """
 
 from __future__ import annotations
@@ -44,17 +45,18 @@ PrefillChunks = Sequence[tuple[int, int]]
 """``(q_len, kv_len)`` of each prefill chunk in the batch (kv_len includes the chunk)."""
 
 
-def grid_point(x: float) -> tuple[int, int, float]:
+def grid_point(x: float, shift: int = 4) -> tuple[int, int, float]:
     """Neighbours of ``x`` on the memo grid and the interpolation weight of the upper one.
 
-    The grid is every integer up to 32, then 8 points per octave (spacing <= 12.5 %), so a
-    10,000-request run evaluates each graph at a few hundred points; costs in between are
-    interpolated linearly (costs are smooth in token counts away from tiny sizes).
+    The grid is every integer up to 32, then ``2**(shift-1)`` points per octave (8 by default:
+    spacing <= 12.5 %), so a 10,000-request run evaluates each graph at a few hundred points;
+    costs in between are interpolated linearly (costs are smooth in token counts away from
+    tiny sizes).
     """
     if x <= 32:
         n = max(1, math.ceil(x))
         return n, n, 0.0
-    step = 1 << (int(x).bit_length() - 4)
+    step = 1 << (int(x).bit_length() - shift)
     lo = int(x // step) * step
     if lo == x:
         return lo, lo, 0.0
@@ -67,9 +69,9 @@ def bucket(x: float) -> int:
     return hi if w else lo
 
 
-def _bilinear(f: Callable[[int, int], float], x: float, y: float) -> float:
-    x0, x1, wx = grid_point(x)
-    y0, y1, wy = grid_point(y)
+def _bilinear(f: Callable[[int, int], float], x: float, y: float, shift: int = 4) -> float:
+    x0, x1, wx = grid_point(x, shift)
+    y0, y1, wy = grid_point(y, shift)
     v = f(x0, y0)
     if wx == 0.0 and wy == 0.0:
         return v
@@ -295,6 +297,7 @@ class GraphIterationCostModel(IterationCostModel):
         self._memo_prefill_attn: dict[tuple[int, int], float] = {}
         self._memo_decode_attn: dict[tuple[int, int, int], float] = {}
         self._memo_mtp: dict[int, float] = {}
+        self._memo_token_linear: dict[tuple[int, int], float] = {}
 
     def _count(self, name: str) -> int:
         if not self.model.layer_types:
@@ -366,7 +369,8 @@ class GraphIterationCostModel(IterationCostModel):
         return hit
 
     def prefill_attention_s(self, q_len: int, kv_len: int) -> float:
-        return _bilinear(self._prefill_attn_at, q_len, max(kv_len, q_len))
+        # 4 points per octave: causal attention work ~ q*kv - q^2/2 is nearly bilinear.
+        return _bilinear(self._prefill_attn_at, q_len, max(kv_len, q_len), shift=3)
 
     def _decode_attn_at(self, n: int, kv: int, q: int) -> float:
         key = (n, kv, q)
@@ -384,11 +388,24 @@ class GraphIterationCostModel(IterationCostModel):
         if self.dp_attention and self.tp > 1:
             num = -(-num // self.tp)  # each attention-DP rank holds 1/tp of the requests
             kv_sum = kv_sum / self.tp
-        return _bilinear(lambda n, kv: self._decode_attn_at(n, kv, q), num,
-                         max(1.0, kv_sum / num))
+        # Bilinear on the (batch, mean context) grid.
+        f = self._decode_attn_at
+        x0, x1, wx = grid_point(num)
+        y0, y1, wy = grid_point(max(1.0, kv_sum / num))
+        v0 = (1 - wy) * f(x0, y0, q) + wy * f(x0, y1, q) if wy else f(x0, y0, q)
+        if not wx:
+            return v0
+        v1 = (1 - wy) * f(x1, y0, q) + wy * f(x1, y1, q) if wy else f(x1, y0, q)
+        return (1 - wx) * v0 + wx * v1
 
     def token_linear_s(self, tokens: int, rows: int) -> float:
-        return self.linear_s(tokens) + self.head_s(rows)
+        key = (tokens, rows)
+        hit = self._memo_token_linear.get(key)
+        if hit is None:
+            hit = self.linear_s(tokens) + self.head_s(rows)
+            if len(self._memo_token_linear) < 200_000:
+                self._memo_token_linear[key] = hit
+        return hit
 
     def mtp_step_s(self, num_decode: int, decode_kv_sum: float) -> float:
         """One MTP head: one decoder layer of the last block type plus the LM head."""

@@ -56,7 +56,8 @@ class StepReport:
     stage_busy_s: tuple[float, ...]
     """Per pipeline rank: sum of its unit durations (compute + exposed comm + slowdown)."""
     micro_batches_in_flight: tuple[int, ...]
-    """Per pipeline rank: peak forwards without their backward yet (activation memory)."""
+    """Per pipeline rank: peak forward units (micro-batch x chunk) whose backward has not run
+    yet; with interleaving each unit holds one chunk's activations (activation memory)."""
     num_micro_batches: int
     cost_sources: Mapping[str, float]
     """Share of the step's operator time costed by each source (profile/predictor/...)."""

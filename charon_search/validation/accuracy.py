@@ -106,6 +106,9 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
     lines += ["## Per source", "", _md_table(header, summary_table_rows(s, "by_source")), ""]
     if s.get("by_gpu"):
         lines += ["## Per GPU", "", _md_table(header, summary_table_rows(s, "by_gpu")), ""]
+    if s.get("by_model"):
+        lines += ["## Per model (expressibility and error)", "",
+                  _md_table(header, summary_table_rows(s, "by_model")), ""]
     if img_dir is not None and result.rows:
         plots = scatter_plots(result, img_dir)
         lines += ["## Predicted vs measured", ""]

@@ -33,7 +33,7 @@ def test_heldout_split_holds_out_whole_shapes(small_db):
 def test_predictor_beats_roofline_on_heldout_shapes(small_db, kind, family):
     rows = P.heldout_evaluation(small_db, gpus=[GPU], kinds=[kind], dtypes=["bf16"],
                                 hyperparams=SMALL_HP,
-                                max_train_rows=4000)
+                                max_train_rows=2500)
     row = next(r for r in rows if r["family"] == family and r["dtype"] == "bf16")
     assert row["num_heldout"] > 20
     # Roofline (cluster_specs GPU peaks x efficiency) misses small-shape and kernel effects.

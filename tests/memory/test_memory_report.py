@@ -139,3 +139,29 @@ def test_fits_wrapper_uses_report(monkeypatch, gpt3_profile) -> None:
     monkeypatch.setattr(mr, "model_profile", lambda spec, **kw: gpt3_profile)
     ok, reason = fits(gpt_spec(), Layout(seq_len=S), toy_cluster())
     assert not ok and reason.startswith("stage 0 needs ")
+
+
+def test_interleaved_and_dualpipe_in_report(gpt3_profile) -> None:
+    kw = {"tp": 8, "pp": 4, "sequence_parallel": True, "recompute": "selective",
+          "micro_batch_size": 1, "global_batch_size": 16, "seq_len": S}
+    plain = memory_report(gpt_spec(), Layout(**kw, schedule="1f1b"), toy_cluster(),
+                          profile=gpt3_profile)
+    inter = memory_report(gpt_spec(), Layout(**kw, schedule="interleaved-1f1b", vpp=3),
+                          toy_cluster(), profile=gpt3_profile)
+    # Same layers per rank; stage 0 holds 15 chunks = p * (1 + (p-1)/(p*v)) = 5
+    # stage-equivalents instead of 4.
+    assert inter.stages[0].in_flight == 2 * 3 + 2 * 4 + 1
+    assert inter.stages[0].params_bytes == pytest.approx(plain.stages[0].params_bytes)
+    assert inter.stages[0].activations_bytes > plain.stages[0].activations_bytes
+    dual = memory_report(gpt_spec(), Layout(**kw, schedule="dualpipe"), toy_cluster(),
+                         profile=gpt3_profile)
+    assert dual.stages[1].params_bytes == pytest.approx(2 * plain.stages[1].params_bytes)
+    assert dual.stages[1].in_flight == 5
+
+
+def test_hsdp_shards_inside_groups(gpt3_profile) -> None:
+    kw = {"dp": 8, "zero_stage": 3, "micro_batch_size": 1, "global_batch_size": 8}
+    full = memory_report(gpt_spec(), Layout(**kw), toy_cluster(), profile=gpt3_profile)
+    hsdp = memory_report(gpt_spec(), Layout(**kw, hsdp_shard=2), toy_cluster(),
+                         profile=gpt3_profile)
+    assert hsdp.stages[0].optimizer_bytes == pytest.approx(4 * full.stages[0].optimizer_bytes)

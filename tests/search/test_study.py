@@ -191,3 +191,12 @@ def test_postgresql_storage_resume(toy_space, toy_objective):
         assert len({r["uid"] for r in res.rows}) == 25
     finally:
         optuna.delete_study(study_name=name, storage=url)
+
+
+def test_max_evaluations_budgets_simulations_not_trials(toy_space, toy_objective):
+    res = run_search(toy_space, toy_objective,
+                     SearchOptions(trials=10_000, workers=0, sampler="nsga2", seed=0,
+                                   max_evaluations=25))
+    assert res.num_evaluations == 25
+    assert sum(1 for r in res.rows if r["valid"] and not r["memo_hit"]) == 25
+    assert res.num_trials == 25 + res.num_invalid + res.num_memo_hits

@@ -124,6 +124,7 @@ def test_more_dp_overlap_and_zero3_run() -> None:
         assert r.step_time_s > 0 and 0 < r.mfu < 1
 
 
+@pytest.mark.slow
 def test_real_model_end_to_end_with_memory_and_trace(tmp_path) -> None:  # noqa: ANN001
     """debug-llama through the frontend, the fused cost model and the memory model."""
     rc = main(["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",

@@ -81,7 +81,7 @@ def test_write_only_touches_calibration_block(tmp_path):
 
 
 def test_accuracy_command(tmp_path, shipped_records):
-    recs = select_records(shipped_records, ids=IDS + ["palm_540b_6144_tpuv4"])
+    recs = select_records(shipped_records, ids=[*IDS, "palm_540b_6144_tpuv4"])
     res = run_validation(recs, simulate_training=fake_training)
     src = tmp_path / "v.json"
     src.write_text(json.dumps(res.to_json()))

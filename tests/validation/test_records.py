@@ -14,12 +14,13 @@ from charon_search.validation import data_dir, load_files, load_silicon_csv, par
 
 
 @functools.cache
-def _doc_text() -> str:
-    return (data_dir() / "published-dev.yaml").read_text()
+def _parsed():
+    text = (data_dir() / "published-dev.yaml").read_text()
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _doc():
-    return yaml.load(_doc_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return copy.deepcopy(_parsed())
 
 
 def test_shipped_counts(shipped_records):

@@ -12,7 +12,7 @@ from charon_search.validation.flops import hardware_flops_per_step
 
 SLICE = [
     "megatron_sc21_t1_1.7b", "korthikanti_t5_22b_seqsel", "torchtitan_202412_t1_8b_8gpu_fsdp",
-    "palm_540b_6144_tpuv4", "korthikanti_530b_2240gpu_mfu",
+    "palm_540b_6144_tpuv4", "mcore_h100_weak_1.7b",
     "trtllm_llama31_8b_h100_tp1_isl128_osl128", "deepseek_v3r1_prod_decode_per_node",
     "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_"
     "1024x128_c8_tp1_epnone_1",
@@ -95,9 +95,10 @@ def test_sc21_metrics_follow_convention(result, by_id):
 
 def test_assumptions_reported(result):
     _, res = result
-    case = res.cases["korthikanti_530b_2240gpu_mfu"]
+    case = res.cases["mcore_h100_weak_1.7b"]
     text = " ".join(case["assumptions"])
-    assert "training.global_batch_size" in text and "training.zero_stage" in text
+    assert "training.micro_batch_size" in text and "training.recompute" in text
+    assert "not in the catalog" in text  # mcore-gpt-1.7b built from the record's shape
     assert case["fully_specified"] is False
     assert res.cases["megatron_sc21_t1_1.7b"]["fully_specified"] is True
 
@@ -112,11 +113,13 @@ def test_serving_rows(result):
 
 def test_cli_json(tmp_path, capsys):
     out = tmp_path / "v.json"
-    rc = main(["validate", "--ids", "palm_540b_6144_tpuv4", "opt_175b_992_a100", "--json",
+    rc = main(["validate", "--ids", "palm_540b_6144_tpuv4", "mcore_h100_strong_gpt3_177b_96gpu",
+               "--json",
                str(out), "--quiet", "--html", str(tmp_path / "v.html")])
     assert rc == 0
     data = json.loads(out.read_text())
-    assert {s["id"] for s in data["skipped"]} == {"palm_540b_6144_tpuv4", "opt_175b_992_a100"}
+    assert {s["id"] for s in data["skipped"]} == {"palm_540b_6144_tpuv4",
+                                                  "mcore_h100_strong_gpt3_177b_96gpu"}
     assert data["summary"]["totals"] == {"records": 2, "expressed": 0, "skipped": 2,
                                          "predicted_metrics": 0}
     assert "not expressed: 2 records" in capsys.readouterr().out
