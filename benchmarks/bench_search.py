@@ -112,7 +112,7 @@ def main() -> None:
     trials_used: dict[int, list[int]] = {p: [] for p in budget}
     for seed in range(args.seeds):
         res = run_search(space, objective, SearchOptions(
-            trials=20 * n_valid, workers=0, sampler=args.sampler, seed=seed,
+            trials=3 * n_valid, workers=0, sampler=args.sampler, seed=seed,
             max_evaluations=budget[50]), evaluator=TableEvaluator(_strip(table)))
         rows = sorted(res.rows, key=lambda r: r["trial_number"])
         evaluated = [r for r in rows if r.get("valid") and not r.get("memo_hit")]

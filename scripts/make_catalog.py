@@ -46,8 +46,8 @@ _DROP_KEYS = ("quantization_config", "auto_map", "transformers_version")
 
 LLAMA2 = {
     # Published HF config.json of meta-llama/Llama-2-7b-hf and Llama-2-70b-hf
-    # (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json, Llama 2 Community
-    # License; the architecture numbers are also in Touvron et al. 2023, arXiv:2307.09288, Table 1).
+    # (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json, Llama 2
+    # Community License; the shapes are also in Touvron et al. 2023, arXiv:2307.09288, Table 1).
     "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=32,
                        max_position_embeddings=4096),
@@ -98,7 +98,7 @@ DEBUG = {
         "mlp_only_layers": [0], "norm_topk_prob": True, "hidden_act": "silu",
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "attention_bias": False, "output_router_logits": False,
-        "_charon_source": "tiny Qwen3-MoE for tests (layer 0 dense, layer 1 MoE); not a real model",
+        "_charon_source": "tiny Qwen3-MoE for tests (layer 0 dense, layer 1 MoE); not real",
     },
 }
 
@@ -120,7 +120,8 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": layers,
         "n_embd": hidden, "n_head": heads, "n_inner": 4 * hidden, "n_positions": seq,
-        "vocab_size": vocab, "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5,
+        "vocab_size": vocab, "activation_function": "gelu_pytorch_tanh",
+        "layer_norm_epsilon": 1e-5,
         "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": True,
         "_charon_source": source,
     }

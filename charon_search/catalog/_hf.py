@@ -91,7 +91,7 @@ def build_reduced_model(
     for k, v in list(cfg.items()):
         if isinstance(v, list) and len(v) == n_orig and k != "architectures":
             cfg[k] = v[:n_build]
-    if "mlp_only_layers" in cfg and cfg["mlp_only_layers"]:
+    if cfg.get("mlp_only_layers"):
         cfg["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < n_build]
     cfg[n_key] = n_build
     hf = hf_config_object(spec.name, {**cfg, "model_type": spec.model_type})
@@ -127,7 +127,7 @@ def build_reduced_model(
     text_cfg = model.config
     setattr(text_cfg, n_key if hasattr(text_cfg, n_key) else "num_hidden_layers", len(kept))
     if isinstance(getattr(text_cfg, "layer_types", None), list):
-        orig_lt = list(getattr(text_cfg, "layer_types"))
+        orig_lt = list(text_cfg.layer_types)
         text_cfg.layer_types = [orig_lt[i] for i in reps]
     return ReducedModel(model, path, tuple(types[i] for i in reps), tuple(reps))
 

@@ -131,7 +131,8 @@ def spec_from_config(
     name: str, cfg: Mapping[str, Any], *, count_params: bool = True
 ) -> ModelSpec:
     """Build a ``ModelSpec`` from a raw HF ``config.json`` dict."""
-    from charon_search.catalog._hf import count_params as _count, hf_config_object
+    from charon_search.catalog._hf import count_params as _count
+    from charon_search.catalog._hf import hf_config_object
 
     cfg = dict(cfg)
     hf = hf_config_object(name, cfg)

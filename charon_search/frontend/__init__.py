@@ -200,7 +200,7 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
         rm = build_reduced_model(spec, attn_impl="eager")
         used_impl = "eager"
     rm.model.to(getattr(torch, DTYPES[dtype]))
-    points = trace_points(phase, num_points)
+    points = trace_points(phase, num_points, spec.hf_config)
     caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"]) for p in points)
     conv = Converter(spec, phase, caps, points, rm.layers_path, rm.layer_type_of)
     conv.run()

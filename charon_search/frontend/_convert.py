@@ -14,14 +14,11 @@ from charon_search.frontend._symbolic import DimFitter
 from charon_search.frontend._trace import NN_MODULE_STACK, Capture
 from charon_search.ir import (
     DTYPE_BYTES,
-    Node,
-    OpGraph,
     OpKind,
     Phase,
     Poly,
     Role,
     TensorSpec,
-    TracedBlock,
     poly_params,
     sym,
 )
@@ -282,6 +279,12 @@ class Converter:
                 self.alias[key] = self.resolve((g, parent.name))
             elif _is_tensor(v1):
                 tid = self.new_tensor(key, self.vals(g, a))
+                if pbase == "_scaled_dot_product_efficient_attention" and a.args[1] == 1:
+                    # Its logsumexp is padded to a multiple of 32 rows: call it q_len.
+                    q_len = self.shape(self.vals(g, parent.args[0]))[2]
+                    spec = self.tensors[tid]
+                    self.tensors[tid] = TensorSpec(id=tid, shape=(*spec.shape[:-1], q_len),
+                                                   dtype=spec.dtype)
                 owner = self._op_by_key.get((g, parent.name))
                 if owner is not None:
                     owner.outputs.append(tid)

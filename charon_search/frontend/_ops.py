@@ -59,7 +59,7 @@ EMBEDDING_OPS = frozenset({"embedding", "embedding_dense_backward", "embedding_b
 ROUTING_OPS = frozenset({
     "topk", "sort", "argsort", "histc", "bincount", "cumsum", "scatter", "scatter_add",
     "scatter_reduce", "gather", "index_add", "one_hot", "nonzero", "unique", "index_put",
-    "masked_scatter", "_unique2", "searchsorted", "one_hot",
+    "masked_scatter", "_unique2", "searchsorted",
 })
 COPY_OPS = frozenset({
     "clone", "cat", "index", "_unsafe_index", "index_select", "contiguous", "copy",

@@ -1,14 +1,15 @@
 """Recover symbolic dimensions from concrete traces.
 
-The frontend traces once, at a point where ``b``, ``s`` and ``c`` are large primes (10007, 10009,
-10037) that no model dimension is a multiple of. Every traced dim ``v`` then factors uniquely as
-``k * b^i * s^j * c^l`` (``k`` free of those primes), or, failing that, ``v -/+ 1`` does (shapes
-like ``s + 1`` from label padding, ``c - 1`` for a KV cache). FakeTensors never allocate, so the
-large sizes cost nothing.
+The frontend traces once, at a point where ``b``, ``s`` (and ``c`` for decode) are primes that
+divide no integer of the model's config. A dimension of a traced tensor is a product/quotient
+of config integers and the symbols (or such a term plus/minus one: label padding ``s + 1``, a KV
+cache of ``c - 1`` tokens), so it factors uniquely as ``k * b^i * s^j * c^l [± 1]`` with ``k``
+free of those primes. ``s`` and ``c`` stay small (below 128) so models with a position limit
+(ALiBi tables, learned positions, sliding windows) trace unchanged; ``b`` is large (FakeTensors
+never allocate).
 
 ``DimFitter`` also accepts two points (each symbol a different prime at each point) and then
-requires the same monomial to fit both, which is the check used in tests to validate the
-single-point factorisation.
+requires the same monomial to fit both; tests use it to validate the single-point factorisation.
 """
 
 from __future__ import annotations
@@ -22,16 +23,55 @@ from charon_search.ir import Poly, sym
 __all__ = ["DimFitter", "trace_points"]
 
 
-#: Point values: primes no model dimension is a multiple of (checked for the whole catalog).
-_B, _S, _C = 10007, 10009, 10037
+_B_PRIMES = (10007, 10009, 10037, 10039, 10061)
+_S_PRIMES = (97, 89, 83, 79, 73, 71, 67, 61, 59, 53)
+_C_PRIMES = (113, 109, 107, 103, 101)
 
 
-def trace_points(phase: str, n: int = 1) -> tuple[dict[str, int], ...]:
+def _config_ints(obj: object, out: set[int]) -> set[int]:
+    if isinstance(obj, bool):
+        return out
+    if isinstance(obj, int):
+        out.add(abs(obj))
+    elif isinstance(obj, float) and obj.is_integer():
+        out.add(abs(int(obj)))
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            _config_ints(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _config_ints(v, out)
+    return out
+
+
+def _pick(candidates: tuple[int, ...], ints: set[int], taken: set[int]) -> int:
+    # Constants a shape can hold besides the config's own integers: quotients (head_dim =
+    # hidden / heads) and sums (MLA's nope + rope head dim). None may sit next to the prime.
+    small = {v for v in ints if 0 < v < 1 << 40}
+    derived = set(small)
+    for v in small:
+        for w in small:
+            if w and v % w == 0:
+                derived.add(v // w)
+            derived.add(v + w)
+    for p in candidates:
+        if p not in taken and not any(v >= p and v % p == 0 for v in ints) and not (
+            {p - 1, p + 1} & derived
+        ):
+            return p
+    raise PassError(f"frontend: every trace prime in {candidates} divides a config integer")
+
+
+def trace_points(phase: str, n: int = 1, config: Mapping[str, object] | None = None
+                 ) -> tuple[dict[str, int], ...]:
     """The concrete point(s) a phase is traced at (decode: one query token, ``c`` keys)."""
     if n == 1:
+        ints = _config_ints(config or {}, set())
+        b = _pick(_B_PRIMES, ints, set())
         if phase == "decode":
-            return ({"b": _B, "s": 1, "c": _C},)
-        return ({"b": _B, "s": _S, "c": _S},)
+            return ({"b": b, "s": 1, "c": _pick(_C_PRIMES, ints, {b})},)
+        s = _pick(_S_PRIMES, ints, {b})
+        return ({"b": b, "s": s, "c": s},)
     if phase == "decode":
         return {"b": 3, "s": 1, "c": 13}, {"b": 5, "s": 1, "c": 17}
     return {"b": 3, "s": 13, "c": 13}, {"b": 5, "s": 17, "c": 17}
@@ -65,19 +105,21 @@ class DimFitter:
         return self._memo[key]
 
     def _factor(self, v: int) -> Poly:
-        for off in (0, -1, 1):
-            a = v - off
-            if a <= 0:
-                continue
-            k = a
-            mono = Poly.const(1)
-            for name in self.symbols:
-                p = self.p1[name]
-                while k % p == 0:
-                    k //= p
-                    mono = mono * sym(name)
-            if not mono.is_const():
-                return mono * k + off
+        k = v
+        mono = Poly.const(1)
+        for name in self.symbols:
+            p = self.p1[name]
+            while k % p == 0:
+                k //= p
+                mono = mono * sym(name)
+        if not mono.is_const():
+            return mono * k
+        # Off-by-one shapes are only ever the bare symbol: ``s + 1`` (label padding) or
+        # ``c - 1`` (the KV cache before this step's token).
+        for name in self.symbols:
+            p = self.p1[name]
+            if p > 1 and v in (p - 1, p + 1):
+                return sym(name) + (v - p)
         return Poly.const(v)
 
     def _fit(self, vals: tuple[int, ...]) -> Poly:

@@ -57,6 +57,9 @@ class FullyShardedPass(Pass):
                         nbytes=lp.numel * DTYPE_BYTES[ctx.grad_reduce_dtype],
                         reads=tuple(grads), like=None, phase=Phase.BACKWARD,
                         name="fsdp_reduce_scatter", rewire=False, tags=("fsdp",))
+            # FSDP2 reduce-scatters on its own stream, so the next layer's all-gather
+            # (prefetch) does not queue behind this layer's gradients.
+            gb.nodes[-1] = gb.nodes[-1].replace(stream="comm_dp_rs")
         return PassResult(gb.finish(), True)
 
 

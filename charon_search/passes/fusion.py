@@ -33,7 +33,7 @@ FP8_ROLES = frozenset({Role.ATTN_QKV, Role.ATTN_OUT, Role.MLP_IN, Role.MLP_OUT,
                        Role.MOE_SHARED, Role.MOE_EXPERT})
 
 
-def _runs(graph: OpGraph, key) -> list[tuple[int, int]]:  # noqa: ANN001
+def _runs(graph: OpGraph, key) -> list[tuple[int, int]]:
     """Maximal index ranges ``[i, j)`` of consecutive nodes with equal non-None ``key``."""
     out, i, n = [], 0, len(graph.nodes)
     while i < n:

@@ -226,8 +226,9 @@ class ServingSimulation:
 
     # ------------------------------------------------------------------ run
     def run(self, requests: Sequence[RequestSpec], *, closed_loop_concurrency: int = 0,
-            progress: bool = False) -> list[Request]:
-        """Simulate ``requests``; closed loop keeps ``closed_loop_concurrency`` in flight."""
+            ramp_up_s: float = 0.0, progress: bool = False) -> list[Request]:
+        """Simulate ``requests``; closed loop keeps ``closed_loop_concurrency`` in flight
+        (a finished request's client issues the next one after its ``think_time_s``)."""
         reqs: list[Request] = []
         pending = iter(requests)
         bar = None
@@ -239,11 +240,13 @@ class ServingSimulation:
         def issue(now_s: float) -> None:
             spec = next(pending, None)
             if spec is not None:
-                self._push(now_s, 0, _ARRIVE, spec)
+                self._push(now_s + spec.think_time_s, 0, _ARRIVE, spec)
 
         if closed_loop_concurrency:
-            for _ in range(min(closed_loop_concurrency, len(requests))):
-                issue(0.0)
+            first = min(closed_loop_concurrency, len(requests))
+            for i in range(first):
+                spec = next(pending)
+                self._push(ramp_up_s * i / first, 0, _ARRIVE, spec)
             self._on_finish_hook = issue
         else:
             for spec in requests:
@@ -439,9 +442,11 @@ def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
     if isinstance(workload, dict):
         workload = WorkloadSpec.from_dict(workload)
     closed = 0
+    ramp = 0.0
     if isinstance(workload, WorkloadSpec):
         requests = workload.generate(rng)
         closed = workload.concurrency if workload.closed_loop else 0
+        ramp = workload.ramp_up_s
     else:
         requests = list(workload)
     if not requests:
@@ -449,7 +454,7 @@ def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
     _check_parallel(spec_model, cfg)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
                             record_iterations=chrome_trace is not None)
-    reqs = sim.run(requests, closed_loop_concurrency=closed, progress=progress)
+    reqs = sim.run(requests, closed_loop_concurrency=closed, ramp_up_s=ramp, progress=progress)
     report = sim.report(reqs, num_requests=len(requests), closed_loop=bool(closed),
                         keep_requests=keep_requests)
     if chrome_trace is not None:

@@ -44,6 +44,8 @@ class RequestSpec:
     prefix_id: int = -1
     """Requests with the same id share their first ``prefix_tokens`` prompt tokens; -1 = none."""
     prefix_tokens: int = 0
+    think_time_s: float = 0.0
+    """Closed loop: the client's pause between its previous request finishing and this one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +126,10 @@ class WorkloadSpec:
     cv: float = 1.0
     """Coefficient of variation of inter-arrival gaps (gamma; 1.0 = Poisson)."""
     concurrency: int = 1
+    think_time_s: float = 0.0
+    """Closed loop: mean of an exponential client pause before issuing the next request."""
+    ramp_up_s: float = 0.0
+    """Closed loop: the first ``concurrency`` requests start spread evenly over this time."""
     num_requests: int = 100
     input_len: LengthDistribution = LengthDistribution(value=1024)
     output_len: LengthDistribution = LengthDistribution(value=128)
@@ -150,6 +156,9 @@ class WorkloadSpec:
             raise ConfigError(f"`num_requests >= 1` must hold, but got {self.num_requests}")
         if self.arrival == "trace" and not self.trace_path:
             raise ConfigError("workload arrival 'trace' needs `trace_path`")
+        if self.think_time_s < 0 or self.ramp_up_s < 0:
+            raise ConfigError(f"`think_time_s >= 0` and `ramp_up_s >= 0` must hold, but got "
+                              f"({self.think_time_s=}, {self.ramp_up_s=})")
         if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:
             raise ConfigError("`shared_prefix_tokens >= 0` and `num_prefixes >= 1` must hold")
 
@@ -178,6 +187,8 @@ class WorkloadSpec:
             arrivals = np.full(n, np.nan)
         prompts = self.input_len.sample(n, rng)
         outputs = self.output_len.sample(n, rng)
+        think = (rng.exponential(self.think_time_s, size=n) if self.closed_loop
+                 and self.think_time_s > 0 else np.zeros(n))
         out = []
         for i in range(n):
             pid, ptok = -1, 0
@@ -186,7 +197,8 @@ class WorkloadSpec:
                 ptok = min(self.shared_prefix_tokens, int(prompts[i]))
             out.append(RequestSpec(request_id=i, arrived_at_s=float(arrivals[i]),
                                    prompt_tokens=int(prompts[i]), output_tokens=int(outputs[i]),
-                                   prefix_id=pid, prefix_tokens=ptok))
+                                   prefix_id=pid, prefix_tokens=ptok,
+                                   think_time_s=float(think[i])))
         return out
 
     def replace(self, **changes: Any) -> WorkloadSpec:

@@ -225,7 +225,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
                           f"({layout.num_gpus} > {cl.num_gpus} in {cl.name})")
     if traced is None:
         from charon_search.frontend import trace_model
-        traced = trace_model(spec, phase="train")
+        dtype = {"fp32": "fp32", "fp16": "fp16"}.get(layout.precision, "bf16")
+        traced = trace_model(spec, phase="train", dtype=dtype)
     if cost_model is None:
         from charon_search.cost.selector import default_cost_model
         cost_model = default_cost_model(cl)
@@ -237,19 +238,32 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     ctx = PassContext.from_layout(L)
     tkey = _traced_key(spec, traced)
     blocks = _parallel_blocks(traced, ctx, (tkey, ctx.key()))
+    # Megatron --recompute-num-layers: only that many layers per chunk use full recompute.
+    partial_rc = L.recompute == "full" and L.recompute_num_layers > 0
+    plain_ctx = ctx if not partial_rc else PassContext.from_layout(L, recompute="none")
+    plain_blocks = blocks if not partial_rc else _parallel_blocks(
+        traced, plain_ctx, (tkey, plain_ctx.key()))
     sizes = {"tp": L.tp, "cp": L.cp, "dp": L.dp, "pp": L.pp, "ep": L.ep}
     strides = axis_strides(L.rank_order, sizes)
     # Gradients of dense weights are reduced over the dp·cp ranks holding the same shard.
     strides["dpcp"] = min(strides["cp"], strides["dp"]) if L.cp > 1 else strides["dp"]
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent)
+    # Same-named clusters may differ (recalibrated copies): key on their content.
+    cl_key = (cl.name, cl.gpu.name, repr(cl.tiers), repr(cl.calibration))
     costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
+    plain_costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
     costed: dict[str, tuple[CostedGraph, CostedGraph | None]] = {}
-    for name, pb in blocks.items():
-        key = (tkey, ctx.key(), name, b, s, cl.name, cl.gpu.name, id(cost_model), tuple(
-            sorted(strides.items())), L.fsdp_prefetch)
-        fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key, cost_model)
-        costs[name], costed[name] = (fl, bl), (cf, cb)
+    for target, bset, c_ in ((costs, blocks, ctx), (plain_costs, plain_blocks, plain_ctx)):
+        if target is plain_costs and not partial_rc:
+            break
+        for name, pb in bset.items():
+            key = (tkey, c_.key(), name, b, s, cl_key, id(cost_model), tuple(
+                sorted(strides.items())), L.fsdp_prefetch)
+            fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key, cost_model)
+            target[name] = (fl, bl)
+            if target is costs:
+                costed[name] = (cf, cb)
 
     # ---------------------------------------------------------------- stage partition
     layer_types = tuple(spec.layer_types) or ("dense",) * spec.num_layers
@@ -280,12 +294,22 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         for name in stage_blocks[r][c]:
             counts[name] = counts.get(name, 0) + 1
         total = UnitCost()
+        quota = L.recompute_num_layers if partial_rc else None
         for name, n in counts.items():
             fl, bl = costs[name]
-            lc = fl if kind == "F" else bl
-            if lc is None:
+            if kind == "F":
+                total = total + fl.layers(n)
                 continue
-            total = total + lc.layers(n)
+            if bl is None:
+                continue
+            if quota is None or name in ("embedding", "lm_head"):
+                total = total + bl.layers(n)
+                continue
+            n_rc = min(n, quota)
+            quota -= n_rc
+            plain_bl = plain_costs[name][1]
+            total = total + bl.layers(n_rc) + (plain_bl.layers(n - n_rc) if plain_bl else
+                                                UnitCost())
         if split_w and kind in ("B", "W"):
             w = total.wgrad_s
             if kind == "W":

@@ -15,7 +15,10 @@ from typing import Any
 
 from charon_search.validation.report import format_pct, summary_table_rows
 from charon_search.validation.runner import ValidationResult
-from charon_search.validation.stats import METRIC_GROUPS, group_of
+from charon_search.validation.stats import METRIC_GROUPS, representative_rows
+
+#: Panels per kind in the scatter figure.
+MAX_PANELS = 6
 
 __all__ = ["render_accuracy", "scatter_plots"]
 
@@ -33,6 +36,7 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     img_dir.mkdir(parents=True, exist_ok=True)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -41,16 +45,19 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
         by_kind[kind].append(r)
     out = {}
     for kind, rows in sorted(by_kind.items()):
+        # One panel per metric (a record counted once per metric group), so every panel has
+        # one unit; the most populated metrics first.
         groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in rows:
-            g = group_of(r["metric"]) or "other"
-            if g in ("training_time",) and r["metric"] not in (
-                    "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s"):
-                g = "training_flop_rate"  # different units: plotted as their own series
-            groups[f"{g}"].append(r)
-        fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.2),
+        for r in representative_rows(rows):
+            groups[r["metric"]].append(r)
+        groups = dict(sorted(groups.items(), key=lambda kv: -len(kv[1]))[:MAX_PANELS])
+        ncols = min(3, len(groups))
+        nrows = -(-len(groups) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 4.0 * nrows),
                                  squeeze=False)
-        for ax, (g, grows) in zip(axes[0], sorted(groups.items())):
+        for ax in axes.flat[len(groups):]:
+            ax.set_visible(False)
+        for ax, (g, grows) in zip(axes.flat, groups.items()):
             xs = [r["measured"] for r in grows]
             ys = [r["predicted"] for r in grows]
             ax.scatter(xs, ys, s=10, alpha=0.6)
@@ -60,6 +67,8 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
                 ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("measured")
             ax.set_ylabel("predicted")
             ax.set_title(f"{kind}: {g} (n={len(grows)})", fontsize=9)
@@ -85,6 +94,28 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "error = (predicted − measured) / measured. Statistics count one metric per record and "
         "metric group (throughput, MFU and TFLOP/s of a record are one step time). "
         "*Fully specified*: confidence high/medium and no batch/schedule/layout field assumed.",
+        "", "## Method", "",
+        "- Records: `charon_search/data/validation/published-dev.yaml` (published training and "
+        "serving measurements, SCHEMA.md/SOURCES.md) and `silicon_sample.csv` (3131 measured "
+        "serving points of aiconfigurator-core 0.12.0, Apache-2.0).",
+        "- Names: HF ids map to catalog models (`names.yaml`, then the catalog's aliases); GPU "
+        "keys to GPU specs; the cluster of each record is chosen by GPU, kind, interconnect and "
+        "GPU count and printed per record (`cases.<id>.cluster` in the JSON).",
+        "- Training: the record's layout becomes a `Layout`; `null` fields are filled with a "
+        "stated assumption. Throughput, TFLOP/s and MFU/HFU are all derived from the predicted "
+        "step time with the record's `flop_convention` (SC21, Korthikanti 2022, Megatron-Core, "
+        "llm-foundry, Llama 3, PaLM closed forms in `validation/flops.py`), so FLOPs are counted "
+        "the way the source counted them. Memory metrics come from the memory model "
+        "(`peak_memory_bytes` = peak reserved).",
+        "- Serving (silicon rows): closed loop with concurrency = the row's client concurrency, "
+        "fixed ISL/OSL, 3 x concurrency requests (16..1024); the first concurrency requests "
+        "(warm-up wave) are left out of the mean TTFT/TPOT. Disaggregated rows use the row's "
+        "prefill/decode pools. Published TRT-LLM rows: 1024 requests at t = 0 (offline "
+        "throughput).",
+        "- Calibration: `charon-search calibrate` fits only unpublished physical parameters, "
+        "shared by all clusters, on development records, and reports leave-one-source-out "
+        "train/test error. The numbers below are from the simulators as they are, without "
+        "calibration.",
         "", "## Summary against the targets", "",
     ]
     rows = []

@@ -58,11 +58,18 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
     """Per-record table, skipped records with reasons, and the summary tables."""
     parts = []
     rows = [[r["id"], r["metric"], _num(r["measured"]), _num(r["predicted"]),
-             format_pct(r["error"], signed=True)] for r in result.rows]
+             format_pct(r["error"], signed=True),
+             str(result.cases.get(r["id"], {}).get("cluster", ""))] for r in result.rows]
     shown = rows if max_rows is None else rows[:max_rows]
-    parts.append(_table(["id", "metric", "measured", "predicted", "error"], shown))
+    parts.append(_table(["id", "metric", "measured", "predicted", "error", "cluster"], shown))
     if len(shown) < len(rows):
         parts.append(f"... {len(rows) - len(shown)} more rows (use --json for all)")
+    assumed = [(rid, c["assumptions"]) for rid, c in result.cases.items()
+               if c.get("assumptions") and c.get("origin") == "published" and not c.get("skipped")]
+    if assumed:
+        parts.append("\nassumptions (published records; silicon rows: see --json)")
+        for rid, notes in assumed:
+            parts.append(f"  {rid}: " + "; ".join(notes))
     if result.skipped:
         reasons = Counter(s["reason"] for s in result.skipped)
         parts.append(f"\nnot expressed: {len(result.skipped)} records")

@@ -42,7 +42,7 @@ def test_hf_ids_resolve_to_catalog_names(alias: str, name: str) -> None:
 
 
 def test_unknown_name_lists_close_matches() -> None:
-    with pytest.raises(ConfigError, match="llama-3.1-8b"):
+    with pytest.raises(ConfigError, match=r"llama-3\.1-8b"):
         load_model("llama-3.1-8")
 
 

@@ -164,7 +164,7 @@ def test_eager_attention_is_unfused() -> None:
     kinds = [n.kind for n in fwd.nodes if n.role == Role.ATTN_CORE]
     assert OpKind.ATTENTION not in kinds
     assert kinds.count(OpKind.BATCHED_GEMM) == 2 and OpKind.SOFTMAX in kinds
-    scores = [n for n in fwd.nodes if n.kind == OpKind.SOFTMAX][0]
+    scores = next(n for n in fwd.nodes if n.kind == OpKind.SOFTMAX)
     assert scores.params["cols"] == sym("s")
     assert tm.blocks["dense"].saved_bytes().degree("s") == 2  # the s×s probabilities
 
@@ -196,11 +196,26 @@ def test_bad_arguments() -> None:
 
 
 def test_dim_fitter() -> None:
-    fit = DimFitter({"b": 3, "s": 13, "c": 13}, {"b": 5, "s": 17, "c": 17}, ("b", "s"))
-    b, s = sym("b"), sym("s")
-    assert fit.fit(64, 64) == Poly.const(64)
-    assert fit.fit(3 * 13, 5 * 17) == b * s
-    assert fit.fit(4 * 3 * 13 * 13, 4 * 5 * 17 * 17) == 4 * b * s * s
-    assert fit.fit(14, 18) == s + 1
+    b, s, c = sym("b"), sym("s"), sym("c")
+    two = DimFitter(({"b": 3, "s": 13, "c": 13}, {"b": 5, "s": 17, "c": 17}), ("b", "s"))
+    assert two.fit(64, 64) == Poly.const(64)
+    assert two.fit(3 * 13, 5 * 17) == b * s
+    assert two.fit(4 * 3 * 13 * 13, 4 * 5 * 17 * 17) == 4 * b * s * s
+    assert two.fit(14, 18) == s + 1
     with pytest.raises(PassError):
-        fit.fit(10, 11)
+        two.fit(10, 11)
+    # One point at primes that divide no model constant: factorisation.
+    one = DimFitter(({"b": 10007, "s": 1, "c": 113},), ("b", "c"))
+    assert one.fit(128256) == Poly.const(128256)
+    assert one.fit(8 * 10007) == 8 * b
+    assert one.fit(112) == c - 1
+    assert one.fit(32 * 10007 * 113) == 32 * b * c
+
+
+def test_trace_points_avoid_config_factors() -> None:
+    from charon_search.frontend._symbolic import trace_points
+
+    (p,) = trace_points("train", 1, {"hidden_size": 97 * 64, "n": [89 * 3]})
+    assert p["s"] == 83 and p["c"] == 83 and p["b"] == 10007
+    (d,) = trace_points("decode", 1, {"vocab_size": 113 * 1000})
+    assert d["s"] == 1 and d["c"] == 109

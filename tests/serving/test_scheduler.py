@@ -202,3 +202,60 @@ def test_dynamic_sp_beats_fixed_sp_on_mixed_lengths(affine, cluster) -> None:
     assert dyn.ttft_s["mean"] < fixed.ttft_s["mean"]
     assert dyn.dynamic_sp_saved_s > 0 and fixed.dynamic_sp_saved_s == 0
     assert dyn.num_gpus == fixed.num_gpus == 2
+
+
+def test_goodput_slo_and_per_request_parquet(affine, cluster, tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    reqs = [req(i, 0.0, 1000, 10) for i in range(4)]
+    # All four prefill in one iteration (4000 tokens), so every TTFT is the same.
+    ttft = affine.iteration_s([(1000, 1000)] * 4, 0, 0.0) + OH
+    ok = simulate_serving("debug-llama", cluster, _cfg(slo_ttft_s=ttft * 1.01), reqs,
+                          cost_model=affine, keep_requests=True)
+    bad = simulate_serving("debug-llama", cluster, _cfg(slo_ttft_s=ttft * 0.99), reqs,
+                           cost_model=affine)
+    assert ok.slo_attainment == 1.0 and ok.goodput_requests_per_s == ok.requests_per_s
+    assert bad.slo_attainment == 0.0 and bad.goodput_requests_per_s == 0.0
+    path = tmp_path / "req.parquet"
+    ok.write_requests_parquet(path)
+    table = pq.read_table(path).to_pydict()
+    assert table["ttft_s"] == pytest.approx([ttft] * 4)
+    assert table["request_id"] == [0, 1, 2, 3]
+
+
+def test_closed_loop_ramp_and_think_time(affine, cluster) -> None:
+    base = {"arrival": "concurrency", "concurrency": 4, "num_requests": 8,
+            "input_len": 100, "output_len": 5}
+    rep = simulate_serving("debug-llama", cluster, _cfg(), WorkloadSpec.from_dict(
+        {**base, "ramp_up_s": 1.0}), cost_model=affine, keep_requests=True)
+    pr = rep.per_request
+    arrived = dict(zip(pr["request_id"], pr["arrived_at_s"]))
+    assert [arrived[i] for i in range(4)] == pytest.approx([0.0, 0.25, 0.5, 0.75])
+    lazy = simulate_serving("debug-llama", cluster, _cfg(), WorkloadSpec.from_dict(
+        {**base, "think_time_s": 0.5}), cost_model=affine)
+    eager = simulate_serving("debug-llama", cluster, _cfg(), WorkloadSpec.from_dict(base),
+                             cost_model=affine)
+    assert lazy.duration_s > eager.duration_s + 0.2
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_stress_prefix_cache_with_preemption_releases_everything(affine, cluster,
+                                                                 chunked) -> None:
+    from charon_search.catalog import load_model
+    from charon_search.serving.simulator import ServingSimulation
+
+    wl = WorkloadSpec(arrival="gamma", cv=4.0, rate_per_s=200, num_requests=400, seed=9,
+                      input_len=LengthDistribution(kind="uniform", low=50, high=900),
+                      output_len=LengthDistribution(kind="uniform", low=1, high=300),
+                      shared_prefix_tokens=320, num_prefixes=3)
+    cfg = _cfg(num_kv_blocks=300, prefix_caching=True, chunked_prefill=chunked,
+               max_num_batched_tokens=1024, max_num_seqs=32)
+    sim = ServingSimulation(load_model("debug-llama"), cluster, cfg, cost_model=affine)
+    reqs = sim.run(wl.generate())
+    rep = sim.report(reqs, num_requests=400, closed_loop=False)
+    assert rep.num_completed == 400 and rep.num_preemptions > 0
+    assert 0 < rep.prefix_hit_rate < 1
+    for eng in sim.replicas:
+        assert eng.pool.private_blocks == 0
+        assert eng.pool.tree.num_pinned == 0
+        assert eng.pool.tree.num_blocks <= eng.pool.num_blocks

@@ -125,7 +125,7 @@ def test_more_dp_overlap_and_zero3_run() -> None:
 
 
 @pytest.mark.slow
-def test_real_model_end_to_end_with_memory_and_trace(tmp_path) -> None:  # noqa: ANN001
+def test_real_model_end_to_end_with_memory_and_trace(tmp_path) -> None:
     """debug-llama through the frontend, the fused cost model and the memory model."""
     rc = main(["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
                "--tp", "2", "--pp", "2", "--sp", "--gbs", "16", "--seq", "256",
@@ -141,3 +141,46 @@ def test_real_model_end_to_end_with_memory_and_trace(tmp_path) -> None:  # noqa:
     assert any("self_attn" in n for n in names)  # op-level events carry module paths
     pids = {e["pid"] for e in trace["traceEvents"]}
     assert pids == {0, 1}
+
+
+def test_recompute_num_layers_between_none_and_full() -> None:
+    base = dict(pp=2, schedule="1f1b", global_batch_size=4, seq_len=256)
+    none = _sim(Layout(recompute="none", **base)).step_time_s
+    part = _sim(Layout(recompute="full", recompute_num_layers=2, **base)).step_time_s
+    full = _sim(Layout(recompute="full", **base)).step_time_s
+    assert none < part < full
+
+
+MOE_SPEC = ModelSpec(name="synthetic-moe", hf_config={}, model_type="mixtral", num_layers=4,
+                     hidden_size=256, num_attention_heads=8, num_key_value_heads=4,
+                     head_dim=32, intermediate_size=512, vocab_size=1024, num_experts=8,
+                     num_experts_per_token=2, moe_intermediate_size=128,
+                     layer_types=("dense",) + ("moe",) * 3)
+MOE_TRACED = synthetic_model(MOE_SPEC, layer_types=("dense", "moe"))
+
+
+def test_moe_ep_imbalance_and_overlap() -> None:
+    def sim(**kw: object) -> float:
+        # Long sequences: bandwidth-bound all-to-alls (with tiny ones the halves' extra
+        # latency makes the overlap lose, which is also what the model says).
+        lay = Layout(tp=2, sequence_parallel=True, dp=2, ep=2, pp=1, global_batch_size=4,
+                     seq_len=16384, **kw)
+        return simulate_training(MOE_SPEC, toy_cluster(), lay, cost_model=FlopsCostModel(),
+                                 traced=MOE_TRACED, memory=False).step_time_s
+    base = sim()
+    assert sim(expert_load_imbalance=2.0) > base
+    assert sim(moe_a2a_overlap=True) <= base * 1.0001
+
+
+def test_timeline_identical_across_processes() -> None:
+    import subprocess
+    import sys
+    code = ("import sys; sys.path.insert(0, 'tests/training'); import test_step as t; "
+            "from charon_search.layout import Layout; "
+            "r = t._sim(Layout(tp=2, pp=2, schedule='interleaved-1f1b', vpp=2, "
+            "global_batch_size=4, seq_len=128)); "
+            "print(repr([(u.rank, u.op.kind, u.op.mb, u.start_s, u.end_s) "
+            "for u in r.timeline.pipeline.units]))")
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)]
+    assert outs[0] == outs[1] and len(outs[0]) > 100

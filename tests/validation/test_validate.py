@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -98,9 +99,19 @@ def test_assumptions_reported(result):
     case = res.cases["mcore_h100_weak_1.7b"]
     text = " ".join(case["assumptions"])
     assert "training.micro_batch_size" in text and "training.recompute" in text
-    assert "not in the catalog" in text  # mcore-gpt-1.7b built from the record's shape
     assert case["fully_specified"] is False
     assert res.cases["megatron_sc21_t1_1.7b"]["fully_specified"] is True
+
+
+def test_uncatalogued_dense_model_is_built_from_the_record(by_id):
+    from charon_search.validation.translate import to_case
+
+    rec = by_id["megatron_sc21_t1_1.7b"]
+    model = {**rec.model, "catalog": "my-gpt-0.1b", "num_layers": 4, "hidden_size": 512,
+             "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048}
+    case = to_case(dataclasses.replace(rec, id="custom", model=model))
+    assert case.model.num_layers == 4 and case.model.hidden_size == 512
+    assert "'my-gpt-0.1b' is not in the catalog" in " ".join(case.assumptions)
 
 
 def test_serving_rows(result):

@@ -1,0 +1,62 @@
+"""Cold and warm trace times of training blocks (one decoder layer per type + embedding/head).
+
+    python benchmarks/bench_trace.py [--models llama-3.1-8b ...] [--phase train]
+
+cold: first trace in this process with an empty cache directory (imports already warm: a
+debug model is traced first); warm: the same request again (in-memory cache hit) and a fresh
+process-like disk hit (memory cache cleared). Also reports one `evaluate` at a new (b, s). Prints
+one row per model and, as the last line, one JSON object with all figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+DEFAULT = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b", "deepseek-v3"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=DEFAULT)
+    parser.add_argument("--phase", default="train", choices=("train", "prefill", "decode"))
+    args = parser.parse_args()
+    os.environ["CHARON_CACHE_DIR"] = tempfile.mkdtemp(prefix="charon-bench-")
+
+    from charon_search import frontend
+    from charon_search.catalog import load_model
+    from charon_search.frontend import trace_model
+
+    trace_model("debug-llama", args.phase)  # warm the imports
+    results: dict[str, dict[str, float]] = {}
+    for name in args.models:
+        spec = load_model(name)
+        t0 = time.perf_counter()
+        tm = trace_model(spec, args.phase)
+        cold_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trace_model(spec, args.phase)
+        warm_memory_s = time.perf_counter() - t0
+        frontend.clear_memory_cache()
+        t0 = time.perf_counter()
+        trace_model(spec, args.phase)
+        warm_disk_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        flops = tm.total_flops(2, 8192)
+        evaluate_s = time.perf_counter() - t0
+        nodes = sum(len(g.nodes) for blk in tm.blocks.values()
+                    for g in (blk.forward, blk.backward) if g is not None)
+        results[name] = {"cold_s": cold_s, "warm_memory_s": warm_memory_s,
+                         "warm_disk_s": warm_disk_s, "evaluate_s": evaluate_s, "nodes": nodes,
+                         "flops_b2_s8192": flops}
+        print(f"{name:18s} cold {cold_s:7.2f} s  warm(mem) {warm_memory_s * 1e3:7.3f} ms  "
+              f"warm(disk) {warm_disk_s * 1e3:7.1f} ms  evaluate {evaluate_s * 1e3:6.2f} ms  "
+              f"{nodes} nodes", flush=True)
+    print(json.dumps({"bench": "trace", "phase": args.phase, "models": results}))
+
+
+if __name__ == "__main__":
+    main()
