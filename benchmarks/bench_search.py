@@ -13,7 +13,9 @@ micro-batch, ZeRO stage, recompute, sequence parallel -> 2,025 valid configurati
    divided by the exhaustive hypervolume. Losses are normalised by the exhaustive feasible set's
    ideal and nadir points, reference point 1.1. Mean over ``--seeds`` seeds.
 3. Throughput: configurations evaluated per second with 1 and 2 Ray workers, on the same
-   subset (the 16-GPU slice, grid order), Ray start excluded, worker warm-up (tracing) included.
+   subset (the 16-GPU slice, grid order), in steady state (counted from the moment every worker
+   returned its first result, i.e. after tracing/warm-up); the overall rate including warm-up
+   is reported too. The machine's load average is recorded: other processes share the cores.
 
 Last printed line: one JSON object with ``hypervolume_ratio_at_10pct``, ``..._25pct``,
 ``..._50pct``, ``trials_per_s_1_worker``, ``trials_per_s_2_workers`` (+ details).
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -130,14 +133,28 @@ def main() -> None:
     # 3. throughput, 1 and 2 workers, same subset
     sub = space.with_fixed(num_gpus=16)
     n_sub = len(sub.enumerate_valid())
-    rates = {}
+    rates, overall = {}, {}
+    load_before = os.getloadavg()[0]
     for w in (1, 2):
+        stamps: list[tuple[float, str]] = []
+        rate_dir = out / f"rate-{w}"
+        if rate_dir.exists():  # a fresh study, not a resumed one
+            shutil.rmtree(rate_dir)
         r = run_search(sub, objective, SearchOptions(
-            trials=n_sub, workers=w, sampler="grid", out_dir=str(out / f"rate-{w}"),
-            html=False))
-        rates[w] = r.num_evaluations / r.wall_s
+            trials=n_sub, workers=w, sampler="grid", out_dir=str(rate_dir), html=False),
+            on_record=lambda rec, s=stamps: s.append((time.perf_counter(), rec["worker_id"])))
+        overall[w] = r.num_evaluations / r.wall_s
+        # steady state: from the moment every worker has returned its first (warm-up) result
+        seen: set[str] = set()
+        k = 0
+        for k, (_, wid) in enumerate(stamps):  # noqa: B007
+            seen.add(wid)
+            if len(seen) == w:
+                break
+        t_k, t_last = stamps[k][0], stamps[-1][0]
+        rates[w] = (len(stamps) - 1 - k) / (t_last - t_k)
         print(f"{w} worker(s): {r.num_evaluations} evaluations in {r.wall_s:.1f} s = "
-              f"{rates[w]:.2f}/s", flush=True)
+              f"{overall[w]:.2f}/s overall, {rates[w]:.2f}/s after warm-up", flush=True)
 
     result = {
         "hypervolume_ratio_at_10pct": float(np.mean(ratios[10])),
@@ -146,6 +163,9 @@ def main() -> None:
         "trials_per_s_1_worker": rates[1],
         "trials_per_s_2_workers": rates[2],
         "speedup_2_workers": rates[2] / rates[1],
+        "trials_per_s_incl_warmup": {"1": overall[1], "2": overall[2]},
+        "load_average_1min_before_throughput": load_before,
+        "load_average_1min_after": os.getloadavg()[0],
         "sampler": args.sampler, "seeds": args.seeds,
         "hypervolume_ratio_min_over_seeds": {str(p): float(np.min(v)) for p, v in ratios.items()},
         "trials_asked_for_budget_mean": {str(p): float(np.mean(v))

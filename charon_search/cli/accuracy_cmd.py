@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", type=Path, required=True,
                         help="JSON written by `charon-search validate --json`")
     parser.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="YAML written by `charon-search calibrate` (adds the LOSO table)")
     parser.add_argument("--img-dir", type=Path, default=None,
                         help="where the PNGs go (default: <out dir>/img)")
 
@@ -45,7 +47,15 @@ def run(args: argparse.Namespace) -> int:
 
     rel = os.path.relpath(img_dir, args.out.parent)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = render_accuracy(result, img_dir=img_dir, img_rel=rel,
+    cal = None
+    if args.calibration is not None:
+        import yaml
+
+        try:
+            cal = yaml.safe_load(args.calibration.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"--calibration {str(args.calibration)!r}: {e}") from e
+    text = render_accuracy(result, img_dir=img_dir, img_rel=rel, calibration=cal,
                            command=f"charon-search accuracy --from {args.source.name} "
                                    f"--out {args.out}")
     args.out.write_text(text + "\n")

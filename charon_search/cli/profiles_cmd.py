@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", action="store_true",
                         help="fit-collectives: write the fitted values into the cluster YAML's "
                              "calibration block")
+    parser.add_argument("--max-mape", type=float, default=0.2,
+                        help="fit-collectives --write: skip clusters whose fit MAPE (on the "
+                             "fitted points) is above this ratio (default 0.2)")
     parser.add_argument("--db", default=None, help="profile DB folder (default: shipped DB)")
     parser.add_argument("--gpu", action="append", default=None,
                         help="GPU name or alias (repeatable; default: every GPU in the DB)")
@@ -113,6 +116,8 @@ def _eval(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
 
 
 def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    import numpy as np
+
     from charon_search.cost.nccl_fit import fit_cluster_calibration
     from charon_search.hardware.loader import list_clusters, load_cluster
 
@@ -125,12 +130,19 @@ def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-un
                 raise ConfigError(f"--cluster {name}: no NCCL measurements for "
                                   f"{cluster.gpu.name} in the profile DB")
             continue
-        fit = fit_cluster_calibration(db, gpu, cluster)
+        # Fit on the full NVLink domain (TP = gpus_per_node, and the intra-node phases of
+        # hierarchical DP collectives); the MAPE over all group sizes is reported too.
+        sizes = db.table(gpu, "all_reduce").columns["group_size"]
+        full = int(min(cluster.gpus_per_node, float(np.nanmax(sizes))))
+        fit = fit_cluster_calibration(db, gpu, cluster, min_group_size=full)
         shown = {k: (f"{v * 1e6:.3f} us" if not k.startswith("eff") else f"{v:.3f}")
                  for k, v in fit.values.items()}
-        print(f"{name} ({gpu}) tier {fit.tier}: {shown}; {fit.num_points} points, "
-              f"MAPE {fit.mape:.1%}")
-        if args.write:
+        print(f"{name} ({gpu}) tier {fit.tier}: {shown}; MAPE {fit.mape_fit:.1%} on "
+              f"{fit.num_fit_points} points of {full} GPUs, {fit.mape:.1%} on all "
+              f"{fit.num_points}")
+        if args.write and fit.mape_fit > args.max_mape:
+            print(f"  not written: MAPE {fit.mape_fit:.1%} > --max-mape {args.max_mape:.0%}")
+        elif args.write:
             from charon_search.cost.nccl_fit import write_calibration
 
             path = write_calibration(cluster, fit)

@@ -219,17 +219,24 @@ class ClusterCollectiveFit:
     """``collective_launch_s``, ``alpha:<key>`` and ``eff:<key>`` (keys as in the YAML)."""
     num_points: int
     mape: float
+    """Over every measured point of the tier (all group sizes)."""
     source: str
+    num_fit_points: int = 0
+    mape_fit: float = float("nan")
+    """Over the points the fit used (``min_group_size``)."""
+    min_group_size: int = 0
 
     def provenance(self) -> str:
-        return (f"fit (charon_search.cost.nccl_fit, log-error least squares through "
-                f"cost.collectives) to {self.source}, {self.num_points} points, "
-                f"MAPE {self.mape:.1%}")
+        return (f"fit (charon_search.cost.nccl_fit: log-error least squares through "
+                f"cost.collectives) to {self.source}: {self.num_fit_points} points of "
+                f">= {self.min_group_size} GPUs, MAPE {self.mape_fit:.1%} on them, "
+                f"{self.mape:.1%} on all {self.num_points} points")
 
 
 def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
                             data_tier: str = "intra", tier_name: str | None = None,
-                            fit_launch: bool = True) -> ClusterCollectiveFit:
+                            fit_launch: bool = True, min_group_size: int = 0
+                            ) -> ClusterCollectiveFit:
     """Fit ``collective_launch_s`` and the α / efficiency of one cluster tier (and its
     ``<tier>.nvls`` variant when the tier lists NVLS) to measured NCCL rows, by minimizing
     log(model / measured) of ``cost.collectives.collective_time`` over the points.
@@ -244,6 +251,8 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
         tier_name: the cluster tier the points exercise (default: innermost for intra,
             second for inter).
         fit_launch: also fit ``collective_launch_s`` (else keep the cluster's).
+        min_group_size: fit only points of at least this many GPUs (the MAPE is still
+            reported over every point of the tier).
     """
     import dataclasses
 
@@ -251,8 +260,11 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
 
     from charon_search.cost.collectives import collective_time
 
-    kinds, p, nb, t, src = _tier_points(db, gpu, data_tier,
-                                        cluster.gpus_per_node)  # type: ignore[attr-defined]
+    all_kinds, all_p, all_nb, all_t, src = _tier_points(
+        db, gpu, data_tier, cluster.gpus_per_node)  # type: ignore[attr-defined]
+    sel = all_p >= min_group_size
+    kinds = [k for k, x in zip(all_kinds, sel) if x]
+    p, nb, t = all_p[sel], all_nb[sel], all_t[sel]
     if len(t) < 4:
         raise ConfigError(f"no {data_tier} collective measurements for {gpu} in the profile DB")
     tiers = cluster.tiers  # type: ignore[attr-defined]
@@ -291,6 +303,9 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
 
     res = least_squares(resid, np.array(x0), bounds=(lo, hi), x_scale=scale)
     final = unpack(res.x)
+    mape_fit = float(np.mean(np.abs(np.exp(resid(res.x)) - 1)))
+    num_fit = len(t)
+    kinds, p, nb, t = all_kinds, all_p, all_nb, all_t  # report over every point
     pred = np.exp(resid(res.x)) * t
     mape = float(np.mean(np.abs(pred - t) / t))
     fcal = final.calibration  # type: ignore[attr-defined]
@@ -299,7 +314,8 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
         values[f"alpha:{k}"] = fcal.collective_alpha_s[k]
         values[f"eff:{k}"] = fcal.collective_bw_efficiency[k]
     return ClusterCollectiveFit(tier=tier.name, values=values, num_points=len(t), mape=mape,
-                                source=src)
+                                source=src, num_fit_points=num_fit, mape_fit=mape_fit,
+                                min_group_size=int(min_group_size))
 
 
 def write_calibration(cluster: object, fit: ClusterCollectiveFit, path: str | None = None

@@ -8,9 +8,14 @@ launch latency at small shapes, GQA/head-dim effects — which generalises to un
 better than raw log-latency.
 
 Model keys (``ModelKey``): (gpu, op_kind, family, dtype), family being ``prefill``/``decode`` for
-attention, ``moe_ffn`` for grouped GEMMs and ``""`` otherwise. Trained lazily, cached on disk
-under ``cache_dir("predictors")`` keyed by the DB content hash and ``HYPERPARAMS`` (file lock, so
-concurrent Ray workers train once), and loaded in milliseconds afterwards.
+attention, ``moe_ffn``/``moe_ffn_skew`` for grouped GEMMs (balanced / power-law routing),
+``add``/``act``/``rope``/``""`` (all) for elementwise ops and ``""`` otherwise. Trained lazily,
+cached on disk under ``cache_dir("predictors")`` keyed by the DB content hash and
+``HYPERPARAMS`` (file lock, so concurrent Ray workers train once) and loaded in well under a
+second; inference runs on ``FlatForest`` (vectorized numpy copy of the trees).
+
+``heldout_evaluation`` holds out whole shapes (``HELDOUT_GROUPS``) and reports MAPE of the
+predictor and of the roofline backend on them (``charon-search profiles eval``).
 """
 
 from __future__ import annotations

@@ -323,24 +323,30 @@ class ProfileCostBackend(CostBackend):
     """Exact profile hits only (None for shapes not measured)."""
 
     name = "profile"
+    _use_predictor = False
 
     def __init__(self, db: ProfileDB | None = None) -> None:
         self.db = db
+        self._model: FusedCostModel | None = None
 
     def prepare(self, cluster: ClusterSpec) -> None:
-        self._model = FusedCostModel(cluster, db=self.db, use_predictor=False)
+        self._model = FusedCostModel(cluster, db=self.db, use_predictor=self._use_predictor)
 
-    def cost(self, node: Node, point: ShapePoint, gpu: GpuSpec) -> NodeCost | None:
-        model = getattr(self, "_model", None)
-        if model is None or model.gpu is not gpu:
-            from charon_search.hardware.spec import ClusterSpec as _CS
+    def _for(self, gpu: GpuSpec) -> FusedCostModel:
+        """The fused model for ``gpu`` (a one-GPU cluster when ``prepare`` was not called)."""
+        if self._model is None or self._model.gpu is not gpu:
+            from charon_search.hardware.spec import ClusterSpec as _Cluster
             from charon_search.hardware.spec import TopologyTier
 
             tier = TopologyTier(name="node", num_devices=1, bandwidth_bytes_per_s=1.0,
                                 latency_s=0.0)
-            self.prepare(_CS(name=f"_{gpu.name}", gpu=gpu, num_gpus=1, gpus_per_node=1,
-                             tiers=(tier,)))
-            model = self._model
+            self.prepare(_Cluster(name=f"_{gpu.name}", gpu=gpu, num_gpus=1, gpus_per_node=1,
+                                  tiers=(tier,)))
+        assert self._model is not None
+        return self._model
+
+    def cost(self, node: Node, point: ShapePoint, gpu: GpuSpec) -> NodeCost | None:
+        model = self._for(gpu)
         if node.is_comm or model.gpu_key is None:
             return None
         params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
@@ -355,22 +361,11 @@ class PredictorCostBackend(ProfileCostBackend):
     """Profile hit, else the trained predictor (None where neither covers the node)."""
 
     name = "predictor"
-
-    def prepare(self, cluster: ClusterSpec) -> None:
-        self._model = FusedCostModel(cluster, db=self.db)
+    _use_predictor = True
 
     def cost(self, node: Node, point: ShapePoint, gpu: GpuSpec) -> NodeCost | None:
-        if getattr(self, "_model", None) is None or self._model.gpu is not gpu:
-            super().cost(node, point, gpu)  # builds a single-GPU model
-            self.prepare(self._model.cluster)
-        if node.is_comm or self._model.gpu_key is None:
-            return None
-        model = self._model
-        kind = str(node.kind)
-        params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
-        pred_kind = "attention" if kind == "attention_bwd" else kind
-        if pred_kind not in PREDICTED_KINDS and model._profile_hit(
-                kind, _family(kind, params, node.role), _db_dtype(node.dtype), params) is None:
+        model = self._for(gpu)
+        if node.is_comm or model.gpu_key is None:
             return None
         res = model.cost(node, point)
         return res if res is not None and res.provenance != "roofline" else None

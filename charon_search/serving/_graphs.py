@@ -4,7 +4,8 @@
 ``passes.parallelize_inference`` shards it over TP/EP and inserts the collectives. FP8/FP4
 serving runs the GEMMs at that precision (weights quantized, as vLLM/TRT-LLM fp8 checkpoints).
 DP-attention (MoE) keeps attention and dense layers whole on each rank (``tp = 1`` for them) and
-shards experts over ``ep``.
+shards experts over ``ep``. Without DP-attention, routed experts are tensor-parallel over the
+``tp / ep`` ranks that expert parallelism leaves (vLLM ``FusedMoE``, TRT-LLM ``moe_tp_size``).
 """
 
 from __future__ import annotations
@@ -24,24 +25,28 @@ _CACHE: dict[tuple, Graphs] = {}
 
 
 def serving_graphs(model: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
-                   precision: str) -> Graphs:
+                   precision: str, fused_kernels: bool = True) -> Graphs:
     """``(prefill, decode)``: block name -> one GPU's forward graph of that block.
 
     Blocks are per layer; the caller multiplies by layers (all stages alike, ``pp`` only adds
-    the stage hand-offs).
+    the stage hand-offs). ``fused_kernels`` applies the inference kernel fusion of
+    ``serving._fusion`` (fused QKV / gate_up GEMMs, fused add+RMSNorm, fused MoE routing).
     """
     key = (model.name, model.num_layers, model.hidden_size, model.layer_types, tp, ep,
-           dp_attention, precision)
+           dp_attention, precision, fused_kernels)
     hit = _CACHE.get(key)
     if hit is None:
-        hit = _build(model, tp=tp, ep=ep, dp_attention=dp_attention, precision=precision)
+        hit = _build(model, tp=tp, ep=ep, dp_attention=dp_attention, precision=precision,
+                     fused_kernels=fused_kernels)
         _CACHE[key] = hit
     return hit
 
 
-def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision: str) -> Graphs:
+def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision: str,
+           fused_kernels: bool) -> Graphs:
     from charon_search.frontend import trace_model
     from charon_search.passes import parallelize_inference
+    from charon_search.serving._fusion import fuse_for_inference, shard_experts_tp
 
     out = []
     for phase in ("prefill", "decode"):
@@ -49,6 +54,11 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
         graphs = dict(parallelize_inference(traced, tp=1 if dp_attention else tp, ep=ep))
         if precision in ("fp8", "fp4"):
             graphs = {k: _with_gemm_dtype(g, precision) for k, g in graphs.items()}
+        moe_tp = 1 if dp_attention or ep >= tp or tp % ep else tp // ep
+        if moe_tp > 1:
+            graphs = {k: shard_experts_tp(g, moe_tp) for k, g in graphs.items()}
+        if fused_kernels:
+            graphs = {k: fuse_for_inference(g) for k, g in graphs.items()}
         out.append(graphs)
     return out[0], out[1]
 

@@ -237,6 +237,10 @@ class ServingConfig:
     """Host time to launch one kernel when not replaying a graph; an eager iteration takes at
     least ``kernels * this``. ~4 us per launch: CUDA C best-practices guide, "kernel launch
     overhead" (a few microseconds)."""
+    fused_kernels: bool = True
+    """Cost the kernels vLLM/SGLang/TRT-LLM launch (fused QKV and gate_up GEMMs, fused
+    add+RMSNorm, RoPE, SiLU-and-mul, fused MoE routing; ``serving._fusion``) instead of one
+    kernel per traced op."""
     iteration_overhead_s: float | None = None
     """Per-iteration CPU/scheduler time; None = the cluster's calibrated
     ``iteration_cpu_overhead_s``."""

@@ -255,11 +255,14 @@ class GraphIterationCostModel(IterationCostModel):
         precision: GEMM precision (``fp8`` runs GEMMs at the fp8 rate).
         kv_dtype: KV-cache element type.
         cost_fn: seconds per node (defaults to ``graph_cost_fn(cluster)``).
+        fused_kernels: run the kernels an inference engine fuses (``serving._fusion``);
+            False costs the traced ops one kernel each.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
                  ep: int = 1, dp_attention: bool = False, precision: str = "bf16",
-                 kv_dtype: str = "bf16", cost_fn: GraphCostFn | None = None) -> None:
+                 kv_dtype: str = "bf16", cost_fn: GraphCostFn | None = None,
+                 fused_kernels: bool = True) -> None:
         from charon_search.serving._graphs import serving_graphs
 
         self.model = model
@@ -268,7 +271,8 @@ class GraphIterationCostModel(IterationCostModel):
         self.dp_attention = dp_attention
         self._cost = cost_fn or graph_cost_fn(cluster)
         prefill, decode = serving_graphs(model, tp=tp, pp=pp, ep=ep,
-                                         dp_attention=dp_attention, precision=precision)
+                                         dp_attention=dp_attention, precision=precision,
+                                         fused_kernels=fused_kernels)
         self._prefill_parts: list[_Part] = []
         self._decode_parts: list[_Part] = []
         self._head: _Part | None = None

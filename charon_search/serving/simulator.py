@@ -57,7 +57,8 @@ def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConf
     """The graph-based iteration cost model of one replica (SP wrapper when ``sp > 1``)."""
     base: IterationCostModel = GraphIterationCostModel(
         model, cluster, tp=tp or config.tp, pp=pp or config.pp, ep=ep or config.ep,
-        dp_attention=config.dp_attention, precision=config.precision, kv_dtype=config.kv_dtype)
+        dp_attention=config.dp_attention, precision=config.precision, kv_dtype=config.kv_dtype,
+        fused_kernels=config.fused_kernels)
     return _maybe_sp(base, cluster, config, tp or config.tp, model.num_layers)
 
 
@@ -195,7 +196,8 @@ class ServingSimulation:
 
             draft_spec = load_model(spec.draft_model)
             draft = GraphIterationCostModel(draft_spec, cluster, tp=pool.tp, pp=1,
-                                            precision=self.config.precision)
+                                            precision=self.config.precision,
+                                            fused_kernels=self.config.fused_kernels)
         return lambda n, kv: k * draft.iteration_s((), n, kv, 1)
 
     # ------------------------------------------------------------------ events
@@ -225,10 +227,45 @@ class ServingSimulation:
             self._on_finish_hook(now_s)
 
     # ------------------------------------------------------------------ run
+    def expected_lifetime_s(self, requests: Sequence[RequestSpec], concurrency: int) -> float:
+        """One request's expected E2E in a closed loop of ``concurrency`` (mean lengths of
+        ``requests``): its prefill (chunks of ``max_num_batched_tokens``) plus ``output - 1``
+        decode steps of a batch of ``concurrency`` requests per replica at the mean context,
+        each with the per-iteration overhead. Used to stagger a closed loop's first wave."""
+        if not requests:
+            return 0.0
+        p = float(np.mean([r.prompt_tokens for r in requests]))
+        o = float(np.mean([r.output_tokens for r in requests]))
+        pre, dec = self.prefill_pool[0], self.decode_pool[0]
+        budget = self.config.max_num_batched_tokens
+        t, done = 0.0, 0
+        while done < p:
+            take = int(min(budget, math.ceil(p - done)))
+            done += take
+            t += pre.cost.iteration_s([(take, done)], 0, 0.0) + pre.overhead_s
+        n = max(1, min(self.config.max_num_seqs,
+                       math.ceil(concurrency / max(1, len(self.decode_pool)))))
+        kv = n * (p + o / 2)
+        step = dec.cost.iteration_s((), n, kv, dec.q, padded_decode=n) + dec.overhead_s
+        if dec.draft_s is not None:
+            step += dec.draft_s(n, kv)
+        return t + max(0.0, o - 1) / dec.e * step
+
     def run(self, requests: Sequence[RequestSpec], *, closed_loop_concurrency: int = 0,
-            ramp_up_s: float = 0.0, progress: bool = False) -> list[Request]:
+            ramp_up_s: float | None = 0.0, progress: bool = False) -> list[Request]:
         """Simulate ``requests``; closed loop keeps ``closed_loop_concurrency`` in flight
-        (a finished request's client issues the next one after its ``think_time_s``)."""
+        (a finished request's client issues the next one after its ``think_time_s``).
+
+        ``ramp_up_s``: the first ``closed_loop_concurrency`` requests start evenly spread over
+        this time; None = over one expected request lifetime (``expected_lifetime_s``), the
+        steady state of a closed loop. Why: with identical requests started together, a
+        deterministic simulation keeps them in lock-step waves forever (all prefill in one
+        iteration, all finish together), so every TTFT includes everyone's prefill. Real
+        benchmark clients desynchronise within a few requests (scheduling jitter, chunking,
+        tokenizer/HTTP latency, warm-up requests) and settle at evenly phased streams: in
+        steady state a new request arrives every E2E / concurrency on average and joins a
+        running decode batch. Spreading the first wave over one lifetime starts the loop in
+        that state; Little's law (concurrency = throughput x E2E) is unchanged."""
         reqs: list[Request] = []
         pending = iter(requests)
         bar = None
@@ -244,6 +281,8 @@ class ServingSimulation:
 
         if closed_loop_concurrency:
             first = min(closed_loop_concurrency, len(requests))
+            if ramp_up_s is None:
+                ramp_up_s = self.expected_lifetime_s(requests[:first], closed_loop_concurrency)
             for i in range(first):
                 spec = next(pending)
                 self._push(ramp_up_s * i / first, 0, _ARRIVE, spec)
@@ -442,7 +481,7 @@ def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
     if isinstance(workload, dict):
         workload = WorkloadSpec.from_dict(workload)
     closed = 0
-    ramp = 0.0
+    ramp: float | None = 0.0
     if isinstance(workload, WorkloadSpec):
         requests = workload.generate(rng)
         closed = workload.concurrency if workload.closed_loop else 0

@@ -128,8 +128,10 @@ class WorkloadSpec:
     concurrency: int = 1
     think_time_s: float = 0.0
     """Closed loop: mean of an exponential client pause before issuing the next request."""
-    ramp_up_s: float = 0.0
-    """Closed loop: the first ``concurrency`` requests start spread evenly over this time."""
+    ramp_up_s: float | None = None
+    """Closed loop: the first ``concurrency`` requests start spread evenly over this time;
+    None = over one expected request lifetime (steady-state phasing of a closed loop, see
+    ``ServingSimulation.run``); 0 = all at once (synchronized waves)."""
     num_requests: int = 100
     input_len: LengthDistribution = LengthDistribution(value=1024)
     output_len: LengthDistribution = LengthDistribution(value=128)
@@ -156,7 +158,7 @@ class WorkloadSpec:
             raise ConfigError(f"`num_requests >= 1` must hold, but got {self.num_requests}")
         if self.arrival == "trace" and not self.trace_path:
             raise ConfigError("workload arrival 'trace' needs `trace_path`")
-        if self.think_time_s < 0 or self.ramp_up_s < 0:
+        if self.think_time_s < 0 or (self.ramp_up_s is not None and self.ramp_up_s < 0):
             raise ConfigError(f"`think_time_s >= 0` and `ramp_up_s >= 0` must hold, but got "
                               f"({self.think_time_s=}, {self.ramp_up_s=})")
         if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:

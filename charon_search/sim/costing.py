@@ -12,7 +12,7 @@ import numpy as np
 from charon_search.cost.collectives import estimate_collective
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
-from charon_search.ir import OpGraph
+from charon_search.ir import OpGraph, OpKind
 
 __all__ = ["CostedGraph", "GraphCoster", "axis_strides"]
 
@@ -101,6 +101,8 @@ class GraphCoster:
                 t, tier = self.collective(n.kind.value, n.params["bytes"](b, s, cc),
                                           int(n.params["group_size"].const_value()), n.group)
                 dur[i], prov[i], tiers[i] = t, "collective", tier
+            elif n.kind == OpKind.OTHER and n.target.startswith("pass:"):
+                dur[i] = 0.0  # joins inserted by passes are bookkeeping, not kernels
             elif "load_imbalance" in n.params:
                 dur[i] *= n.params["load_imbalance"].const_value()
         dur = np.nan_to_num(dur, nan=0.0)

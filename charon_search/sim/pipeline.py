@@ -90,8 +90,10 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
     free = [0.0] * p
     end_of: dict[Key, float] = {}
     pending_w: list[deque[PipeOp]] = [deque() for _ in range(p)]
-    # Zero-bubble: up to p - r - 1 deferred W units; DualPipe places its W units itself.
-    w_cap = [0 if dual else max(p - r - 1, 0) for r in range(p)]
+    # Zero-bubble H1: rank r defers up to r W units (later ranks run their B earlier, earlier
+    # ranks fill their cool-down with W), keeping every rank within 1F1B's peak activation
+    # memory (p in-flight units on rank 0); DualPipe places its W units itself.
+    w_cap = [0 if dual else r for r in range(p)]
     units: list[PipeUnit] = []
     last_op: list[PipeUnit | None] = [None] * p
     in_flight = [0] * p

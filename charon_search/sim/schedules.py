@@ -9,8 +9,9 @@ each rank's list in order, so a schedule is an order, not a bubble formula.
   one-forward-one-backward, then the cool-down backwards.
 * ``interleaved-1f1b`` (Narayanan et al., SC21): ``vpp`` model chunks per rank, Megatron's order
   (warm-up ``(p - r - 1)·2 + (vpp - 1)·p``; needs ``m % p == 0``).
-* ``zero-bubble`` ZB-H1 (Qi et al., arXiv 2401.10241): 1F1B with ``W`` split from ``B``; a rank
-  defers up to ``p - r - 1`` ``W``s and runs them in its bubbles (same peak memory as 1F1B).
+* ``zero-bubble`` ZB-H1 (Qi et al., arXiv 2401.10241): 1F1B with ``W`` split from ``B``; rank
+  ``r`` defers up to ``r`` ``W``s and runs them in its bubbles (peak memory within 1F1B's), which
+  gives the paper's bubble ``(p - 1)(T_F + T_B - T_W)``.
 * ``dualpipe`` (DeepSeek-V3, arXiv 2412.19437): two directions, rank ``r`` holding stage ``r``
   (chunk 0) and stage ``p - 1 - r`` (chunk 1); half the micro-batches enter at each end; the
   reference implementation's 8-step order (forward/backward pairs of opposite directions,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +80,27 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
     return out
 
 
+def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
+    fit = cal.get("fit", {})
+    lines = ["## Calibration (leave-one-source-out)", "",
+             f"Fitted on {fit.get('num_records')} development records of "
+             f"{', '.join(fit.get('sources', []))}: `{fit.get('values')}`, median "
+             f"|log(pred/meas)| {fit.get('objective', float('nan')):.3f}. Each row fits on all "
+             "other sources and tests on the held-out one; *uncalibrated* is the cluster specs "
+             "as shipped.", ""]
+    rows = [[r["held_out"], r["train_records"], r["test_records"], str(r["values"]),
+             f"{r['train_median_abs_log_error']:.3f}", f"{r['test_median_abs_log_error']:.3f}",
+             f"{r['test_median_abs_log_error_uncalibrated']:.3f}"]
+            for r in cal.get("leave_one_source_out", [])]
+    lines += [_md_table(["held-out source", "train n", "test n", "fitted values",
+                         "train median abs log err", "test median abs log err",
+                         "test, uncalibrated"], rows), ""]
+    return lines
+
+
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
-                    img_rel: str = "img", command: str = "") -> str:
+                    img_rel: str = "img", command: str = "",
+                    calibration: Mapping[str, Any] | None = None) -> str:
     """The markdown of ``docs/accuracy.md`` (plots written to ``img_dir`` when given)."""
     s = result.summary
     t = s.get("totals", {})
@@ -157,6 +176,8 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                          "yes" if c.get("fully_specified") else "no"])
         lines += [_md_table(["id", "metric", "measured", "predicted", "error", "cluster",
                              "fully specified"], rows), ""]
+    if calibration:
+        lines += _calibration_section(calibration)
     worst = sorted(result.rows, key=lambda r: -abs(r["error"]))[:15]
     if worst:
         lines += ["## Largest errors", ""]

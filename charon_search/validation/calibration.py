@@ -130,7 +130,7 @@ def _scaled_bw(cluster: ClusterSpec, scale: float) -> dict[str, float]:
     base = dict(cluster.calibration.collective_bw_efficiency)
     for t in cluster.tiers:
         base.setdefault(t.name, 1.0)
-    return {k: min(1.0, v * scale) for k, v in base.items()}
+    return {k: round(min(1.0, v * scale), 6) for k, v in base.items()}
 
 
 def _objective(result: ValidationResult) -> float:
@@ -272,13 +272,20 @@ def write_cluster_specs(doc: Mapping[str, Any], spec_dir: Path) -> list[Path]:
         text = path.read_text()
         old = dict((yaml.safe_load(text) or {}).get("calibration") or {})
         prov = dict(old.pop("provenance", None) or {})
-        for key, value in block["calibration"].items():
-            for k in [k for k in old if _base(k) == _base(key)]:
-                old.pop(k)
-                prov.pop(k, None)
-            old[key] = value
+        fitted = dict(block["calibration"])
+        merged: dict[str, Any] = {}
+        for k, v in old.items():  # keep the block's order; a fitted quantity takes its place
+            match = next((f for f in fitted if _base(f) == _base(k)), None)
+            if match is None:
+                merged[k] = v
+                continue
+            prov.pop(k, None)
+            if match not in merged:
+                merged[match] = fitted[match]
+        for key, value in fitted.items():
+            merged.setdefault(key, value)
             prov[key] = block["provenance"]
-        old["provenance"] = prov
+        old = {**merged, "provenance": prov}
         new_block = yaml.safe_dump({"calibration": old}, sort_keys=False, width=99)
         m = _BLOCK_RE.search(text)
         text = (text[:m.start()] + new_block + text[m.end():] if m

@@ -70,3 +70,19 @@ def test_gemm_flops_and_bytes_closed_form():
     flops, _ = P.shape_flops_bytes("attention", {"batch": 1, "heads": 2, "kv_heads": 1,
                                                  "q_len": 4, "kv_len": 4, "head_dim": 8}, 1)
     assert flops[0] == 2 * 2 * 10 * (8 + 8)
+
+
+def test_cli_profiles_eval_json(small_db, tmp_path):
+    import json
+
+    from charon_search.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["profiles", "eval", "--db", str(small_db.root), "--gpu", "h100",
+                 "--op-kind", "norm", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["gpu"], r["op_kind"]) for r in rows] == [(GPU, "norm")]
+    r = rows[0]
+    assert {"num_heldout", "mape_predictor", "mape_roofline"} <= set(r)
+    assert 0 < r["mape_predictor"] < r["mape_roofline"] < 1  # ratios, not percent
+    assert main(["profiles", "eval", "--db", str(small_db.root), "--gpu", "l20"]) == 2

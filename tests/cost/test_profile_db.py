@@ -184,3 +184,12 @@ def test_shipped_db_is_small_and_holds_measurements():
     assert (shipped_profile_dir() / "ATTRIBUTION.md").exists()
     assert (shipped_profile_dir() / "LICENSE.vidur.MIT.txt").exists()
     assert (shipped_profile_dir() / "LICENSE.aiconfigurator-core.Apache-2.0.txt").exists()
+
+
+def test_cli_profiles_info(capsys):
+    from charon_search.cli import main
+
+    assert main(["profiles", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "h100-sxm-80gb" in out and "aiconfigurator-core 0.12.0" in out
+    assert "vidur@7d47513" in out

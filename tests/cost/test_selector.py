@@ -136,3 +136,10 @@ def test_predictor_durations_are_finite_positive(model):
     d = model.cost_graph(graph, 1, 1)
     assert np.all(np.isfinite(d)) and np.all(d > 0)
     assert np.all(np.diff(d[2:]) > 0)  # from 100 tokens on, more tokens take longer
+
+
+@pytest.mark.slow
+class TestPredictorBackendContract(CostBackendContract):
+    """Trains the shipped H100 GEMM predictors (bf16, fp8) once per test session."""
+
+    backend_factory = PredictorCostBackend

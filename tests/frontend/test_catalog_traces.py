@@ -57,12 +57,15 @@ def test_inference_traces(name: str, phase: str) -> None:
     _check_traced(name, phase)
 
 
-def test_single_point_trace_equals_two_point_trace() -> None:
+@pytest.mark.parametrize(
+    "name", ["debug-llama", pytest.param("debug-moe", marks=pytest.mark.slow)]
+)
+def test_single_point_trace_equals_two_point_trace(name: str) -> None:
     """The default one-trace prime factorisation of dims gives the same graph as tracing at two
     points and fitting each dim across both."""
     from charon_search.frontend import _trace_uncached
 
-    spec = load_model("debug-moe")
+    spec = load_model(name)
     one = _trace_uncached(spec, "train", "bf16", "sdpa")
     two = _trace_uncached(spec, "train", "bf16", "sdpa", num_points=2)
     for name, blk in one.blocks.items():

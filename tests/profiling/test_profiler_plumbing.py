@@ -71,8 +71,10 @@ def test_failing_shapes_are_reported_not_fatal():
 
 
 def test_overlap_calibration_block():
-    block = overlap_calibration({"gemm_s": 1.4e-3, "comm_s": 0.5e-3, "gemm_reps": 1.0,
-                                 "both_s": 1.75e-3, "comm_kind": "all_reduce",
-                                 "overlap_slowdown": 1.25}, device="H200")
-    assert block["overlap_compute_slowdown"] == 1.25
-    assert "GEMM 1.400 ms" in block["provenance"]["overlap_compute_slowdown"]
+    block = overlap_calibration({"gemm_s": 1.4e-3, "comm_s": 2.8e-3, "gemm_reps": 2.0,
+                                 "gemm_overlapped_s": 3.08e-3, "comm_overlapped_s": 2.94e-3,
+                                 "comm_kind": "all_reduce", "compute_slowdown": 1.1,
+                                 "comm_slowdown": 1.05}, device="H200")
+    assert block["overlap_compute_slowdown"] == 1.1
+    assert block["overlap_comm_slowdown"] == 1.05
+    assert "x2 (1.400 ms each alone)" in block["provenance"]["overlap_compute_slowdown"]

@@ -45,13 +45,17 @@ def test_gpipe_and_1f1b_same_time_different_in_flight() -> None:
     assert o.max_in_flight == [p - r for r in range(p)]
 
 
-def test_zero_bubble_not_slower_than_1f1b() -> None:
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 20), (8, 8)])
+def test_zero_bubble_h1_bubble_closed_form(p: int, m: int) -> None:
+    tf, tb, tw = 1.0, 1.0, 1.0
+
     def cost(r: int, c: int, kind: str) -> UnitCost:
-        d = {"F": 1.0, "B": 1.0, "W": 1.0}[kind]
+        d = {"F": tf, "B": tb, "W": tw}[kind]
         return UnitCost(duration_s=d, compute_s=d)
-    zb = max(run_pipeline(schedule="zero-bubble", p=4, m=8, v=1, cost=cost,
+    zb = max(run_pipeline(schedule="zero-bubble", p=p, m=m, v=1, cost=cost,
                           split_w=True).rank_end_s)
-    assert zb < 33.0  # 1F1B with B+W fused: (m+p-1)·3 = 33
+    # Qi et al. (arXiv 2401.10241), ZB-H1: bubble (p-1)(T_F + T_B - T_W).
+    assert zb == pytest.approx(m * (tf + tb + tw) + (p - 1) * (tf + tb - tw))
 
 
 def _fbw(r: int, c: int, kind: str) -> UnitCost:

@@ -92,8 +92,17 @@ def test_accuracy_command(tmp_path, shipped_records):
     src = tmp_path / "v.json"
     src.write_text(json.dumps(res.to_json()))
     out = tmp_path / "docs" / "accuracy.md"
-    assert main(["accuracy", "--from", str(src), "--out", str(out)]) == 0
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(
+        "fit: {values: {compute_efficiency: 0.65}, objective: 0.0, num_records: 4, "
+        "sources: [A, B], evaluations: 7}\nleave_one_source_out:\n- {held_out: A, "
+        "train_records: 2, test_records: 2, values: {compute_efficiency: 0.65}, "
+        "train_median_abs_log_error: 0.0, test_median_abs_log_error: 0.01, "
+        "test_median_abs_log_error_uncalibrated: 0.2}\nclusters: {}\n")
+    assert main(["accuracy", "--from", str(src), "--out", str(out), "--calibration",
+                 str(cal)]) == 0
     text = out.read_text()
+    assert "| A | 2 | 2 | {'compute_efficiency': 0.65} | 0.000 | 0.010 | 0.200 |" in text
     assert "## Per source" in text and "Narayanan et al." in text
     assert "![training](img/accuracy_training.png)" in text
     assert (tmp_path / "docs" / "img" / "accuracy_training.png").stat().st_size > 1000

@@ -1,0 +1,371 @@
+"""Inference kernel fusion of the serving graphs, as vLLM / SGLang / TRT-LLM run them.
+
+The frontend traces the HF modules op by op (q, k and v as three GEMMs, ``silu`` and ``mul``
+as two kernels, MoE routing as ~25 small torch ops). Serving engines run fewer, fused kernels;
+``fuse_for_inference`` rewrites one per-rank block graph (after TP/EP) into those kernels:
+
+1. **Sibling GEMMs** reading the same activation with the same shape except ``n`` become one
+   GEMM with ``n`` = the sum (vLLM ``QKVParallelLinear`` and ``MergedColumnParallelLinear``
+   gate_up; TRT-LLM fused QKV / gate_up weights; DeepSeek's fused q_a/kv_a projection). FLOPs
+   add up, weight bytes add up, the shared activation is read once. Only GEMMs of one role
+   merge (the MoE router reads the same input as the shared expert but stays separate).
+   Grouped expert GEMMs merge the same way (w1/w3 -> w13).
+2. **Norm / RoPE / SwiGLU runs** now adjacent: engineer D's ``passes.fusion.FusionPass``
+   (fused RMSNorm, fused RoPE, fused SiLU-and-mul), reused as is.
+3. **Residual add + RMSNorm** (vLLM ``fused_add_rms_norm``, TRT-LLM/SGLang the same): the add
+   merges with the norm that consumes it. The block's trailing residual add fuses with the next
+   layer's input norm; every layer of a block type repeats, so it is accounted in this block's
+   leading norm (the first layer's input norm has no add and the last add fuses with the final
+   norm instead: the count is off by one kernel per model, not per layer).
+4. **KV-cache append**: the K and V writes are one kernel (vLLM ``reshape_and_cache_flash``).
+5. **MoE routing** as vLLM ``FusedMoE`` runs it: router softmax + top-k + renormalize is one
+   ``topk_softmax`` kernel; sort / histogram / cumsum of the dispatch is one
+   ``moe_align_block_size`` kernel; the token permutation (gather) is fused into the first
+   grouped GEMM's operand loads (it reads rows through ``sorted_token_ids``); the expert
+   SiLU-and-mul is one kernel; the multiplication by routing weights is fused into the second
+   grouped GEMM (``MUL_ROUTED_WEIGHT``); un-permute + top-k sum is one ``moe_sum`` kernel.
+6. **Embedding**: a gather reads only the looked-up rows (``tokens x hidden``), not the whole
+   table; the RoPE cos/sin table is precomputed at load time (vLLM
+   ``RotaryEmbedding.cos_sin_cache``), so its per-step ops are dropped.
+
+Every fused kernel keeps the FLOPs of its parts; its HBM bytes are its external inputs and the
+outputs used outside it (intermediates stay on chip), like ``FusionPass``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from charon_search.ir import DTYPE_BYTES, Node, OpKind, Poly, Role
+
+if TYPE_CHECKING:
+    from charon_search.ir.graph import OpGraph
+
+__all__ = ["fuse_for_inference", "shard_experts_tp"]
+
+_GEMMS = (OpKind.GEMM, OpKind.GROUPED_GEMM)
+_MOE_GLUE_ROLES = frozenset({Role.MOE_ROUTER.value, Role.MOE_DISPATCH.value,
+                             Role.MOE_COMBINE.value})
+_GLUE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.COPY, OpKind.SOFTMAX, OpKind.REDUCTION,
+                         OpKind.MOE_ROUTING})
+
+
+def fuse_for_inference(graph: OpGraph) -> OpGraph:
+    """The block graph with the kernels an inference engine launches (see module doc)."""
+    from charon_search.passes.base import PassContext
+    from charon_search.passes.fusion import FusionPass
+
+    g = _embedding_gather(graph)
+    g = _merge_sibling_gemms(g)
+    g = FusionPass().run(g, PassContext(phase="decode", fused_kernels=True)).graph
+    g = _fuse_moe(g)
+    g = _fuse_residual_norm(g)
+    g = _fuse_runs(g, lambda n: "kv" if "kv_append" in n.tags and n.kind == OpKind.COPY
+                   else None, "reshape_and_cache", sum_numel=True)
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+def _str(role: object) -> str:
+    return getattr(role, "value", role)  # type: ignore[return-value]
+
+
+def _tensor_bytes(graph: OpGraph, t: int, dtype: str | None = None) -> Poly:
+    spec = graph.tensors[t]
+    nbytes = spec.nbytes
+    if dtype is not None:
+        nbytes = nbytes * (DTYPE_BYTES.get(dtype, 2) / DTYPE_BYTES.get(spec.dtype, 2))
+    return nbytes
+
+
+def _merged(graph: OpGraph, nodes: Sequence[Node], *, name: str, kind: OpKind | None = None,
+            params: dict[str, Poly] | None = None) -> Node:
+    """One kernel for ``nodes``: FLOPs summed, bytes = external inputs + outputs used outside.
+
+    Byte counts start from the nodes' own counts (which already reflect sharding and
+    precision) and drop the intermediates' write and re-read.
+    """
+    produced = {t: n for n in nodes for t in n.outputs}
+    inside = {n.id for n in nodes}
+    graph_out = set(graph.outputs)
+    ext_in = list(dict.fromkeys(t for n in nodes for t in n.inputs if t not in produced))
+    internal = [t for t in produced
+                if t not in graph_out and all(c in inside for c in graph.consumers.get(t, ()))]
+    ext_out = [t for t in produced if t not in internal] or list(nodes[-1].outputs)
+    bytes_read = sum((n.bytes_read for n in nodes), Poly())
+    bytes_written = sum((n.bytes_written for n in nodes), Poly())
+    for t in internal:
+        if t in ext_out:
+            continue
+        readers = sum(1 for n in nodes for x in n.inputs if x == t)
+        nb = _tensor_bytes(graph, t)
+        bytes_written = bytes_written - nb
+        bytes_read = bytes_read - nb * readers
+    first = nodes[0]
+    return first.replace(
+        name=name, kind=kind or first.kind, inputs=tuple(ext_in), outputs=tuple(ext_out),
+        flops=sum((n.flops for n in nodes), Poly()),
+        bytes_read=_clip(bytes_read, graph, ext_in), bytes_written=_clip(bytes_written, graph,
+                                                                       ext_out),
+        params=params if params is not None else dict(first.params),
+        target="serving:fusion", tags=first.tags | {"fused"})
+
+
+def _clip(value: Poly, graph: OpGraph, tensors: Sequence[int]) -> Poly:
+    """Guard against negative byte counts (traced counts that skip some tensor): at least the
+    size of the listed external tensors' sum is kept when the subtraction undershoots."""
+    if value(1, 1, 1) >= 0 and value(64, 4096, 4096) >= 0:
+        return value
+    return sum((_tensor_bytes(graph, t) for t in tensors), Poly())
+
+
+def _rebuild(graph: OpGraph, replace: dict[int, Node], drop: set[int]) -> OpGraph:
+    return graph.with_nodes(replace.get(n.id, n) for n in graph.nodes if n.id not in drop)
+
+
+# ---------------------------------------------------------------------------------------------
+def _embedding_gather(graph: OpGraph) -> OpGraph:
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    has_embedding = any(n.kind == OpKind.EMBEDDING for n in graph.nodes)
+    for n in graph.nodes:
+        if n.kind == OpKind.EMBEDDING:
+            # Gather: read the looked-up rows (= the output) and the token ids.
+            ids = sum((_tensor_bytes(graph, t) for t in n.inputs
+                       if t not in graph.param_tensors), Poly())
+            replace[n.id] = n.replace(bytes_read=n.bytes_written + ids)
+        elif (has_embedding and _str(n.role) == Role.EMBED.value and not n.is_comm
+              and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)):
+            drop.add(n.id)  # RoPE position/cos/sin table: precomputed at model load
+    return _rebuild(graph, replace, drop) if replace or drop else graph
+
+
+def _poly_key(p: Poly) -> tuple:
+    terms = p.terms
+    return tuple(sorted(terms.items() if hasattr(terms, "items") else terms))
+
+
+def _merge_sibling_gemms(graph: OpGraph) -> OpGraph:
+    params = set(graph.param_tensors)
+    groups: dict[tuple, list[Node]] = {}
+    for n in graph.nodes:
+        if n.kind not in _GEMMS or "n" not in n.params:
+            continue
+        acts = tuple(t for t in n.inputs if t not in params)
+        if not acts:
+            continue
+        shape = tuple((k, _poly_key(v)) for k, v in sorted(n.params.items()) if k != "n")
+        key = (n.kind, _str(n.role), n.dtype, acts, shape)
+        groups.setdefault(key, []).append(n)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for (_, _, dtype, acts, _), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        act_bytes = _tensor_bytes(graph, acts[0], dtype)
+        first = nodes[0]
+        weights = tuple(t for n in nodes for t in n.inputs if t in params)
+        p = dict(first.params)
+        p["n"] = sum((n.params["n"] for n in nodes), Poly())
+        replace[first.id] = first.replace(
+            name=f"fused_{first.name}", inputs=acts + weights,
+            outputs=tuple(t for n in nodes for t in n.outputs),
+            flops=sum((n.flops for n in nodes), Poly()),
+            bytes_read=sum((n.bytes_read for n in nodes), Poly()) - act_bytes * (len(nodes) - 1),
+            bytes_written=sum((n.bytes_written for n in nodes), Poly()), params=p,
+            target="serving:fusion", tags=first.tags | {"fused", f"fused_gemms={len(nodes)}"})
+        drop.update(n.id for n in nodes[1:])
+    return _rebuild(graph, replace, drop) if replace else graph
+
+
+def _fuse_runs(graph: OpGraph, key: Callable[[Node], object], label: str,
+               kind: OpKind | None = None, sum_numel: bool = False) -> OpGraph:
+    """Merge maximal runs of consecutive nodes with equal non-None ``key`` (``numel`` of the
+    fused kernel: the largest part's, or the sum for independent writes)."""
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    nodes = graph.nodes
+    i = 0
+    while i < len(nodes):
+        k = key(nodes[i])
+        j = i + 1
+        if k is not None:
+            while j < len(nodes) and key(nodes[j]) == k:
+                j += 1
+            if j - i > 1:
+                run = list(nodes[i:j])
+                big = max(run, key=lambda n: float(n.bytes(64, 1024, 1024)))
+                numel = (sum((n.params.get("numel", Poly()) for n in run), Poly()) if sum_numel
+                         else big.params.get("numel", big.bytes / 2))
+                params = ({"numel": numel} if (kind or run[0].kind) in (
+                    OpKind.ELEMENTWISE, OpKind.COPY) else None)
+                if params is None and kind is not None:
+                    params = dict(big.params)
+                replace[run[0].id] = _merged(graph, run, name=f"{label}_{run[0].name}",
+                                             kind=kind, params=params)
+                drop.update(n.id for n in run[1:])
+        i = j
+    return _rebuild(graph, replace, drop) if replace else graph
+
+
+def _fuse_moe(graph: OpGraph) -> OpGraph:
+    if not any(n.kind == OpKind.GROUPED_GEMM for n in graph.nodes):
+        return graph
+    params = set(graph.param_tensors)
+    producer = {t: n for n in graph.nodes for t in n.outputs}
+    consumers: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        for t in n.inputs:
+            consumers.setdefault(t, []).append(n)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for n in graph.nodes:
+        # Token permutation (gather of activations) read directly by the grouped GEMM.
+        if (_str(n.role) == Role.MOE_DISPATCH.value and n.kind == OpKind.COPY and n.outputs
+                and all(c.kind == OpKind.GROUPED_GEMM
+                        for t in n.outputs for c in consumers.get(t, ()))
+                and all(consumers.get(t) for t in n.outputs)):
+            src = n.inputs[0]
+            drop.add(n.id)
+            for t in n.outputs:
+                for c in consumers[t]:
+                    cur = replace.get(c.id, c)
+                    replace[c.id] = cur.replace(
+                        inputs=tuple(src if x == t else x for x in cur.inputs))
+        # Routing-weight multiply fused into the producing grouped GEMM's epilogue.
+        if (_str(n.role) == Role.MOE_COMBINE.value and n.kind == OpKind.ELEMENTWISE
+                and n.inputs and n.inputs[0] in producer
+                and producer[n.inputs[0]].kind == OpKind.GROUPED_GEMM
+                and len(consumers.get(n.inputs[0], ())) == 1):
+            gemm = producer[n.inputs[0]]
+            cur = replace.get(gemm.id, gemm)
+            extra = tuple(t for t in n.inputs[1:] if t not in cur.inputs and t not in params)
+            replace[gemm.id] = cur.replace(inputs=cur.inputs + extra, outputs=n.outputs,
+                                           flops=cur.flops + n.flops,
+                                           tags=cur.tags | {"fused"})
+            drop.add(n.id)
+    g = _rebuild(graph, replace, drop) if replace or drop else graph
+
+    def glue_key(n: Node) -> str | None:
+        role = _str(n.role)
+        if n.is_comm or n.kind not in _GLUE_KINDS:
+            return None
+        if role in _MOE_GLUE_ROLES:
+            return role
+        if role == Role.MOE_EXPERT.value and n.kind == OpKind.ELEMENTWISE:
+            return role  # SiLU-and-mul between the grouped GEMMs
+        return None
+
+    g = _fuse_runs(g, glue_key, "fused_moe")
+    return _fused_expert_ffn(g)
+
+
+def _fused_expert_ffn(graph: OpGraph) -> OpGraph:
+    """w13 grouped GEMM + SiLU-and-mul + w2 grouped GEMM -> one ``grouped_gemm`` node with
+    ``n`` = the expert intermediate size and ``k`` = hidden: the whole ``fused_experts`` op,
+    which is what the profile DB's ``moe_ffn`` rows time (aiconfigurator's MoE profiles time
+    the engine's fused MoE op, gate/up + activation + down) and what the ``grouped_gemm``
+    predictor's shape model assumes (``2 rows 3 n k`` FLOPs). Intermediates are written to and
+    read from HBM as vLLM's ``intermediate_cache1/2`` are, so bytes simply add up."""
+    nodes = graph.nodes
+    for i in range(len(nodes) - 2):
+        up, act, down = nodes[i], nodes[i + 1], nodes[i + 2]
+        if not (up.kind == down.kind == OpKind.GROUPED_GEMM
+                and act.kind == OpKind.ELEMENTWISE and "k" in down.params
+                and "n" in down.params and any(t in act.inputs for t in up.outputs)
+                and any(t in down.inputs for t in act.outputs)):
+            continue
+        p = dict(up.params)
+        p["n"], p["k"] = down.params["k"], down.params["n"]
+        ffn = up.replace(
+            name=f"fused_experts_{up.name}",
+            inputs=tuple(dict.fromkeys(t for n in (up, act, down) for t in n.inputs
+                                       if t not in up.outputs + act.outputs)),
+            outputs=down.outputs, flops=up.flops + act.flops + down.flops,
+            bytes_read=up.bytes_read + act.bytes_read + down.bytes_read,
+            bytes_written=up.bytes_written + act.bytes_written + down.bytes_written,
+            params=p, target="serving:fusion", tags=up.tags | down.tags | {"fused", "moe_ffn"})
+        drop = {act.id, down.id}
+        return graph.with_nodes(ffn if n.id == up.id else n for n in nodes if n.id not in drop)
+    return graph
+
+
+def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
+    """Expert tensor parallelism of inference engines (vLLM ``FusedMoE`` without expert
+    parallelism, TRT-LLM ``moe_tp_size``): each routed expert's w13 is split column-wise and
+    w2 row-wise over ``moe_tp`` ranks, and the MoE output is all-reduced over them.
+
+    ``passes.tensor_parallel`` leaves routed experts unsharded (expert TP = 1, Megatron's
+    training default); serving engines shard them whenever expert parallelism does not cover
+    the TP group (``moe_tp = tp / ep``). The all-reduce copies the block's attention TP
+    all-reduce (same ``tokens x hidden`` message).
+    """
+    if moe_tp <= 1:
+        return graph
+    params = set(graph.param_tensors)
+    ar = next((n for n in graph.nodes if n.is_comm and n.group == "tp"
+               and n.kind == OpKind.ALL_REDUCE), None)
+    experts = [n for n in graph.nodes if n.kind == OpKind.GROUPED_GEMM
+               and _str(n.role) == Role.MOE_EXPERT.value]
+    if not experts or ar is None:
+        return graph
+    out: list[Node] = []
+    next_id = max(n.id for n in graph.nodes) + 1
+    last_combine = max((i for i, n in enumerate(graph.nodes)
+                        if _str(n.role) in (Role.MOE_COMBINE.value, Role.MOE_EXPERT.value)),
+                       default=len(graph.nodes) - 1)
+    for i, n in enumerate(graph.nodes):
+        if n in experts:
+            acts = [t for t in n.inputs if t not in params and t in graph.tensors]
+            act = _tensor_bytes(graph, acts[0], n.dtype) if acts else Poly()
+            p = dict(n.params)
+            column = n is experts[0] or len(experts) == 1
+            dim = "n" if column else "k"
+            p[dim] = p[dim] / moe_tp
+            n = n.replace(flops=n.flops / moe_tp,
+                          bytes_read=act + (n.bytes_read - act) / moe_tp,
+                          bytes_written=n.bytes_written / moe_tp if column
+                          else n.bytes_written, params=p, tags=n.tags | {"moe_tp"})
+        elif _str(n.role) == Role.MOE_EXPERT.value and n.kind == OpKind.ELEMENTWISE:
+            n = n.replace(flops=n.flops / moe_tp, bytes_read=n.bytes_read / moe_tp,
+                          bytes_written=n.bytes_written / moe_tp,
+                          params={k: v / moe_tp for k, v in n.params.items()})
+        out.append(n)
+        if i == last_combine:
+            out.append(ar.replace(id=next_id, name=f"moe_tp_all_reduce_{ar.name}",
+                                  inputs=(), outputs=()))
+    return graph.with_nodes(out)
+
+
+def _fuse_residual_norm(graph: OpGraph) -> OpGraph:
+    nodes = list(graph.nodes)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    compute = [n for n in nodes if not n.is_comm]
+    for a, b in zip(compute, compute[1:], strict=False):
+        if (_str(a.role) == Role.RESIDUAL.value and a.kind == OpKind.ELEMENTWISE
+                and b.kind == OpKind.NORM and any(t in b.inputs for t in a.outputs)
+                and a.id not in drop and b.id not in replace):
+            merged = _merged(graph, [a, b], name=f"fused_add_{b.name}", kind=OpKind.NORM,
+                             params=dict(b.params)).replace(role=b.role)
+            replace[a.id] = merged
+            drop.add(b.id)
+    g = _rebuild(graph, replace, drop) if replace else graph
+    # Trailing residual add -> the next layer's input norm (accounted in this block's leading
+    # norm, see the module doc).
+    comp = [n for n in g.nodes if not n.is_comm]
+    if len(comp) < 3:
+        return g
+    last, lead = comp[-1], comp[0]
+    if (_str(last.role) == Role.RESIDUAL.value and last.kind == OpKind.ELEMENTWISE
+            and lead.kind == OpKind.NORM and _str(lead.role) == Role.ATTN_NORM.value):
+        out_bytes = sum((_tensor_bytes(g, t) for t in last.outputs), Poly())
+        fused = lead.replace(
+            name=f"fused_add_{lead.name}", flops=lead.flops + last.flops,
+            # Reads the two addends instead of their sum; writes the sum (next residual).
+            bytes_read=lead.bytes_read + last.bytes_read - out_bytes,
+            bytes_written=lead.bytes_written + last.bytes_written,
+            target="serving:fusion", tags=lead.tags | {"fused", "fused_residual"})
+        g = g.with_nodes(fused if n.id == lead.id else n for n in g.nodes if n.id != last.id)
+    return g
