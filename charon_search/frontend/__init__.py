@@ -7,12 +7,35 @@
 ['dense', 'embedding', 'lm_head']
 
 How it works: the HF model class is built on the meta device with one decoder layer per layer
-type (``catalog._hf.build_reduced_model``); the reduced model (embedding, those layers, final
-norm, LM head, and the loss for training) runs on FakeTensors under AOT autograd at two
-concrete ``(b, s, c)`` points; every fx node is then mapped to an ``OpKind`` with ``Poly``
-shapes, FLOPs and bytes, and the ops are cut into blocks by module path (backward ops follow
-their forward op via autograd ``seq_nr``). Results are cached in memory and on disk, so a new
-batch or sequence length is arithmetic on the cached graph (``OpGraph.evaluate``).
+type (``catalog._hf.build_reduced_model``); that reduced model (embedding, those layers, final
+norm, LM head, and the loss for training) runs on FakeTensors, under AOT autograd with
+``default_partition`` for training (so saved activations are what eager autograd keeps) or
+``make_fx`` for inference, once, at a point whose ``b``/``s``/``c`` are primes that divide no
+config integer (``_symbolic``). Every fx node is mapped to an ``OpKind`` with ``Poly`` shapes,
+FLOPs and bytes (``_ops``, ``_convert``), decomposed RMSNorm chains are fused into one NORM node,
+and the ops are cut into blocks by module path; backward ops follow their forward op through
+autograd's ``seq_nr`` (``_roles``, ``_assemble``). Results are cached in memory and on disk, so a
+new batch or sequence length is arithmetic on the cached graph (``OpGraph.evaluate``).
+
+Modelling choices (what the graphs mean):
+
+* ``sdpa``: ``F.scaled_dot_product_attention`` is routed to ONE fused attention node (CPU flash,
+  or memory-efficient attention when d_v != d_qk as in MLA), as a GPU kernel would run it; CPU
+  torch would otherwise fall back to bmm + softmax. ``eager`` keeps HF's unfused attention (bmm,
+  softmax, dropout). Models without an SDPA path in HF (gpt-oss, MPT) are traced eager.
+* Training runs HF's ``ForCausalLMLoss`` (fp32 logits, log-softmax + NLL). Prefill and decode
+  compute logits for the last token only (``logits_to_keep=1``); prefill does not write a cache.
+* Decode: one new token per sequence (``s = 1``) attending over ``c`` keys; the KV cache holds
+  ``c - 1`` fake tokens passed in as graph inputs, and HF's ``cat(past, new)`` is costed as an
+  in-place one-token append (tag ``kv_append``). The cache layout is HF's: DeepSeek-V3 caches
+  the compressed latent and re-expands all ``c`` tokens through ``kv_b_proj`` every step (no
+  weight absorption), which over-counts decode FLOPs against MLA-absorbing engines.
+* Sliding-window layers (gpt-oss) are traced with their window mask over all ``c`` keys.
+* MoE: transformers' ``grouped_mm`` experts; ``GROUPED_GEMM`` nodes carry ``tokens = b*s``
+  (before top-k duplication), ``top_k`` and ``num_experts``; balanced routing is the cost
+  side's assumption. Router top-k/sort/histc/scatter ops are ``MOE_ROUTING``.
+* Ops the AOT partitioner recomputes inside the backward (masks, position ids) are tagged
+  ``recomputed`` and assigned to the block that consumes them.
 """
 
 from __future__ import annotations

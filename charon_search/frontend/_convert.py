@@ -193,8 +193,10 @@ class Converter:
         return out
 
     def _run_backward(self, fw_info: dict[int, tuple[str, str, str, str]]) -> None:
+        assert self.c1.bw is not None
         bw1 = list(self.c1.bw.graph.nodes)
         for c in self.caps[1:]:
+            assert c.bw is not None
             self._check_pair(bw1, list(c.bw.graph.nodes), "backward")
         fw_names = {k[1] for k in self.tid} | {k[1] for k in self.alias}
         prev: tuple[str, str, str, str] | None = None

@@ -15,7 +15,7 @@ __all__ = ["RoleTracker", "block_of_path"]
 _ATTN = ("self_attn", "attn", "attention", "self_attention")
 _QKV = ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "q_a_proj",
         "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "wq", "wk", "wv", "q_a_layernorm",
-        "kv_a_layernorm", "wqkv")
+        "kv_a_layernorm", "wqkv", "Wqkv")
 _OUT = ("o_proj", "c_proj", "dense", "out_proj", "wo", "resid_dropout")
 _QK_NORM = ("q_norm", "k_norm")
 _MLP = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
@@ -60,6 +60,10 @@ class RoleTracker:
         top = parts[0] if parts else ""
         sub = parts[1] if len(parts) > 1 else ""
         if not parts:
+            # Layer-level ops: the activation of layer-level MLP linears (OPT's fc1 -> relu ->
+            # fc2), else residual adds / dropouts.
+            if st.get("mlp_in") and not st["mlp_out"] and kind is not None:
+                return Role.MLP_ACT.value
             return Role.RESIDUAL.value
         if "Norm" in cls and len(parts) == 1:
             return Role.ATTN_NORM.value if not st["attn"] else Role.MLP_NORM.value
@@ -79,6 +83,14 @@ class RoleTracker:
             if not st["core"] and (base in _ROPE_OPS or base == "slice"):
                 return Role.ATTN_ROPE.value
             return Role.ATTN_CORE.value
+        if top in _MLP_IN or (top in _MLP_OUT and top != "dropout"):
+            # MLP linears directly under the layer (OPT fc1/fc2).
+            st["attn"] = 1
+            if top in _MLP_IN:
+                st["mlp_in"] = 1
+                return Role.MLP_IN.value
+            st["mlp_out"] = 1
+            return Role.MLP_OUT.value
         if top in _MLP:
             st["attn"] = 1
             if block == "moe" or self._is_moe_path(parts):

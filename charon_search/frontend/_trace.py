@@ -241,6 +241,7 @@ def _cache_from(model: Any, past: tuple[Any, ...]) -> Any:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    layer: Any
     for j, layer in enumerate(cache.layers):
         k, v = past[2 * j], past[2 * j + 1]
         layer.keys, layer.values = k, v

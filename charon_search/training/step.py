@@ -247,6 +247,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     strides = axis_strides(L.rank_order, sizes)
     # Gradients of dense weights are reduced over the dp·cp ranks holding the same shard.
     strides["dpcp"] = min(strides["cp"], strides["dp"]) if L.cp > 1 else strides["dp"]
+    # HSDP: replicas of a shard group sit hsdp_shard DP ranks apart.
+    strides["dp_rep"] = strides["dp"] * max(L.hsdp_shard, 1)
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent)
     # Same-named clusters may differ (recalibrated copies): key on their content.
@@ -360,7 +362,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
                 if L.zero_stage == 3:
                     if L.hsdp_shard and dp_cp // L.hsdp_shard > 1:
                         t += coster.collective("all_reduce", prm.numel * grad_b / L.hsdp_shard,
-                                               dp_cp // L.hsdp_shard, "dpcp")[0]
+                                               dp_cp // L.hsdp_shard, "dp_rep")[0]
                 else:
                     kind = "all_reduce" if L.zero_stage == 0 else "reduce_scatter"
                     t += coster.collective(kind, prm.dense_numel * grad_b, dense_group, "dpcp")[0]
@@ -368,7 +370,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
                                            "dpcp")[0]
                     if L.hsdp_shard and L.zero_stage and dp_cp // L.hsdp_shard > 1:
                         t += coster.collective("all_reduce", prm.numel * grad_b / L.hsdp_shard,
-                                               dp_cp // L.hsdp_shard, "dp")[0]
+                                               dp_cp // L.hsdp_shard, "dp_rep")[0]
                 if t > 0:
                     st = max(dp_free, ready)
                     dp_free = st + t
@@ -387,7 +389,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         ag_exposed = 0.0
         if L.zero_stage in (1, 2) and shard > 1:
             ag = coster.collective("all_gather", local_numel * DTYPE_BYTES["bf16"], shard,
-                                   "dp")[0]
+                                   "dp" if L.hsdp_shard else "dpcp")[0]
             # Megatron's --overlap-param-gather hides it behind the next step's first forward.
             first_f = unit(r, 0, "F").duration_s if L.fsdp_prefetch else 0.0
             ag_exposed = max(ag - first_f, 0.0)

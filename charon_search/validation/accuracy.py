@@ -47,9 +47,9 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
     for kind, rows in sorted(by_kind.items()):
         # One panel per metric (a record counted once per metric group), so every panel has
         # one unit; the most populated metrics first.
-        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in representative_rows(rows):
-            groups[r["metric"]].append(r)
+        groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for rep in representative_rows(rows):
+            groups[rep["metric"]].append(rep)
         groups = dict(sorted(groups.items(), key=lambda kv: -len(kv[1]))[:MAX_PANELS])
         ncols = min(3, len(groups))
         nrows = -(-len(groups) // ncols)
@@ -187,7 +187,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                              for r in worst]), ""]
     lines += ["## Not yet expressible", ""]
     reasons = Counter(x["reason"] for x in result.skipped)
-    lines += [_md_table(["records", "reason"], [[n, reason] for reason, n in
+    lines += [_md_table(["records", "reason"], [[str(n), reason] for reason, n in
                                                 reasons.most_common()]), ""]
     pub_skips = [x for x in result.skipped
                  if result.cases.get(x["id"], {}).get("origin") == "published"]
@@ -199,6 +199,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
     if metric_skips:
         lines += ["Metrics of expressed records that are not predicted:", ""]
         lines += [_md_table(["metric", "records", "reason"],
-                            [[m, n, reason] for (m, reason), n in metric_skips.most_common()]),
+                            [[m, str(n), reason]
+                             for (m, reason), n in metric_skips.most_common()]),
                   ""]
     return "\n".join(lines)

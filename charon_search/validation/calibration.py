@@ -118,7 +118,8 @@ def apply_parameters(cluster: ClusterSpec, values: Mapping[str, float]) -> Clust
             cal_changes[field_name] = _scaled_bw(cluster, float(value))
         else:
             cal_changes[field_name] = float(value)
-    gpu = dataclasses.replace(cluster.gpu, **gpu_changes) if gpu_changes else cluster.gpu
+    gpu = (dataclasses.replace(cluster.gpu, **gpu_changes)  # type: ignore[arg-type]
+           if gpu_changes else cluster.gpu)
     cal = (dataclasses.replace(cluster.calibration, **cal_changes) if cal_changes
            else cluster.calibration)
     tag = hashlib.sha1(json.dumps(dict(values), sort_keys=True).encode()).hexdigest()[:8]

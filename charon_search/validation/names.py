@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,7 @@ def resolve_model_name(name: str | None) -> str:
     mapped = name_map()["models"].get(name)
     if mapped:
         candidates.append(mapped)
+    catalog_resolve: Callable[[str], str] | None
     try:  # the catalog's own resolver (engineer A) knows its aliases
         from charon_search.catalog import resolve_model_name as catalog_resolve
     except ImportError:

@@ -80,13 +80,16 @@ def _memory_metrics(case: TrainingCase, report: Any,
                     memory_fn: Callable[..., Any] | None) -> tuple[dict[str, float], str | None]:
     mem = report.get("memory") if isinstance(report, Mapping) else getattr(report, "memory", None)
     if mem is None:
-        if memory_fn is None:
+        if memory_fn is not None:
+            fn = memory_fn
+        else:
             try:
-                from charon_search.memory import memory_report as memory_fn
+                from charon_search.memory import memory_report
             except ImportError as e:
                 return {}, f"memory model not available: {e}"
+            fn = memory_report
         try:
-            mem = memory_fn(case.model, case.layout, case.cluster)
+            mem = fn(case.model, case.layout, case.cluster)
         except Exception as e:
             return {}, f"memory model failed: {type(e).__name__}: {e}"
     out: dict[str, float] = {}
@@ -107,12 +110,15 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
               memory_fn: Callable[..., Any] | None) -> CaseResult:
     rec = case.record
     lay = case.layout
-    if simulate is None:
+    if simulate is not None:
+        sim = simulate
+    else:
         try:
-            from charon_search.training import simulate_training as simulate
+            from charon_search.training import simulate_training
         except ImportError as e:
             raise Unexpressible(f"training simulator not available: {e}") from e
-    report = simulate(case.model, case.cluster, lay)
+        sim = simulate_training
+    report = sim(case.model, case.cluster, lay)
     step = read_number(report, "step_time_s")
     if step is None or not step > 0:
         raise Unexpressible(f"training simulator returned no step time ({step!r})")
@@ -142,7 +148,7 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
             skipped[metric] = "metric not in the schema vocabulary known to the validator"
             continue
         pred[metric] = value
-    info = {"step_time_s": step, "num_gpus": n}
+    info: dict[str, Any] = {"step_time_s": step, "num_gpus": n}
     cs = report.get("cost_sources") if isinstance(report, Mapping) else getattr(
         report, "cost_sources", None)
     if cs:
@@ -186,17 +192,20 @@ def _training_metric(metric: str, case: TrainingCase, step: float, tokens: float
 
 
 def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResult:
-    if simulate is None:
+    if simulate is not None:
+        sim = simulate
+    else:
         try:
-            from charon_search.serving import simulate_serving as simulate
+            from charon_search.serving import simulate_serving
         except ImportError as e:
             raise Unexpressible(f"serving simulator not available: {e}") from e
+        sim = simulate_serving
     closed = getattr(case.workload, "closed_loop", False)
     try:
-        report = simulate(case.model, case.cluster, case.config, case.workload,
-                          keep_requests=closed)
+        report = sim(case.model, case.cluster, case.config, case.workload,
+                     keep_requests=closed)
     except TypeError:  # a simulator without per-request output
-        report = simulate(case.model, case.cluster, case.config, case.workload)
+        report = sim(case.model, case.cluster, case.config, case.workload)
     pred: dict[str, float] = {}
     skipped: dict[str, str] = {}
     ttft, tpot = read_number(report, "ttft_s"), read_number(report, "tpot_s")
@@ -222,7 +231,7 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
             skipped[metric] = "serving simulator gave no value for this metric"
         else:
             pred[metric] = float(values[metric])  # type: ignore[arg-type]
-    info = {"num_gpus": case.num_gpus}
+    info: dict[str, Any] = {"num_gpus": case.num_gpus}
     for k in ("num_completed", "num_requests", "num_preemptions"):
         v = read_number(report, k)
         if v is not None:

@@ -235,6 +235,7 @@ def _check_record(raw: Any, *, where: str) -> Record:
     where = f"{where.rsplit(': record', 1)[0]}: record {rid}"
     kind = raw.get("kind")
     _choice(kind, ("training", "serving"), f"{where}: `kind`")
+    kind = str(kind)
     _require_keys(raw, (*_RECORD_KEYS, kind), ("variants",), where)
     src = raw["source"]
     _require_keys(src, ("title", "read_from", "url"), (), f"{where}: `source`")
@@ -488,7 +489,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 # not expressible by the translation rather than rejected here.
                 known = all(p["num_workers"] for p in (pre, dec))
                 if conc is None and known and dec["batch_size"]:
-                    conc = dec["batch_size"] * dec["num_workers"] * (dec["attention_dp_size"] or 1)
+                    conc = (int(dec["batch_size"]) * int(dec["num_workers"] or 1)
+                            * int(dec["attention_dp_size"] or 1))
                 cfg.update(prefill=pre, decode=dec, concurrency=conc)
                 num_gpus = sum((p["num_workers"] or 1) * _pool_gpus(p) for p in (pre, dec))
             out.append(Record(

@@ -68,7 +68,7 @@ class ServingCase:
 
 
 # ----------------------------------------------------------------------------- model
-_HF_KEYS = {  # ModelSpec field -> HF config key, per config family
+_HF_KEYS: dict[str, dict[str, str | None]] = {  # ModelSpec field -> HF config key, per family
     "llama": {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
               "num_attention_heads": "num_attention_heads",
               "num_key_value_heads": "num_key_value_heads",
@@ -154,7 +154,7 @@ def _model_for(record: Record, assumptions: list[str]) -> ModelSpec:
 def _patched(spec: ModelSpec, changes: dict[str, int], record: Record,
              assumptions: list[str]) -> ModelSpec:
     family = "gpt2" if "n_layer" in spec.hf_config else "llama"
-    keys = _HF_KEYS[family]
+    keys: dict[str, str | None] = _HF_KEYS[family]
     if spec.is_moe or any(k not in keys for k in changes):
         raise Unexpressible(
             f"record architecture differs from catalog {spec.name!r} in "
@@ -166,7 +166,7 @@ def _patched(spec: ModelSpec, changes: dict[str, int], record: Record,
             if v != spec.num_attention_heads:
                 raise Unexpressible(f"catalog {spec.name!r} has no GQA key for {k}={v}")
             continue
-        hf[keys[k]] = v
+        hf[str(keys[k])] = v
     tag = hashlib.sha1(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:8]
     try:
         from charon_search.catalog import spec_from_config

@@ -51,7 +51,7 @@ def pick_rows(path: str, max_osl: int) -> list[dict]:
     return out
 
 
-def simulate_row(r: dict) -> dict:
+def simulate_row(r: dict, ramp_up_s: float | None = None) -> dict:
     bs = int(r["batch_size"])
     tp = int(r["tp_size"])
     ep = int(r["moe_ep_size"] or 1)
@@ -60,7 +60,7 @@ def simulate_row(r: dict) -> dict:
                         max_num_batched_tokens=8192)
     wl = WorkloadSpec(arrival="concurrency", concurrency=bs, num_requests=4 * bs,
                       input_len=LengthDistribution(value=int(r["isl"])),
-                      output_len=LengthDistribution(value=int(r["osl"])))
+                      output_len=LengthDistribution(value=int(r["osl"])), ramp_up_s=ramp_up_s)
     t0 = time.perf_counter()
     rep = simulate_serving(MODELS[r["model_path"]], CLUSTERS[r["system"]], cfg, wl,
                            keep_requests=True)
@@ -86,11 +86,14 @@ def main() -> None:
     ap.add_argument("csv", nargs="?", default=DEFAULT)
     ap.add_argument("--max-osl", type=int, default=1024)
     ap.add_argument("--json")
+    ap.add_argument("--waves", action="store_true",
+                    help="start the closed loop's first wave at once (ramp_up_s=0) instead of "
+                         "staggered over one request lifetime (the default)")
     args = ap.parse_args()
     results = []
     for r in pick_rows(args.csv, args.max_osl):
         try:
-            res = simulate_row(r)
+            res = simulate_row(r, 0.0 if args.waves else None)
         except Exception as e:  # report and continue: this is a sanity sweep
             print(f"{r['id']}: failed: {type(e).__name__}: {e}", flush=True)
             continue
@@ -104,9 +107,20 @@ def main() -> None:
     if results:
         import statistics as st
 
-        print(f"median |TTFT err| {st.median(abs(x['ttft_err']) for x in results):.1%}, "
-              f"median |TPOT err| {st.median(abs(x['tpot_err']) for x in results):.1%} "
-              f"over {len(results)} rows")
+        import numpy as np
+
+        moe = ("Qwen3-235B", "gpt-oss")
+        for label, sel in (("all", results),
+                           ("dense", [x for x in results if not any(m in x["model"]
+                                                                   for m in moe)]),
+                           ("moe", [x for x in results if any(m in x["model"] for m in moe)])):
+            if not sel:
+                continue
+            e1 = np.abs([x["ttft_err"] for x in sel])
+            e2 = np.abs([x["tpot_err"] for x in sel])
+            print(f"{label:5s} n={len(sel):2d} | TTFT |err| median {st.median(e1):.1%} "
+                  f"p90 {np.percentile(e1, 90):.1%} | TPOT |err| median {st.median(e2):.1%} "
+                  f"p90 {np.percentile(e2, 90):.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -184,3 +184,11 @@ def test_timeline_identical_across_processes() -> None:
     outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout for _ in range(2)]
     assert outs[0] == outs[1] and len(outs[0]) > 100
+
+
+def test_hsdp_runs_and_differs_from_full_shard() -> None:
+    base = dict(dp=4, zero_stage=3, global_batch_size=8, seq_len=512)
+    full = _sim(Layout(**base))
+    hsdp = _sim(Layout(hsdp_shard=2, **base))
+    assert full.step_time_s > 0 and hsdp.step_time_s > 0
+    assert hsdp.step_time_s != full.step_time_s

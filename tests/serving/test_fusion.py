@@ -1,0 +1,141 @@
+"""Inference kernel fusion of the serving graphs and the steady-state closed loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from charon_search.catalog import load_model
+from charon_search.ir import OpKind
+from charon_search.serving import LengthDistribution, ServingConfig, WorkloadSpec, simulate_serving
+from charon_search.serving._graphs import serving_graphs
+
+POINT = (4, 1, 300)  # b, s, c of a decode batch
+
+
+def _flops(graph) -> float:  # type: ignore[no-untyped-def]
+    return sum(n.flops(*POINT) for n in graph.nodes)
+
+
+def _graphs(name: str, fused: bool, tp: int = 1):  # type: ignore[no-untyped-def]
+    return serving_graphs(load_model(name), tp=tp, pp=1, ep=1, dp_attention=False,
+                          precision="bf16", fused_kernels=fused)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_dense_fusion_merges_gemms_and_keeps_flops(tp: int) -> None:
+    spec = load_model("debug-llama")
+    for phase in (0, 1):  # prefill, decode
+        raw = _graphs("debug-llama", False, tp)[phase]["dense"]
+        fused = _graphs("debug-llama", True, tp)[phase]["dense"]
+        assert _flops(fused) == pytest.approx(_flops(raw), rel=1e-12)
+        assert len(fused.nodes) < len(raw.nodes)
+        gemms = {n.role: n for n in fused.nodes if n.kind == OpKind.GEMM}
+        raw_qkv = [n for n in raw.nodes if n.kind == OpKind.GEMM and n.role == "attn.qkv"]
+        assert len(raw_qkv) == 3
+        # One QKV GEMM whose n is the sum: (heads + 2 kv_heads) * head_dim / tp.
+        head_dim = spec.hidden_size // spec.num_attention_heads
+        qkv_n = (spec.num_attention_heads + 2 * spec.num_key_value_heads) * head_dim / tp
+        assert gemms["attn.qkv"].params["n"](*POINT) == pytest.approx(qkv_n)
+        assert gemms["attn.qkv"].params["n"](*POINT) == pytest.approx(
+            sum(n.params["n"](*POINT) for n in raw_qkv))
+        # One gate_up GEMM of n = 2 * intermediate / tp.
+        assert gemms["mlp.in"].params["n"](*POINT) == pytest.approx(
+            2 * spec.intermediate_size / tp)
+        # The shared activation is read once: bytes drop by (3 - 1) activation reads.
+        fused_read = gemms["attn.qkv"].bytes_read(*POINT)
+        assert fused_read < sum(n.bytes_read(*POINT) for n in raw_qkv)
+        # vLLM's kernels per layer: add+norm, qkv, rope, kv write, attention, o, add+norm,
+        # gate_up, silu_and_mul, down (+ 2 all-reduces under TP). The traced prefill graph
+        # has no KV write.
+        compute = [n for n in fused.nodes if not n.is_comm]
+        assert len(compute) == (9, 10)[phase]
+        assert sum(1 for n in fused.nodes if n.is_comm) == (2 if tp > 1 else 0)
+
+
+def test_fused_cost_model_launches_fewer_kernels() -> None:
+    from charon_search.serving.simulator import build_cost_model
+    from charon_search.testing import toy_cluster
+
+    model, cluster = load_model("debug-llama"), toy_cluster()
+    eager = build_cost_model(model, cluster, ServingConfig(fused_kernels=False))
+    fused = build_cost_model(model, cluster, ServingConfig())
+    assert fused.num_kernels < eager.num_kernels
+    # Embedding: one gather (the RoPE table is precomputed); per layer 9 prefill kernels
+    # (counted on the prefill graph, the eager case); final norm + LM head.
+    assert fused.num_kernels == 1 + 9 * model.num_layers + 2
+
+
+def test_moe_fusion_builds_one_fused_experts_op() -> None:
+    spec = load_model("debug-moe")
+    flops: dict[int, float] = {}
+    for tp in (1, 2):
+        raw = _graphs("debug-moe", False, tp)[1]
+        fused = _graphs("debug-moe", True, tp)[1]
+        block = next(k for k in fused if k not in ("embedding", "lm_head")
+                     and any(n.kind == OpKind.GROUPED_GEMM for n in fused[k].nodes))
+        experts = [n for n in fused[block].nodes if n.kind == OpKind.GROUPED_GEMM]
+        assert len(experts) == 1
+        # Whole gated FFN of one expert shard: n = intermediate / moe_tp, k = hidden.
+        assert experts[0].params["n"](*POINT) == pytest.approx(
+            spec.moe_intermediate_size / tp)
+        assert experts[0].params["k"](*POINT) == pytest.approx(spec.hidden_size)
+        glue = [n for n in fused[block].nodes if n.role in ("moe.router", "moe.dispatch",
+                                                             "moe.combine")]
+        # router GEMM, topk_softmax, moe_align_block_size, moe_sum.
+        assert len(glue) == 4
+        raw_glue = [n for n in raw[block].nodes if n.role in ("moe.router", "moe.dispatch",
+                                                               "moe.combine")]
+        assert len(raw_glue) > 10
+        assert _flops(fused[block]) == pytest.approx(_flops(raw[block]), rel=1e-12)
+        flops[tp] = experts[0].flops(*POINT)
+        if tp > 1:  # expert TP: w13/w2 split over the ranks, the MoE output all-reduced
+            assert sum(1 for n in fused[block].nodes if n.is_comm) == 2  # attn + MoE
+    assert flops[2] == pytest.approx(flops[1] / 2)
+
+
+def _closed(conc: int, n: int, **kw):  # type: ignore[no-untyped-def]
+    return WorkloadSpec(arrival="concurrency", concurrency=conc, num_requests=n,
+                        input_len=LengthDistribution(value=1000),
+                        output_len=LengthDistribution(value=100), **kw)
+
+
+def test_closed_loop_steady_state_littles_law(affine, cluster) -> None:
+    cfg = ServingConfig(num_kv_blocks=20000, iteration_overhead_s=1e-3)
+    rep = simulate_serving("debug-llama", cluster, cfg, _closed(8, 800), cost_model=affine,
+                           keep_requests=True)
+    assert rep.num_completed == 800
+    # Closed loop without think time: concurrency = throughput x mean E2E (Little's law),
+    # and the time-averaged population is the concurrency.
+    assert rep.requests_per_s * rep.e2e_s["mean"] == pytest.approx(8, rel=0.05)
+    assert rep.mean_requests_in_system == pytest.approx(8, rel=0.05)
+    assert rep.mean_requests_in_system == pytest.approx(
+        rep.arrival_rate * rep.e2e_s["mean"], rel=0.05)
+
+
+def test_closed_loop_staggers_instead_of_waves(affine, cluster) -> None:
+    cfg = ServingConfig(num_kv_blocks=20000, iteration_overhead_s=1e-3)
+    oh = 1e-3
+    steady = simulate_serving("debug-llama", cluster, cfg, _closed(8, 160), cost_model=affine,
+                              keep_requests=True)
+    waves = simulate_serving("debug-llama", cluster, cfg, _closed(8, 160, ramp_up_s=0.0),
+                             cost_model=affine, keep_requests=True)
+
+    def late_ttft(rep) -> float:  # type: ignore[no-untyped-def]
+        pr = rep.per_request
+        v = [t for i, t in zip(pr["request_id"], pr["ttft_s"], strict=True) if i >= 8]
+        return sum(v) / len(v)
+
+    # Synchronized waves: all 8 prompts prefill in one iteration of 8000 tokens.
+    wave = affine.iteration_s([(1000, 1000)] * 8, 0, 0.0) + oh
+    assert late_ttft(waves) == pytest.approx(wave, rel=1e-6)
+    # Steady state: a request waits at most one running iteration, then prefills its own
+    # 1000 tokens next to <= 7 decodes.
+    decode7 = affine.iteration_s((), 7, 7 * 1100.0, padded_decode=8) + oh
+    mixed = affine.iteration_s([(1000, 1000)], 7, 7 * 1100.0) + oh
+    assert late_ttft(steady) <= decode7 + mixed + 1e-9
+    assert late_ttft(steady) < 0.5 * wave
+    # First wave spread over one expected lifetime.
+    pr = steady.per_request
+    first = sorted(t for i, t in zip(pr["request_id"], pr["arrived_at_s"], strict=True) if i < 8)
+    gap = first[1] - first[0]
+    assert gap > 0 and first == pytest.approx([i * gap for i in range(8)])
