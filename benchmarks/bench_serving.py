@@ -28,14 +28,16 @@ def _case(name: str, model, cluster, cfg: ServingConfig, wl: WorkloadSpec) -> di
     warm = ServingSimulation(model, cluster, cfg, cost_cache=models)
     warm.run(wl.replace(seed=wl.seed + 1).generate())
     sim = ServingSimulation(model, cluster, cfg, cost_cache=models)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     reqs = sim.run(requests)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0  # CPU time: meaningful on a shared, oversubscribed host
     rep = sim.report(reqs, num_requests=len(requests), closed_loop=False)
     print(f"{name}: {len(requests)} requests in {wall:.2f} s wall "
           f"({len(requests) / wall:.0f} simulated req/s, {rep.num_iterations} iterations); "
           f"{rep.summary()}")
     return {"name": name, "num_requests": len(requests), "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
             "requests_per_s": round(len(requests) / wall, 1),
             "num_iterations": rep.num_iterations,
             "simulated_ttft_p50_s": rep.ttft_s["p50"], "simulated_tpot_p50_s": rep.tpot_s["p50"]}

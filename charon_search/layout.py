@@ -75,6 +75,12 @@ class Layout:
     """``adam`` (fp32 master + m + v) or ``sgd``."""
     fused_kernels: bool = True
     """Flash attention and fused norm/SwiGLU/RoPE kernels (fusion pass)."""
+    fp8_recipe: str = "tensorwise"
+    """With ``precision="fp8"``: ``tensorwise`` / ``rowwise`` (dynamic scaling, torchao),
+    ``delayed`` (Transformer Engine amax history) or ``blockwise`` (DeepSeek-V3 1x128 tiles)."""
+    attention_kernel: str = "flash"
+    """``flash`` (fused attention kernel) or ``eager`` (unfused QK^T / softmax / dropout / PV,
+    as Megatron-LM before flash attention, 2023)."""
 
     @property
     def num_gpus(self) -> int:
@@ -97,6 +103,8 @@ class Layout:
         _choice("cp_algo", self.cp_algo, CP_ALGOS)
         _choice("rank_order", self.rank_order, RANK_ORDERS)
         _choice("optimizer", self.optimizer, ("adam", "sgd"))
+        _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
+        _choice("attention_kernel", self.attention_kernel, ("flash", "eager"))
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}")
         if (self.pp == 1) != (self.schedule == "none"):

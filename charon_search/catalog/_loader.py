@@ -66,10 +66,11 @@ def resolve_model_name(name: str) -> str:
     if key in table:
         return table[key]
     close = difflib.get_close_matches(key, list(table), n=5, cutoff=0.5)
-    hint = sorted({table[c] for c in close}) or list_models()
+    hint = (f"closest catalog names: {', '.join(sorted({table[c] for c in close}))}" if close
+            else "run `charon-search catalog` for the list")
     raise ConfigError(
         f"`model` must be a catalog name, an HF id of one, or a path to a config.json, but got "
-        f"{name!r}; closest catalog names: {', '.join(hint)}"
+        f"{name!r}; {hint}"
     )
 
 
@@ -82,6 +83,10 @@ def config_hash(hf_config: Mapping[str, Any]) -> str:
 
 def load_model(model: Any) -> ModelSpec:
     """A ``ModelSpec`` for a catalog name, HF id, ``config.json`` path, or HF ``nn.Module``.
+
+    An ``nn.Module`` must be a HuggingFace model (it has a ``.config``): the spec is read from
+    that config and ``num_params`` counted on the module itself; tracing rebuilds the HF class
+    from the config on the meta device (the module's own weights are never touched).
 
     Example:
         >>> spec = load_model("llama-3.1-8b")

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--output-len", type=int)
     w.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
     w.add_argument("--seed", type=int)
+    w.add_argument("--ramp-up", type=float, dest="ramp_up_s",
+                   help="closed loop: spread the first wave over this many seconds (default: "
+                        "one expected request lifetime, the steady state; 0 = all at once)")
     e = parser.add_argument_group("engine")
     e.add_argument("--scheduler", choices=("vllm", "static"))
     e.add_argument("--max-num-seqs", type=int)
@@ -53,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     e.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp4"))
+    e.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
+                   help="cost the kernels inference engines fuse (default on)")
     e.add_argument("--spec-k", type=int, help="speculative draft tokens (MTP)")
     e.add_argument("--spec-acceptance", type=float, help="per-token acceptance rate")
     o = parser.add_argument_group("output")
@@ -90,7 +95,7 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
         "dynamic_sp": args.dynamic_sp, "scheduler": args.scheduler,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens,
         "chunked_prefill": args.chunked_prefill, "prefix_caching": args.prefix_caching,
-        "precision": args.precision,
+        "precision": args.precision, "fused_kernels": args.fused_kernels,
     }
     data.update({k: v for k, v in flags.items() if v is not None})
     if args.disagg:
@@ -111,7 +116,8 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
         wl_data["arrival"] = kind
     wl_flags = {"rate_per_s": args.rate, "cv": args.cv, "num_requests": args.num_requests,
                 "input_len": args.input_len, "output_len": args.output_len,
-                "concurrency": args.concurrency, "seed": args.seed}
+                "concurrency": args.concurrency, "seed": args.seed,
+                "ramp_up_s": args.ramp_up_s}
     wl_data.update({k: v for k, v in wl_flags.items() if v is not None})
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")

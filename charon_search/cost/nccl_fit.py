@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ def fit_collectives(db: ProfileDB, gpu: str, *,
 
 
 def calibration_block(fits: Mapping[str, CollectiveFit], tier_names: Mapping[str, str]
-                      ) -> dict[str, dict[str, object]]:
+                      ) -> dict[str, Any]:
     """YAML-ready ``calibration`` entries: ``collective_alpha_us``, ``collective_bw_efficiency``
     and ``provenance`` keyed by the cluster's tier names (``tier_names``: intra/inter -> name).
     """
@@ -285,7 +286,7 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
     scale = np.array([1e-5 if i % 2 == (0 if fit_launch else 1) or (fit_launch and i == 0)
                       else 1.0 for i in range(len(x0))])
 
-    def unpack(x: np.ndarray) -> object:
+    def unpack(x: np.ndarray) -> Any:
         vals = list(x)
         launch = vals.pop(0) if fit_launch else cal.collective_launch_s
         alpha, eff = dict(cal.collective_alpha_s), dict(cal.collective_bw_efficiency)
@@ -308,7 +309,7 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
     kinds, p, nb, t = all_kinds, all_p, all_nb, all_t  # report over every point
     pred = np.exp(resid(res.x)) * t
     mape = float(np.mean(np.abs(pred - t) / t))
-    fcal = final.calibration  # type: ignore[attr-defined]
+    fcal = final.calibration
     values: dict[str, float] = {"collective_launch_s": fcal.collective_launch_s}
     for k in keys:
         values[f"alpha:{k}"] = fcal.collective_alpha_s[k]

@@ -22,7 +22,9 @@ Modelling choices (what the graphs mean):
 * ``sdpa``: ``F.scaled_dot_product_attention`` is routed to ONE fused attention node (CPU flash,
   or memory-efficient attention when d_v != d_qk as in MLA), as a GPU kernel would run it; CPU
   torch would otherwise fall back to bmm + softmax. ``eager`` keeps HF's unfused attention (bmm,
-  softmax, dropout). Models without an SDPA path in HF (gpt-oss, MPT) are traced eager.
+  softmax, dropout). gpt-oss has no SDPA path in HF: with ``sdpa`` its eager attention function
+  is swapped for the fused op (its per-head sink logit is not modelled). MPT (ALiBi, own
+  attention code) is always traced eager (``TracedModel.attn_impl`` says which).
 * Training runs HF's ``ForCausalLMLoss`` (fp32 logits, log-softmax + NLL). Prefill and decode
   compute logits for the last token only (``logits_to_keep=1``); prefill does not write a cache.
 * Decode: one new token per sequence (``s = 1``) attending over ``c`` keys; the KV cache holds
@@ -212,23 +214,35 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
     from charon_search.frontend._assemble import assemble
     from charon_search.frontend._convert import Converter
     from charon_search.frontend._symbolic import trace_points
-    from charon_search.frontend._trace import capture
+    from charon_search.frontend._trace import capture, fusable_eager_module
 
+    fuse_eager = False
     try:
         rm = build_reduced_model(spec, attn_impl=attn_impl)
         used_impl = attn_impl
     except ConfigError:
         if attn_impl != "sdpa":
             raise
+        # No SDPA path in HF (gpt-oss): trace eager with its attention swapped for the fused op
+        # where HF exposes the standard ``eager_attention_forward`` (else keep eager: MPT).
         rm = build_reduced_model(spec, attn_impl="eager")
-        used_impl = "eager"
+        fuse_eager = fusable_eager_module(rm.model) is not None
+        used_impl = "sdpa" if fuse_eager else "eager"
     rm.model.to(getattr(torch, DTYPES[dtype]))
     points = trace_points(phase, num_points, spec.hf_config)
-    caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"]) for p in points)
+    caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"], fuse_eager=fuse_eager)
+                 for p in points)
     conv = Converter(spec, phase, caps, points, rm.layers_path, rm.layer_type_of)
     conv.run()
     names = ["embedding", *spec.block_types, "lm_head"]
+    # Parameters per block: decoder layers count their module's parameters (some may not be
+    # read by the traced graph, e.g. gpt-oss sinks under the fused attention); embedding and
+    # LM head count the parameters their graphs read (a tied matrix only once).
+    param_blocks = conv.param_blocks()
+    layers = rm.model.get_submodule(rm.layers_path)
+    for layer, t in zip(layers, rm.layer_type_of, strict=True):
+        param_blocks[t] = sum(p.numel() for p in layer.parameters())
     blocks = assemble(conv, model_name=spec.name, dtype=dtype, block_names=names,
-                      param_blocks=conv.param_blocks())
+                      param_blocks=param_blocks)
     return TracedModel(spec=spec, phase=phase, dtype=dtype, attn_impl=used_impl,
                        blocks=blocks)

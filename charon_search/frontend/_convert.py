@@ -350,7 +350,11 @@ class Converter:
     def _fill(self, op: _Op, a: Any, arg_vals: list[list[Any]]) -> None:
         shp = [self.shape(vals) for vals in arg_vals]
         g = op.key[0]
-        out_shape = self.shape(self.vals(g, a)) if _is_tensor(a.meta.get("val")) else None
+        out_vals = self.vals(g, a)
+        if out_vals and isinstance(out_vals[0], (list, tuple)):
+            # Multi-output op (native_dropout, topk...): shape params follow the first output.
+            out_vals = [v[0] if v and _is_tensor(v[0]) else None for v in out_vals]
+        out_shape = self.shape(out_vals) if _is_tensor(out_vals[0]) else None
         out_numel = _numel(out_shape) if out_shape is not None else Poly()
         in_numel = _numel(shp[0]) if shp else Poly()
         k, base = op.kind, op.base
@@ -367,7 +371,7 @@ class Converter:
             ma, mb = (shp[1], shp[2]) if base == "baddbmm" else (shp[0], shp[1])
             bt, m, kk, n = ma[0], ma[1], ma[2], mb[2]
             wide = op.inputs[-1] if op.inputs else -1
-            if wide in self.param_ids or all(d.is_const() for d in self.tensors[wide].shape):
+            if wide in self.param_ids and self.tensors[wide].numel == kk * n:
                 # A linear layer on a 3-D non-contiguous input runs as bmm over a broadcast
                 # weight; it is one GEMM with m = batch * rows.
                 op.kind = OpKind.GEMM

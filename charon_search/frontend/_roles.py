@@ -83,6 +83,15 @@ class RoleTracker:
             if not st["core"] and (base in _ROPE_OPS or base == "slice"):
                 return Role.ATTN_ROPE.value
             return Role.ATTN_CORE.value
+        if "dropout" in top:
+            # Layer-level dropouts named after their branch (MPT resid_attn_dropout...).
+            if "attn" in top:
+                return Role.ATTN_OUT.value
+            if "ffn" in top or "mlp" in top:
+                return Role.MLP_OUT.value
+            return Role.RESIDUAL.value
+        if top in ("activation_fn", "act", "activation"):
+            return Role.MLP_ACT.value
         if top in _MLP_IN or (top in _MLP_OUT and top != "dropout"):
             # MLP linears directly under the layer (OPT fc1/fc2).
             st["attn"] = 1

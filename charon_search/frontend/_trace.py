@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charon_search.catalog._hf import ReducedModel
+from charon_search.frontend._mla import absorbed_mla_decode
 from charon_search.errors import ConfigError
 
 __all__ = ["Capture", "capture"]
@@ -108,6 +109,44 @@ def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
         query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
 
 
+def _fused_eager_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                           scaling: float, dropout: float = 0.0, **kwargs: Any) -> Any:
+    """HF ``eager_attention_forward`` replacement: one fused attention op (see ``_fused_sdpa``).
+
+    Used for models whose HF class has no SDPA path (gpt-oss, because of its attention sinks).
+    NB: gpt-oss's per-head sink logit (one extra softmax column) is not modelled.
+    """
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[:, :, :, : key.shape[-2]]
+    out = _fused_sdpa(query, key, value, attn_mask=mask,
+                      dropout_p=dropout if module.training else 0.0,
+                      is_causal=query.shape[-2] > 1, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def fusable_eager_module(model: Any) -> Any | None:
+    """The HF modeling module whose ``eager_attention_forward`` can be swapped, if any."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    return module if module is not None and hasattr(module, "eager_attention_forward") else None
+
+
+@contextlib.contextmanager
+def _fuse_eager(model: Any, enabled: bool) -> Iterator[None]:
+    module = fusable_eager_module(model) if enabled else None
+    if module is None:
+        yield
+        return
+    saved = module.eager_attention_forward
+    module.eager_attention_forward = _fused_eager_attention
+    try:
+        yield
+    finally:
+        module.eager_attention_forward = saved
+
+
 @contextlib.contextmanager
 def _hf_patches() -> Iterator[None]:
     """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data)
@@ -124,8 +163,12 @@ def _hf_patches() -> Iterator[None]:
         mu.find_packed_sequence_indices, F.scaled_dot_product_attention = saved
 
 
-def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int) -> Capture:
-    """Trace ``rm`` for ``phase`` at one concrete point and return its fx graphs."""
+def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int,
+            fuse_eager: bool = False) -> Capture:
+    """Trace ``rm`` for ``phase`` at one concrete point and return its fx graphs.
+
+    ``fuse_eager`` swaps HF's eager attention for one fused attention op (models without SDPA).
+    """
     import torch
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import default_partition
@@ -193,6 +236,7 @@ def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int) -> Capture:
     import torch.fx.traceback as fxt
 
     with fxt.preserve_node_meta(), _module_stack_hooks(model) as classes, _hf_patches(), \
+            _fuse_eager(model, fuse_eager), absorbed_mla_decode(model, phase == "decode"), \
             fake, warnings.catch_warnings():
         # Our compilers only record graphs; AOT's "boxed arguments" advice does not apply.
         warnings.filterwarnings("ignore", message=".*boxed arguments.*")
@@ -221,7 +265,7 @@ def _past_kv(model: Any, params: list[Any], bufs: list[Any], pnames: tuple[str, 
 
     p = dict(zip(pnames, params, strict=True))
     p.update(zip(bnames, bufs, strict=True))
-    with torch.no_grad(), _hf_patches():
+    with torch.no_grad(), _hf_patches(), absorbed_mla_decode(model, True):
         probe = torch.zeros((b, 2), dtype=torch.long)
         out = torch.func.functional_call(model, p, (probe,), {"use_cache": True,
                                                                 "logits_to_keep": 1})

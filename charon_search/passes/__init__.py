@@ -7,6 +7,7 @@ Importing this package registers the built-in passes in ``PASSES``. Entry points
 from charon_search.passes import (  # noqa: F401 - registration side effects
     context_parallel,
     data_parallel,
+    eager_attention,
     expert_parallel,
     fusion,
     overlap,

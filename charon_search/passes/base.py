@@ -55,8 +55,11 @@ class PassContext:
     recompute: str = "none"
     precision: str = "bf16"
     fp8_recipe: str = "tensorwise"
-    """``tensorwise`` (per-tensor scale) or ``blockwise`` (1x128 / 128x128 block scales)."""
+    """``tensorwise`` / ``rowwise`` (dynamic scaling), ``delayed`` (TE amax history) or
+    ``blockwise`` (1x128 / 128x128 block scales); see ``passes.fusion``."""
     fused_kernels: bool = True
+    attention_kernel: str = "flash"
+    """``flash`` (fused kernel) or ``eager`` (Megatron's unfused core attention)."""
     async_tp: bool = False
     moe_a2a_overlap: bool = False
     fsdp_prefetch: bool = True
@@ -77,7 +80,9 @@ class PassContext:
             sequence_parallel=layout.sequence_parallel, cp_algo=layout.cp_algo,
             zero_stage=layout.zero_stage, hsdp_shard=layout.hsdp_shard,
             recompute=layout.recompute, precision=layout.precision,
-            fused_kernels=layout.fused_kernels, async_tp=layout.async_tp,
+            fused_kernels=layout.fused_kernels,
+            attention_kernel=getattr(layout, "attention_kernel", "flash"),
+            fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"), async_tp=layout.async_tp,
             moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
             expert_load_imbalance=layout.expert_load_imbalance,
         )

@@ -10,16 +10,29 @@
   (``attention`` / ``attention_bwd``; FLOPs halved for the causal mask, which flash skips).
 
 ``fp8`` (on when ``precision == "fp8"``): the GEMMs of attention and MLP blocks (and expert
-grouped GEMMs) run in fp8; a quantize op (read bf16, write fp8, amax) is inserted on each
-activation input. ``fp8_recipe="blockwise"`` (1x128 / 128x128 scales, DeepSeek-V3) costs 25 %
-more per quantize for the per-block scales. NB: the LM head, router and embedding stay bf16, as
-in Transformer Engine's default recipe.
+grouped GEMMs) run in fp8; quantize ops are inserted on their activation inputs:
+
+* Hopper fp8 tensor cores only take the "TN" layout (both operands K-major; cuBLASLt fp8
+  requirement, NVIDIA cuBLAS docs "cublasLtMatmul ... FP8"), so the weight-gradient GEMM
+  ``dW = dY^T X`` needs its own transposed fp8 copies of ``dY`` and of the saved input ``X``:
+  a tensor read by a forward/dgrad GEMM and by a wgrad GEMM is quantized once per layout.
+* Dynamic scaling (``fp8_recipe`` ``tensorwise`` / ``rowwise``: torchao ``Float8Linear``, as in
+  torchtitan) computes the amax of the bf16 tensor right before casting it: two reads of the
+  input (amax reduction, then scale-and-cast) and one fp8 write per element. ``delayed``
+  (Transformer Engine's amax history, Megatron / llm-foundry) fuses the amax into the cast
+  (one read); ``blockwise`` (1x128 / 128x128 scales, DeepSeek-V3) computes the block amax inside
+  the cast kernel (one read, 25 % more for the per-block scales).
+
+Not modelled: weight casts (``N x K / tp`` elements per GEMM, small next to ``M x K``
+activations at training token counts) and fp8 all-gathers. NB: the LM head, router and
+embedding stay bf16, as in Transformer Engine's default recipe.
 """
 
 from __future__ import annotations
 
+from charon_search.errors import ConfigError
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Poly, Role
-from charon_search.passes._rewrite import GraphBuilder
+from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
 __all__ = ["FP8Pass", "FusionPass"]
@@ -29,6 +42,9 @@ FUSABLE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.
 _FUSABLE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.COPY, OpKind.NORM})
 _EAGER_ATTN_KINDS = frozenset({OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEMENTWISE,
                                OpKind.COPY})
+#: Reads of the high-precision input per quantize, by recipe (see the module docstring).
+FP8_CAST_READS = {"tensorwise": 2.0, "rowwise": 2.0, "delayed": 1.0, "blockwise": 1.25}
+FP8_RECIPES = tuple(FP8_CAST_READS)
 FP8_ROLES = frozenset({Role.ATTN_QKV, Role.ATTN_OUT, Role.MLP_IN, Role.MLP_OUT,
                        Role.MOE_SHARED, Role.MOE_EXPERT})
 
@@ -145,34 +161,42 @@ class FP8Pass(Pass):
         fwd = graph.meta.get("forward_graph")
         if fwd is not None:
             params |= set(fwd.param_tensors)
-        overhead = 1.25 if ctx.fp8_recipe == "blockwise" else 1.0
-        quantized: dict[int, int] = {}
+        if ctx.fp8_recipe not in FP8_CAST_READS:
+            raise ConfigError(f"`fp8_recipe` must be one of {list(FP8_RECIPES)}, but got "
+                              f"{ctx.fp8_recipe!r}")
+        reads = FP8_CAST_READS[ctx.fp8_recipe]
+        quantized: dict[tuple[int, str], int] = {}
         changed = False
         for node in graph.nodes:
             if node.kind not in (OpKind.GEMM, OpKind.GROUPED_GEMM) or node.role not in FP8_ROLES:
                 gb.add(node)
                 continue
             changed = True
+            # wgrad contracts over tokens: its operands need a transposed (token-major) copy.
+            layout = "t" if node.kind == OpKind.GEMM and gemm_kind(node) == "wgrad" else "n"
             new_inputs = []
             for t in node.inputs:
                 if t in params:
                     new_inputs.append(t)
                     continue
-                if t not in quantized:
+                key = (t, layout)
+                if key not in quantized:
                     spec = gb.tensors[t]
                     out = gb.new_tensor(shape=spec.shape, dtype="fp8")
                     numel = spec.numel
+                    suffix = "_t" if layout == "t" else ""
                     gb.nodes.append(Node(
-                        id=gb.fresh_id(), name=gb.unique_name(f"fp8_quantize_{node.name}"),
+                        id=gb.fresh_id(),
+                        name=gb.unique_name(f"fp8_quantize{suffix}_{node.name}"),
                         kind=OpKind.ELEMENTWISE, target="pass:fp8",
                         module_path=node.module_path, role=node.role, phase=node.phase,
                         inputs=(gb.rename.get(t, t),), outputs=(out,),
-                        flops=numel * 3 * overhead,
-                        bytes_read=numel * DTYPE_BYTES.get(spec.dtype, 2) * overhead,
+                        flops=numel * 3 * reads,
+                        bytes_read=numel * DTYPE_BYTES.get(spec.dtype, 2) * reads,
                         bytes_written=numel * 1.0, params={"numel": numel},
                         tags=frozenset({"fp8"})))
-                    quantized[t] = out
-                new_inputs.append(quantized[t])
+                    quantized[key] = out
+                new_inputs.append(quantized[key])
             half = {"bytes_read": node.bytes_read / 2} if node.kind == OpKind.GEMM else {}
             gb.add(node.replace(inputs=tuple(new_inputs), dtype="fp8",
                                 tags=node.tags | {"fp8"}, **half))

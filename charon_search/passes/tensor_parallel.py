@@ -35,12 +35,27 @@ SHARDED_ROLES = frozenset({Role.ATTN_CORE, Role.ATTN_ROPE, Role.ATTN_QK_NORM, Ro
 _GEMMS = (OpKind.GEMM,)
 _GATE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.RESIDUAL,
                          Role.EMBED})
-_SUMMABLE = (OpKind.ELEMENTWISE, OpKind.COPY)
 
 
 def is_replicated_gemm(node: Node) -> bool:
     """MLA down-projections (``q_a_proj``, ``kv_a_proj_with_mqa``) stay replicated (Megatron)."""
     return node.module_path.endswith(("q_a_proj", "kv_a_proj_with_mqa"))
+
+
+def _keeps_partial(node: Node, act_in: list[int], n_partial: int) -> bool:
+    """Whether ``node`` may run on partial sums without reducing them first.
+
+    Only layout copies (views, transposes) and sums of partials (``add`` of two partial
+    gradients) commute with the reduction. A one-input elementwise op on a partial sum (bias
+    add, dropout, their fused ``bias_dropout_add``) runs after the all-reduce / reduce-scatter
+    in Megatron, on the reduced (under SP: sequence-sharded) tensor, and its side outputs
+    (the dropout mask) are never communicated.
+    """
+    if n_partial != len(act_in):
+        return False
+    if node.kind == OpKind.COPY:
+        return True
+    return node.kind == OpKind.ELEMENTWISE and len(act_in) >= 2
 
 
 def _tp_gemm_role(node: Node) -> bool:
@@ -135,7 +150,7 @@ class _TPWalker:
                 new, out_state, inputs = self.gemm(node, act_in)
             else:
                 partial = [t for t in act_in if self.st(self.cur(t)) == "P"]
-                if partial and not (node.kind in _SUMMABLE and len(partial) == len(act_in)):
+                if partial and not _keeps_partial(node, act_in, len(partial)):
                     for t in partial:
                         self.reduce(self.cur(t), node)
                 states = {self.st(self.cur(t)) for t in act_in}

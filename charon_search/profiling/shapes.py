@@ -101,9 +101,9 @@ def model_graphs(name: str, phase: str = "prefill") -> list[OpGraph]:
 
     spec = load_model(name)
     try:
-        from charon_search.frontend import trace_model  # type: ignore[attr-defined]
+        from charon_search.frontend import trace_model
 
-        traced: Any = trace_model(spec, phase=phase)
+        traced: Any = trace_model(spec, phase=phase)  # type: ignore[arg-type]
     except Exception:  # frontend missing or failing here: same dims, hand-built blocks
         from charon_search.passes.synthetic import synthetic_model
 

@@ -113,9 +113,9 @@ class TrainingEvaluator(_Cached):
             return {**rec, "feasible": False, "prune_reason": f"infeasible: {e}"}
         rec.update({k: v for k, v in flatten_report(report).items()
                     if not k.startswith("layout.")})
-        mem = report.memory or {}
-        if mem.get("peak_reserved_bytes") is not None:
-            rec["peak_memory_bytes"] = float(mem["peak_reserved_bytes"])
+        mem_dict = report.memory or {}
+        if mem_dict.get("peak_reserved_bytes") is not None:
+            rec["peak_memory_bytes"] = float(mem_dict["peak_reserved_bytes"])
         _derive_training(rec, cluster)
         rec.setdefault("feasible", True)
         rec["feasible"] = True

@@ -9,7 +9,7 @@ import numpy as np
 __all__ = ["hypervolume", "non_dominated", "normalized_hypervolume"]
 
 
-def non_dominated(losses: Sequence[Sequence[float]]) -> list[int]:
+def non_dominated(losses: Sequence[Sequence[float]] | np.ndarray) -> list[int]:
     """Indices of the points no other point dominates (<= everywhere, < somewhere).
 
     Equal points do not dominate each other, so duplicated objective vectors all stay; callers

@@ -60,9 +60,17 @@ def trial_rows(trials: Sequence[optuna.trial.FrozenTrial], objective: Objective,
 
 def pareto_rows(rows: Sequence[Mapping[str, Any]], objective: Objective,
                 config_keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Feasible non-dominated rows, one per distinct config (the earliest trial kept)."""
+    """Feasible non-dominated rows, de-duplicated.
+
+    A config proposed twice (memo hit) appears once, and configs with identical objective values
+    (knobs that do not matter for this workload) are collapsed into the earliest trial, with
+    ``num_equivalent`` counting the distinct configs it stands for.
+    """
     seen: set[tuple] = set()
-    cands, losses = [], []
+    by_values: dict[tuple, int] = {}
+    cands: list[Mapping[str, Any]] = []
+    losses: list[list[float]] = []
+    counts: list[int] = []
     for r in sorted(rows, key=lambda r: r["trial_number"]):
         if not r.get("feasible"):
             continue
@@ -73,10 +81,17 @@ def pareto_rows(rows: Sequence[Mapping[str, Any]], objective: Objective,
         if key in seen:
             continue
         seen.add(key)
+        vkey = tuple(vals)
+        if vkey in by_values:
+            counts[by_values[vkey]] += 1
+            continue
+        by_values[vkey] = len(cands)
         cands.append(r)
         losses.append(objective.minimized(vals))
+        counts.append(1)
     idx = non_dominated(losses)
-    return sorted((dict(cands[i]) for i in idx), key=lambda r: [r[m] for m in objective.metrics])
+    front = [{**cands[i], "num_equivalent": counts[i]} for i in idx]
+    return sorted(front, key=lambda r: [r[m] for m in objective.metrics])
 
 
 def _column_type(values: list[Any]) -> Any:

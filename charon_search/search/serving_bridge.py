@@ -12,6 +12,8 @@ Config keys of a serving space:
   ``cluster`` (disaggregated only), and ``kv_transfer``.
 * ``spec_k`` (speculative draft tokens; 0 = off) and ``spec_acceptance`` (per-token acceptance).
 * ``cuda_graph_max`` (largest captured batch; graphs at 1, 2, 4, 8, 16, 24, ... up to it).
+* ``workload_<field>``: overrides one ``WorkloadSpec`` field (e.g. ``workload_concurrency``
+  searched as a parameter to trace the throughput-per-GPU vs per-user frontier).
 """
 
 from __future__ import annotations
@@ -50,16 +52,16 @@ def serving_config_from(cfg: Mapping[str, Any]) -> Any:
     for k, v in cfg.items():
         if k in fields:
             kw[k] = v
-        elif k in _SEARCH_ONLY or k.startswith(("prefill_", "decode_")):
+        elif k in _SEARCH_ONLY or k.startswith(("prefill_", "decode_", "workload_")):
             continue
         else:
             raise ConfigError(
                 f"serving config key {k!r} is neither a ServingConfig field nor one of "
                 f"{sorted(_SEARCH_ONLY)} or prefill_*/decode_*; allowed fields: {sorted(fields)}"
             )
-    k = int(cfg.get("spec_k", 0) or 0)
-    if k > 0:
-        kw["speculative"] = {"num_draft_tokens": k,
+    spec_k = int(cfg.get("spec_k", 0) or 0)
+    if spec_k > 0:
+        kw["speculative"] = {"num_draft_tokens": spec_k,
                              "acceptance_rate": float(cfg.get("spec_acceptance", 0.7))}
     if cfg.get("cuda_graph_max"):
         kw["cuda_graph_sizes"] = _cuda_graph_sizes(int(cfg["cuda_graph_max"]))
@@ -72,13 +74,22 @@ def serving_config_from(cfg: Mapping[str, Any]) -> Any:
     return ServingConfig.from_dict(kw)
 
 
+def workload_from(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``workload`` mapping with ``workload_<field>`` keys (searched or fixed) applied."""
+    wl = dict(cfg.get("workload") or {})
+    for k, v in cfg.items():
+        if k.startswith("workload_"):
+            wl[k[len("workload_"):]] = v
+    return wl
+
+
 def evaluate_serving(ev: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run ``simulate_serving`` for one flat config; ``ev`` caches models and clusters."""
     from charon_search.serving import WorkloadSpec, simulate_serving
 
     model, cluster = ev.model(cfg["model"]), ev.cluster(cfg["cluster"])
     config = serving_config_from(cfg)
-    workload = WorkloadSpec.from_dict(dict(cfg.get("workload") or {}))
+    workload = WorkloadSpec.from_dict(workload_from(cfg))
     rec: dict[str, Any] = {"num_gpus": config.num_gpus,
                            "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes)}
     report = simulate_serving(model, cluster, config, workload)

@@ -270,14 +270,14 @@ class SearchSpace:
                 )
         example = dict(data.get("example") or {})
         if example:
-            names = {p.name: p for p in params}
-            if set(example) != set(names):
+            by_name = {p.name: p for p in params}
+            if set(example) != set(by_name):
                 raise ConfigError(f"{path}: field `example` must set exactly the params "
-                                  f"{sorted(names)}, but got {sorted(example)}")
+                                  f"{sorted(by_name)}, but got {sorted(example)}")
             for k, v in example.items():
-                if v not in names[k].values():
+                if v not in by_name[k].values():
                     raise ConfigError(f"{path}: field `example.{k}` must be one of "
-                                      f"{list(names[k].values())}, but got {v!r}")
+                                      f"{list(by_name[k].values())}, but got {v!r}")
         return cls(
             name=str(data["name"]), evaluator=evaluator, params=params, fixed=fixed,
             derived=derived, normalize=normalize, constraints=constraints, family=family,
@@ -430,7 +430,7 @@ def _eval_expr(expr: str, env: Mapping[str, Any]) -> Fraction:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant):
-            return Fraction(node.value)
+            return Fraction(int(node.value))  # type: ignore[arg-type]
         if isinstance(node, ast.Name):
             return Fraction(env[node.id])
         if isinstance(node, ast.BinOp):

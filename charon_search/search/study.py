@@ -73,7 +73,9 @@ def _tpe(seed: int | None, population_size: int | None) -> Any:
 def _gp(seed: int | None, population_size: int | None) -> Any:
     import optuna
 
-    return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # `deterministic_objective` is "experimental"
+        return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
 
 
 @SAMPLERS.register("random")
@@ -221,7 +223,8 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     study_name = options.study_name or space.name
     storage, storage_desc = make_storage(options.storage, options.out_dir)
     durable = optuna.create_study(storage=storage, study_name=study_name,
-                                  directions=objective.directions, load_if_exists=True)
+                                  directions=objective.directions,  # type: ignore[arg-type]
+                                  load_if_exists=True)
     got = [d.name.lower() for d in durable.directions]
     if got != objective.directions:
         raise ConfigError(
@@ -238,7 +241,8 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
                                   states=(optuna.trial.TrialState.COMPLETE,))
 
     sampler = SAMPLERS.get(options.sampler)(options.seed, options.population_size)
-    mem = optuna.create_study(directions=objective.directions, sampler=sampler)
+    mem = optuna.create_study(directions=objective.directions,  # type: ignore[arg-type]
+                              sampler=sampler)
     mem.add_trials(previous)
     loop = _Loop(space, objective, options, mem, durable, ctx, on_record)
     for t in previous:
@@ -405,8 +409,8 @@ class _Loop:
         rec["feasible"] = evaluable and not violated
         if rec["feasible"] and values is not None:
             for i, loss in enumerate(self.objective.minimized(values)):
-                b = self.best[i]
-                self.best[i] = loss if b is None else min(b, loss)
+                cur = self.best[i]
+                self.best[i] = loss if cur is None else min(cur, loss)
         if evaluable and violated:
             rec["prune_reason"] = "constraint: " + "; ".join(violated)
         rec["constraint_violation"] = float(sum(max(c, 0.0) for c in cons))

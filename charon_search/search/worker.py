@@ -170,7 +170,8 @@ class RayExecutor:
         dead: set[str] = set()
         for fut in ready:
             tag, name, cfg, wid = self._futures.pop(fut)
-            self._load[wid] = max(self._load.get(wid, 1) - 1, 0)
+            if wid in self._load:  # not for futures of an actor already replaced
+                self._load[wid] -= 1
             try:
                 out.append((tag, ray.get(fut)))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):

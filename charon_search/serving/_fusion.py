@@ -10,21 +10,25 @@ as two kernels, MoE routing as ~25 small torch ops). Serving engines run fewer, 
    add up, weight bytes add up, the shared activation is read once. Only GEMMs of one role
    merge (the MoE router reads the same input as the shared expert but stays separate).
    Grouped expert GEMMs merge the same way (w1/w3 -> w13).
-2. **Norm / RoPE / SwiGLU runs** now adjacent: engineer D's ``passes.fusion.FusionPass``
-   (fused RMSNorm, fused RoPE, fused SiLU-and-mul), reused as is.
+2. **Norm / RoPE / SwiGLU runs** now adjacent: the rule of engineer D's
+   ``passes.fusion.FusionPass`` (fused RMSNorm, fused RoPE, fused SiLU-and-mul; its role sets
+   are reused), with per-rank byte counts (``_fuse_glue_runs``).
 3. **Residual add + RMSNorm** (vLLM ``fused_add_rms_norm``, TRT-LLM/SGLang the same): the add
    merges with the norm that consumes it. The block's trailing residual add fuses with the next
    layer's input norm; every layer of a block type repeats, so it is accounted in this block's
    leading norm (the first layer's input norm has no add and the last add fuses with the final
    norm instead: the count is off by one kernel per model, not per layer).
 4. **KV-cache append**: the K and V writes are one kernel (vLLM ``reshape_and_cache_flash``).
-5. **MoE routing** as vLLM ``FusedMoE`` runs it: router softmax + top-k + renormalize is one
+5. **Eager attention** left by ``FusionPass`` (attention sinks, GQA ``repeat_kv`` clones,
+   max-subtraction) becomes one flash-attention kernel (vLLM serves gpt-oss with sinks through
+   FlashAttention-3 / FlashInfer) that reads the cache without repeating the KV heads.
+6. **MoE routing** as vLLM ``FusedMoE`` runs it: router softmax + top-k + renormalize is one
    ``topk_softmax`` kernel; sort / histogram / cumsum of the dispatch is one
    ``moe_align_block_size`` kernel; the token permutation (gather) is fused into the first
    grouped GEMM's operand loads (it reads rows through ``sorted_token_ids``); the expert
    SiLU-and-mul is one kernel; the multiplication by routing weights is fused into the second
    grouped GEMM (``MUL_ROUTED_WEIGHT``); un-permute + top-k sum is one ``moe_sum`` kernel.
-6. **Embedding**: a gather reads only the looked-up rows (``tokens x hidden``), not the whole
+7. **Embedding**: a gather reads only the looked-up rows (``tokens x hidden``), not the whole
    table; the RoPE cos/sin table is precomputed at load time (vLLM
    ``RotaryEmbedding.cos_sin_cache``), so its per-step ops are dropped.
 
@@ -35,6 +39,7 @@ outputs used outside it (intermediates stay on chip), like ``FusionPass``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from charon_search.ir import DTYPE_BYTES, Node, OpKind, Poly, Role
@@ -51,14 +56,16 @@ _GLUE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.COPY, OpKind.SOFTMAX, OpKind
                          OpKind.MOE_ROUTING})
 
 
-def fuse_for_inference(graph: OpGraph) -> OpGraph:
-    """The block graph with the kernels an inference engine launches (see module doc)."""
-    from charon_search.passes.base import PassContext
-    from charon_search.passes.fusion import FusionPass
+def fuse_for_inference(graph: OpGraph, *, kv_heads: int | None = None) -> OpGraph:
+    """The block graph with the kernels an inference engine launches (see module doc).
 
+    ``kv_heads``: KV heads per rank, for attention traced eagerly (e.g. gpt-oss attention
+    sinks) that becomes one flash-attention kernel reading the un-repeated GQA cache.
+    """
     g = _embedding_gather(graph)
     g = _merge_sibling_gemms(g)
-    g = FusionPass().run(g, PassContext(phase="decode", fused_kernels=True)).graph
+    g = _fuse_glue_runs(g)
+    g = _fuse_eager_attention(g, kv_heads)
     g = _fuse_moe(g)
     g = _fuse_residual_norm(g)
     g = _fuse_runs(g, lambda n: "kv" if "kv_append" in n.tags and n.kind == OpKind.COPY
@@ -99,7 +106,7 @@ def _merged(graph: OpGraph, nodes: Sequence[Node], *, name: str, kind: OpKind | 
         if t in ext_out:
             continue
         readers = sum(1 for n in nodes for x in n.inputs if x == t)
-        nb = _tensor_bytes(graph, t)
+        nb = _rank_bytes(graph, produced[t], t)
         bytes_written = bytes_written - nb
         bytes_read = bytes_read - nb * readers
     first = nodes[0]
@@ -110,6 +117,18 @@ def _merged(graph: OpGraph, nodes: Sequence[Node], *, name: str, kind: OpKind | 
                                                                        ext_out),
         params=params if params is not None else dict(first.params),
         target="serving:fusion", tags=first.tags | {"fused"})
+
+
+def _rank_bytes(graph: OpGraph, producer: Node, t: int) -> Poly:
+    """Per-rank bytes of tensor ``t``: its share of the producer's (per-rank) bytes written.
+
+    ``TensorSpec`` keeps logical (unsharded) sizes after TP/EP; node byte counts are per rank.
+    """
+    outs = [x for x in producer.outputs if x in graph.tensors]
+    total = sum(float(graph.tensors[x].nbytes(64, 1024, 1024)) for x in outs)
+    if t not in graph.tensors or total <= 0:
+        return producer.bytes_written
+    return producer.bytes_written * (float(graph.tensors[t].nbytes(64, 1024, 1024)) / total)
 
 
 def _clip(value: Poly, graph: OpGraph, tensors: Sequence[int]) -> Poly:
@@ -139,6 +158,23 @@ def _embedding_gather(graph: OpGraph) -> OpGraph:
               and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)):
             drop.add(n.id)  # RoPE position/cos/sin table: precomputed at model load
     return _rebuild(graph, replace, drop) if replace or drop else graph
+
+
+def _fuse_glue_runs(graph: OpGraph) -> OpGraph:
+    """Runs of norm / RoPE / activation ops: engineer D's ``FusionPass`` rule (its
+    ``FUSABLE_ROLES`` on elementwise / copy / norm kinds), applied to the per-rank graph.
+
+    ``FusionPass`` itself runs before TP and sizes fused kernels from ``TensorSpec`` bytes,
+    which are logical (unsharded); after TP that overcounts sharded activations by ``tp``, so
+    the merge here starts from the nodes' per-rank counts (``_merged``)."""
+    from charon_search.passes.fusion import _FUSABLE_KINDS, FUSABLE_ROLES
+
+    roles = {_str(r) for r in FUSABLE_ROLES}
+
+    def key(n: Node) -> str | None:
+        return _str(n.role) if _str(n.role) in roles and n.kind in _FUSABLE_KINDS else None
+
+    return _fuse_runs(graph, key, "fused")
 
 
 def _poly_key(p: Poly) -> tuple:
@@ -198,13 +234,61 @@ def _fuse_runs(graph: OpGraph, key: Callable[[Node], object], label: str,
                 big = max(run, key=lambda n: float(n.bytes(64, 1024, 1024)))
                 numel = (sum((n.params.get("numel", Poly()) for n in run), Poly()) if sum_numel
                          else big.params.get("numel", big.bytes / 2))
-                params = ({"numel": numel} if (kind or run[0].kind) in (
-                    OpKind.ELEMENTWISE, OpKind.COPY) else None)
-                if params is None and kind is not None:
+                norm = next((n for n in run if n.kind == OpKind.NORM), None)
+                run_kind = kind or (OpKind.NORM if norm is not None else run[0].kind)
+                if run_kind == OpKind.NORM and norm is not None:
+                    params: dict[str, Poly] | None = dict(norm.params)
+                elif run_kind in (OpKind.ELEMENTWISE, OpKind.COPY):
+                    params = {"numel": numel}
+                else:
                     params = dict(big.params)
                 replace[run[0].id] = _merged(graph, run, name=f"{label}_{run[0].name}",
-                                             kind=kind, params=params)
+                                             kind=run_kind, params=params)
                 drop.update(n.id for n in run[1:])
+        i = j
+    return _rebuild(graph, replace, drop) if replace else graph
+
+
+_EAGER_ATTN = frozenset({OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEMENTWISE, OpKind.COPY,
+                         OpKind.REDUCTION})
+
+
+def _fuse_eager_attention(graph: OpGraph, kv_heads: int | None) -> OpGraph:
+    from charon_search.passes.fusion import _attention_params  # D's, reused
+
+    def key(n: Node) -> str | None:
+        return ("attn" if _str(n.role) == Role.ATTN_CORE.value and n.kind in _EAGER_ATTN
+                and "kv_append" not in n.tags else None)
+
+    nodes = graph.nodes
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    i = 0
+    while i < len(nodes):
+        j = i + 1
+        if key(nodes[i]) is not None:
+            while j < len(nodes) and key(nodes[j]) is not None:
+                j += 1
+            run = list(nodes[i:j])
+            bmms = [n for n in run if n.kind == OpKind.BATCHED_GEMM]
+            if len(bmms) >= 2 and any(n.kind == OpKind.SOFTMAX for n in run):
+                params = _attention_params(bmms[0], bmms[1])
+                if params is not None:
+                    if kv_heads:
+                        params["kv_heads"] = Poly.const(kv_heads)
+                    q, kv = params["q_len"], params["kv_len"]
+                    prefill = _poly_key(q) == _poly_key(kv)
+                    params["causal"] = Poly.const(1 if prefill else 0)
+                    flops = sum((n.flops for n in bmms[:2]), Poly())
+                    flops = flops / 2 if prefill else flops
+                    b, h, kvh = params["batch"], params["heads"], params["kv_heads"]
+                    d, dv = params["head_dim"], params["v_head_dim"]
+                    read = b * (q * h * d + kv * kvh * (d + dv)) * 2.0
+                    base = _merged(graph, run, name=f"flash_{run[0].name}",
+                                   kind=OpKind.ATTENTION, params=params)
+                    replace[run[0].id] = base.replace(flops=flops, bytes_read=read,
+                                                      bytes_written=b * q * h * dv * 2.0)
+                    drop.update(n.id for n in run[1:])
         i = j
     return _rebuild(graph, replace, drop) if replace else graph
 
@@ -269,24 +353,31 @@ def _fused_expert_ffn(graph: OpGraph) -> OpGraph:
     predictor's shape model assumes (``2 rows 3 n k`` FLOPs). Intermediates are written to and
     read from HBM as vLLM's ``intermediate_cache1/2`` are, so bytes simply add up."""
     nodes = graph.nodes
-    for i in range(len(nodes) - 2):
-        up, act, down = nodes[i], nodes[i + 1], nodes[i + 2]
-        if not (up.kind == down.kind == OpKind.GROUPED_GEMM
-                and act.kind == OpKind.ELEMENTWISE and "k" in down.params
-                and "n" in down.params and any(t in act.inputs for t in up.outputs)
-                and any(t in down.inputs for t in act.outputs)):
+    for i, up in enumerate(nodes):
+        if up.kind != OpKind.GROUPED_GEMM:
             continue
+        j = i + 1
+        while j < len(nodes) and (_str(nodes[j].role) == Role.MOE_EXPERT.value
+                                  and nodes[j].kind in (OpKind.ELEMENTWISE, OpKind.COPY)):
+            j += 1  # activation (SwiGLU; gpt-oss: clamped SwiGLU + bias add/gather)
+        if j == i + 1 or j >= len(nodes):
+            continue
+        mid, down = list(nodes[i + 1:j]), nodes[j]
+        if not (down.kind == OpKind.GROUPED_GEMM and "k" in down.params
+                and "n" in down.params):
+            continue
+        parts = [up, *mid, down]
+        inner = {t for n in parts[:-1] for t in n.outputs}
         p = dict(up.params)
         p["n"], p["k"] = down.params["k"], down.params["n"]
         ffn = up.replace(
             name=f"fused_experts_{up.name}",
-            inputs=tuple(dict.fromkeys(t for n in (up, act, down) for t in n.inputs
-                                       if t not in up.outputs + act.outputs)),
-            outputs=down.outputs, flops=up.flops + act.flops + down.flops,
-            bytes_read=up.bytes_read + act.bytes_read + down.bytes_read,
-            bytes_written=up.bytes_written + act.bytes_written + down.bytes_written,
+            inputs=tuple(dict.fromkeys(t for n in parts for t in n.inputs if t not in inner)),
+            outputs=down.outputs, flops=sum((n.flops for n in parts), Poly()),
+            bytes_read=sum((n.bytes_read for n in parts), Poly()),
+            bytes_written=sum((n.bytes_written for n in parts), Poly()),
             params=p, target="serving:fusion", tags=up.tags | down.tags | {"fused", "moe_ffn"})
-        drop = {act.id, down.id}
+        drop = {n.id for n in parts[1:]}
         return graph.with_nodes(ffn if n.id == up.id else n for n in nodes if n.id not in drop)
     return graph
 
@@ -343,7 +434,7 @@ def _fuse_residual_norm(graph: OpGraph) -> OpGraph:
     replace: dict[int, Node] = {}
     drop: set[int] = set()
     compute = [n for n in nodes if not n.is_comm]
-    for a, b in zip(compute, compute[1:], strict=False):
+    for a, b in pairwise(compute):
         if (_str(a.role) == Role.RESIDUAL.value and a.kind == OpKind.ELEMENTWISE
                 and b.kind == OpKind.NORM and any(t in b.inputs for t in a.outputs)
                 and a.id not in drop and b.id not in replace):

@@ -58,7 +58,9 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
         if moe_tp > 1:
             graphs = {k: shard_experts_tp(g, moe_tp) for k, g in graphs.items()}
         if fused_kernels:
-            graphs = {k: fuse_for_inference(g) for k, g in graphs.items()}
+            attn_tp = 1 if dp_attention else tp
+            kv_heads = max(1, model.num_key_value_heads // attn_tp)
+            graphs = {k: fuse_for_inference(g, kv_heads=kv_heads) for k, g in graphs.items()}
         out.append(graphs)
     return out[0], out[1]
 

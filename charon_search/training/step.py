@@ -88,6 +88,9 @@ def validate_layout(spec: Any, layout: Layout, num_gpus: int | None) -> list[str
         raise ConfigError(f"ulysses `tp * cp` must divide num_attention_heads, but got "
                           f"(tp={layout.tp}, cp={layout.cp}, "
                           f"num_attention_heads={spec.num_attention_heads})")
+    if getattr(layout, "attention_kernel", "flash") == "eager" and layout.cp > 1:
+        raise ConfigError(f"attention_kernel 'eager' cannot be context-parallel (the CP passes "
+                          f"split fused attention kernels), but got (cp={layout.cp})")
     chunks = layout.pp * (2 if layout.schedule == "dualpipe" else layout.vpp)
     if layout.schedule == "dualpipe" and spec.num_layers < layout.pp:
         raise ConfigError(f"`pp <= num_layers` must hold, but got (pp={layout.pp}, "

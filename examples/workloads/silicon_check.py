@@ -3,10 +3,12 @@
 Reads aiconfigurator-core ``systems/silicon_sample.csv`` (measured TTFT/TPOT of vLLM/TRT-LLM
 deployments; see /work/shared/data/peers/SOURCES.md) -- an import-time input, never read by the
 package -- and simulates a spread of aggregated rows in closed loop (concurrency = the row's
-``batch_size``, ``isl``/``osl`` fixed, 4 x concurrency requests, the first wave dropped as
-warm-up). Nothing is calibrated per row.
+``batch_size``, ``isl``/``osl`` fixed, 4 x concurrency requests, the first ``concurrency``
+requests dropped as warm-up). The closed loop starts in steady state (first wave staggered over
+one expected request lifetime, the simulator's default); ``--waves`` starts it all at once
+instead. Nothing is calibrated per row. Prints median / p90 |error| for all, dense and MoE rows.
 
-    python examples/workloads/silicon_check.py [silicon_sample.csv] [--rows N] [--json out.json]
+    python examples/workloads/silicon_check.py [silicon_sample.csv] [--waves] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ def pick_rows(path: str, max_osl: int) -> list[dict]:
     return out
 
 
-def simulate_row(r: dict, ramp_up_s: float | None = None) -> dict:
+def simulate_row(r: dict, ramp_up_s: float | None = None, fused: bool = True) -> dict:
     bs = int(r["batch_size"])
     tp = int(r["tp_size"])
     ep = int(r["moe_ep_size"] or 1)
     precision = {"": "bf16", "fp8": "fp8", "fp4": "fp4"}.get(r["precision"], "bf16")
     cfg = ServingConfig(tp=tp, ep=ep, precision=precision, max_num_seqs=max(bs, 1),
-                        max_num_batched_tokens=8192)
+                        max_num_batched_tokens=8192, fused_kernels=fused)
     wl = WorkloadSpec(arrival="concurrency", concurrency=bs, num_requests=4 * bs,
                       input_len=LengthDistribution(value=int(r["isl"])),
                       output_len=LengthDistribution(value=int(r["osl"])), ramp_up_s=ramp_up_s)
@@ -86,6 +88,8 @@ def main() -> None:
     ap.add_argument("csv", nargs="?", default=DEFAULT)
     ap.add_argument("--max-osl", type=int, default=1024)
     ap.add_argument("--json")
+    ap.add_argument("--unfused", action="store_true",
+                    help="cost one kernel per traced op (ServingConfig.fused_kernels=False)")
     ap.add_argument("--waves", action="store_true",
                     help="start the closed loop's first wave at once (ramp_up_s=0) instead of "
                          "staggered over one request lifetime (the default)")
@@ -93,7 +97,7 @@ def main() -> None:
     results = []
     for r in pick_rows(args.csv, args.max_osl):
         try:
-            res = simulate_row(r, 0.0 if args.waves else None)
+            res = simulate_row(r, 0.0 if args.waves else None, not args.unfused)
         except Exception as e:  # report and continue: this is a sanity sweep
             print(f"{r['id']}: failed: {type(e).__name__}: {e}", flush=True)
             continue

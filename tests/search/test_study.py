@@ -22,9 +22,12 @@ from charon_search.search.study import make_storage
 CFG_KEYS = ("num_gpus", "tp", "pp", "micro_batch_size", "recompute", "zero_stage")
 
 
-def _front_keys(rows, objective):
+def _front(rows, objective):
+    """Exhaustive non-dominated configs and their objective vectors."""
     losses = [objective.minimized(objective.values(r)) for r in rows]
-    return {tuple(rows[i][k] for k in CFG_KEYS) for i in non_dominated(losses)}
+    idx = non_dominated(losses)
+    return ({tuple(rows[i][k] for k in CFG_KEYS) for i in idx},
+            {tuple(objective.values(rows[i])) for i in idx})
 
 
 def _bounds(rows, objective):
@@ -41,9 +44,14 @@ def test_grid_returns_exactly_the_exhaustive_front(toy_space, toy_objective, toy
     assert res.num_trials == n_valid                      # every valid point once, no more
     assert res.num_invalid == 0 and res.num_memo_hits == 0
     assert res.num_feasible == len(toy_exhaustive)
+    configs, vectors = _front(toy_exhaustive, toy_objective)
     got = {tuple(r[k] for k in CFG_KEYS) for r in res.pareto}
-    assert got == _front_keys(toy_exhaustive, toy_objective)
-    assert len(got) >= 4
+    # every front config is exhaustively non-dominated; the objective vectors are exactly the
+    # exhaustive ones; configs tied on every objective are collapsed (num_equivalent counts them)
+    assert got <= configs
+    assert {tuple(toy_objective.values(r)) for r in res.pareto} == vectors
+    assert sum(r["num_equivalent"] for r in res.pareto) == len(configs)
+    assert len(got) == len(res.pareto) >= 4
     front = pq.read_table(tmp_path / "grid" / "pareto.parquet").to_pylist()
     assert {tuple(r[k] for k in CFG_KEYS) for r in front} == got
 

@@ -90,7 +90,7 @@ def test_moe_fusion_builds_one_fused_experts_op() -> None:
         flops[tp] = experts[0].flops(*POINT)
         if tp > 1:  # expert TP: w13/w2 split over the ranks, the MoE output all-reduced
             assert sum(1 for n in fused[block].nodes if n.is_comm) == 2  # attn + MoE
-    assert flops[2] == pytest.approx(flops[1] / 2)
+    assert flops[2] == pytest.approx(flops[1] / 2, rel=0.02)  # GEMMs exactly, the act ~
 
 
 def _closed(conc: int, n: int, **kw):  # type: ignore[no-untyped-def]

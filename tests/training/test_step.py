@@ -192,3 +192,15 @@ def test_hsdp_runs_and_differs_from_full_shard() -> None:
     hsdp = _sim(Layout(hsdp_shard=2, **base))
     assert full.step_time_s > 0 and hsdp.step_time_s > 0
     assert hsdp.step_time_s != full.step_time_s
+
+
+def test_eager_attention_layouts() -> None:
+    with pytest.raises(ConfigError, match="attention_kernel"):
+        Layout(attention_kernel="flashy")
+    with pytest.raises(ConfigError, match="eager"):
+        _sim(Layout(cp=2, global_batch_size=1, seq_len=256, attention_kernel="eager"))
+    flash = _sim(Layout(tp=2, global_batch_size=4, seq_len=256))
+    eager = _sim(Layout(tp=2, global_batch_size=4, seq_len=256, attention_kernel="eager"))
+    # Same model FLOPs; the unfused core does the masked half too and round-trips s x s.
+    assert eager.model_flops_per_step == pytest.approx(flash.model_flops_per_step)
+    assert eager.step_time_s > flash.step_time_s

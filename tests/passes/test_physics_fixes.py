@@ -1,0 +1,117 @@
+"""Physical mechanisms fixed while validating (engineer D2): TP reduction before the
+bias/dropout epilogue, eager (pre-flash) attention, fp8 cast layouts and dynamic scaling."""
+
+from __future__ import annotations
+
+import pytest
+
+from charon_search.ir import Node, OpGraph, OpKind, Phase, Role, TensorSpec, sym
+from charon_search.passes import PassContext, parallelize_block
+from charon_search.passes.fusion import FP8_CAST_READS
+from charon_search.passes.synthetic import synthetic_block
+
+B, S = 2, 128
+H = 256
+b, s = sym("b"), sym("s")
+
+
+def _row_gemm_dropout_graph() -> OpGraph:
+    """x (head-sharded) -> attn.out row GEMM -> dropout (value, 1-byte mask) -> + residual."""
+    sh = (b, s, H + 0 * b)
+    t = {0: TensorSpec(id=0, shape=sh, dtype="bf16"),  # x
+         1: TensorSpec(id=1, shape=(H + 0 * b, H + 0 * b), dtype="bf16"),  # weight
+         2: TensorSpec(id=2, shape=sh, dtype="bf16"),  # residual
+         3: TensorSpec(id=3, shape=sh, dtype="bf16"),  # gemm out
+         4: TensorSpec(id=4, shape=sh, dtype="bf16"),  # dropout out
+         5: TensorSpec(id=5, shape=sh, dtype="bool"),  # dropout mask
+         6: TensorSpec(id=6, shape=sh, dtype="bf16")}
+    bs = b * s
+    nodes = (
+        Node(id=0, name="o_proj", kind=OpKind.GEMM, role=Role.ATTN_OUT, phase=Phase.FORWARD,
+             inputs=(0, 1), outputs=(3,), flops=2 * bs * H * H,
+             bytes_read=bs * H * 2 + H * H * 2, bytes_written=bs * H * 2,
+             params={"m": bs, "n": H + 0 * b, "k": H + 0 * b}),
+        Node(id=1, name="dropout", kind=OpKind.ELEMENTWISE, role=Role.ATTN_OUT,
+             phase=Phase.FORWARD, inputs=(3,), outputs=(4, 5), flops=bs * H,
+             bytes_read=bs * H * 2, bytes_written=bs * H * 3, params={"numel": bs * H}),
+        Node(id=2, name="residual_add", kind=OpKind.ELEMENTWISE, role=Role.RESIDUAL,
+             phase=Phase.FORWARD, inputs=(4, 5, 2), outputs=(6,), flops=bs * H,
+             bytes_read=bs * H * 4, bytes_written=bs * H * 2, params={"numel": bs * H}),
+    )
+    return OpGraph(name="g", nodes=nodes, tensors=t, inputs=(0, 1, 2), outputs=(6,),
+                   param_tensors=(1,), meta={"direction": "forward", "tp_sharded_inputs": (0,)})
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_reduces_before_dropout_and_never_sends_the_mask(sp: bool) -> None:
+    from charon_search.passes import run_passes
+    tp = 4
+    g = run_passes(_row_gemm_dropout_graph(), PassContext(tp=tp, sequence_parallel=sp,
+                                                          debug=True), ["tp"])
+    comm = [n for n in g.nodes if n.is_comm]
+    # Megatron: exactly one all-reduce (SP: reduce-scatter) of the b*s*h bf16 GEMM output.
+    assert [n.kind for n in comm] == [OpKind.REDUCE_SCATTER if sp else OpKind.ALL_REDUCE]
+    assert comm[0].params["bytes"](B, S) == B * S * H * 2
+    names = [n.name for n in g.nodes]
+    assert names.index(comm[0].name) < names.index("dropout")
+    drop = next(n for n in g.nodes if n.name == "dropout")
+    # The dropout runs on the reduced tensor: whole under plain TP, 1/tp of it under SP.
+    assert drop.flops(B, S) == pytest.approx(B * S * H / (tp if sp else 1))
+
+
+def _attn(g: OpGraph) -> list[Node]:
+    return [n for n in g.nodes if n.role == Role.ATTN_CORE]
+
+
+def test_eager_attention_costs_full_score_matrix() -> None:
+    heads, hd = 8, 32  # synthetic_block defaults: hidden 256, 8 heads
+    pb = parallelize_block(synthetic_block("dense"),
+                           PassContext(attention_kernel="eager", debug=True))
+    fwd, bwd = _attn(pb.forward), _attn(pb.backward)
+    assert [n.kind for n in fwd] == [OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEMENTWISE,
+                                     OpKind.BATCHED_GEMM]
+    sc = B * heads * S * S  # score elements (c = s); nothing skips the causal half
+    bmm_fwd = sum(n.flops(B, S) for n in fwd if n.kind == OpKind.BATCHED_GEMM)
+    assert bmm_fwd == pytest.approx(2 * 2 * sc * hd)
+    assert fwd[1].bytes_read(B, S) + fwd[1].bytes_written(B, S) == pytest.approx(2 * 2 * sc)
+    assert fwd[2].bytes_written(B, S) == pytest.approx(3 * sc)  # bf16 probs + 1-byte mask
+    bmm_bwd = sum(n.flops(B, S) for n in bwd if n.kind == OpKind.BATCHED_GEMM)
+    assert bmm_bwd == pytest.approx(2 * bmm_fwd)  # dP, dV, dQ, dK
+    assert not any(n.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD)
+                   for g in (pb.forward, pb.backward) for n in g.nodes)
+
+
+def test_eager_attention_is_head_sharded_and_selectively_recomputed() -> None:
+    pb1 = parallelize_block(synthetic_block("dense"), PassContext(attention_kernel="eager"))
+    pb2 = parallelize_block(synthetic_block("dense"),
+                            PassContext(attention_kernel="eager", tp=2, recompute="selective",
+                                        debug=True))
+    one = sum(n.flops(B, S) for n in _attn(pb1.forward))
+    assert sum(n.flops(B, S) for n in _attn(pb2.forward)) == pytest.approx(one / 2)
+    rc = [n for n in pb2.backward.nodes if n.phase == Phase.RECOMPUTE]
+    assert len(rc) == 4 and sum(n.flops(B, S) for n in rc) == pytest.approx(one / 2)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_fp8_wgrad_needs_transposed_casts_and_dynamic_scaling_reads_twice(recipe: str) -> None:
+    blk = synthetic_block("dense")
+    pb = parallelize_block(blk, PassContext(precision="fp8", fp8_recipe=recipe, debug=True))
+    q = [n for n in pb.backward.nodes if "fp8" in n.tags and n.kind == OpKind.ELEMENTWISE]
+    qt = [n for n in q if n.name.startswith("fp8_quantize_t_")]
+    wgrads = [n for n in pb.backward.nodes if n.kind == OpKind.GEMM and n.dtype == "fp8"
+              and n.params["k"].degree("b") > 0]
+    # One token-major copy per distinct activation a wgrad GEMM reads (dY and the saved X).
+    assert wgrads and len(qt) == len({t for n in wgrads for t in n.inputs
+                                      if t not in set(pb.backward.param_tensors)})
+    reads = FP8_CAST_READS[recipe]
+    for n in q:
+        numel = n.params["numel"](B, S)
+        assert n.bytes_read(B, S) == pytest.approx(numel * 2 * reads)  # bf16 input
+        assert n.bytes_written(B, S) == pytest.approx(numel)  # fp8 output
+
+
+def test_fp8_unknown_recipe_is_config_error() -> None:
+    from charon_search.errors import ConfigError
+    with pytest.raises(ConfigError, match="fp8_recipe"):
+        parallelize_block(synthetic_block("dense"), PassContext(precision="fp8",
+                                                                 fp8_recipe="nope"))
