@@ -261,11 +261,14 @@ class ServingSimulation:
         steady state of a closed loop. Why: with identical requests started together, a
         deterministic simulation keeps them in lock-step waves forever (all prefill in one
         iteration, all finish together), so every TTFT includes everyone's prefill. Real
-        benchmark clients desynchronise within a few requests (scheduling jitter, chunking,
-        tokenizer/HTTP latency, warm-up requests) and settle at evenly phased streams: in
-        steady state a new request arrives every E2E / concurrency on average and joins a
-        running decode batch. Spreading the first wave over one lifetime starts the loop in
-        that state; Little's law (concurrency = throughput x E2E) is unchanged."""
+        benchmark clients drift out of lock-step (scheduling jitter, prefill chunking,
+        tokenizer/HTTP latency, early EOS, warm-up requests) towards evenly phased streams: a
+        new request arrives every E2E / concurrency on average and joins a running decode
+        batch. Spreading the first wave over one lifetime starts the loop in that state;
+        Little's law (concurrency = throughput x E2E) is unchanged. The two settings bound a
+        measured closed loop's TTFT: ``0`` (lock-step waves) from above, the default from
+        below; measured silicon rows fall in between (see examples/workloads/silicon_check.py
+        ``--waves``)."""
         reqs: list[Request] = []
         pending = iter(requests)
         bar = None
