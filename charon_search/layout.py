@@ -78,6 +78,10 @@ class Layout:
     fp8_recipe: str = "tensorwise"
     """With ``precision="fp8"``: ``tensorwise`` / ``rowwise`` (dynamic scaling, torchao),
     ``delayed`` (Transformer Engine amax history) or ``blockwise`` (DeepSeek-V3 1x128 tiles)."""
+    selective_policy: str = "attention"
+    """What ``recompute="selective"`` re-runs: ``attention`` (the attention core, Megatron /
+    Korthikanti et al.) or ``op`` (torchtitan's op-level SAC: every op except matmuls,
+    attention kernels and their collectives, plus every second matmul)."""
     attention_kernel: str = "flash"
     """``flash`` (fused attention kernel) or ``eager`` (unfused QK^T / softmax / dropout / PV,
     as Megatron-LM before flash attention, 2023)."""
@@ -104,6 +108,7 @@ class Layout:
         _choice("rank_order", self.rank_order, RANK_ORDERS)
         _choice("optimizer", self.optimizer, ("adam", "sgd"))
         _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
+        _choice("selective_policy", self.selective_policy, ("attention", "op"))
         _choice("attention_kernel", self.attention_kernel, ("flash", "eager"))
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}")

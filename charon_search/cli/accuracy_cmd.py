@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--calibration {str(args.calibration)!r}: {e}") from e
     text = render_accuracy(result, img_dir=img_dir, img_rel=rel, calibration=cal,
                            command=f"charon-search accuracy --from {args.source.name} "
-                                   f"--out {args.out}")
+                                   f"--out {args.out}",
+                           generated_at=str(data.get("generated_at") or ""))
     args.out.write_text(text + "\n")
     print(f"wrote {args.out} and plots under {img_dir}")
     return 0

@@ -236,8 +236,8 @@ class ClusterCollectiveFit:
 
 def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
                             data_tier: str = "intra", tier_name: str | None = None,
-                            fit_launch: bool = True, min_group_size: int = 0
-                            ) -> ClusterCollectiveFit:
+                            fit_launch: bool = True, min_group_size: int = 0,
+                            large_weight: float = 1.0) -> ClusterCollectiveFit:
     """Fit ``collective_launch_s`` and the α / efficiency of one cluster tier (and its
     ``<tier>.nvls`` variant when the tier lists NVLS) to measured NCCL rows, by minimizing
     log(model / measured) of ``cost.collectives.collective_time`` over the points.
@@ -254,6 +254,8 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
         fit_launch: also fit ``collective_launch_s`` (else keep the cluster's).
         min_group_size: fit only points of at least this many GPUs (the MAPE is still
             reported over every point of the tier).
+        large_weight: weight of messages >= 16 MiB in the fit relative to smaller ones
+            (bandwidth-bound collectives dominate training step time).
     """
     import dataclasses
 
@@ -302,7 +304,9 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
                          for k, b, g in zip(kinds, nb, p)])
         return np.log(pred / t)
 
-    res = least_squares(resid, np.array(x0), bounds=(lo, hi), x_scale=scale)
+    weight = np.sqrt(np.where(nb >= 2**24, large_weight, 1.0))
+    res = least_squares(lambda x: resid(x) * weight, np.array(x0), bounds=(lo, hi),
+                        x_scale=scale)
     final = unpack(res.x)
     mape_fit = float(np.mean(np.abs(np.exp(resid(res.x)) - 1)))
     num_fit = len(t)

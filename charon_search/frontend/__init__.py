@@ -29,9 +29,9 @@ Modelling choices (what the graphs mean):
   compute logits for the last token only (``logits_to_keep=1``); prefill does not write a cache.
 * Decode: one new token per sequence (``s = 1``) attending over ``c`` keys; the KV cache holds
   ``c - 1`` fake tokens passed in as graph inputs, and HF's ``cat(past, new)`` is costed as an
-  in-place one-token append (tag ``kv_append``). The cache layout is HF's: DeepSeek-V3 caches
-  the compressed latent and re-expands all ``c`` tokens through ``kv_b_proj`` every step (no
-  weight absorption), which over-counts decode FLOPs against MLA-absorbing engines.
+  in-place one-token append (tag ``kv_append``). MLA models (DeepSeek-V3) decode with the
+  absorbed formulation serving engines use (``_mla``): one 1-KV-head attention over the
+  576-wide latent cache instead of HF's per-step re-expansion of all ``c`` tokens.
 * Sliding-window layers (gpt-oss) are traced with their window mask over all ``c`` keys.
 * MoE: transformers' ``grouped_mm`` experts; ``GROUPED_GEMM`` nodes carry ``tokens = b*s``
   (before top-k duplication), ``top_k`` and ``num_experts``; balanced routing is the cost
@@ -57,7 +57,7 @@ from charon_search.ir import TracedBlock
 __all__ = ["FRONTEND_VERSION", "PHASES", "TracedModel", "clear_memory_cache", "trace_model"]
 
 #: Bump when the traced graph format or the op mapping changes (invalidates disk caches).
-FRONTEND_VERSION = "1"
+FRONTEND_VERSION = "2"
 PHASES = ("train", "prefill", "decode")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ATTN_IMPLS = ("sdpa", "eager")

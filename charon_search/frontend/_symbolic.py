@@ -105,6 +105,8 @@ class DimFitter:
         return self._memo[key]
 
     def _factor(self, v: int) -> Poly:
+        if v <= 1:
+            return Poly.const(v)
         k = v
         mono = Poly.const(1)
         for name in self.symbols:

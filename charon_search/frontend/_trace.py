@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charon_search.catalog._hf import ReducedModel
-from charon_search.frontend._mla import absorbed_mla_decode
 from charon_search.errors import ConfigError
+from charon_search.frontend._mla import absorbed_mla_decode
 
 __all__ = ["Capture", "capture"]
 

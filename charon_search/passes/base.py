@@ -53,6 +53,8 @@ class PassContext:
     zero_stage: int = 0
     hsdp_shard: int = 0
     recompute: str = "none"
+    selective_policy: str = "attention"
+    """``attention`` (attention core) or ``op`` (torchtitan op-level SAC); see ``recompute``."""
     precision: str = "bf16"
     fp8_recipe: str = "tensorwise"
     """``tensorwise`` / ``rowwise`` (dynamic scaling), ``delayed`` (TE amax history) or
@@ -79,7 +81,9 @@ class PassContext:
             phase="train", tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp,
             sequence_parallel=layout.sequence_parallel, cp_algo=layout.cp_algo,
             zero_stage=layout.zero_stage, hsdp_shard=layout.hsdp_shard,
-            recompute=layout.recompute, precision=layout.precision,
+            recompute=layout.recompute,
+            selective_policy=getattr(layout, "selective_policy", "attention"),
+            precision=layout.precision,
             fused_kernels=layout.fused_kernels,
             attention_kernel=getattr(layout, "attention_kernel", "flash"),
             fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"), async_tp=layout.async_tp,

@@ -79,13 +79,16 @@ class ExpertParallelPass(Pass):
         p = dict(node.params)
         p["num_experts"] = p["num_experts"] / ep
         p["load_imbalance"] = Poly.const(imbalance)
-        # Expert weights: ep-th of them are read per rank.
+        # Expert weights: ep-th of them are read (forward, dgrad) or their gradients written
+        # (wgrad) per rank.
         w = node.params["num_experts"] * node.params["n"] * node.params["k"] * 2
         saved = w * (1 - 1 / ep)
-        br = node.bytes_read - saved
+        br, bw = node.bytes_read - saved, node.bytes_written
         if br(1, 1, 1) < 0:
             br = node.bytes_read
-        return node.replace(params=p, bytes_read=br)
+            if (bw - saved)(1, 1, 1) >= 0:
+                bw = bw - saved
+        return node.replace(params=p, bytes_read=br, bytes_written=bw)
 
 
 must_run_before("tp", "ep")

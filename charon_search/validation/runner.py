@@ -43,7 +43,10 @@ class ValidationResult:
     wall_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"records": self.rows, "skipped": self.skipped,
+        import datetime as _dt
+
+        return {"generated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                "records": self.rows, "skipped": self.skipped,
                 "skipped_metrics": self.skipped_metrics, "cases": self.cases,
                 "summary": self.summary, "wall_s": self.wall_s}
 

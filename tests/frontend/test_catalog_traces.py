@@ -76,3 +76,33 @@ def test_single_point_trace_equals_two_point_trace(name: str) -> None:
                 assert (n1.kind, n1.role, n1.flops, n1.bytes) == (
                     n2.kind, n2.role, n2.flops, n2.bytes), n1.name
                 assert dict(n1.params) == dict(n2.params), n1.name
+
+
+def test_deepseek_decode_uses_absorbed_mla() -> None:
+    """Decode attends over the 576-wide latent cache with one KV head; nothing else grows with
+    c except the attention and the one-token cache append (no per-step kv_b_proj re-expansion).
+    """
+    from charon_search.ir import Role, sym
+
+    tm = trace_model("deepseek-v3", "decode")
+    fwd = tm.blocks["moe"].forward
+    attn = [n for n in fwd.nodes if n.kind == OpKind.ATTENTION]
+    assert len(attn) == 1
+    p = attn[0].params
+    assert (p["heads"], p["kv_heads"], p["head_dim"], p["q_len"]) == (128, 1, 576, 1)
+    assert p["kv_len"] == sym("c")
+    for n in fwd.nodes:
+        if n.flops.degree("c") or n.bytes.degree("c"):
+            assert n is attn[0], n.name
+    absorb = [n for n in fwd.nodes if n.kind == OpKind.BATCHED_GEMM]
+    assert [(n.params["batch"], n.params["k"], n.params["n"]) for n in absorb] == [
+        (128, 128, 512), (128, 512, 128)]
+    assert all(n.role == Role.ATTN_CORE for n in absorb)
+
+
+@pytest.mark.slow
+def test_gpt_oss_sdpa_uses_fused_attention() -> None:
+    tm = trace_model("gpt-oss-120b", "decode")
+    assert tm.attn_impl == "sdpa"
+    kinds = [n.kind for n in tm.blocks["moe"].forward.nodes]
+    assert kinds.count(OpKind.ATTENTION) == 1 and OpKind.BATCHED_GEMM not in kinds

@@ -139,3 +139,17 @@ def test_closed_loop_staggers_instead_of_waves(affine, cluster) -> None:
     first = sorted(t for i, t in zip(pr["request_id"], pr["arrived_at_s"], strict=True) if i < 8)
     gap = first[1] - first[0]
     assert gap > 0 and first == pytest.approx([i * gap for i in range(8)])
+
+
+def test_embedding_is_a_gather_of_the_looked_up_rows() -> None:
+    spec = load_model("debug-llama")
+    raw = _graphs("debug-llama", False)[1]["embedding"]
+    fused = _graphs("debug-llama", True)[1]["embedding"]
+    emb_raw = next(n for n in raw.nodes if n.kind == OpKind.EMBEDDING)
+    (emb,) = [n for n in fused.nodes if not n.is_comm]  # RoPE table ops precomputed
+    b, s, c = POINT
+    rows = b * s * spec.hidden_size * 2.0  # bf16 rows gathered
+    assert emb.bytes_written(*POINT) == pytest.approx(rows)
+    # Reads the gathered rows and the token ids, not the vocab x hidden table.
+    assert rows <= emb.bytes_read(*POINT) <= rows + b * s * 8
+    assert emb_raw.bytes_read(*POINT) >= spec.vocab_size * spec.hidden_size * 2
