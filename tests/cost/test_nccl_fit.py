@@ -60,3 +60,17 @@ def test_fit_through_collective_model_and_write(tmp_path):
     assert "MAPE" in fitted.calibration.provenance["collective_alpha_s"]
     t = collective_time("all_reduce", 536870912, 8, fitted)
     assert t == pytest.approx(2.11106e-3, rel=0.15)
+
+
+def test_written_h200_calibration_reproduces_measurements():
+    """cluster_specs/h200-sxm-8gpu.yaml holds the fit (`profiles fit-collectives --write`)."""
+    db = default_profile_db()
+    c = load_cluster("h200-sxm-8gpu")
+    assert c.calibration.provenance["collective_alpha_s"].startswith("fit (charon_search")
+    key = {"bytes": 536870912.0, "group_size": 8.0, "num_nodes": 1.0}
+    # aiconfigurator h200_sxm nccl 2.29.2: 512 MiB all-reduce on 8 GPUs 2.040 ms.
+    measured = db.exact("h200-sxm-141gb", "all_reduce", "", "fp16", key)
+    assert measured == pytest.approx(2.04031e-3, rel=1e-4)
+    assert collective_time("all_reduce", 536870912, 8, c) == pytest.approx(measured, rel=0.05)
+    measured_ag = db.exact("h200-sxm-141gb", "all_gather", "", "fp16", key)
+    assert collective_time("all_gather", 536870912, 8, c) == pytest.approx(measured_ag, rel=0.25)

@@ -147,7 +147,7 @@ def test_embedding_is_a_gather_of_the_looked_up_rows() -> None:
     fused = _graphs("debug-llama", True)[1]["embedding"]
     emb_raw = next(n for n in raw.nodes if n.kind == OpKind.EMBEDDING)
     (emb,) = [n for n in fused.nodes if not n.is_comm]  # RoPE table ops precomputed
-    b, s, c = POINT
+    b, s, _ = POINT
     rows = b * s * spec.hidden_size * 2.0  # bf16 rows gathered
     assert emb.bytes_written(*POINT) == pytest.approx(rows)
     # Reads the gathered rows and the token ids, not the vocab x hidden table.
