@@ -36,10 +36,17 @@ from charon_search.training.report import StepBreakdown, StepReport
 
 __all__ = ["StepTimeline", "simulate_training", "stage_layers", "validate_layout"]
 
+#: Gradient-norm clipping reads every fp32 gradient once before the update (Megatron
+#: ``--clip-grad 1.0`` and torchtitan ``max_norm 1.0`` are the defaults; the norm's scalar
+#: all-reduce is negligible).
+CLIP_GRAD_BYTES_PER_PARAM = 4.0
 #: Adam bytes per local parameter and step: read fp32 master, m, v and the fp32 main grad
-#: (16 B), write master, m, v (12 B) and the bf16 model copy (2 B) (Megatron mixed precision).
-ADAM_BYTES_PER_PARAM = 30.0
-SGD_BYTES_PER_PARAM = 14.0
+#: (16 B), write master, m, v (12 B) and the bf16 model copy (2 B) (Megatron mixed precision),
+#: plus the gradient-norm read.
+ADAM_BYTES_PER_PARAM = 30.0 + CLIP_GRAD_BYTES_PER_PARAM
+SGD_BYTES_PER_PARAM = 14.0 + CLIP_GRAD_BYTES_PER_PARAM
+#: Of those, bytes written per parameter (Adam: master, m, v, bf16 copy; SGD: master, copy).
+OPT_WRITE_BYTES = {"adam": 14.0, "sgd": 6.0}
 
 _CACHE_LOCK = threading.Lock()
 _PAR_CACHE: OrderedDict[tuple, dict[str, ParallelBlock]] = OrderedDict()
@@ -195,8 +202,9 @@ def _optimizer_node(numel: float, optimizer: str) -> OpGraph:
     per = ADAM_BYTES_PER_PARAM if optimizer == "adam" else SGD_BYTES_PER_PARAM
     node = Node(id=0, name="optimizer_step", kind=OpKind.OPTIMIZER, target="training",
                 module_path="optimizer", role=Role.OPTIMIZER, phase=Phase.OPTIMIZER,
-                flops=Poly.const(10 * numel), bytes_read=Poly.const(numel * per * 16 / 30),
-                bytes_written=Poly.const(numel * per * 14 / 30),
+                flops=Poly.const(10 * numel),
+                bytes_read=Poly.const(numel * (per - OPT_WRITE_BYTES[optimizer])),
+                bytes_written=Poly.const(numel * OPT_WRITE_BYTES[optimizer]),
                 params={"numel": Poly.const(numel)}, dtype="fp32")
     return OpGraph(name="optimizer", nodes=(node,), tensors={})
 

@@ -204,3 +204,11 @@ def test_eager_attention_layouts() -> None:
     # Same model FLOPs; the unfused core does the masked half too and round-trips s x s.
     assert eager.model_flops_per_step == pytest.approx(flash.model_flops_per_step)
     assert eager.step_time_s > flash.step_time_s
+
+
+def test_optimizer_step_bytes_include_grad_norm_read() -> None:
+    from charon_search.training.step import _optimizer_node
+    n = _optimizer_node(1e9, "adam").nodes[0]
+    # fp32 master/m/v/grad reads (16 B) + grad-norm read (4 B); master/m/v + bf16 copy writes.
+    assert n.bytes_read(1, 1) == pytest.approx(20e9)
+    assert n.bytes_written(1, 1) == pytest.approx(14e9)
