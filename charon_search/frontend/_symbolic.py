@@ -111,6 +111,8 @@ class DimFitter:
         mono = Poly.const(1)
         for name in self.symbols:
             p = self.p1[name]
+            if p <= 1:
+                continue  # a symbol fixed at 1 (decode's s) cannot be read off a factor
             while k % p == 0:
                 k //= p
                 mono = mono * sym(name)
