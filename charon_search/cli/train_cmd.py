@@ -19,6 +19,8 @@ _FLAGS = {  # flag dest -> Layout field
     "schedule": "schedule", "sp": "sequence_parallel", "zero": "zero_stage",
     "mbs": "micro_batch_size", "gbs": "global_batch_size", "seq": "seq_len",
     "recompute": "recompute", "precision": "precision", "cp_algo": "cp_algo",
+    "attention_kernel": "attention_kernel", "fp8_recipe": "fp8_recipe",
+    "selective_policy": "selective_policy",
 }
 
 
@@ -33,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute", default=None, help="none | selective | full")
     p.add_argument("--precision", default=None, help="bf16 | fp16 | fp8 | fp32")
     p.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
+    p.add_argument("--attention-kernel", dest="attention_kernel", default=None,
+                   help="flash | eager (Megatron's unfused core attention, pre-2023)")
+    p.add_argument("--fp8-recipe", dest="fp8_recipe", default=None,
+                   help="tensorwise | rowwise | delayed | blockwise")
+    p.add_argument("--selective-policy", dest="selective_policy", default=None,
+                   help="attention (attention core) | op (torchtitan op-level SAC)")
     p.add_argument("--layout", default=None, help="layout YAML (Layout fields)")
     p.add_argument("--json", default=None, help="write the StepReport JSON here")
     p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")

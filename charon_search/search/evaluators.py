@@ -24,6 +24,7 @@ from typing import Any
 
 from charon_search.errors import InfeasibleError
 from charon_search.registry import Registry
+from charon_search.search.rules import RuleContext
 
 __all__ = ["EVALUATORS", "Evaluator", "flatten_report", "layout_from_config"]
 
@@ -68,24 +69,11 @@ def layout_from_config(cfg: Mapping[str, Any]) -> Any:
     return Layout.from_dict({k: v for k, v in cfg.items() if k in names})
 
 
-class _Cached(Evaluator):
+class _Cached(Evaluator, RuleContext):
+    """An evaluator with the rules' cached model and cluster lookups."""
+
     def __init__(self) -> None:
-        self._models: dict[str, Any] = {}
-        self._clusters: dict[str, Any] = {}
-
-    def model(self, name: str) -> Any:
-        if name not in self._models:
-            from charon_search.catalog import load_model
-
-            self._models[name] = load_model(name)
-        return self._models[name]
-
-    def cluster(self, name: str) -> Any:
-        if name not in self._clusters:
-            from charon_search.hardware import load_cluster
-
-            self._clusters[name] = load_cluster(name)
-        return self._clusters[name]
+        RuleContext.__init__(self)
 
 
 @EVALUATORS.register("training")

@@ -1,0 +1,35 @@
+"""The `charon-search` dispatcher: every command loads, bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from charon_search.cli import COMMANDS, main
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_has_a_module_with_help(command: str, capsys: pytest.CaptureFixture[str]):
+    module = importlib.import_module(f"charon_search.cli.{COMMANDS[command]}")
+    assert callable(module.add_arguments) and callable(module.run)
+    assert (module.__doc__ or "").strip(), f"{command} needs a docstring (its help text)"
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    assert "usage: charon-search" in capsys.readouterr().out
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]):
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+def test_config_error_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]):
+    code = main(["trace", "no-such-model-xyz", "--phase", "train", "--seq", "128", "--mbs", "1"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no-such-model-xyz" in err[0]
+    assert "Traceback" not in err[0]
