@@ -1,8 +1,8 @@
 """Error hierarchy of charon-search.
 
-``ConfigError`` is bad input (the CLI prints it as one line and exits 2), ``InfeasibleError`` a valid
-configuration that cannot run (the search records it as an infeasible trial), ``PassError`` a graph
-rewrite that failed (names the pass and the node).
+``ConfigError`` is bad input (the CLI prints it as one line and exits 2), ``InfeasibleError``
+a valid configuration that cannot run (the search records it as an infeasible trial),
+``PassError`` a graph rewrite that failed (names the pass and the node).
 """
 
 from __future__ import annotations

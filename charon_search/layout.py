@@ -111,7 +111,9 @@ class Layout:
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
         _choice("attention_kernel", self.attention_kernel, ("flash", "eager"))
         if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}")
+            raise ConfigError(
+                f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}"
+            )
         if (self.pp == 1) != (self.schedule == "none"):
             raise ConfigError(
                 f"`schedule == 'none'` must hold exactly when pp == 1, but got "

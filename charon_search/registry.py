@@ -58,7 +58,7 @@ class Registry(Generic[T]):
                 self._entries[ep.name] = ep.load()
 
     def get(self, key: str) -> T:
-        """Return the object registered under ``key`` or raise ``ConfigError`` naming the choices."""
+        """The object registered under ``key``; ``ConfigError`` naming the choices if unknown."""
         self._load_entry_points()
         try:
             return self._entries[key]

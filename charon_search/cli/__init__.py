@@ -1,8 +1,8 @@
 """``charon-search`` command line: one module per subcommand.
 
-Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``; its docstring's
-first line is the help text. ``main`` turns ``ConfigError`` into one line on stderr and exit code 2,
-other ``CharonError``s into exit code 1; ``--debug`` shows the traceback.
+Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``; its
+docstring's first line is the help text. ``main`` turns ``ConfigError`` into one line on stderr
+and exit code 2, other ``CharonError``s into exit code 1; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = ["SYMBOLS", "Poly", "PolyLike", "as_poly", "sym"]
 
@@ -150,7 +149,7 @@ class Poly:
         return self.const_value()
 
     def __int__(self) -> int:
-        return int(round(self.const_value()))
+        return round(self.const_value())
 
     def __bool__(self) -> bool:
         return bool(self.terms)
@@ -202,7 +201,7 @@ class Poly:
         return Poly.from_dict(d)
 
 
-PolyLike = Union[Poly, int, float]
+PolyLike = Poly | int | float
 
 
 def as_poly(x: PolyLike) -> Poly:
