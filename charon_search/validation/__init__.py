@@ -26,6 +26,7 @@ from charon_search.validation.records import (
 from charon_search.validation.report import render_html, render_text
 from charon_search.validation.runner import (
     ValidationResult,
+    merge_json,
     result_from_json,
     run_validation,
     select_records,
@@ -45,6 +46,7 @@ __all__ = [
     "load_files",
     "load_records",
     "load_silicon_csv",
+    "merge_json",
     "parse_records",
     "render_html",
     "render_text",

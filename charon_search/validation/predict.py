@@ -79,6 +79,11 @@ def _stages(mem: Any) -> list[Any]:
 def _memory_metrics(case: TrainingCase, report: Any,
                     memory_fn: Callable[..., Any] | None) -> tuple[dict[str, float], str | None]:
     mem = report.get("memory") if isinstance(report, Mapping) else getattr(report, "memory", None)
+    kwargs: dict[str, Any] = {}
+    if memory_fn is None and case.memory_options is not None:
+        # The framework's conventions (state recipe, SAC policy, attention kernel) instead of
+        # the memory defaults the StepReport was built with.
+        mem, kwargs = None, {"options": case.memory_options}
     if mem is None:
         if memory_fn is not None:
             fn = memory_fn
@@ -89,7 +94,7 @@ def _memory_metrics(case: TrainingCase, report: Any,
                 return {}, f"memory model not available: {e}"
             fn = memory_report
         try:
-            mem = fn(case.model, case.layout, case.cluster)
+            mem = fn(case.model, case.layout, case.cluster, **kwargs)
         except Exception as e:
             return {}, f"memory model failed: {type(e).__name__}: {e}"
     out: dict[str, float] = {}
@@ -118,7 +123,10 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
         except ImportError as e:
             raise Unexpressible(f"training simulator not available: {e}") from e
         sim = simulate_training
-    report = sim(case.model, case.cluster, lay)
+    if simulate is None and memory_fn is None and case.memory_options is not None:
+        report = sim(case.model, case.cluster, lay, memory=False)  # memory: framework options
+    else:
+        report = sim(case.model, case.cluster, lay)
     step = read_number(report, "step_time_s")
     if step is None or not step > 0:
         raise Unexpressible(f"training simulator returned no step time ({step!r})")

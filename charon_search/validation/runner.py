@@ -20,7 +20,8 @@ from charon_search.validation.records import Record
 from charon_search.validation.stats import summarize
 from charon_search.validation.translate import ServingCase, TrainingCase, to_case
 
-__all__ = ["ValidationResult", "run_validation", "select_records"]
+__all__ = ["ValidationResult", "merge_json", "result_from_json", "run_validation",
+           "select_records"]
 
 #: Assumptions about these fields make a record "not fully specified" (the targets of issue 8
 #: apply to fully specified records): they change the simulated work, not only its labelling.
@@ -41,14 +42,19 @@ class ValidationResult:
     """id -> kind, source, confidence, model, gpu, cluster, assumptions, fully_specified..."""
     summary: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    coverage: list[str] = field(default_factory=list)
+    """Which records a merged result covers (one line per part, see ``merge_json``)."""
 
     def to_json(self) -> dict[str, Any]:
         import datetime as _dt
 
-        return {"generated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                "records": self.rows, "skipped": self.skipped,
-                "skipped_metrics": self.skipped_metrics, "cases": self.cases,
-                "summary": self.summary, "wall_s": self.wall_s}
+        out = {"generated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+               "records": self.rows, "skipped": self.skipped,
+               "skipped_metrics": self.skipped_metrics, "cases": self.cases,
+               "summary": self.summary, "wall_s": self.wall_s}
+        if self.coverage:
+            out["coverage"] = list(self.coverage)
+        return out
 
 
 def select_records(records: Sequence[Record], *, kind: str | None = None,
@@ -175,6 +181,14 @@ def _layout_summary(case: TrainingCase) -> str:
         parts.append("sp")
     if lay.async_tp:
         parts.append("asynctp")
+    if lay.precision == "fp8":
+        parts.append(f"fp8:{lay.fp8_recipe}")
+    if lay.recompute == "selective":
+        parts.append(f"sel:{lay.selective_policy}")
+    if lay.attention_kernel != "flash":
+        parts.append(f"attn:{lay.attention_kernel}")
+    if lay.moe_a2a_overlap:
+        parts.append("a2a-overlap")
     return " ".join(parts)
 
 
@@ -185,4 +199,45 @@ def result_from_json(data: Mapping[str, Any]) -> ValidationResult:
                             skipped_metrics=list(data.get("skipped_metrics", [])),
                             cases=dict(data.get("cases", {})),
                             summary=dict(data.get("summary", {})),
-                            wall_s=float(data.get("wall_s", 0.0)))
+                            wall_s=float(data.get("wall_s", 0.0)),
+                            coverage=[str(c) for c in data.get("coverage", [])])
+
+
+def merge_json(parts: Sequence[tuple[Mapping[str, Any], str]]) -> dict[str, Any]:
+    """One ``validate --json`` document from several runs (e.g. training + a serving subset).
+
+    Args:
+        parts: ``(validate JSON, what it covers)`` per run; the description (selection and
+            date) goes to ``coverage`` and into the accuracy report.
+
+    Raises:
+        ConfigError: a part is not ``validate --json`` output, or two parts share a record id.
+    """
+    from charon_search.errors import ConfigError
+
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    skipped_metrics: list[dict[str, Any]] = []
+    cases: dict[str, dict[str, Any]] = {}
+    coverage: list[str] = []
+    wall = 0.0
+    for i, (data, note) in enumerate(parts):
+        if not isinstance(data, Mapping) or "records" not in data or "cases" not in data:
+            raise ConfigError(f"part {i} must be `charon-search validate --json` output "
+                              "(keys records, skipped, cases)")
+        dup = set(cases) & set(data["cases"])
+        if dup:
+            raise ConfigError(f"record ids must be unique across parts, but part {i} repeats "
+                              f"{sorted(dup)[:3]}")
+        part = result_from_json(data)
+        rows += part.rows
+        skipped += part.skipped
+        skipped_metrics += part.skipped_metrics
+        cases.update(part.cases)
+        wall += part.wall_s
+        when = str(data.get("generated_at") or "")
+        coverage += part.coverage or [f"{note}" + (f" (validate run of {when})" if when else "")]
+    merged = ValidationResult(rows=rows, skipped=skipped, skipped_metrics=skipped_metrics,
+                              cases=cases, summary=summarize(rows, skipped, cases), wall_s=wall,
+                              coverage=coverage)
+    return merged.to_json()

@@ -50,6 +50,8 @@ class TrainingCase:
     layout: Layout
     arch: ArchFacts
     assumptions: tuple[str, ...] = ()
+    memory_options: Any = None
+    """``memory.MemoryOptions`` of the record's framework (``None``: the memory defaults)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,6 +300,7 @@ def _training_case(record: Record) -> TrainingCase:
         global_batch_size=int(gbs), seq_len=int(t["seq_len"]), recompute=recompute,
         precision=precision, async_tp=bool(async_tp), cp_algo=cp_algo, fused_kernels=fused,
     )
+    kw.update(_framework_facts(record, t, ex, notes))
     try:
         layout = Layout(**kw)
         layout.validate_for(model, num_gpus)
@@ -306,7 +309,87 @@ def _training_case(record: Record) -> TrainingCase:
     choice = choose_cluster(record, num_gpus)
     return TrainingCase(record=record, model=model, cluster=choice.cluster,
                         cluster_how=choice.how, layout=layout, arch=arch_facts(record, model),
-                        assumptions=tuple(notes))
+                        assumptions=tuple(notes), memory_options=_memory_options(ex, layout))
+
+
+def _framework(ex: Mapping[str, Any]) -> str:
+    return str(ex.get("framework") or "").strip()
+
+
+def _framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
+                     notes: list[str]) -> dict[str, Any]:
+    """Layout fields that state what the source framework ran (no fitted values).
+
+    Each rule reads a fact of the record (framework, recipe, schedule); none is tuned to an error.
+    """
+    out: dict[str, Any] = {}
+    fw = _framework(ex)
+    # Megatron-LM of SC21 (Narayanan et al., arXiv 2104.04473) and Korthikanti et al. (arXiv
+    # 2205.05198) ran CoreAttention: QK^T bmm, fused scale-mask-softmax over s x s, attention
+    # dropout, PV bmm (Korthikanti's 5as/h activation term is that softmax + dropout mask);
+    # flash attention reached Megatron only in 2023. "Megatron-Core ..." records (mcore_*) use
+    # Transformer Engine's fused attention and keep "flash".
+    if fw == "Megatron-LM":
+        out["attention_kernel"] = "eager"
+        notes.append("Megatron-LM 2021/22 (pre flash-attention): unfused CoreAttention "
+                     "(attention_kernel='eager')")
+    # torchtitan's `activation_checkpoint.selective_ac_option = "op"`: per-op SAC (torchtitan
+    # models/llama/parallelize_llama.py `_save_list`: matmuls every other time, SDPA and
+    # collectives saved, the rest recomputed).
+    if str(ex.get("selective_ac_option", "")).lower() == "op":
+        out["selective_policy"] = "op"
+    recipe = _fp8_recipe(record, t, ex, fw)
+    if recipe is not None:
+        out["fp8_recipe"] = recipe[0]
+        notes.append(f"fp8 recipe {recipe[0]!r} ({recipe[1]})")
+    # DeepSeek-V3 report sec. 3.2.1: DualPipe pairs a forward and a backward chunk and overlaps
+    # the EP all-to-all (dispatch / combine) of one with the computation of the other.
+    if t.get("schedule") == "dualpipe" and int(t.get("ep") or 1) > 1:
+        out["moe_a2a_overlap"] = True
+        notes.append("DualPipe: EP all-to-all overlapped with the paired chunk's compute "
+                     "(DeepSeek-V3 report sec. 3.2.1)")
+    return out
+
+
+def _fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
+                fw: str) -> tuple[str, str] | None:
+    """``(Layout.fp8_recipe, why)`` for fp8 records; ``None`` keeps the default."""
+    prec = str(t.get("precision") or "")
+    if prec not in ("fp8", "mxfp8"):
+        return None
+    stated = str(ex.get("float8_recipe") or "").lower()
+    if stated in ("tensorwise", "rowwise"):  # torchao Float8LinearConfig recipe name
+        return stated, "extra.float8_recipe of the record"
+    if prec == "mxfp8" or "block" in str(ex.get("fp8_recipe", "")).lower():
+        # MXFP8 (OCP MX spec: 1x32 blocks with E8M0 scales) and DeepSeek-V3's fine-grained
+        # 1x128 / 128x128 scaling (report sec. 3.3.2) compute scales per block, inside the cast.
+        return "blockwise", "block-scaled: mxfp8 or DeepSeek-V3 fine-grained scaling"
+    if fw.lower().startswith(("megatron", "nemo")) or "llm-foundry" in fw.lower() \
+            or str(ex.get("amp", "")) == "amp_fp8":
+        # Megatron and Composer's amp_fp8 both run Transformer Engine's DelayedScaling recipe
+        # (scale from the amax history of previous iterations).
+        return "delayed", "Transformer Engine DelayedScaling (Megatron / llm-foundry amp_fp8)"
+    if "DeepSeek-V3" in record.source:
+        return "blockwise", "DeepSeek-V3 fine-grained block scaling (report sec. 3.3.2)"
+    return None
+
+
+def _memory_options(ex: Mapping[str, Any], layout: Layout) -> Any:
+    """``MemoryOptions.for_framework`` of the record's framework, matched to the layout."""
+    try:
+        from charon_search.memory.report import MemoryOptions
+    except ImportError:
+        return None
+    fw = _framework(ex).lower()
+    name = ("megatron-core" if fw.startswith("megatron-core")
+            else "megatron-lm" if fw == "megatron-lm"
+            else "torchtitan" if fw == "torchtitan" else fw)
+    over: dict[str, Any] = {}
+    if layout.attention_kernel == "eager":
+        over["attn_impl"] = "eager"  # scores and dropout mask are saved activations
+    if str(ex.get("selective_ac_option", "")).lower() == "op":
+        over["selective_policy"] = "op"
+    return MemoryOptions.for_framework(name or None, **over)
 
 
 # ----------------------------------------------------------------------------- serving

@@ -110,3 +110,23 @@ def test_accuracy_command(tmp_path, shipped_records):
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     assert main(["accuracy", "--from", str(bad), "--out", str(out)]) == 2
+
+
+def test_merge_json_adds_runs_and_states_coverage(shipped_records):
+    from charon_search.errors import ConfigError
+    from charon_search.validation import merge_json, result_from_json
+    from charon_search.validation.accuracy import render_accuracy
+
+    a = run_validation(select_records(shipped_records, ids=IDS[:2]),
+                       simulate_training=fake_training).to_json()
+    b = run_validation(select_records(shipped_records, ids=[*IDS[2:], "palm_540b_6144_tpuv4"]),
+                       simulate_training=fake_training).to_json()
+    merged = merge_json([(a, "SC21 rows"), (b, "Korthikanti rows + PaLM")])
+    assert len(merged["records"]) == len(a["records"]) + len(b["records"])
+    assert merged["summary"]["totals"]["records"] == 5
+    assert merged["summary"]["totals"]["skipped"] == 1  # PaLM: TPU
+    assert merged["coverage"][0].startswith("SC21 rows (validate run of ")
+    text = render_accuracy(result_from_json(merged))
+    assert "- Korthikanti rows + PaLM (validate run of " in text
+    with pytest.raises(ConfigError, match="unique"):
+        merge_json([(a, "x"), (a, "y")])
