@@ -30,6 +30,8 @@ embedding stay bf16, as in Transformer Engine's default recipe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from charon_search.errors import ConfigError
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Poly, Role
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
@@ -49,7 +51,7 @@ FP8_ROLES = frozenset({Role.ATTN_QKV, Role.ATTN_OUT, Role.MLP_IN, Role.MLP_OUT,
                        Role.MOE_SHARED, Role.MOE_EXPERT})
 
 
-def _runs(graph: OpGraph, key) -> list[tuple[int, int]]:
+def _runs(graph: OpGraph, key: Callable[[Node], object]) -> list[tuple[int, int]]:
     """Maximal index ranges ``[i, j)`` of consecutive nodes with equal non-None ``key``."""
     out, i, n = [], 0, len(graph.nodes)
     while i < n:
@@ -132,14 +134,14 @@ class FusionPass(Pass):
             bmms = [n for n in nodes if n.kind == OpKind.BATCHED_GEMM]
             if len(bmms) < 2 or not any(n.kind == OpKind.SOFTMAX for n in nodes):
                 continue
-            params = _attention_params(bmms[0], bmms[1])
-            if params is None:
+            attn_params = _attention_params(bmms[0], bmms[1])
+            if attn_params is None:
                 continue
             bwd = attn_key(nodes[0]) == "bwd"
             fwd_flops = sum((n.flops for n in bmms[:2]), Poly()) / 2  # causal: flash skips half
             replace[i] = _merge(graph, nodes,
                                 kind=OpKind.ATTENTION_BWD if bwd else OpKind.ATTENTION,
-                                name=f"flash_{nodes[0].name}", params=params,
+                                name=f"flash_{nodes[0].name}", params=attn_params,
                                 flops=fwd_flops * 2.5 if bwd else fwd_flops)
             drop.update(range(i + 1, j))
         if not replace:

@@ -144,8 +144,8 @@ class MoEOverlapPass(Pass):
             for n in seg_a:
                 gb.add(subs_node(n, **half).replace(tags=n.tags | {"moe_overlap"}))
             gb.nodes.extend(seg_b)
-        outs = tuple(graph.outputs) + tuple(remap[t] for t in graph.outputs if t in remap)
-        return PassResult(gb.finish(outputs=outs), True)
+        final = tuple(graph.outputs) + tuple(remap[t] for t in graph.outputs if t in remap)
+        return PassResult(gb.finish(outputs=final), True)
 
 
 for _before in ("tp", "ep", "cp", "recompute", "fsdp"):

@@ -70,7 +70,7 @@ class _G:
         self.nodes.append(node)
         return node
 
-    def gemm(self, name: str, role: str, x: int, w: int, m: Poly, n: Poly | float,
+    def gemm(self, name: str, role: str, x: int, w: int, m: Poly | float, n: Poly | float,
              k: Poly | float, out_shape: tuple[Poly | float, ...]) -> int:
         y = self.t(*out_shape)
         self.op(OpKind.GEMM, name, role, (x, w), (y,), 2 * as_poly(m) * n * k, m=m, n=n, k=k)

@@ -75,7 +75,7 @@ def fuse_for_inference(graph: OpGraph, *, kv_heads: int | None = None) -> OpGrap
 
 # ---------------------------------------------------------------------------------------------
 def _str(role: object) -> str:
-    return getattr(role, "value", role)  # type: ignore[return-value]
+    return str(getattr(role, "value", role))
 
 
 def _tensor_bytes(graph: OpGraph, t: int, dtype: str | None = None) -> Poly:

@@ -175,27 +175,12 @@ GraphCostFn = Callable[["OpGraph", float, float, float], np.ndarray]
 
 def collective_s(kind: str, nbytes: float, group_size: int, cluster: ClusterSpec,
                  stride: int = 1) -> float:
-    """Seconds of one collective: ``cost.collectives.collective_time`` when available.
-
-    Fallback (until that lands): ring α-β on the innermost tier spanning the group,
-    all-reduce ``2 (p-1)/p * bytes / bw + 2 (p-1) α``, all-gather/reduce-scatter/all-to-all
-    half of that, send/recv ``bytes / bw + α``.
-    """
+    """Seconds of one collective over the cluster topology (``cost.collectives``)."""
     if group_size <= 1 and kind != "send_recv":
         return 0.0
-    try:
-        from charon_search.cost.collectives import collective_time
-    except ImportError:
-        collective_time = None
-    if collective_time is not None:
-        return float(collective_time(kind, nbytes, group_size, cluster, stride=stride))
-    tier = cluster.tier_for_span(max(2, group_size) * stride)
-    bw, alpha = tier.bandwidth_bytes_per_s, tier.latency_s
-    p = max(2, group_size)
-    if kind == "send_recv":
-        return nbytes / bw + alpha
-    factor = 2.0 if kind == "all_reduce" else 1.0
-    return factor * ((p - 1) / p * nbytes / bw + (p - 1) * alpha)
+    from charon_search.cost.collectives import collective_time
+
+    return float(collective_time(kind, nbytes, group_size, cluster, stride=stride))
 
 
 def graph_cost_fn(cluster: ClusterSpec) -> GraphCostFn:

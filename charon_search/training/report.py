@@ -74,7 +74,7 @@ class StepReport:
             if f.name == "timeline":
                 continue
             v = getattr(self, f.name)
-            if dataclasses.is_dataclass(v):
+            if dataclasses.is_dataclass(v) and not isinstance(v, type):
                 v = dataclasses.asdict(v)
             elif isinstance(v, Mapping):
                 v = dict(v)

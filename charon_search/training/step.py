@@ -164,8 +164,9 @@ def _layer_costs(pb: ParallelBlock, coster: GraphCoster, b: float, s: float, clu
             _LAYER_CACHE.move_to_end(key)
             return hit[1]
     cal = cluster.calibration
-    kw = dict(compute_slowdown=cal.overlap_compute_slowdown,
-              comm_slowdown=cal.overlap_comm_slowdown, fsdp_prefetch=layout.fsdp_prefetch)
+    kw: dict[str, Any] = dict(compute_slowdown=cal.overlap_compute_slowdown,
+                              comm_slowdown=cal.overlap_comm_slowdown,
+                              fsdp_prefetch=layout.fsdp_prefetch)
     cf = coster.cost(pb.forward, b, s)
     fwd = layer_cost(cf, flops=pb.forward.total_flops(b, s), **kw)
     bwd = cb = None
