@@ -14,8 +14,10 @@ micro-batch, ZeRO stage, recompute, sequence parallel -> 2,025 valid configurati
    ideal and nadir points, reference point 1.1. Mean over ``--seeds`` seeds.
 3. Throughput: configurations evaluated per second with 1 and 2 Ray workers, on the same
    subset (the 16-GPU slice, grid order), in steady state (counted from the moment every worker
-   returned its first result, i.e. after tracing/warm-up); the overall rate including warm-up
-   is reported too. The machine's load average is recorded: other processes share the cores.
+   finished its first evaluation, by worker-side end times, i.e. after tracing/warm-up); the
+   overall rate including warm-up is reported too, with the median time of one evaluation inside
+   a worker and the workers' busy fraction (contention vs driver-bound). The machine's load
+   average is recorded: other processes share the cores.
 
 Last printed line: one JSON object with ``hypervolume_ratio_at_10pct``, ``..._25pct``,
 ``..._50pct``, ``trials_per_s_1_worker``, ``trials_per_s_2_workers`` (+ details).
@@ -133,26 +135,37 @@ def main() -> None:
     # 3. throughput, 1 and 2 workers, same subset
     sub = space.with_fixed(num_gpus=16)
     n_sub = len(sub.enumerate_valid())
-    rates, overall = {}, {}
+    rates, overall, busy, med_eval = {}, {}, {}, {}
     load_before = os.getloadavg()[0]
     for w in (1, 2):
-        stamps: list[tuple[float, str]] = []
+        stamps: list[tuple[float, str, float]] = []
         rate_dir = out / f"rate-{w}"
         if rate_dir.exists():  # a fresh study, not a resumed one
             shutil.rmtree(rate_dir)
         r = run_search(sub, objective, SearchOptions(
             trials=n_sub, workers=w, sampler="grid", out_dir=str(rate_dir), html=False),
-            on_record=lambda rec, s=stamps: s.append((time.perf_counter(), rec["worker_id"])))
+            on_record=lambda rec, s=stamps: s.append((rec.get("eval_end_unix_s", time.time()),
+                                                      rec["worker_id"], rec["eval_wall_s"])))
         overall[w] = r.num_evaluations / r.wall_s
         # steady state: from the moment every worker has returned its first (warm-up) result
         seen: set[str] = set()
         k = 0
-        for k, (_, wid) in enumerate(stamps):  # noqa: B007
+        for k, (_, wid, _e) in enumerate(stamps):  # noqa: B007
             seen.add(wid)
             if len(seen) == w:
                 break
-        t_k, t_last = stamps[k][0], stamps[-1][0]
-        rates[w] = (len(stamps) - 1 - k) / (t_last - t_k)
+        # worker-side end times (a batch's records reach the driver together): count the
+        # evaluations that finished after every worker had finished its first one
+        stamps.sort()
+        t_k, t_last = max(min(t for t, x, _ in stamps if x == wid) for wid in seen), stamps[-1][0]
+        counted = [e for t, _, e in stamps if t > t_k]
+        rates[w] = len(counted) / (t_last - t_k)
+        # steady-state diagnostics: how long one evaluation took inside a worker (grows when
+        # the workers compete for cores) and the fraction of the window the workers spent
+        # evaluating (~1 = the driver keeps every worker busy; well below 1 = driver-bound)
+        evals = counted
+        med_eval[w] = 1e3 * float(np.median(evals))
+        busy[w] = sum(evals) / (w * (t_last - t_k))
         print(f"{w} worker(s): {r.num_evaluations} evaluations in {r.wall_s:.1f} s = "
               f"{overall[w]:.2f}/s overall, {rates[w]:.2f}/s after warm-up", flush=True)
 
@@ -164,6 +177,8 @@ def main() -> None:
         "trials_per_s_2_workers": rates[2],
         "speedup_2_workers": rates[2] / rates[1],
         "trials_per_s_incl_warmup": {"1": overall[1], "2": overall[2]},
+        "median_eval_ms_in_worker": {"1": med_eval[1], "2": med_eval[2]},
+        "worker_busy_fraction": {"1": busy[1], "2": busy[2]},
         "load_average_1min_before_throughput": load_before,
         "load_average_1min_after": os.getloadavg()[0],
         "sampler": args.sampler, "seeds": args.seeds,

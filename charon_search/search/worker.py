@@ -49,15 +49,18 @@ def evaluate_config(evaluators: dict[str, Any], name: str, cfg: Mapping[str, Any
         rec = {"feasible": False, "prune_reason": f"error: {type(e).__name__}: {e}",
                "error": True}
     rec["eval_wall_s"] = time.perf_counter() - t0
+    rec["eval_end_unix_s"] = time.time()  # when it finished (batched records arrive together)
     return rec
 
 
 class SearchWorker:
     """Ray actor body: evaluates configs and stamps the record with worker, node and pid."""
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, niceness: int | None = None) -> None:
         self.worker_id = worker_id
         self._evaluators: dict[str, Any] = {}
+        if niceness is not None:
+            _set_niceness(niceness)
         try:
             import ray
 
@@ -72,6 +75,31 @@ class SearchWorker:
         rec = evaluate_config(self._evaluators, name, cfg)
         rec.update(self.info())
         return rec
+
+    def evaluate_batch(self, items: list[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        """``evaluate`` over a batch of ``(evaluator name, config)``: one call, one reply."""
+        info = self.info()
+        out = []
+        for name, cfg in items:
+            rec = evaluate_config(self._evaluators, name, cfg)
+            rec.update(info)
+            out.append(rec)
+        return out
+
+
+def _set_niceness(niceness: int) -> None:
+    """Run this process at ``niceness`` where allowed (lowering needs root / CAP_SYS_NICE).
+
+    Ray starts worker processes at niceness 15 (``RAY_worker_niceness``). On a machine shared
+    with other CPU-bound processes a nice-15 actor gets ~1/28 of a core next to a nice-0 one
+    (CFS weights 36 vs 1024), so a second search worker added on a busy 2-core machine slowed
+    every evaluation ~2.6x instead of adding throughput. Search actors are the workload, so
+    they run at the driver's niceness.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except (OSError, AttributeError):
+        pass
 
 
 class LocalExecutor:
@@ -113,12 +141,22 @@ class RayExecutor:
     Ray is started embedded (``address="local"``, never attaching by accident to another cluster
     on the machine) unless ``address`` (or ``RAY_ADDRESS``) names a cluster, or Ray is already
     initialised in this process (tests with ``ray.cluster_utils.Cluster``).
+
+    ``submit`` only queues a config; ``wait`` dispatches the queue as **batches** (up to
+    ``batch_size`` configs per actor call, split evenly over the free slots) keeping up to
+    ``in_flight`` batches queued per actor, so one RPC round trip, one driver wake-up and one
+    result transfer serve a whole batch and an actor always has its next batch waiting. A batch
+    whose actor died is re-queued whole (its results never came back, so nothing is counted
+    twice) and the actor replaced.
     """
 
     def __init__(self, num_workers: int, *, address: str | None = None,
-                 in_flight: int = 2) -> None:
+                 in_flight: int = 2, batch_size: int = 8) -> None:
         import ray
 
+        if batch_size < 1 or in_flight < 1:
+            raise ConfigError(f"`batch_size >= 1` and `in_flight >= 1` must hold, but got "
+                              f"{batch_size} and {in_flight}")
         self._ray = ray
         self._started = False
         address = address or os.environ.get("RAY_ADDRESS") or None
@@ -130,37 +168,65 @@ class RayExecutor:
                          object_store_memory=_OBJECT_STORE_BYTES, log_to_driver=False)
             self._started = True
         self._remote = ray.remote(num_cpus=1, max_restarts=0)(SearchWorker)
+        self._init_state(num_workers, in_flight, batch_size)
+        for _ in range(num_workers):
+            self._spawn()
+
+    def _init_state(self, num_workers: int, in_flight: int, batch_size: int) -> None:
+        try:
+            self._niceness: int | None = os.getpriority(os.PRIO_PROCESS, 0)
+        except (OSError, AttributeError):
+            self._niceness = None
         self.num_workers = num_workers
-        self.capacity = num_workers * in_flight
+        self.in_flight = in_flight
+        self.batch_size = batch_size
+        self.capacity = num_workers * in_flight * batch_size
         self.num_restarts = 0
         self.num_resubmits = 0
         self._next_id = 0
         self._actors: dict[str, Any] = {}
         self._load: dict[str, int] = {}
-        self._futures: dict[Any, tuple[Any, str, Mapping[str, Any], str]] = {}
-        self._resubmit_later: list[tuple[Any, str, Mapping[str, Any]]] = []
-        for _ in range(num_workers):
-            self._spawn()
+        """Batches outstanding per live actor."""
+        self._futures: dict[Any, tuple[list[tuple[Any, str, Mapping[str, Any]]], str]] = {}
+        self._queue: list[tuple[Any, str, Mapping[str, Any]]] = []
+        self._num_in_batches = 0
 
     def _spawn(self) -> str:
         wid = f"worker-{self._next_id}"
         self._next_id += 1
-        self._actors[wid] = self._remote.options(scheduling_strategy="SPREAD").remote(wid)
+        self._actors[wid] = self._remote.options(scheduling_strategy="SPREAD").remote(
+            wid, self._niceness)
         self._load[wid] = 0
         return wid
 
     def submit(self, tag: Any, name: str, cfg: Mapping[str, Any]) -> None:
-        wid = min(self._load, key=lambda w: (self._load[w], w))
-        fut = self._actors[wid].evaluate.remote(name, dict(cfg))
-        self._load[wid] += 1
-        self._futures[fut] = (tag, name, cfg, wid)
+        """Queue a config; ``wait`` sends it."""
+        self._queue.append((tag, name, cfg))
 
     def pending(self) -> int:
-        return len(self._futures)
+        """Configs submitted whose result has not been returned by ``wait`` yet."""
+        return len(self._queue) + self._num_in_batches
+
+    def _dispatch(self) -> None:
+        """Send queued configs to actors with free slots, in evenly split batches."""
+        while self._queue:
+            free = [w for w in self._load if self._load[w] < self.in_flight]
+            if not free:
+                return
+            slots = sum(self.in_flight - self._load[w] for w in free)
+            size = min(self.batch_size, -(-len(self._queue) // slots))
+            wid = min(free, key=lambda w: (self._load[w], w))
+            batch, self._queue = self._queue[:size], self._queue[size:]
+            fut = self._actors[wid].evaluate_batch.remote(
+                [(name, dict(cfg)) for _, name, cfg in batch])
+            self._load[wid] += 1
+            self._num_in_batches += len(batch)
+            self._futures[fut] = (batch, wid)
 
     def wait(self) -> list[tuple[Any, dict[str, Any]]]:
-        """Block until at least one result is ready; return every ready one."""
+        """Dispatch the queue; block until at least one batch is back; return every ready one."""
         ray = self._ray
+        self._dispatch()
         if not self._futures:
             return []
         futs = list(self._futures)
@@ -168,21 +234,25 @@ class RayExecutor:
         ready, _ = ray.wait(futs, num_returns=len(futs), timeout=0)
         out = []
         dead: set[str] = set()
+        requeue: list[tuple[Any, str, Mapping[str, Any]]] = []
         for fut in ready:
-            tag, name, cfg, wid = self._futures.pop(fut)
+            batch, wid = self._futures.pop(fut)
+            self._num_in_batches -= len(batch)
             if wid in self._load:  # not for futures of an actor already replaced
                 self._load[wid] -= 1
             try:
-                out.append((tag, ray.get(fut)))
+                recs = ray.get(fut)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 dead.add(wid)
-                self._resubmit_later.append((tag, name, cfg))
+                requeue.extend(batch)
+                continue
+            out.extend((tag, rec) for (tag, _, _), rec in zip(batch, recs, strict=True))
         for wid in dead:
             self._replace(wid)
-        while self._resubmit_later:
-            tag, name, cfg = self._resubmit_later.pop(0)
-            self.num_resubmits += 1
-            self.submit(tag, name, cfg)
+        if requeue:
+            self.num_resubmits += len(requeue)
+            self._queue[:0] = requeue  # re-run first
+        self._dispatch()  # refill the freed slots before the driver tells/asks
         return out
 
     def _replace(self, wid: str) -> None:

@@ -132,7 +132,13 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "step time with the record's `flop_convention` (SC21, Korthikanti 2022, Megatron-Core, "
         "llm-foundry, Llama 3, PaLM closed forms in `validation/flops.py`), so FLOPs are counted "
         "the way the source counted them. Memory metrics come from the memory model "
-        "(`peak_memory_bytes` = peak reserved).",
+        "(`peak_memory_bytes` = peak reserved) with the framework's conventions "
+        "(`MemoryOptions.for_framework`). What a record says its framework ran becomes a layout "
+        "field, never a fitted factor: Megatron-LM 2021/22 (SC21, Korthikanti) unfused attention "
+        "(`attention_kernel='eager'`), torchtitan `selective_ac_option: op` "
+        "(`selective_policy='op'`), the fp8 scaling recipe (torchao tensorwise/rowwise, "
+        "Transformer Engine delayed, block-scaled for MXFP8 and DeepSeek-V3) and DualPipe's "
+        "all-to-all overlap (`moe_a2a_overlap`).",
         "- Serving (silicon rows): closed loop with concurrency = the row's client concurrency, "
         "fixed ISL/OSL, 3 x concurrency requests (16..1024); the first concurrency requests "
         "(warm-up wave) are left out of the mean TTFT/TPOT. Disaggregated rows use the row's "

@@ -240,4 +240,8 @@ def merge_json(parts: Sequence[tuple[Mapping[str, Any], str]]) -> dict[str, Any]
     merged = ValidationResult(rows=rows, skipped=skipped, skipped_metrics=skipped_metrics,
                               cases=cases, summary=summarize(rows, skipped, cases), wall_s=wall,
                               coverage=coverage)
-    return merged.to_json()
+    out = merged.to_json()
+    whens = [str(d.get("generated_at")) for d, _ in parts if d.get("generated_at")]
+    if whens:
+        out["generated_at"] = max(whens)  # the latest simulation, not the time of the merge
+    return out

@@ -41,48 +41,80 @@ class _FakeRay:
 
 
 class _Actor:
+    """A fake actor: a batch dies whole if the actor was killed or any config names it."""
+
     def __init__(self, fake: _FakeRay, wid: str, counter: list[int]) -> None:
         self.fake, self.wid, self.counter, self.killed = fake, wid, counter, False
-        self.evaluate = self
+        self.evaluate_batch = self
+        self.batches: list[list[int]] = []
 
-    def remote(self, name, cfg):
+    def remote(self, items):
         self.counter[0] += 1
         fut = self.counter[0]
-        self.fake.results[fut] = _Dead() if self.killed or cfg.get("die") == self.wid else {
-            "worker_id": self.wid, "x": cfg["x"]}
+        self.batches.append([cfg["x"] for _, cfg in items])
+        dies = self.killed or any(cfg.get("die") == self.wid for _, cfg in items)
+        self.fake.results[fut] = _Dead() if dies else [
+            {"worker_id": self.wid, "x": cfg["x"]} for _, cfg in items]
         return fut
 
 
-def test_dead_actor_with_two_queued_trials_is_replaced_once_and_both_rerun():
-    fake, counter = _FakeRay(), [0]
+def _executor(fake: _FakeRay, counter: list[int], *, batch_size: int) -> RayExecutor:
     ex = RayExecutor.__new__(RayExecutor)
-    ex._ray, ex._started, ex.num_workers, ex.capacity = fake, False, 2, 4
-    ex.num_restarts = ex.num_resubmits = ex._next_id = 0
-    ex._actors, ex._load, ex._futures, ex._resubmit_later = {}, {}, {}, []
+    ex._ray, ex._started = fake, False
+    ex._init_state(2, 2, batch_size)
+    actors: dict[str, _Actor] = {}
 
     class _Remote:
         def options(self, **kw):
             return self
 
-        def remote(self, wid):
-            return _Actor(fake, wid, counter)
+        def remote(self, wid, niceness=None):
+            actors[wid] = _Actor(fake, wid, counter)
+            return actors[wid]
 
     ex._remote = _Remote()
     ex._spawn(), ex._spawn()
-    # worker-0 dies while holding trials a and c; worker-1 runs b and d
-    for tag, x in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
-        ex.submit(tag, "toy", {"x": x, "die": "worker-0"})
-    assert ex._load == {"worker-0": 2, "worker-1": 2}
-    fake.order = [[1], [3, 2], [4], [5], [6], [7], [8]]   # futures: a=1 b=2 c=3 d=4
-    done = {}
+    ex.fake_actors = actors
+    return ex
+
+
+def test_dead_actor_with_two_queued_batches_is_replaced_once_and_both_rerun():
+    fake, counter = _FakeRay(), [0]
+    ex = _executor(fake, counter, batch_size=2)
+    assert ex.capacity == 2 * 2 * 2
+    # worker-0 dies holding two batches (a, b) and (e, f); worker-1 runs (c, d) and (g, h)
+    for tag, x in zip("abcdefgh", range(1, 9)):
+        ex.submit(tag, "toy", {"x": x, "die": "worker-0" if tag in "abef" else None})
+    assert ex.pending() == 8
+    # futures: 1 = w0 (a,b), 2 = w1 (c,d), 3 = w0 (e,f), 4 = w1 (g,h); worker-0's first batch
+    # fails first, then its second; the 6 re-queued configs go out as batches 5, 6, 7
+    fake.order = [[1], [2, 3], [4], [5], [6], [7], [8]]
+    done: dict[str, dict] = {}
     while ex.pending():
         for tag, rec in ex.wait():
             assert tag not in done
             done[tag] = rec
-    assert sorted(done) == ["a", "b", "c", "d"]
-    assert ex.num_restarts == 1 and ex.num_resubmits == 2
+    assert sorted(done) == list("abcdefgh")
+    assert {done[t]["x"] for t in done} == set(range(1, 9))     # results matched to their tags
+    assert all(done[t]["worker_id"] != "worker-0" for t in "abef")
+    assert ex.fake_actors["worker-0"].batches == [[1, 2], [5, 6]]
+    assert ex.fake_actors["worker-1"].batches[:2] == [[3, 4], [7, 8]]
+    assert ex.num_restarts == 1 and ex.num_resubmits == 4
     assert set(ex._actors) == set(ex._load) == {"worker-1", "worker-2"}
-    assert all(v >= 0 for v in ex._load.values())
+    assert all(v == 0 for v in ex._load.values()) and ex.pending() == 0
+
+
+def test_queue_is_split_evenly_over_free_slots():
+    fake, counter = _FakeRay(), [0]
+    ex = _executor(fake, counter, batch_size=8)
+    for x in range(6):  # 6 configs over 4 free slots: batches of ceil(6/4)=2, 2, then 1, 1
+        ex.submit(x, "toy", {"x": x})
+    fake.order = [[1, 2, 3, 4]]
+    got = ex.wait()
+    assert sorted(tag for tag, _ in got) == list(range(6))
+    assert ex.fake_actors["worker-0"].batches == [[0, 1], [4]]
+    assert ex.fake_actors["worker-1"].batches == [[2, 3], [5]]
+    assert ex.pending() == 0
 
 
 def test_evaluate_config_records_errors_instead_of_raising():
