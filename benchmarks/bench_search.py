@@ -158,7 +158,7 @@ def main() -> None:
         # evaluations that finished after every worker had finished its first one
         stamps.sort()
         t_k, t_last = max(min(t for t, x, _ in stamps if x == wid) for wid in seen), stamps[-1][0]
-        counted = [e for t, _, e in stamps if t > t_k]
+        counted = [min(e, t - t_k) for t, _, e in stamps if t > t_k]  # the part in the window
         rates[w] = len(counted) / (t_last - t_k)
         # steady-state diagnostics: how long one evaluation took inside a worker (grows when
         # the workers compete for cores) and the fraction of the window the workers spent
