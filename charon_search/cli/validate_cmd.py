@@ -35,14 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
+    from charon_search.cli._common import silence_tracing_noise
 
-    # Tracing through torch/transformers emits UserWarnings per model; they are not about the
-    # records and would drown the table.
-    warnings.simplefilter("ignore", UserWarning)
-    import logging
-
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    silence_tracing_noise()
     from charon_search.validation import (
         default_files,
         load_files,
