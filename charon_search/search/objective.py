@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.search.space import reject_unknown_keys
 
 __all__ = ["DIRECTIONS", "Bound", "Objective", "ObjectiveTerm", "load_objective"]
 
@@ -124,9 +125,7 @@ class Objective:
         """Validate; ``ConfigError`` names the file, the field and the allowed values."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: an objective file must be a mapping with keys {_KEYS}")
-        stray = sorted(str(k) for k in set(data) - set(_KEYS))
-        if stray:
-            raise ConfigError(f"{path}: unknown field(s) {stray}; allowed: {list(_KEYS)}")
+        reject_unknown_keys(data, _KEYS, path, "")
         for req in ("name", "objectives"):
             if req not in data:
                 raise ConfigError(f"{path}: missing required field `{req}`")
@@ -142,10 +141,7 @@ class Objective:
             if not isinstance(t, Mapping):
                 raise ConfigError(f"{path}: field `{where}` must be a mapping with keys "
                                   f"{list(_TERM_KEYS)}")
-            stray = sorted(str(k) for k in set(t) - set(_TERM_KEYS))
-            if stray:
-                raise ConfigError(f"{path}: unknown field(s) {stray} in `{where}`; "
-                                  f"allowed: {list(_TERM_KEYS)}")
+            reject_unknown_keys(t, _TERM_KEYS, path, where)
             if not isinstance(t.get("metric"), str) or not t["metric"]:
                 raise ConfigError(f"{path}: field `{where}.metric` must be a report field name")
             if t.get("direction") not in DIRECTIONS:

@@ -229,7 +229,7 @@ class SearchSpace:
         """Build and validate a space; ``ConfigError`` names the file, field and allowed values."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: a space file must be a mapping with keys {_SPACE_KEYS}")
-        _reject_unknown(data, _SPACE_KEYS, path, "")
+        reject_unknown_keys(data, _SPACE_KEYS, path, "")
         for req in ("name", "evaluator", "params"):
             if req not in data:
                 raise ConfigError(f"{path}: missing required field `{req}`")
@@ -323,7 +323,7 @@ def _read_yaml(p: Path) -> Any:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
 
 
-def _reject_unknown(data: Mapping, allowed: tuple[str, ...], path: str, where: str) -> None:
+def reject_unknown_keys(data: Mapping, allowed: tuple[str, ...], path: str, where: str) -> None:
     stray = sorted(str(k) for k in set(data) - set(allowed))
     if stray:
         at = f" in `{where}`" if where else ""
@@ -341,7 +341,7 @@ def _parse_param(name: str, spec: Any, path: str) -> Param:
         raise ConfigError(
             f"{path}: field `{where}.type` must be one of {list(PARAM_TYPES)}, but got {kind!r}"
         )
-    _reject_unknown(spec, _PARAM_KEYS[kind], path, where)
+    reject_unknown_keys(spec, _PARAM_KEYS[kind], path, where)
     if kind == "categorical":
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:

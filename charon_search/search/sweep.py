@@ -60,16 +60,14 @@ class SweepSpec:
 
 def load_sweep(path: str | Path) -> SweepSpec:
     """Load and validate ``sweeps/<name>.yaml``; ``ConfigError`` names file, field and choices."""
-    from charon_search.search.space import _read_yaml, _resolve
+    from charon_search.search.space import _read_yaml, reject_unknown_keys, _resolve
 
     p = _resolve(path, "sweeps")
     data = _read_yaml(p)
     where = str(p)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: a sweep file must be a mapping with keys {list(_KEYS)}")
-    stray = sorted(str(k) for k in set(data) - set(_KEYS))
-    if stray:
-        raise ConfigError(f"{where}: unknown field(s) {stray}; allowed: {list(_KEYS)}")
+    reject_unknown_keys(data, _KEYS, where, "")
     if "name" not in data or not isinstance(data.get("runs"), list) or not data["runs"]:
         raise ConfigError(f"{where}: fields `name` and a non-empty list `runs` are required")
     entries = []
@@ -78,10 +76,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if not isinstance(run, Mapping):
             raise ConfigError(f"{where}: field `{at}` must be a mapping with keys "
                               f"{list(_RUN_KEYS)}")
-        stray = sorted(str(k) for k in set(run) - set(_RUN_KEYS))
-        if stray:
-            raise ConfigError(f"{where}: unknown field(s) {stray} in `{at}`; "
-                              f"allowed: {list(_RUN_KEYS)}")
+        reject_unknown_keys(run, _RUN_KEYS, where, at)
         for req in ("space", "objective", "models", "gpus"):
             if req not in run:
                 raise ConfigError(f"{where}: field `{at}.{req}` is required")
