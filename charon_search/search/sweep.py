@@ -60,7 +60,7 @@ class SweepSpec:
 
 def load_sweep(path: str | Path) -> SweepSpec:
     """Load and validate ``sweeps/<name>.yaml``; ``ConfigError`` names file, field and choices."""
-    from charon_search.search.space import _read_yaml, reject_unknown_keys, _resolve
+    from charon_search.search.space import _read_yaml, _resolve, reject_unknown_keys
 
     p = _resolve(path, "sweeps")
     data = _read_yaml(p)
