@@ -37,11 +37,11 @@ from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Poly, Role
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
-__all__ = ["FP8Pass", "FusionPass"]
+__all__ = ["FUSABLE_KINDS", "FUSABLE_ROLES", "FP8Pass", "FusionPass", "attention_params"]
 
 FUSABLE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.ATTN_QK_NORM,
                            Role.ATTN_ROPE, Role.MLP_ACT})
-_FUSABLE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.COPY, OpKind.NORM})
+FUSABLE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.COPY, OpKind.NORM})
 _EAGER_ATTN_KINDS = frozenset({OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEMENTWISE,
                                OpKind.COPY})
 #: Reads of the high-precision input per quantize, by recipe (see the module docstring).
@@ -85,7 +85,7 @@ def _merge(graph: OpGraph, nodes: list[Node], *, kind: OpKind, name: str,
         params=params, target="pass:fusion", tags=first.tags | {"fused"})
 
 
-def _attention_params(bmm1: Node, bmm2: Node) -> dict[str, Poly] | None:
+def attention_params(bmm1: Node, bmm2: Node) -> dict[str, Poly] | None:
     batch = bmm1.params["batch"]
     terms = dict(batch.terms)
     if len(terms) != 1 or (1, 0, 0) not in terms:
@@ -109,7 +109,7 @@ class FusionPass(Pass):
         drop: set[int] = set()
 
         def role_key(n: Node) -> str | None:
-            return n.role if n.role in FUSABLE_ROLES and n.kind in _FUSABLE_KINDS else None
+            return n.role if n.role in FUSABLE_ROLES and n.kind in FUSABLE_KINDS else None
 
         for i, j in _runs(graph, role_key):
             nodes = list(graph.nodes[i:j])
@@ -134,7 +134,7 @@ class FusionPass(Pass):
             bmms = [n for n in nodes if n.kind == OpKind.BATCHED_GEMM]
             if len(bmms) < 2 or not any(n.kind == OpKind.SOFTMAX for n in nodes):
                 continue
-            attn_params = _attention_params(bmms[0], bmms[1])
+            attn_params = attention_params(bmms[0], bmms[1])
             if attn_params is None:
                 continue
             bwd = attn_key(nodes[0]) == "bwd"

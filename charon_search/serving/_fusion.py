@@ -167,12 +167,12 @@ def _fuse_glue_runs(graph: OpGraph) -> OpGraph:
     ``FusionPass`` itself runs before TP and sizes fused kernels from ``TensorSpec`` bytes,
     which are logical (unsharded); after TP that overcounts sharded activations by ``tp``, so
     the merge here starts from the nodes' per-rank counts (``_merged``)."""
-    from charon_search.passes.fusion import _FUSABLE_KINDS, FUSABLE_ROLES
+    from charon_search.passes.fusion import FUSABLE_KINDS, FUSABLE_ROLES
 
     roles = {_str(r) for r in FUSABLE_ROLES}
 
     def key(n: Node) -> str | None:
-        return _str(n.role) if _str(n.role) in roles and n.kind in _FUSABLE_KINDS else None
+        return _str(n.role) if _str(n.role) in roles and n.kind in FUSABLE_KINDS else None
 
     return _fuse_runs(graph, key, "fused")
 
@@ -254,7 +254,7 @@ _EAGER_ATTN = frozenset({OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEMENTWISE
 
 
 def _fuse_eager_attention(graph: OpGraph, kv_heads: int | None) -> OpGraph:
-    from charon_search.passes.fusion import _attention_params  # D's, reused
+    from charon_search.passes.fusion import attention_params
 
     def key(n: Node) -> str | None:
         return ("attn" if _str(n.role) == Role.ATTN_CORE.value and n.kind in _EAGER_ATTN
@@ -272,7 +272,7 @@ def _fuse_eager_attention(graph: OpGraph, kv_heads: int | None) -> OpGraph:
             run = list(nodes[i:j])
             bmms = [n for n in run if n.kind == OpKind.BATCHED_GEMM]
             if len(bmms) >= 2 and any(n.kind == OpKind.SOFTMAX for n in run):
-                params = _attention_params(bmms[0], bmms[1])
+                params = attention_params(bmms[0], bmms[1])
                 if params is not None:
                     if kv_heads:
                         params["kv_heads"] = Poly.const(kv_heads)
