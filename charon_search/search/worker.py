@@ -230,9 +230,9 @@ class RayExecutor:
         if not self._futures:
             return []
         futs = list(self._futures)
-        ready, _ = ray.wait(futs, num_returns=1)
-        ready, _ = ray.wait(futs, num_returns=len(futs), timeout=0)
-        out = []
+        ray.wait(futs, num_returns=1)  # block until one batch is back ...
+        ready, _ = ray.wait(futs, num_returns=len(futs), timeout=0)  # ... then take all ready
+        out: list[tuple[Any, dict[str, Any]]] = []
         dead: set[str] = set()
         requeue: list[tuple[Any, str, Mapping[str, Any]]] = []
         for fut in ready:
