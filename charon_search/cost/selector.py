@@ -208,6 +208,14 @@ class FusedCostModel:
                 if hit is not None:
                     dur[i], prov[i], detail[i] = hit, "profile", "exact"
                     continue
+                if kind == "attention_bwd":
+                    # No backward rows: the measured forward at the same shape, scaled like
+                    # the predictor path below (a measured forward beats a predicted one).
+                    hit = self._profile_hit("attention", fam, dtype, params)
+                    if hit is not None:
+                        dur[i] = hit * ATTENTION_BWD_FLOP_RATIO
+                        prov[i], detail[i] = "profile", "fwd-scaled"
+                        continue
             groups.setdefault((kind, fam, dtype), []).append((i, params))
         roof_all: np.ndarray | None = None
         for (kind, fam, dtype), members in groups.items():

@@ -98,6 +98,8 @@ _GPU_FIELDS = (
            figure=True),
     _Field("compute_efficiency_by_dtype", "compute_efficiency_by_dtype", "mapping",
            required=False, figure=True),
+    _Field("sustained_clock_ratio", "sustained_clock_ratio", "number", required=False,
+           rule="ratio", figure=True),
     _Field("sources", "sources", "mapping"),
 )
 

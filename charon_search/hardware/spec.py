@@ -39,6 +39,11 @@ class GpuSpec:
     """Achievable fraction of HBM bandwidth (roofline); calibrated."""
     compute_efficiency_by_dtype: Mapping[str, float] = field(default_factory=dict)
     """Per-dtype override of ``compute_efficiency`` (e.g. FP8 GEMMs reach less of their peak)."""
+    sustained_clock_ratio: float = 1.0
+    """Tensor-core throughput a long training run sustains at the board power limit, as a
+    fraction of what the profile rows / short microbenchmarks measured (those run at boost
+    clock). The training simulator divides compute-bound kernel times (GEMMs, attention) by it;
+    memory-bound ops are unaffected (HBM clock is not power-throttled)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field name -> where the figure comes from."""
     description: str = ""

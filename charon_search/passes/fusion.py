@@ -97,6 +97,14 @@ def attention_params(bmm1: Node, bmm2: Node) -> dict[str, Poly] | None:
             "v_head_dim": bmm2.params["n"], "causal": Poly.const(1)}
 
 
+def _eager_attention_params(nodes: list[Node]) -> dict[str, Poly] | None:
+    """Flash-attention params of a run of eager attention-core ops (None: not attention)."""
+    bmms = [n for n in nodes if n.kind == OpKind.BATCHED_GEMM]
+    if len(bmms) < 2 or not any(n.kind == OpKind.SOFTMAX for n in nodes):
+        return None
+    return attention_params(bmms[0], bmms[1])
+
+
 @PASSES.register("fusion")
 class FusionPass(Pass):
     name = "fusion"
@@ -129,15 +137,25 @@ class FusionPass(Pass):
                 return "bwd" if n.phase.value == "bwd" else "fwd"
             return None
 
+        # The backward's first two batched GEMMs are dV = P^T dO and dP = dO V^T, whose
+        # (m, n, k) are not the forward's (q_len, kv_len, head_dim): a backward run takes the
+        # shape of the forward's attention of the same index (the forward is already fused).
+        fwd_graph = graph.meta.get("forward_graph")
+        fwd_params = [] if fwd_graph is None else [
+            dict(n.params) for n in fwd_graph.nodes
+            if n.kind == OpKind.ATTENTION and n.role == Role.ATTN_CORE]
+        bwd_runs = 0
         for i, j in _runs(graph, attn_key):
             nodes = list(graph.nodes[i:j])
             bmms = [n for n in nodes if n.kind == OpKind.BATCHED_GEMM]
-            if len(bmms) < 2 or not any(n.kind == OpKind.SOFTMAX for n in nodes):
-                continue
-            attn_params = attention_params(bmms[0], bmms[1])
+            bwd = attn_key(nodes[0]) == "bwd"
+            attn_params = _eager_attention_params(nodes)
+            if bwd and attn_params is not None:
+                if bwd_runs < len(fwd_params) and fwd_params[bwd_runs] is not None:
+                    attn_params = fwd_params[bwd_runs]
+                bwd_runs += 1
             if attn_params is None:
                 continue
-            bwd = attn_key(nodes[0]) == "bwd"
             fwd_flops = sum((n.flops for n in bmms[:2]), Poly()) / 2  # causal: flash skips half
             replace[i] = _merge(graph, nodes,
                                 kind=OpKind.ATTENTION_BWD if bwd else OpKind.ATTENTION,

@@ -14,7 +14,12 @@ from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir import OpGraph, OpKind
 
-__all__ = ["CostedGraph", "GraphCoster", "axis_strides"]
+__all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
+
+#: Kernels whose speed follows the SM clock (tensor-core bound), so a power-limited sustained
+#: clock slows them (``GpuSpec.sustained_clock_ratio``); memory-bound ops keep their cost.
+COMPUTE_BOUND_KINDS = frozenset({OpKind.GEMM, OpKind.GROUPED_GEMM, OpKind.BATCHED_GEMM,
+                                 OpKind.ATTENTION, OpKind.ATTENTION_BWD})
 
 
 class CostModel(Protocol):
@@ -96,7 +101,10 @@ class GraphCoster:
             dur = np.array(cm.cost_graph(graph, b, s, cc), dtype=float)
             prov = [getattr(cm, "provenance", "model")] * len(graph.nodes)
         tiers = [""] * len(graph.nodes)
+        clock = float(getattr(self.cluster.gpu, "sustained_clock_ratio", 1.0) or 1.0)
         for i, n in enumerate(graph.nodes):
+            if clock != 1.0 and n.kind in COMPUTE_BOUND_KINDS:
+                dur[i] /= clock
             if n.is_comm:
                 t, tier = self.collective(n.kind.value, n.params["bytes"](b, s, cc),
                                           int(n.params["group_size"].const_value()), n.group)

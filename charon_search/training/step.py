@@ -264,7 +264,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent)
     # Same-named clusters may differ (recalibrated copies): key on their content.
-    cl_key = (cl.name, cl.gpu.name, repr(cl.tiers), repr(cl.calibration))
+    cl_key = (cl.name, cl.gpu.name, cl.gpu.sustained_clock_ratio, repr(cl.tiers),
+              repr(cl.calibration))
     costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
     plain_costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
     costed: dict[str, tuple[CostedGraph, CostedGraph | None]] = {}

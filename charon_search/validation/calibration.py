@@ -73,6 +73,10 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter(name="compute_efficiency", target="gpu.compute_efficiency",
               grid=(0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85), default=0.75,
               doc="achievable fraction of peak FLOP/s for GEMMs no profile covers"),
+    Parameter(name="sustained_clock_ratio", target="gpu.sustained_clock_ratio",
+              grid=(0.75, 0.8, 0.85, 0.9, 0.95, 1.0), default=1.0, kinds=("training",),
+              doc="tensor-core throughput a power-limited training run sustains, as a fraction "
+                  "of the profile microbenchmarks (GEMM / attention times are divided by it)"),
     Parameter(name="memory_efficiency", target="gpu.memory_efficiency",
               grid=(0.7, 0.75, 0.8, 0.85, 0.9), default=0.85, kinds=("serving",),
               doc="achievable fraction of HBM bandwidth for memory-bound ops"),

@@ -78,6 +78,14 @@ def test_attention_backward_is_scaled_forward(model):
     assert bwd.duration_s == pytest.approx(ATTENTION_BWD_FLOP_RATIO * fwd.duration_s)
 
 
+def test_attention_backward_of_a_measured_forward_scales_the_measurement(model):
+    # The forward at this shape is a profile row (FA3, 0.264315 ms): the backward uses it,
+    # not a predictor that may disagree with the measurement at the same shape.
+    bwd = model.cost(_attn(OpKind.ATTENTION_BWD, 4096, 4096), P1)
+    assert (bwd.provenance, bwd.detail) == ("profile", "fwd-scaled")
+    assert bwd.duration_s == pytest.approx(ATTENTION_BWD_FLOP_RATIO * 0.264315e-3, rel=1e-5)
+
+
 def test_gpu_without_data_is_roofline_with_warning():
     fused = FusedCostModel(toy_cluster(gpu="l20-48gb"))
     assert fused.warnings == ["no profile data for l20-48gb; roofline only"]
