@@ -1,6 +1,7 @@
 """Per-configuration cost of ``memory.fits`` with a warm trace/liveness cache.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_memory.py [--model llama-3.1-70b]``.
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_memory.py [--model llama-3.1-70b]
+[--framework torchtitan]`` (``--framework`` applies ``MemoryOptions.for_framework``).
 The first call traces the model and walks its blocks (reported as ``cold_s``); then a grid of
 layouts (TP/PP/DP/ZeRO/recompute/micro-batch/schedule) is checked and the mean time per
 configuration reported. The last printed line is one JSON object.
@@ -17,7 +18,7 @@ from charon_search.catalog import load_model
 from charon_search.errors import ConfigError
 from charon_search.hardware import load_cluster
 from charon_search.layout import Layout
-from charon_search.memory import fits
+from charon_search.memory import MemoryOptions, fits
 
 
 def _layouts(num_gpus: int, num_layers: int) -> list[Layout]:
@@ -44,23 +45,26 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-70b")
     ap.add_argument("--cluster", default="dgx-h100-ib400")
     ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--framework", default=None, help="torchtitan, megatron, ... (conventions)")
     args = ap.parse_args()
+    opts = MemoryOptions.for_framework(args.framework) if args.framework else None
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layouts = _layouts(args.gpus, spec.num_layers)
     t0 = time.perf_counter()
-    fits(spec, layouts[0], cluster)
+    fits(spec, layouts[0], cluster, options=opts)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     feasible = 0
     for layout in layouts:
-        ok, _ = fits(spec, layout, cluster)
+        ok, _ = fits(spec, layout, cluster, options=opts)
         feasible += ok
     warm_s = time.perf_counter() - t0
     per = warm_s / len(layouts)
     print(f"{len(layouts)} layouts of {spec.name} on {args.gpus} x {cluster.gpu.name}: "
           f"{feasible} fit; cold {cold_s:.2f} s, warm {per * 1e6:.0f} us per configuration")
     print(json.dumps({"bench": "memory_fits", "model": spec.name, "cluster": cluster.name,
+                      "framework": args.framework,
                       "num_configs": len(layouts), "feasible": feasible,
                       "cold_s": round(cold_s, 4), "per_config_s": per}))
 

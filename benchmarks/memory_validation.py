@@ -1,111 +1,118 @@
-"""Predict every published peak-memory measurement and print predicted vs measured.
+"""Predict every published memory measurement and print predicted vs measured.
 
-Reads the training records with ``measured.peak_memory_bytes`` from the package copy of the
-published measurements (``charon_search/data/validation/published-dev.yaml``, shipped by the
-validation area); all are torchtitan runs, whose ``Memory(GiB)`` is the caching allocator's
-peak *reserved* bytes.
+Reads the training records that state a memory figure (``peak_memory_bytes``: the caching
+allocator's peak *reserved* bytes as torchtitan prints it; ``activation_memory_bytes`` and
+``params_grads_optimizer_memory_bytes`` as Korthikanti et al. chart them) from the package copy
+of the published measurements, maps each to a case exactly as ``charon-search validate`` does
+(``validation.translate.to_case``: layout, cluster and ``MemoryOptions`` of the framework), and
+runs ``memory_report``.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/memory_validation.py``; the last line is
-one JSON object.
+``--fit-allocator`` also prints the reserved/allocated ratio of every fully specified
+``peak_memory_bytes`` record, their median (how ``allocator_reserved_factor`` of the
+``h100-96gb-grand-teton`` cluster was set) and the leave-one-out error of that median.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/memory_validation.py [--fit-allocator]``;
+the last line is one JSON object.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
+import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from charon_search.layout import Layout
-from charon_search.memory import MemoryOptions
-
-#: GPU key of the records -> cluster spec with that GPU.
-CLUSTER_FOR_GPU = {"h100-sxm-96gb-500w": "h100-96gb-grand-teton",
-                   "h200-sxm-141gb": "h200-sxm-8gpu", "h100-sxm-80gb": "h100-sxm-8gpu"}
+#: Memory metrics of the records and the ``StageMemory`` quantity each is compared with.
+METRICS = ("peak_memory_bytes", "activation_memory_bytes", "params_grads_optimizer_memory_bytes")
+GIB = 2**30
 
 
-def load_records(path: Path | None = None) -> list[dict[str, Any]]:
-    """Training records with ``measured.peak_memory_bytes`` from the shipped validation data."""
-    if path is None:
-        import charon_search
+def load_records() -> list[Any]:
+    """Training records (variants included) that state a memory metric."""
+    from charon_search.validation import default_files, load_files, select_records
 
-        root = Path(next(iter(charon_search.__path__)))
-        path = root / "data" / "validation" / "published-dev.yaml"
-    data = yaml.safe_load(path.read_text())
-    out = []
-    for r in data["records"]:
-        if r["kind"] != "training" or "peak_memory_bytes" not in r["measured"]:
-            continue
-        out.append({
-            "id": r["id"], "catalog": r["model"]["catalog"], "gpu": r["hardware"]["gpu"],
-            "num_gpus": r["hardware"]["num_gpus"], "training": r["training"],
-            "extra": r["training"].get("extra") or {},
-            "peak_memory_bytes": r["measured"]["peak_memory_bytes"],
-        })
-    return out
+    return [r for r in select_records(load_files(default_files()), kind="training")
+            if any(k in r.measured for k in METRICS)]
 
 
-def record_setup(rec: dict[str, Any]) -> tuple[Layout, MemoryOptions, list[str]]:
-    """Layout and modelling options of a torchtitan record, with the assumptions made."""
-    t, extra = rec["training"], rec.get("extra", {})
-    notes: list[str] = []
-    mbs = t["micro_batch_size"]
-    if mbs is None:
-        # torchtitan's pipeline_parallel_microbatch_size defaults to 1: the local batch is
-        # split into local_batch_size micro-batches.
-        mbs = 1
-        notes.append("micro_batch_size=1 (torchtitan PP default)")
-    layout = Layout(
-        tp=t["tp"], pp=t["pp"], dp=t["dp"], cp=t["cp"], ep=t["ep"], vpp=t["vpp"] or 1,
-        sequence_parallel=bool(t["sequence_parallel"]), zero_stage=t["zero_stage"],
-        schedule=t["schedule"], micro_batch_size=mbs, global_batch_size=t["global_batch_size"],
-        seq_len=t["seq_len"], recompute=t["recompute"], precision=t["precision"],
-        async_tp=bool(t["async_tp"]),
-    )
-    # torchtitan: FSDP2 state, per-op SAC ("op"), torchao float8 saving bf16 GEMM inputs.
-    overrides = {}
-    if extra.get("selective_ac_option", "op") != "op":
-        overrides["selective_policy"] = "attention"
-    opts = MemoryOptions.for_framework(extra.get("framework"), **overrides)
-    if extra.get("torch_compile"):
-        notes.append("torch.compile fusion not modelled")
-    return layout, opts, notes
-
-
-def predict(rec: dict[str, Any]) -> dict[str, Any]:
-    from charon_search.catalog import load_model
-    from charon_search.hardware import load_cluster
+def predict(rec: Any) -> list[dict[str, Any]]:
+    """One row per memory metric of ``rec``: measured, predicted and the breakdown."""
     from charon_search.memory import memory_report
+    from charon_search.validation.runner import _fully_specified
+    from charon_search.validation.translate import to_case
 
-    layout, opts, notes = record_setup(rec)
-    rep = memory_report(load_model(rec["catalog"]), layout, load_cluster(
-        CLUSTER_FOR_GPU[rec["gpu"]]), options=opts)
-    measured = rec["peak_memory_bytes"]
-    return {
-        "id": rec["id"],
-        "measured_gib": measured / 2**30,
-        "predicted_reserved_gib": rep.peak_reserved_bytes / 2**30,
-        "predicted_allocated_gib": rep.peak_allocated_bytes / 2**30,
-        "error": rep.peak_reserved_bytes / measured - 1,
-        "stage": rep.bottleneck_stage,
-        "breakdown_gib": {k: v / 2**30 for k, v in rep.stages[rep.bottleneck_stage].to_dict()
-                          .items() if k.endswith("_bytes")},
-        "assumptions": notes,
+    case = to_case(rec)
+    rep = memory_report(case.model, case.layout, case.cluster, options=case.memory_options)
+    st = rep.stages[rep.bottleneck_stage]
+    values = {
+        "peak_memory_bytes": rep.peak_reserved_bytes,
+        "activation_memory_bytes": max(s.saved_activations_bytes for s in rep.stages),
+        "params_grads_optimizer_memory_bytes": max(
+            s.params_bytes + s.grads_bytes + s.optimizer_bytes for s in rep.stages),
     }
+    rows = []
+    for metric in METRICS:
+        if metric not in rec.measured:
+            continue
+        measured = float(rec.measured[metric])
+        rows.append({
+            "id": rec.id, "metric": metric, "measured_gib": measured / GIB,
+            "predicted_gib": values[metric] / GIB, "error": values[metric] / measured - 1,
+            "allocated_gib": rep.peak_allocated_bytes / GIB,
+            "fully_specified": _fully_specified(rec, case.assumptions),
+            "cluster": case.cluster.name, "stage": st.stage,
+            "breakdown_gib": {k: v / GIB for k, v in st.to_dict().items()
+                              if k.endswith("_bytes")},
+            "assumptions": {k: v for k, v in rep.assumptions.items()},
+        })
+    return rows
+
+
+def fit_allocator(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median reserved/allocated ratio of the fully specified peak-memory rows, with the
+    leave-one-out error of each row under the median of the others."""
+    peak = [r for r in rows if r["metric"] == "peak_memory_bytes" and r["fully_specified"]]
+    ratios = {r["id"]: r["measured_gib"] / r["allocated_gib"] for r in peak}
+    loo = {}
+    for r in peak:
+        others = [v for k, v in ratios.items() if k != r["id"]]
+        loo[r["id"]] = r["allocated_gib"] * statistics.median(others) / r["measured_gib"] - 1
+    return {"ratios": ratios, "median": statistics.median(ratios.values()),
+            "loo_error": loo,
+            "loo_median_abs_error": statistics.median(abs(v) for v in loo.values())}
 
 
 def main() -> None:
-    rows = [predict(r) for r in load_records()]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit-allocator", action="store_true")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    rows = [row for rec in load_records() for row in predict(rec)]
     for r in rows:
-        print(f"{r['id']:<58} measured {r['measured_gib']:6.1f} GiB  predicted "
-              f"{r['predicted_reserved_gib']:6.1f} GiB (alloc {r['predicted_allocated_gib']:6.1f})"
-              f"  {100 * r['error']:+6.1f} %", file=sys.stderr)
-    errs = [abs(r["error"]) for r in rows]
-    print(json.dumps({"bench": "memory_validation", "n": len(rows),
-                      "mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs),
-                      "rows": rows}))
+        flag = "*" if r["fully_specified"] else " "
+        print(f"{flag} {r['id']:<52} {r['metric']:<36} measured {r['measured_gib']:6.1f} GiB "
+              f"predicted {r['predicted_gib']:6.1f} GiB (alloc {r['allocated_gib']:6.1f})  "
+              f"{100 * r['error']:+6.1f} %", file=sys.stderr)
+    peak = [abs(r["error"]) for r in rows
+            if r["metric"] == "peak_memory_bytes" and r["fully_specified"]]
+    out: dict[str, Any] = {
+        "bench": "memory_validation", "n": len(rows),
+        "peak_fully_specified_n": len(peak),
+        "peak_fully_specified_median_abs_error": statistics.median(peak) if peak else None,
+        "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+        "max_abs_error": max(abs(r["error"]) for r in rows), "rows": rows,
+    }
+    if args.fit_allocator:
+        fit = fit_allocator(rows)
+        for k, v in fit["ratios"].items():
+            print(f"  reserved/allocated {k:<52} {v:.3f}  leave-one-out error "
+                  f"{100 * fit['loo_error'][k]:+.1f} %", file=sys.stderr)
+        print(f"  median ratio {fit['median']:.4f}; leave-one-out median |error| "
+              f"{100 * fit['loo_median_abs_error']:.1f} %", file=sys.stderr)
+        out["allocator_fit"] = fit
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

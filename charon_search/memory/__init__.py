@@ -12,6 +12,7 @@ from charon_search.memory.liveness import (
 )
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
 from charon_search.memory.report import (
+    LOSS_IMPLS,
     MemoryOptions,
     MemoryReport,
     StageMemory,
@@ -30,6 +31,7 @@ from charon_search.memory.static import (
 
 __all__ = [
     "CLASSES",
+    "LOSS_IMPLS",
     "STATE_RECIPES",
     "BlockActivations",
     "KvCacheCapacity",

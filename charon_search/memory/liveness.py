@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from charon_search.ir.graph import Node, OpGraph, TracedBlock
+from charon_search.ir.graph import DTYPE_BYTES, Node, OpGraph, TracedBlock
 from charon_search.ir.ops import OpKind, Phase, Role
 from charon_search.ir.symbolic import Poly
 
@@ -105,6 +105,32 @@ class BlockActivations:
     (``torchtitan/models/llama3/infra/parallelize.py``, ``_custom_policy``)."""
     shared_inputs: np.ndarray
     """Model-wide inputs the block reads (attention mask, RoPE tables): one copy per stage."""
+    op_sac_needed: np.ndarray
+    """The part of ``op_sac_saved`` a compiled block keeps: AOT autograd's partitioner saves a
+    must-save output only if the backward (or the recompute of something it needs) reads it,
+    while eager SAC caches every must-save output (``torch/utils/checkpoint.py``,
+    ``_CachingTorchDispatchMode``). For a Llama block the difference is the down projection's
+    output, read only by the residual add."""
+    saved_col_inputs: np.ndarray
+    """Saved inputs of column-parallel GEMMs in the ``seq`` class: with sequence parallelism
+    DTensor (torchtitan) saves the *all-gathered* copy for the weight gradient, Megatron the
+    sharded one (it re-gathers in the backward, Korthikanti et al. Sec. 4.2.2)."""
+    fused_delta: np.ndarray
+    """Change of ``saved`` when norms and the gated activation run as fused kernels
+    (Transformer Engine's RMSNorm/LayerNorm + GEMM, Megatron's ``bias_swiglu``): a norm then
+    keeps its bf16 input and per-row statistics instead of the full-width fp32 copy and
+    normalised intermediates HF's eager code saves, and the activation keeps its inputs
+    (recomputing SiLU/GELU in the backward) instead of its internal outputs. Negative or
+    zero."""
+    logits_fp32: np.ndarray
+    """Bytes of the logits the LM head GEMM hands to the loss, counted at 4 B per element (the
+    fp32 copy every loss implementation is measured in); zero outside the LM head."""
+    saved_noloss: np.ndarray
+    """``saved`` without the tensors of loss ops (the loss is modelled per implementation)."""
+    fwd_live_noloss: np.ndarray
+    """``fwd_live`` without the tensors of loss ops."""
+    bwd_live_noloss: np.ndarray
+    """``bwd_live`` without the tensors of loss ops."""
     fwd_live: np.ndarray
     """Live activation bytes after each forward step (saved tensors accumulate)."""
     bwd_live: np.ndarray
@@ -127,10 +153,26 @@ class BlockActivations:
             "block_input": float(self.block_input @ w),
             "shared_inputs": float(self.shared_inputs @ w),
             "op_sac_saved": float(self.op_sac_saved @ w),
-            "fwd_peak": float((self.fwd_live @ w).max()) if len(self.fwd_live) else 0.0,
-            "bwd_peak": float((self.bwd_live @ w).max()) if len(self.bwd_live) else 0.0,
+            "op_sac_needed": float(self.op_sac_needed @ w),
+            "fwd_peak": _peak(self.fwd_live, w),
+            "bwd_peak": _peak(self.bwd_live, w),
+            "logits": float(self.logits_fp32 @ w),
+            "fused_delta": float(self.fused_delta @ w),
+            "saved_noloss": float(self.saved_noloss @ w),
+            "fwd_peak_noloss": _peak(self.fwd_live_noloss, w),
+            "bwd_peak_noloss": _peak(self.bwd_live_noloss, w),
         }
+        col = float(self.saved_col_inputs @ w)
+        if point.sequence_parallel and point.tp > 1:
+            # Bytes the all-gathered copies add over the sharded ones: (tp - 1) x sharded.
+            out["col_gather_extra"] = col * (point.tp - 1)
+        else:
+            out["col_gather_extra"] = 0.0
         return out
+
+
+def _peak(live: np.ndarray, w: np.ndarray) -> float:
+    return float((live @ w).max()) if len(live) else 0.0
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -231,90 +273,54 @@ def block_activations(block: TracedBlock) -> BlockActivations:
     if block.backward is not None:
         walk.classify(block.backward, Phase.BACKWARD)
 
-    fwd_known = set(block.forward.producer) | set(block.forward.inputs)
+    fwd = block.forward
+    fwd_known = set(fwd.producer) | set(fwd.inputs)
     saved_ids = list(block.saved)
     if block.backward is not None:
         # Any forward tensor the backward reads is saved, listed in ``saved`` or not.
         saved_ids += [t for t in block.backward.inputs if t in fwd_known]
     hidden_in, shared_in = _split_inputs(block, walk)
-    saved_roots = list(dict.fromkeys(
-        walk.root(t) for t in saved_ids if t not in walk.params and t not in shared_in))
-    saved_set = set(saved_roots)
     rows = _Rows(walk)
-
-    # ----------------------------------------------------------------- forward timeline
-    fwd = block.forward
-    n_fwd = len(fwd.nodes)
-    last_use_fwd: dict[int, int] = {}
     consumers_fwd: dict[int, list[Node]] = {}
-    for i, node in enumerate(fwd.nodes):
+    for node in fwd.nodes:
         for t in node.inputs:
-            if t in walk.params:
-                continue
-            r = walk.root(t)
-            last_use_fwd[r] = i
-            consumers_fwd.setdefault(r, []).append(node)
-    fwd_outputs = {walk.root(t) for t in fwd.outputs}
-    fwd_events: list[tuple[int, int, int]] = []  # (alloc step, free step, tensor)
-    block_input_ids = hidden_in
-    for t in block_input_ids:
-        free = n_fwd - 1 if (t in saved_set or t in fwd_outputs) else last_use_fwd.get(t, 0)
-        fwd_events.append((0, free, t))
-    for i, node in enumerate(fwd.nodes):
-        for t in node.outputs:
-            if t in walk.alias:
-                continue
-            if t in saved_set or t in fwd_outputs:
-                free = n_fwd - 1
-            else:
-                free = max(last_use_fwd.get(t, i), i)
-            fwd_events.append((i, free, t))
-    fwd_live = rows.timeline(n_fwd, fwd_events)
+            if t not in walk.params:
+                consumers_fwd.setdefault(walk.root(t), []).append(node)
 
-    # ----------------------------------------------------------------- backward timeline
-    bwd = block.backward
-    if bwd is not None and bwd.nodes:
-        n_bwd = len(bwd.nodes)
-        last_use_bwd: dict[int, int] = {}
-        for i, node in enumerate(bwd.nodes):
-            for t in node.inputs:
-                if t not in walk.params:
-                    last_use_bwd[walk.root(t)] = i
-        bwd_outputs = {walk.root(t) for t in bwd.outputs}
-        bwd_events: list[tuple[int, int, int]] = []
-        for t in saved_roots:
-            bwd_events.append((0, last_use_bwd.get(t, 0), t))
-        for t in bwd.inputs:
-            r = walk.root(t)
-            if t in walk.params or r in saved_set or r in fwd_known or r in shared_in:
-                continue
-            bwd_events.append((0, last_use_bwd.get(r, 0), r))  # incoming gradient
-        for i, node in enumerate(bwd.nodes):
-            for t in node.outputs:
-                if t in walk.alias:
-                    continue
-                if t in bwd_outputs:
-                    # Parameter gradients go to the gradient buffer / reduce-scatter at once;
-                    # the input gradient flows on to the previous layer.
-                    free = i if walk.is_const(t) else n_bwd - 1
-                else:
-                    free = max(last_use_bwd.get(t, i), i)
-                bwd_events.append((i, free, t))
-        bwd_live = rows.timeline(n_bwd, bwd_events)
+    full = _timelines(block, walk, rows, saved_ids, hidden_in, shared_in, skip=frozenset())
+    saved_roots, fwd_live, bwd_live = full
+    saved_set = set(saved_roots)
+    # The loss (HF's fp32 log-softmax + NLL) is summarised apart as well: how much a loss keeps
+    # depends on its implementation (eager, DTensor loss parallel, compiled, fused in place).
+    loss_nodes = frozenset(n.id for g in (fwd, block.backward) if g is not None
+                           for n in g.nodes if n.role == Role.LOSS)
+    logits: list[int] = []
+    if loss_nodes:
+        saved_nl, fwd_nl, bwd_nl = _timelines(block, walk, rows, saved_ids, hidden_in,
+                                              shared_in, skip=loss_nodes)
+        for node in fwd.nodes:
+            if node.kind in _GEMMS and node.role == Role.LM_HEAD:
+                logits += [t for t in node.outputs
+                           if any(u.id in loss_nodes for u in consumers_fwd.get(t, []))]
     else:
-        bwd_live = np.zeros((0, rows.width))
+        saved_nl, fwd_nl, bwd_nl = saved_roots, fwd_live, bwd_live
 
     # ----------------------------------------------------------------- saved subsets
     core = []
     gemm_in = []
+    col_in = []
     for t in saved_roots:
         prod = fwd.producer.get(t)
         if prod is not None and fwd.node(prod).role == Role.ATTN_CORE:
             users = consumers_fwd.get(t, [])
             if all(u.role == Role.ATTN_CORE for u in users):
                 core.append(t)
-        if any(u.kind in _GEMMS for u in consumers_fwd.get(t, [])):
+        users = consumers_fwd.get(t, [])
+        if any(u.kind in _GEMMS for u in users):
             gemm_in.append(t)
+        if walk.cls.get(t) == _SEQ and any(u.kind in _GEMMS and u.role in _COLUMN
+                                           for u in users):
+            col_in.append(t)
     # Tensors entering the attention core from outside: recompute needs them, so selective
     # recompute keeps them even where autograd saved only copies made inside the core (e.g.
     # the q/k/v reshapes HF GPT-2 makes before its bmm).
@@ -330,7 +336,7 @@ def block_activations(block: TracedBlock) -> BlockActivations:
             prod = fwd.producer.get(r)
             if prod is None or prod not in core_ids:
                 core_in.append(r)
-    op_saved = list(block_input_ids)
+    op_saved = list(hidden_in)
     mm_count = 0
     for node in fwd.nodes:
         if node.kind == OpKind.GEMM:
@@ -339,6 +345,7 @@ def block_activations(block: TracedBlock) -> BlockActivations:
                 op_saved.extend(t for t in node.outputs if t not in walk.alias)
         elif node.kind == OpKind.ATTENTION:
             op_saved.extend(t for t in node.outputs if t not in walk.alias)
+    op_saved = list(dict.fromkeys(op_saved))
     return BlockActivations(
         name=block.name,
         monomials=rows.monomials,
@@ -346,13 +353,164 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         saved_core=rows.sum(core),
         saved_gemm_input=rows.sum(gemm_in),
         core_inputs=rows.sum(dict.fromkeys(core_in)),
-        block_input=rows.sum(block_input_ids),
+        block_input=rows.sum(hidden_in),
         shared_inputs=rows.sum(shared_in),
-        op_sac_saved=rows.sum(dict.fromkeys(op_saved)),
+        op_sac_saved=rows.sum(op_saved),
+        op_sac_needed=rows.sum(_needed(fwd, walk, op_saved, saved_roots, shared_in)),
+        saved_col_inputs=rows.sum(col_in),
+        fused_delta=_fused_delta(fwd, walk, rows, saved_roots, shared_in),
+        logits_fp32=sum((rows.row(t) * (4 / DTYPE_BYTES[walk.tensors[t].dtype])
+                         for t in dict.fromkeys(logits)), np.zeros(rows.width)),
+        saved_noloss=rows.sum(saved_nl),
+        fwd_live_noloss=fwd_nl,
+        bwd_live_noloss=bwd_nl,
         fwd_live=fwd_live,
         bwd_live=bwd_live,
         num_saved_tensors=len(saved_roots),
     )
+
+
+_NORMS = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM})
+
+
+def _fused_delta(fwd: OpGraph, walk: _Walk, rows: _Rows, saved: list[int],
+                 shared: list[int]) -> np.ndarray:
+    """``saved`` under fused norm and activation kernels minus ``saved`` as traced.
+
+    Per region (the nodes of one norm role, or the gated activation): saved tensors made in
+    the region that only the region reads in the forward, and as large as the region's input
+    (full-width copies, not per-row statistics), are dropped; the region's activation inputs
+    are kept instead when nothing saves them already.
+    """
+    saved_set = set(saved)
+    skip = set(shared)
+    consumers: dict[int, list[Node]] = {}
+    for node in fwd.nodes:
+        for t in node.inputs:
+            consumers.setdefault(walk.root(t), []).append(node)
+    drop: dict[int, None] = {}
+    add: dict[int, None] = {}
+    regions: dict[str, list[Node]] = {}
+    for node in fwd.nodes:
+        if node.role in _NORMS or node.role == Role.MLP_ACT:
+            regions.setdefault(str(node.role), []).append(node)
+    for nodes in regions.values():
+        ids = {n.id for n in nodes}
+        made = {t for n in nodes for t in n.outputs if t not in walk.alias}
+        inputs = [walk.root(t) for n in nodes for t in n.inputs
+                  if t not in walk.params and walk.root(t) not in made
+                  and walk.root(t) not in skip]
+        width = max((walk.sample(t) for t in inputs), default=0.0)
+        for t in made:
+            users = consumers.get(t, [])
+            if t in saved_set and all(u.id in ids for u in users) and walk.sample(t) >= width:
+                drop[t] = None
+        for t in inputs:
+            if t not in saved_set:
+                add[t] = None
+    return rows.sum(add) - rows.sum(drop)
+
+
+def _needed(fwd: OpGraph, walk: _Walk, must_save: list[int], saved: list[int],
+            shared: list[int]) -> list[int]:
+    """Must-save tensors the backward needs: saved themselves, or on the recompute path of a
+    saved tensor (walking producers back from each saved tensor, stopping at must-save ones)."""
+    ms = set(must_save)
+    skip = set(shared)
+    out: dict[int, None] = {}
+    seen: set[int] = set()
+    stack = list(saved)
+    while stack:
+        t = stack.pop()
+        if t in seen or t in skip:
+            continue
+        seen.add(t)
+        if t in ms:
+            out[t] = None
+            continue
+        prod = fwd.producer.get(t)
+        if prod is None:
+            continue
+        stack.extend(walk.root(i) for i in fwd.node(prod).inputs if i not in walk.params)
+    return list(out)
+
+
+def _timelines(block: TracedBlock, walk: _Walk, rows: _Rows, saved_ids: list[int],
+               hidden_in: list[int], shared_in: list[int], *,
+               skip: frozenset[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(saved roots, forward live bytes, backward live bytes), ignoring the nodes in ``skip``
+    (their outputs are never allocated and their reads never keep a tensor alive)."""
+    fwd = block.forward
+    fwd_known = set(fwd.producer) | set(fwd.inputs)
+    skipped_out = {t for g in (fwd, block.backward) if g is not None for n in g.nodes
+                   if n.id in skip for t in n.outputs}
+    skipped_in = {walk.root(t) for g in (fwd, block.backward) if g is not None
+                  for n in g.nodes if n.id in skip for t in n.inputs}
+    saved_roots = list(dict.fromkeys(
+        walk.root(t) for t in saved_ids
+        if t not in walk.params and t not in shared_in and walk.root(t) not in skipped_out))
+    saved_set = set(saved_roots)
+
+    # ----------------------------------------------------------------- forward timeline
+    fnodes = [n for n in fwd.nodes if n.id not in skip]
+    n_fwd = max(1, len(fnodes))
+    last_use_fwd: dict[int, int] = {}
+    for i, node in enumerate(fnodes):
+        for t in node.inputs:
+            if t not in walk.params:
+                last_use_fwd[walk.root(t)] = i
+    fwd_outputs = {walk.root(t) for t in fwd.outputs} - skipped_out
+    fwd_events: list[tuple[int, int, int]] = []  # (alloc step, free step, tensor)
+    for t in hidden_in:
+        free = n_fwd - 1 if (t in saved_set or t in fwd_outputs) else last_use_fwd.get(t, 0)
+        fwd_events.append((0, free, t))
+    for i, node in enumerate(fnodes):
+        for t in node.outputs:
+            if t in walk.alias:
+                continue
+            if t in saved_set or t in fwd_outputs:
+                free = n_fwd - 1
+            else:
+                free = max(last_use_fwd.get(t, i), i)
+            fwd_events.append((i, free, t))
+    fwd_live = rows.timeline(n_fwd, fwd_events) if fnodes else np.zeros((0, rows.width))
+
+    # ----------------------------------------------------------------- backward timeline
+    bwd = block.backward
+    bnodes = [n for n in bwd.nodes if n.id not in skip] if bwd is not None else []
+    if bwd is not None and bnodes:
+        n_bwd = len(bnodes)
+        last_use_bwd: dict[int, int] = {}
+        for i, node in enumerate(bnodes):
+            for t in node.inputs:
+                if t not in walk.params:
+                    last_use_bwd[walk.root(t)] = i
+        bwd_outputs = {walk.root(t) for t in bwd.outputs}
+        bwd_events: list[tuple[int, int, int]] = []
+        for t in saved_roots:
+            bwd_events.append((0, last_use_bwd.get(t, 0), t))
+        for t in bwd.inputs:
+            r = walk.root(t)
+            if t in walk.params or r in saved_set or r in fwd_known or r in shared_in:
+                continue
+            if r not in last_use_bwd and r in skipped_in:
+                continue  # read only by skipped nodes
+            bwd_events.append((0, last_use_bwd.get(r, 0), r))  # incoming gradient
+        for i, node in enumerate(bnodes):
+            for t in node.outputs:
+                if t in walk.alias:
+                    continue
+                if t in bwd_outputs:
+                    # Parameter gradients go to the gradient buffer / reduce-scatter at once;
+                    # the input gradient flows on to the previous layer.
+                    free = i if walk.is_const(t) else n_bwd - 1
+                else:
+                    free = max(last_use_bwd.get(t, i), i)
+                bwd_events.append((i, free, t))
+        bwd_live = rows.timeline(n_bwd, bwd_events)
+    else:
+        bwd_live = np.zeros((0, rows.width))
+    return saved_roots, fwd_live, bwd_live
 
 
 def _split_inputs(block: TracedBlock, walk: _Walk) -> tuple[list[int], list[int]]:

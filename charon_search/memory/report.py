@@ -1,11 +1,13 @@
 """Training memory per pipeline stage: ``memory_report`` and the cheap ``fits`` check.
 
-Peak allocated bytes of stage ``i`` =
-static (parameters, gradients, optimizer states after TP/PP/EP and ZeRO; FSDP gathered buffers;
-DDP bucket; communication buffers) + activations (saved bytes of the chunk micro-batches in
-flight for the schedule, plus the worst transient of one block's forward or backward on top).
+Peak allocated bytes of stage ``i`` = static (parameters, gradients, optimizer states after
+TP/PP/EP and ZeRO) + the sharding buffers alive at the peak (FSDP gathered weights and
+reduce-scatter copies, or the DDP bucket) + activations (saved bytes of the chunk micro-batches
+in flight for the schedule, plus the transient of the block whose forward or backward peaks
+highest: a layer, or the LM head with its loss).
 Reserved bytes follow the cluster's calibrated allocator model:
-``reserved = allocated * allocator_reserved_factor + allocator_reserved_extra_bytes``.
+``reserved = allocated * allocator_reserved_factor + allocator_reserved_extra_bytes``; NCCL's
+communicator buffers lie outside the allocator and are added only for ``fits``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,35 @@ from charon_search.memory.schedule import in_flight_chunks
 from charon_search.memory.static import STATE_RECIPES, StateRecipe, shard_states
 from charon_search.units import MIB, format_bytes
 
-__all__ = ["MemoryOptions", "MemoryReport", "StageMemory", "fits", "memory_report",
-           "stage_layers"]
+__all__ = ["LOSS_IMPLS", "MemoryOptions", "MemoryReport", "StageMemory", "fits",
+           "memory_report", "stage_layers"]
 
 SELECTIVE_POLICIES = ("attention", "op")
+
+#: Peak memory of the loss in units of the fp32 logits ``F`` (tokens x local vocab x 4 B):
+#: ``(kept until the backward, forward peak, backward peak)``.
+#:
+#: * ``eager``: ``cross_entropy(logits.float())`` as traced from the HF code: the fp32 copy and
+#:   the log-softmax output live together in the forward (2F), the log-softmax output is kept
+#:   (F), and ``nll_loss_backward`` + ``_log_softmax_backward_data`` hold three at once (3F).
+#: * ``loss_parallel``: DTensor ``loss_parallel()`` on vocab-sharded logits (torchtitan with
+#:   TP): its ``_log_softmax`` handler keeps input, shifted and ``exp`` (3F), and the fused
+#:   NLL + log-softmax backward holds the saved output, a zeros buffer, ``exp`` and their sum
+#:   (4F) (``torch/distributed/tensor/parallel/loss.py``, ``_log_softmax`` and
+#:   ``_nll_loss_and_log_softmax_backward``).
+#: * ``compiled``: Inductor-compiled cross entropy (torchtitan compiles the loss with the model
+#:   from 2025, ``components/loss.py`` ``build_cross_entropy_loss``): it keeps the bf16 logits
+#:   and a per-row log-sum-exp, and writes the bf16 gradient in one fused kernel (0.5F kept,
+#:   1F at the backward).
+#: * ``vocab_parallel``: Megatron's ``_VocabParallelCrossEntropy`` on ``output.float()``:
+#:   ``exp``, the softmax and its gradient are computed in place in the fp32 copy (kept F; 1.5F
+#:   while the bf16 logits or the bf16 gradient exist beside it).
+LOSS_IMPLS: dict[str, tuple[float, float, float]] = {
+    "eager": (1.0, 2.0, 3.0),
+    "loss_parallel": (1.0, 3.0, 4.0),
+    "compiled": (0.5, 0.5, 1.0),
+    "vocab_parallel": (1.0, 1.5, 1.5),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,32 +86,57 @@ class MemoryOptions:
     ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``). ``None``: on for an
     FSDP recipe with ``pp > 1``."""
     attn_impl: str | None = None
-    """``sdpa`` or ``eager``; ``None``: ``sdpa`` with ``layout.fused_kernels`` else ``eager``."""
+    """``sdpa`` or ``eager``; ``None``: ``eager`` when ``layout.attention_kernel == 'eager'``
+    (scores, softmax and dropout mask are saved), else ``sdpa``."""
+    compiled: bool | None = None
+    """Blocks run under ``torch.compile``: AOT autograd's partitioner saves only what the
+    backward reads, so per-op SAC keeps no must-save output that nothing reads (eager SAC caches
+    them all). ``None``: ``layout.fused_kernels``."""
+    loss_impl: str = "eager"
+    """How the cross entropy is computed: a key of ``LOSS_IMPLS``."""
+    fused_saved: bool = False
+    """Norms and the gated activation run as fused kernels that save less than HF's eager code
+    (Transformer Engine norm + GEMM modules, Megatron's ``bias_swiglu`` fusion): see
+    ``BlockActivations.fused_delta``. Applies where a layer keeps its saved set (no recompute,
+    attention-core recompute) and to the final norm."""
+    sp_saves_gathered_inputs: bool = False
+    """With sequence parallelism, autograd keeps the *all-gathered* input of each
+    column-parallel GEMM for its weight gradient (DTensor ``ColwiseParallel`` after
+    ``SequenceParallel``, torchtitan). Megatron keeps the sharded input and gathers it again in
+    the backward (Korthikanti et al., arXiv 2205.05198, Sec. 4.2.2)."""
 
     @classmethod
     def for_framework(cls, framework: str | None, **overrides: Any) -> MemoryOptions:
         """Conventions of a training framework (``extra.framework`` of a validation record).
 
         * ``torchtitan``: FSDP2 state (fp32 sharded params/grads, AdamW m + v), per-op
-          selective AC (``selective_ac_option = "op"``), torchao float8 saving bf16 inputs.
+          selective AC (``selective_ac_option = "op"``), torchao float8 saving bf16 inputs,
+          DTensor TP keeping all-gathered GEMM inputs. The loss depends on the layout and the
+          version (``loss_impl``: ``loss_parallel`` with TP, ``compiled`` from 2025).
         * ``megatron`` / ``megatron-lm`` / ``nemo``: bf16 params with fp32 gradient buffers
           and the distributed optimizer's fp32 master + m + v; attention-core selective
-          recompute; Transformer Engine FP8 copies of saved GEMM inputs.
+          recompute; Transformer Engine FP8 copies of saved GEMM inputs; fused norm and
+          SwiGLU kernels; the in-place vocab-parallel cross entropy.
         * anything else: the defaults (ZeRO-paper mixed precision, attention-core recompute).
         """
         name = (framework or "").lower()
         base: dict[str, Any] = {}
         if name == "torchtitan":
-            base = {"recipe": "fsdp2", "selective_policy": "op", "fp8_saved_activations": False}
+            base = {"recipe": "fsdp2", "selective_policy": "op", "fp8_saved_activations": False,
+                    "sp_saves_gathered_inputs": True}
         elif name in ("megatron", "megatron-lm", "megatron-core", "nemo"):
             base = {"recipe": "megatron", "selective_policy": "attention",
-                    "fp8_saved_activations": True}
+                    "fp8_saved_activations": True, "loss_impl": "vocab_parallel",
+                    "fused_saved": True}
         return cls(**{**base, **overrides})
 
     def __post_init__(self) -> None:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise ConfigError(f"`selective_policy` must be one of {list(SELECTIVE_POLICIES)}, "
                               f"but got {self.selective_policy!r}")
+        if self.loss_impl not in LOSS_IMPLS:
+            raise ConfigError(f"`loss_impl` must be one of {list(LOSS_IMPLS)}, "
+                              f"but got {self.loss_impl!r}")
         if isinstance(self.recipe, str) and self.recipe not in STATE_RECIPES:
             raise ConfigError(f"`recipe` must be one of {sorted(STATE_RECIPES)}, "
                               f"but got {self.recipe!r}")
@@ -101,11 +153,24 @@ class StageMemory:
     activations_bytes: float
     """Peak activation bytes: saved micro-batches in flight plus one block's transient."""
     buffers_bytes: float
-    """FSDP gathered parameters/gradients, DDP bucket and communication buffers."""
+    """FSDP gathered parameters/gradients and reduce-scatter copies, or the DDP bucket, at the
+    peak (NCCL's own buffers are in ``device_overhead_bytes``)."""
     peak_allocated_bytes: float
     peak_reserved_bytes: float
     in_flight: int = 1
     """Chunk micro-batches whose activations are held at the peak."""
+    saved_activations_bytes: float = 0.0
+    """The part of ``activations_bytes`` the in-flight micro-batches keep between forward and
+    backward (no transient): the quantity of Korthikanti et al.'s closed forms."""
+    device_overhead_bytes: float = 0.0
+    """Device memory outside the caching allocator: NCCL communicator buffers (the cluster's
+    ``comm_buffer_bytes`` per process group). Not in ``peak_reserved_bytes`` (which is what
+    ``torch.cuda.max_memory_reserved`` reports), but counted by ``fits``."""
+
+    @property
+    def peak_device_bytes(self) -> float:
+        """Reserved plus the memory outside the allocator: what must fit the device."""
+        return self.peak_reserved_bytes + self.device_overhead_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +183,9 @@ class StageMemory:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "in_flight": self.in_flight,
+            "saved_activations_bytes": self.saved_activations_bytes,
+            "device_overhead_bytes": self.device_overhead_bytes,
+            "peak_device_bytes": self.peak_device_bytes,
         }
 
 
@@ -132,7 +200,7 @@ class MemoryReport:
 
     @property
     def bottleneck_stage(self) -> int:
-        return max(self.stages, key=lambda st: st.peak_reserved_bytes).stage
+        return max(self.stages, key=lambda st: st.peak_device_bytes).stage
 
     @property
     def peak_allocated_bytes(self) -> float:
@@ -143,15 +211,20 @@ class MemoryReport:
         return max(st.peak_reserved_bytes for st in self.stages)
 
     @property
+    def peak_device_bytes(self) -> float:
+        """Reserved plus NCCL buffers on the bottleneck stage (what ``fits`` compares)."""
+        return max(st.peak_device_bytes for st in self.stages)
+
+    @property
     def fits(self) -> bool:
-        return self.peak_reserved_bytes <= self.device_memory_bytes
+        return self.peak_device_bytes <= self.device_memory_bytes
 
     @property
     def reason(self) -> str | None:
         if self.fits:
             return None
         st = self.stages[self.bottleneck_stage]
-        return (f"stage {st.stage} needs {format_bytes(st.peak_reserved_bytes)}, "
+        return (f"stage {st.stage} needs {format_bytes(st.peak_device_bytes)}, "
                 f"the {self.gpu_name} has {format_bytes(self.device_memory_bytes)}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +233,7 @@ class MemoryReport:
             "stages": [st.to_dict() for st in self.stages],
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_device_bytes": self.peak_device_bytes,
             "device_memory_bytes": self.device_memory_bytes,
             "bottleneck_stage": self.bottleneck_stage,
             "fits": self.fits,
@@ -228,7 +302,8 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
     spec, cl = _resolve(model, cluster)
     opts = options or MemoryOptions()
     layout.validate_for(spec)
-    attn_impl = opts.attn_impl or ("sdpa" if layout.fused_kernels else "eager")
+    attn_impl = opts.attn_impl or ("eager" if layout.attention_kernel == "eager" else "sdpa")
+    compiled = layout.fused_kernels if opts.compiled is None else opts.compiled
     prof = profile or model_profile(spec, phase="train", attn_impl=attn_impl)
     recipe = _recipe(opts, layout)
     cal = cl.calibration
@@ -271,11 +346,16 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             groups[("lm_head", "none")] = 1
         # ---- parameters
         dense = expert = 0.0
-        unit_max = 0.0
+        unit_max = layer_unit = root = head = 0.0
         for (name, _), count in groups.items():
             d, e = prof.params[name].local(tp=layout.tp, ep=layout.ep, expert_tp=opts.expert_tp)
             dense, expert = dense + count * d, expert + count * e
             unit_max = max(unit_max, d + e)
+            if name in ("embedding", "lm_head"):
+                root += d + e
+                head += (d + e) if name == "lm_head" else 0.0
+            else:
+                layer_unit = max(layer_unit, d + e)
         if (i == layout.pp - 1 and layout.pp > 1 and spec.tie_word_embeddings
                 and prof.params["lm_head"].tp == 0):
             tied, _ = prof.params["embedding"].local(tp=layout.tp, ep=1)
@@ -290,39 +370,45 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             # Unsharded accumulated gradients replace the sharded ones until the step.
             states = dataclasses.replace(
                 states, grads_bytes=(dense + expert) * recipe.grad_bytes)
-        buffers = comm_buffers
-        if layout.zero_stage == 3 and dense_shards > 1:
-            # Gathered weights of the unit computing plus those prefetched, and the unsharded
-            # gradient of one unit before its reduce-scatter.
-            buffers += unit_max * recipe.gathered_param_bytes * (1 + prefetch)
-            buffers += unit_max * (recipe.gathered_param_bytes + recipe.reduce_buffer_bytes)
-        elif layout.zero_stage == 2 and recipe.fsdp and dense_shards > 1:
-            # Weights stay gathered (counted in params); one unit's gradients still pass
-            # through the reduce-scatter buffer.
-            buffers += unit_max * recipe.reduce_buffer_bytes
-        elif layout.zero_stage <= 1 and layout.dp > 1:
-            buffers += opts.ddp_bucket_bytes
+        # FSDP/DDP buffers (caching-allocator tensors) at the loss peak and at a layer's peak.
+        buf_loss, buf_layer = _buffers(layout, recipe, opts, dense_shards=dense_shards,
+                                       prefetch=prefetch, unit_max=unit_max,
+                                       layer_unit=layer_unit or unit_max, root=root, head=head)
 
         # ---- activations
         n_flight = in_flight_chunks(layout.schedule, pp=layout.pp, stage_idx=i,
                                     num_micro_batches=m, vpp=layout.vpp)
         saved_stage = 0.0
-        extra = 0.0
+        top = (0.0, 0.0)  # (transient, buffers) of the block whose peak is the stage's peak
         shared = 0.0  # attention mask / RoPE tables: one copy, referenced by every layer
         for (name, mode), count in groups.items():
             ev = evals.get(name)
             if ev is None:
                 continue
             shared = max(shared, ev["shared_inputs"])
-            kept = _kept(ev, mode, opts.selective_policy)
+            loss = ev["logits"] > 0
+            if loss:
+                kept, transient = _loss_block(ev, opts.loss_impl)
+            else:
+                kept = _kept(ev, mode, opts.selective_policy, compiled)
+                transient = _transient(ev, mode, opts.selective_policy, kept)
+            keeps_inputs = mode == "none" or (mode == "selective"
+                                              and opts.selective_policy == "attention")
+            if opts.sp_saves_gathered_inputs and keeps_inputs:
+                kept += ev["col_gather_extra"]
+            if opts.fused_saved and keeps_inputs:
+                kept += ev["fused_delta"]
             # The timelines are in the traced dtype; FP8 copies shrink what is kept and what
             # the backward reads alike, so the transient on top is unchanged.
-            extra = max(extra, _transient(ev, mode, opts.selective_policy, kept))
-            if fp8_saved and (mode == "none" or (mode == "selective"
-                                                 and opts.selective_policy == "attention")):
+            buf = buf_loss if loss else buf_layer
+            if transient + buf > sum(top):
+                top = (transient, buf)
+            if fp8_saved and keeps_inputs:
                 kept -= 0.5 * ev["saved_gemm_input"]  # bf16 -> fp8 copies of GEMM inputs
             saved_stage += count * kept
-        activations = n_flight * saved_stage / layout.vpp + extra + shared
+        saved_total = n_flight * saved_stage / layout.vpp
+        activations = saved_total + top[0] + shared
+        buffers = top[1] if top != (0.0, 0.0) else max(buf_loss, buf_layer)
 
         allocated = states.total_bytes + buffers + activations
         reserved = allocated * cal.allocator_reserved_factor + cal.allocator_reserved_extra_bytes
@@ -330,15 +416,52 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             stage=i, params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
             optimizer_bytes=states.optimizer_bytes, activations_bytes=activations,
             buffers_bytes=buffers, peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
-            in_flight=n_flight,
+            in_flight=n_flight, saved_activations_bytes=saved_total,
+            device_overhead_bytes=comm_buffers,
         ))
     return MemoryReport(
         stages=tuple(stages), device_memory_bytes=cl.gpu.hbm_capacity_bytes,
         gpu_name=cl.gpu.name,
         assumptions={"attn_impl": attn_impl, "recipe": _recipe_name(opts, layout),
                      "selective_policy": opts.selective_policy, "fp8_saved": fp8_saved,
+                     "compiled": compiled, "loss_impl": opts.loss_impl,
+                     "sp_saves_gathered_inputs": opts.sp_saves_gathered_inputs,
+                     "fused_saved": opts.fused_saved,
                      "fsdp_prefetch_depth": prefetch, "fsdp_no_sync_accumulation": no_sync},
     )
+
+
+def _buffers(layout: Layout, recipe: StateRecipe, opts: MemoryOptions, *, dense_shards: int,
+             prefetch: int, unit_max: float, layer_unit: float, root: float,
+             head: float) -> tuple[float, float]:
+    """Sharding buffers in the caching allocator: (at the loss's peak, at a layer's peak).
+
+    PyTorch FSDP2 (``recipe.fsdp``, ZeRO-3): the root module (embedding, final norm, LM head)
+    is never resharded after forward (``_lazy_init``: "For the root, do not reshard after
+    forward"), torchtitan keeps the last block unsharded after its forward ("FSDP would
+    prefetch it immediately", ``apply_fsdp``), and the LM head's bf16 gradient waits for the
+    root's reduce-scatter at the end of the backward. A block's backward holds its gathered
+    weights, ``prefetch`` more, its unsharded gradients and their fp32 reduce-scatter copy.
+    Other ZeRO-3 implementations gather the largest unit (embedding included) the same way.
+    """
+    gathered = recipe.gathered_param_bytes
+    if layout.zero_stage == 3 and dense_shards > 1:
+        if recipe.fsdp:
+            base = root * gathered
+            at_layer = layer_unit * (gathered * (1 + prefetch) + gathered
+                                     + recipe.reduce_buffer_bytes)
+            return base + layer_unit * gathered, base + head * gathered + at_layer
+        # Gathered weights of the unit computing plus those prefetched, and the unsharded
+        # gradient of one unit before its reduce-scatter.
+        buf = unit_max * (gathered * (1 + prefetch) + gathered + recipe.reduce_buffer_bytes)
+        return buf, buf
+    if layout.zero_stage == 2 and recipe.fsdp and dense_shards > 1:
+        # Weights stay gathered (counted in params); one unit's gradients still pass
+        # through the reduce-scatter buffer.
+        return 0.0, unit_max * recipe.reduce_buffer_bytes
+    if layout.zero_stage <= 1 and layout.dp > 1:
+        return opts.ddp_bucket_bytes, opts.ddp_bucket_bytes
+    return 0.0, 0.0
 
 
 _EVAL_CACHE: dict[tuple[int, ShardingPoint], tuple[ModelMemoryProfile, dict]] = {}
@@ -357,15 +480,30 @@ def _evaluate(prof: ModelMemoryProfile, point: ShardingPoint) -> dict[str, dict[
     return out
 
 
-def _kept(ev: Mapping[str, float], mode: str, policy: str) -> float:
+def _kept(ev: Mapping[str, float], mode: str, policy: str, compiled: bool = False) -> float:
     """Saved bytes one layer keeps between its forward and backward (traced dtype)."""
     if mode == "full":
         return ev["block_input"]
     if mode == "selective":
         if policy == "op":
-            return ev["op_sac_saved"]
+            return ev["op_sac_needed"] if compiled else ev["op_sac_saved"]
         return ev["selective_saved"]
     return ev["saved"]
+
+
+def _loss_block(ev: Mapping[str, float], impl: str) -> tuple[float, float]:
+    """(kept, transient) of the LM-head block with the loss modelled per ``LOSS_IMPLS``.
+
+    The traced block without its loss ops gives what the final norm and the head GEMM keep;
+    the loss adds multiples of the fp32 logits ``F`` (``ev["logits"]``, 4 B per element).
+    """
+    f32 = ev["logits"]
+    kept_f, fwd_f, bwd_f = LOSS_IMPLS[impl]
+    base = ev["saved_noloss"]
+    kept = base + kept_f * f32
+    fwd = max(ev["fwd_peak_noloss"], base + fwd_f * f32)
+    bwd = max(ev["bwd_peak_noloss"], base + bwd_f * f32)
+    return kept, max(0.0, fwd - kept, bwd - kept)
 
 
 def _transient(ev: Mapping[str, float], mode: str, policy: str, kept: float) -> float:
