@@ -17,7 +17,10 @@ from charon_search.errors import ConfigError
 from charon_search.layout import PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Layout
 from charon_search.units import format_bytes
 
-__all__ = ["add_arguments", "add_layout_arguments", "layout_from_args", "run"]
+__all__ = ["FRAMEWORKS", "add_arguments", "add_layout_arguments", "layout_from_args", "run"]
+
+#: Frameworks ``MemoryOptions.for_framework`` knows conventions for.
+FRAMEWORKS = ("torchtitan", "megatron")
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     """The layout flags of ``charon-search train`` (same names and meaning; ``--layout`` YAML
@@ -56,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="catalog name or HF config path")
     parser.add_argument("--cluster", required=True, help="cluster name or YAML path")
     add_layout_arguments(parser)
+    parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
+                        help="training framework whose memory conventions apply (optimizer "
+                             "state layout, selective-recompute policy, loss implementation); "
+                             "default: framework-neutral ZeRO-paper conventions")
     parser.add_argument("--json", type=Path, dest="json_path", help="write the report as JSON")
 
 
@@ -63,11 +70,17 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.catalog import load_model
     from charon_search.hardware import load_cluster
     from charon_search.memory import memory_report
+    from charon_search.memory.report import MemoryOptions
 
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layout = layout_from_args(args)
-    rep = memory_report(spec, layout, cluster)
+    options = None
+    if args.framework is not None:
+        overrides = {"loss_impl": "loss_parallel"} if (
+            args.framework == "torchtitan" and layout.tp > 1) else {}
+        options = MemoryOptions.for_framework(args.framework, **overrides)
+    rep = memory_report(spec, layout, cluster, options=options)
     print(f"{spec.name} on {cluster.gpu.name} ({format_bytes(rep.device_memory_bytes)}); "
           f"tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} "
           f"zero={layout.zero_stage} mbs={layout.micro_batch_size} seq={layout.seq_len} "
