@@ -145,9 +145,14 @@ def shape_flops_bytes(op_kind: str, cols: Mapping[str, Any], n: int
         ep = np.where(np.isnan(ep), 1.0, ep)
         rows = t * topk / ep
         local_experts = np.maximum(e / ep, 1)
+        # Bytes per expert weight: 2 (bf16, every profile row) unless the shape says otherwise
+        # (serving graphs of fp8 / fp4 checkpoints: 1 / 0.5), so a quantized expert FFN is
+        # priced with the bytes it reads, not a bf16 model's.
+        wb = c("weight_bytes", 2.0)
+        wb = np.where(np.isnan(wb), 2.0, wb)
         # Gated expert FFN: gate+up [rows, k] x [k, 2n] and down [rows, n] x [n, k].
         flops = 2 * rows * 3 * nn * k
-        nbytes = 2 * (local_experts * 3 * nn * k + rows * (2 * k + 3 * nn))
+        nbytes = wb * local_experts * 3 * nn * k + 2 * rows * (2 * k + 3 * nn)
         return flops, nbytes
     raise KeyError(op_kind)
 

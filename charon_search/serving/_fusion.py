@@ -362,7 +362,16 @@ def _fused_expert_ffn(graph: OpGraph) -> OpGraph:
             j += 1  # activation (SwiGLU; gpt-oss: clamped SwiGLU + bias add/gather)
         if j == i + 1 or j >= len(nodes):
             continue
-        mid, down = list(nodes[i + 1:j]), nodes[j]
+        # Expert parallelism dispatches every grouped GEMM's inputs; inside one fused expert
+        # FFN the activations never leave the GPU, so a dispatch between w13 and w2 is not
+        # run by the engine (one dispatch before the FFN, one combine after it).
+        skipped = []
+        while (j + 1 < len(nodes) and nodes[j].is_comm and nodes[j].group == "ep"
+               and nodes[j].kind == OpKind.ALL_TO_ALL
+               and nodes[j + 1].kind == OpKind.GROUPED_GEMM):
+            skipped.append(nodes[j])
+            j += 1
+        mid, down = list(nodes[i + 1:j - len(skipped)]), nodes[j]
         if not (down.kind == OpKind.GROUPED_GEMM and "k" in down.params
                 and "n" in down.params):
             continue
@@ -377,7 +386,7 @@ def _fused_expert_ffn(graph: OpGraph) -> OpGraph:
             bytes_read=sum((n.bytes_read for n in parts), Poly()),
             bytes_written=sum((n.bytes_written for n in parts), Poly()),
             params=p, target="serving:fusion", tags=up.tags | down.tags | {"fused", "moe_ffn"})
-        drop = {n.id for n in parts[1:]}
+        drop = {n.id for n in parts[1:]} | {n.id for n in skipped}
         return graph.with_nodes(ffn if n.id == up.id else n for n in nodes if n.id not in drop)
     return graph
 

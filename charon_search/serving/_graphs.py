@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from charon_search.ir.ops import OpKind, Role
+from charon_search.ir.symbolic import Poly
 
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
-    from charon_search.ir.graph import OpGraph
+    from charon_search.ir.graph import Node, OpGraph
 
 __all__ = ["serving_graphs"]
 
@@ -52,6 +53,11 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
     for phase in ("prefill", "decode"):
         traced = trace_model(model, phase=phase)
         graphs = dict(parallelize_inference(traced, tp=1 if dp_attention else tp, ep=ep))
+        # Rows an expert-parallel rank computes: the tokens of the ranks that dispatch to it
+        # (tp attention-DP ranks, or one replicated TP batch) times top-k, spread over ep.
+        share = ep / (tp if dp_attention else 1)
+        if share > 1:
+            graphs = {k: _expert_rows_per_rank(g, share) for k, g in graphs.items()}
         if precision in ("fp8", "fp4"):
             graphs = {k: _with_gemm_dtype(g, precision) for k, g in graphs.items()}
         moe_tp = 1 if dp_attention or ep >= tp or tp % ep else tp // ep
@@ -63,6 +69,25 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
             graphs = {k: fuse_for_inference(g, kv_heads=kv_heads) for k, g in graphs.items()}
         out.append(graphs)
     return out[0], out[1]
+
+
+def _expert_rows_per_rank(graph: OpGraph, share: float) -> OpGraph:
+    """Routed-expert grouped GEMMs of one expert-parallel rank compute ``1 / share`` of the
+    dispatched token rows (balanced routing): ``parallelize_inference`` keeps every token's
+    rows on each rank (FLOPs and the ``tokens`` shape parameter), ``share`` times too many
+    for an inference engine's EP rank. Weight bytes (its local experts) are unchanged."""
+    return graph.with_nodes(
+        n.replace(flops=n.flops / share,
+                  params={**n.params, "tokens": n.params["tokens"] / share},
+                  tags=n.tags | {"ep_rows"})
+        if n.kind == OpKind.GROUPED_GEMM and _str_role(n) == Role.MOE_EXPERT.value
+        and "tokens" in n.params else n
+        for n in graph.nodes)
+
+
+def _str_role(n: object) -> str:
+    role = getattr(n, "role", "")
+    return str(getattr(role, "value", role))
 
 
 #: Bytes per element of the serving GEMM precisions (weights and activations, W8A8 / W4A16).
@@ -79,7 +104,16 @@ def _with_gemm_dtype(graph: OpGraph, dtype: str) -> OpGraph:
     """
     kinds = (OpKind.GEMM, OpKind.GROUPED_GEMM)
     scale = _PRECISION_BYTES[dtype] / 2.0
+    wbytes = Poly.const(_PRECISION_BYTES[dtype])
+
+    def quantized(n: Node) -> Node:
+        params = n.params
+        if n.kind == OpKind.GROUPED_GEMM:
+            # The MoE cost model prices expert weights at this many bytes (profile rows: bf16).
+            params = {**params, "weight_bytes": wbytes}
+        return n.replace(dtype=dtype, bytes_read=n.bytes_read * scale, params=params,
+                         tags=n.tags | {dtype})
+
     return graph.with_nodes(
-        n.replace(dtype=dtype, bytes_read=n.bytes_read * scale, tags=n.tags | {dtype})
-        if n.kind in kinds and n.role != Role.LM_HEAD.value else n
+        quantized(n) if n.kind in kinds and n.role != Role.LM_HEAD.value else n
         for n in graph.nodes)

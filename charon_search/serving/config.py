@@ -16,7 +16,9 @@ from charon_search.errors import ConfigError
 
 __all__ = [
     "DEFAULT_CUDA_GRAPH_SIZES",
+    "KV_ADMISSIONS",
     "KV_TRANSFER_TIERS",
+    "PREFILL_SCHEDULES",
     "SCHEDULERS",
     "DisaggConfig",
     "PoolConfig",
@@ -26,6 +28,19 @@ __all__ = [
 ]
 
 SCHEDULERS = ("vllm", "static")
+#: How a continuous-batching iteration combines prefill and decode work.
+#: ``mixed``: decodes first, then prefill chunks in the same forward pass, all within the token
+#: budget (vLLM v1 ``Scheduler.schedule``: running requests before waiting ones; TRT-LLM
+#: in-flight batching). ``prefill_first``: whenever a waiting request can be admitted, the
+#: iteration is a prefill-only batch and running decodes wait (SGLang
+#: ``Scheduler.get_next_batch_to_run`` without ``--enable-mixed-chunk``, its default).
+PREFILL_SCHEDULES = ("mixed", "prefill_first")
+#: When a request is admitted against the KV cache. ``on_demand``: blocks are allocated as the
+#: request grows and the newest request is preempted when they run out (vLLM, SGLang).
+#: ``reserve_max``: admitted only if its prompt + output fit next to the running requests' own
+#: prompt + output, so nothing is ever preempted (TensorRT-LLM's default capacity scheduler
+#: policy ``GUARANTEED_NO_EVICT``).
+KV_ADMISSIONS = ("on_demand", "reserve_max")
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -221,6 +236,18 @@ class ServingConfig:
     """Token budget of one iteration (decode tokens + prefill chunk tokens)."""
     chunked_prefill: bool = True
     """Sarathi-style chunked prefill: split long prompts to fill the token budget."""
+    prefill_schedule: str = "mixed"
+    """``mixed`` (decodes and prefill chunks share one iteration and its budget) or
+    ``prefill_first`` (a prefill batch runs alone while decodes wait); see
+    ``PREFILL_SCHEDULES``."""
+    max_prefill_tokens: int = 0
+    """Cap on the prompt tokens of one iteration's prefill batch (SGLang
+    ``--max-prefill-tokens``); 0 = only the token budget applies."""
+    decode_in_budget: bool = True
+    """Decode tokens count against ``max_num_batched_tokens`` (vLLM, TensorRT-LLM); False:
+    the budget is for prefill tokens only (SGLang's chunked-prefill size)."""
+    kv_admission: str = "on_demand"
+    """``on_demand`` or ``reserve_max``; see ``KV_ADMISSIONS``."""
     prefix_caching: bool = False
     """Reuse cached KV blocks of a shared prompt prefix (radix tree, LRU eviction)."""
     block_size: int = 16
@@ -267,6 +294,11 @@ class ServingConfig:
                      "block_size"):
             _positive_int(name, getattr(self, name))
         _choice("scheduler", self.scheduler, SCHEDULERS)
+        _choice("prefill_schedule", self.prefill_schedule, PREFILL_SCHEDULES)
+        _choice("kv_admission", self.kv_admission, KV_ADMISSIONS)
+        if not isinstance(self.max_prefill_tokens, int) or self.max_prefill_tokens < 0:
+            raise ConfigError(f"`max_prefill_tokens` must be an integer >= 0, but got "
+                              f"{self.max_prefill_tokens!r}")
         _choice("precision", self.precision, PRECISIONS)
         _choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -4,6 +4,11 @@ The replica owns a waiting queue, the requests it runs and a paged KV pool. ``st
 composes a batch (decodes first, then running chunked prefills, then FCFS admissions within the
 token budget ``max_num_batched_tokens`` and ``max_num_seqs``), preempting the newest running
 request by recompute when the KV cache cannot grow; ``finish_iteration`` applies its effects.
+Engine policies (``ServingConfig``): ``prefill_schedule="prefill_first"`` runs a prefill-only
+batch whenever a request can be admitted (SGLang without mixed chunk), ``max_prefill_tokens``
+caps one batch's prompt tokens, ``decode_in_budget=False`` keeps decode tokens out of the budget
+(SGLang), and ``kv_admission="reserve_max"`` admits a request only when its prompt + output KV
+fits beside the running requests' (TensorRT-LLM ``GUARANTEED_NO_EVICT``, never preempts).
 The discrete-event loop around replicas is ``simulator.py``.
 
 Decode bookkeeping is aggregate so an iteration costs O(1) in the number of decoding requests:
@@ -175,6 +180,10 @@ class ReplicaEngine:
         self._static_ctx = 0
         self._static_batch: list[Request] = []
         self._static_steps_left = 0
+        self.reserve_max = config.kv_admission == "reserve_max"
+        self._reserved: dict[int, int] = {}
+        """``reserve_max``: blocks each admitted request may grow to (prompt + output)."""
+        self._reserved_sum = 0
 
     # ------------------------------------------------------------------ queue state
     @property
@@ -225,6 +234,9 @@ class ReplicaEngine:
         self._hit_sum -= r.hit_blocks
         return min(float(r.output_tokens), r.gen0 + (self.dstep - r.join_step) * self.e)
 
+    def _unreserve(self, r: Request) -> None:
+        self._reserved_sum -= self._reserved.pop(id(r), 0)
+
     def _release_prefix(self, r: Request, now_s: float) -> None:
         if r.prefix_keys and self.pool.tree is not None and r.hit_blocks:
             self.pool.tree.release(r.prefix_keys[: r.hit_blocks], now_s)
@@ -243,6 +255,7 @@ class ReplicaEngine:
         else:
             return False
         self._release_prefix(r, now_s)
+        self._unreserve(r)
         r.prefilled = 0
         r.num_preemptions += 1
         self.num_preemptions += 1
@@ -250,7 +263,24 @@ class ReplicaEngine:
         return True
 
     # ------------------------------------------------------------------ scheduling
-    def start_iteration(self, now_s: float) -> float:
+    def _admissible(self, budget: int, q: int) -> bool:
+        """A waiting request could start (or a partial prefill continue) a prefill batch now:
+        a seat under ``max_num_seqs`` and free KV blocks for its next chunk."""
+        if self.prefilling:
+            return True
+        if not self.waiting or self.num_running >= self.cfg.max_num_seqs:
+            return False
+        r = self.waiting[0]
+        if r.prefilled >= r.target:
+            return False
+        pool = self.pool
+        n = len(self.decoding)
+        held = int((self._decode_kv_sum() + n * q) / pool.block_size) + n - self._hit_sum
+        free = pool.num_blocks - pool.private_blocks - held - (
+            pool.tree.num_pinned if pool.tree else 0)
+        return free >= pool.blocks_for(min(r.target - r.prefilled, budget))
+
+    def start_iteration(self, now_s: float, *, allow_prefill_only: bool = True) -> float:
         """Compose and cost the next batch; returns its duration (0 = nothing to run)."""
         if self.static:
             return self._start_static(now_s)
@@ -271,6 +301,12 @@ class ReplicaEngine:
                 break
             self.waiting.popleft()
             self._join_decode(r)
+        # prefill_first (SGLang): a batch of prefills runs alone whenever one can start; the
+        # decode set keeps its KV but does not step (grow by 0 tokens) in that iteration.
+        prefill_only = (allow_prefill_only and cfg.prefill_schedule == "prefill_first"
+                        and self.role != "decode" and self._admissible(budget, 0))
+        if prefill_only:
+            q = 0
         # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest.
         charge = 0
         while self.decoding:
@@ -287,8 +323,11 @@ class ReplicaEngine:
         self._dec_charge = charge
         if pool.tree is not None and pool.used_blocks > pool.num_blocks:
             pool.tree.evict(pool.used_blocks - pool.num_blocks)
-        n_dec = len(self.decoding)
-        budget -= n_dec * q
+        n_dec = 0 if prefill_only else len(self.decoding)
+        if cfg.decode_in_budget:
+            budget -= n_dec * q
+        prefill_cap = cfg.max_prefill_tokens or budget
+        taken = 0
         chunks: list[tuple[Request, int]] = []
         # 2. Running (partially prefilled) requests, then 3. FCFS admissions.
         for r in self.prefilling:
@@ -302,7 +341,9 @@ class ReplicaEngine:
             pool.private_blocks += extra
             chunks.append((r, take))
             budget -= take
-        while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
+            taken += take
+        while (self.waiting and budget > 0 and taken < prefill_cap
+               and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
             if r.prefilled >= r.target:
                 break  # KV-arrived request that did not fit in step 0
@@ -311,6 +352,10 @@ class ReplicaEngine:
             remaining = r.target - r.prefilled
             if not cfg.chunked_prefill and remaining > budget and (chunks or n_dec):
                 break
+            if self.reserve_max:
+                need = pool.blocks_for(r.target + r.output_tokens - int(r.gen0))
+                if self._reserved and self._reserved_sum + need > pool.num_blocks:
+                    break  # GUARANTEED_NO_EVICT: wait until a running request frees its share
             take = remaining if not cfg.chunked_prefill else min(remaining, budget)
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
                 r, r.prefilled)
@@ -322,8 +367,17 @@ class ReplicaEngine:
             pool.private_blocks += extra
             self.waiting.popleft()
             self.prefilling.append(r)
+            if self.reserve_max:
+                self._reserved[id(r)] = need
+                self._reserved_sum += need
             chunks.append((r, take))
             budget -= take
+            taken += take
+        if prefill_only and not chunks:
+            # Nothing could be admitted after all: undo the decode charge and run the decodes.
+            pool.private_blocks -= charge
+            self._dec_charge = 0
+            return self.start_iteration(now_s, allow_prefill_only=False)
         if not chunks and not self.decoding:
             if len(self.prefilling) > 1:
                 # Partial prefills hold the blocks each other needs: recompute the newest.
@@ -332,7 +386,7 @@ class ReplicaEngine:
             return 0.0
         # 4. Cost: decode-only batches replay a CUDA graph of the next captured size.
         shape = [(take, r.prefilled + take) for r, take in chunks]
-        kv_sum = self._decode_kv_sum() + n_dec * q
+        kv_sum = self._decode_kv_sum() + n_dec * q if n_dec else 0.0
         padded = 0
         captured = False
         if not chunks and self.graph_sizes:
@@ -410,6 +464,7 @@ class ReplicaEngine:
                 self._complete(r, now_s)
             elif self.role == "prefill" and self.on_prefilled is not None:
                 self._release_prefix(r, now_s)
+                self._unreserve(r)
                 self.on_prefilled(r, now_s)
             else:
                 self._join_decode(r)
@@ -432,6 +487,7 @@ class ReplicaEngine:
 
     def _complete(self, r: Request, now_s: float) -> None:
         self._release_prefix(r, now_s)
+        self._unreserve(r)
         r.finish_s = now_s
         r.generated_at_finish = r.output_tokens
         if self.on_finished is not None:

@@ -105,7 +105,10 @@ def _memory_metrics(case: TrainingCase, report: Any,
     if stages:
         static = [sum(read_number(s, k) or 0.0 for k in ("params_bytes", "grads_bytes",
                                                           "optimizer_bytes")) for s in stages]
-        acts = [read_number(s, "activations_bytes") or 0.0 for s in stages]
+        # Stored activations (no transient), as Korthikanti et al.'s closed forms count them;
+        # older memory reports only carry the peak.
+        acts = [read_number(s, "saved_activations_bytes") or read_number(s, "activations_bytes")
+                or 0.0 for s in stages]
         out["params_grads_optimizer_memory_bytes"] = max(static)
         out["activation_memory_bytes"] = max(acts)
     return out, None
@@ -217,8 +220,8 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
     pred: dict[str, float] = {}
     skipped: dict[str, str] = {}
     ttft, tpot = read_number(report, "ttft_s"), read_number(report, "tpot_s")
-    steady = _steady_state(report, int(getattr(case.workload, "concurrency", 0))) \
-        if closed else None
+    skip = int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0)))
+    steady = _steady_state(report, skip) if closed else None
     if steady is not None:
         ttft, tpot = steady
     values = {
@@ -247,24 +250,24 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
     return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
 
 
-def _steady_state(report: Any, concurrency: int) -> tuple[float, float] | None:
-    """Mean TTFT/TPOT of a closed loop without its warm-up wave.
+def _steady_state(report: Any, skip: int) -> tuple[float, float] | None:
+    """Mean TTFT/TPOT of a closed loop without its first ``skip`` (warm-up) requests.
 
-    The first ``concurrency`` requests all arrive at t = 0, so their TTFT includes queueing
-    behind each other's prefill that a benchmark in steady state (requests issued as others
-    finish, hence staggered) does not see; they are left out when later requests exist.
+    Silicon rows: the benchmark's warm-up requests (``ServingCase.extra["warmup_requests"]``)
+    are not measured; other closed loops: the first wave (the concurrency), whose requests all
+    arrive at t = 0. They are left out when enough later requests exist.
     """
     per = report.get("per_request") if isinstance(report, Mapping) else getattr(
         report, "per_request", None)
-    if not per or concurrency < 1:
+    if not per or skip < 1:
         return None
     import numpy as np
 
     rid = np.asarray(per["request_id"], dtype=float)
     ttft = np.asarray(per["ttft_s"], dtype=float)
     tpot = np.asarray(per["tpot_s"], dtype=float)
-    keep = rid >= concurrency
-    if keep.sum() < max(1, concurrency // 2):
+    keep = rid >= skip
+    if keep.sum() < max(1, min(skip, 16) // 2):
         return None
     t1, t2 = ttft[keep], tpot[keep]
     t1, t2 = t1[np.isfinite(t1)], t2[np.isfinite(t2)]

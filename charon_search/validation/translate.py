@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,11 +33,15 @@ if TYPE_CHECKING:
 
 __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
 
-#: Serving requests simulated per silicon row: enough for the closed loop to reach steady state
-#: (several turns of the concurrency), capped to keep the full validation cheap.
+#: Measured serving requests simulated per silicon row (after the warm-up): enough turns of the
+#: concurrency for the closed loop to settle, capped to keep the full validation cheap. The
+#: benchmark measures 50 turns; in the simulation later turns repeat the pattern of the first.
 MIN_REQUESTS = 16
-TURNS = 3
+TURNS = 2
 MAX_REQUESTS = 1024
+#: Provenance marker of the silicon rows aiconfigurator's gap analysis measured (its generator's
+#: launch flags, its aiperf benchmark script).
+AIC_GAP_SOURCE = "aic-auto-gap-analysis"
 #: Offline max-throughput records (TRT-LLM perf overview): requests submitted at once.
 OFFLINE_REQUESTS = 1024
 
@@ -301,6 +306,10 @@ def _training_case(record: Record) -> TrainingCase:
         precision=precision, async_tp=bool(async_tp), cp_algo=cp_algo, fused_kernels=fused,
     )
     kw.update(_framework_facts(record, t, ex, notes))
+    kernel = _attention_kernel(record, ex, model)
+    if kernel is not None and kw.get("attention_kernel", "flash") == "flash":
+        kw["attention_kernel"] = kernel[0]
+        notes.append(f"attention kernel {kernel[0]!r} ({kernel[1]})")
     try:
         layout = Layout(**kw)
         layout.validate_for(model, num_gpus)
@@ -309,7 +318,8 @@ def _training_case(record: Record) -> TrainingCase:
     choice = choose_cluster(record, num_gpus)
     return TrainingCase(record=record, model=model, cluster=choice.cluster,
                         cluster_how=choice.how, layout=layout, arch=arch_facts(record, model),
-                        assumptions=tuple(notes), memory_options=_memory_options(ex, layout))
+                        assumptions=tuple(notes),
+                        memory_options=_memory_options(ex, layout, record))
 
 
 def _framework(ex: Mapping[str, Any]) -> str:
@@ -342,6 +352,14 @@ def _framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any]
     if recipe is not None:
         out["fp8_recipe"] = recipe[0]
         notes.append(f"fp8 recipe {recipe[0]!r} ({recipe[1]})")
+    # DeepSeek-V3 report sec. 3.2.2: node-limited routing (each token to at most 4 nodes) with
+    # dispatch kernels that send a token over IB once per target node and forward it over
+    # NVLink (DeepEP's normal kernels).
+    mx = dict(record.model.get("extra") or {}).get("max_nodes_per_token")
+    if mx and int(t.get("ep") or 1) > 1:
+        out["ep_node_dedup"] = True
+        notes.append(f"EP dispatch once per target node (node-limited routing, at most {mx} "
+                     "nodes per token; DeepSeek-V3 report sec. 3.2.2)")
     # DeepSeek-V3 report sec. 3.2.1: DualPipe pairs a forward and a backward chunk and overlaps
     # the EP all-to-all (dispatch / combine) of one with the computation of the other.
     if t.get("schedule") == "dualpipe" and int(t.get("ep") or 1) > 1:
@@ -349,6 +367,32 @@ def _framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any]
         notes.append("DualPipe: EP all-to-all overlapped with the paired chunk's compute "
                      "(DeepSeek-V3 report sec. 3.2.1)")
     return out
+
+
+#: PyTorch SDPA picked FlashAttention-2 (its ``flash`` backend) on Hopper between 2.5.1 (cuDNN
+#: attention made opt-in, pytorch/pytorch#138522, Oct 2024) and 2.9 (cuDNN first again on
+#: sm90/sm100, pytorch/pytorch#162073, Sept 2025). torchtitan's context parallelism allows only
+#: the flash and memory-efficient backends (torchtitan ``utils.get_train_context``: "currently we
+#: only support these two SDP backends").
+_SDPA_FA2_YEARS = (2024, 2025)
+
+
+def _attention_kernel(record: Record, ex: Mapping[str, Any],
+                      model: ModelSpec) -> tuple[str, str] | None:
+    """``(Layout.attention_kernel, why)`` when the framework ran an older fused kernel than the
+    GPU's best (``cost.attention_kernels``); ``None`` keeps ``flash``."""
+    fw = _framework(ex).lower()
+    year = _source_year(record)
+    if fw == "torchtitan" and year in _SDPA_FA2_YEARS:
+        return "flash2", ("PyTorch SDPA flash backend = FlashAttention-2; cuDNN attention "
+                          "opt-in from torch 2.5.1 (pytorch/pytorch#138522)")
+    if "llm-foundry" in fw and bool((model.hf_config or {}).get("attn_config", {}).get(
+            "alibi", (model.hf_config or {}).get("alibi", False))):
+        # MPT with ALiBi ran attn_impl "triton" (MPTConfig of 2023: "alibi only implemented
+        # with torch and triton attention"; scripts/train/benchmarking/submit_benchmarks.py
+        # of the benchmark tables: --attn_impl default 'triton').
+        return "flash_triton", "MPT attn_impl 'triton' (ALiBi) of the 2023 llm-foundry tables"
+    return None
 
 
 def _fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
@@ -374,8 +418,26 @@ def _fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     return None
 
 
-def _memory_options(ex: Mapping[str, Any], layout: Layout) -> Any:
-    """``MemoryOptions.for_framework`` of the record's framework, matched to the layout."""
+#: torchtitan compiles the loss together with the model from 2025 on
+#: (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile(loss_fn)``
+#: when compiling); the Dec-2024 benchmark commit 9dec370 still had it commented out in
+#: ``train.py`` ("TODO: compiling loss function causes CUDA errors, turning off for now").
+_TORCHTITAN_COMPILED_LOSS_FROM = 2025
+
+
+def _source_year(record: Record) -> int | None:
+    """Year of the source as its title states it (``"... (Dec 2024)"``), else ``None``."""
+    years = re.findall(r"\b(20[0-9]{2})\b", record.source)
+    return int(years[-1]) if years else None
+
+
+def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None = None) -> Any:
+    """``MemoryOptions.for_framework`` of the record's framework, matched to the layout.
+
+    torchtitan's loss: DTensor ``loss_parallel`` whenever TP is on (its default, the
+    ``disable_loss_parallel`` flag is off), the Inductor-compiled loss for compiled runs from
+    2025, else eager ``cross_entropy`` on fp32 logits.
+    """
     try:
         from charon_search.memory.report import MemoryOptions
     except ImportError:
@@ -389,6 +451,13 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout) -> Any:
         over["attn_impl"] = "eager"  # scores and dropout mask are saved activations
     if str(ex.get("selective_ac_option", "")).lower() == "op":
         over["selective_policy"] = "op"
+    if name == "torchtitan":
+        year = _source_year(record) if record is not None else None
+        if layout.tp > 1 and not ex.get("disable_loss_parallel"):
+            over["loss_impl"] = "loss_parallel"
+        elif ex.get("torch_compile") and year is not None \
+                and year >= _TORCHTITAN_COMPILED_LOSS_FROM:
+            over["loss_impl"] = "compiled"
     return MemoryOptions.for_framework(name or None, **over)
 
 
@@ -408,12 +477,14 @@ def _serving_precision(raw: str | None, notes: list[str]) -> str:
 
 def _serving_case(record: Record) -> ServingCase:
     from charon_search.errors import ConfigError
+    from charon_search.serving.backends import BACKENDS, BenchmarkProtocol, engine_profile
     from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
     from charon_search.serving.workload import LengthDistribution, WorkloadSpec
 
     c = dict(record.config)
     ex = dict(c.get("extra") or {})
     notes: list[str] = []
+    bench = BenchmarkProtocol()
     if c.get("input_len") is None or c.get("output_len") is None:
         raise Unexpressible("real traffic: input/output lengths not stated")
     if ex.get("pd_disaggregated") and ex.get("phase"):
@@ -425,16 +496,33 @@ def _serving_case(record: Record) -> ServingCase:
     notes.append(f"KV cache {kv_dtype} assumed (follows the checkpoint precision)")
     isl, osl = int(c["input_len"]), int(c["output_len"])
     extra: dict[str, Any] = {}
+    engine_kw: dict[str, Any] = {}
     if record.origin == "silicon":
         conc = c.get("concurrency")
         if not conc:
             raise Unexpressible("closed-loop concurrency not in the row")
-        n = min(MAX_REQUESTS, max(MIN_REQUESTS, TURNS * int(conc)))
-        workload = WorkloadSpec(arrival="concurrency", concurrency=int(conc), num_requests=n,
+        conc = int(conc)
+        max_seqs = max(conc, 1)
+        backend = str((record.extra or {}).get("backend") or "")
+        if backend in BACKENDS and c.get("mode", "agg") != "disagg":
+            aic = AIC_GAP_SOURCE in (record.notes or "")  # else: launch flags unknown
+            prof = engine_profile(backend, isl=isl, max_batch_size=max_seqs,
+                                  version=str(c.get("framework_version") or ""),
+                                  launcher="aiconfigurator" if aic else "engine_defaults")
+            engine_kw = prof.config_kwargs()
+            notes.extend(f"{backend}: {line}" for line in prof.sources)
+        # Waves from a synchronized start: see ``serving.backends.BenchmarkProtocol``.
+        lock_step = bool(engine_kw) and AIC_GAP_SOURCE in (record.notes or "")
+        warm = bench.warmup_turns * conc
+        n = warm + min(MAX_REQUESTS, max(MIN_REQUESTS, TURNS * conc))
+        workload = WorkloadSpec(arrival="concurrency", concurrency=conc, num_requests=n,
+                                ramp_up_s=0.0 if lock_step else None,
                                 input_len=LengthDistribution(value=isl),
                                 output_len=LengthDistribution(value=osl), seed=0)
-        notes.append(f"closed loop: concurrency {conc}, {n} requests of {isl}/{osl} tokens")
-        max_seqs = max(int(conc), 1)
+        extra["warmup_requests"] = warm
+        notes.append(f"closed loop: concurrency {conc} "
+                     f"({'starting together' if lock_step else 'evenly phased streams'}), {warm} "
+                     f"warm-up + {n - warm} measured requests of {isl}/{osl} tokens")
     else:
         max_seqs = int(c.get("max_batch_size") or 0) or 512
         if not c.get("max_batch_size"):
@@ -447,6 +535,7 @@ def _serving_case(record: Record) -> ServingCase:
     mode = c.get("mode", "agg")
     kw: dict[str, Any] = dict(precision=precision, kv_dtype=kv_dtype, max_num_seqs=max_seqs,
                               max_num_batched_tokens=max(8192, isl))
+    kw.update(engine_kw)
     if mode == "disagg":
         pre, dec = c["prefill"], c["decode"]
         if not pre.get("num_workers") or not dec.get("num_workers"):

@@ -42,21 +42,22 @@ def test_sc21_7_5b_hardware_tflops(validated):
     assert abs(err["hardware_tflops_per_gpu"]) <= 0.10, err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "training simulator, session 2 (02:27): +11.5 % tokens/s/GPU on this row after the "
-    "sustained-clock derating (+26.5 % before; over-predicted throughput of the fp8 recipe; "
-    "target |err| <= 10 %)"))
 def test_torchtitan_llama3_8b_h200_throughput(validated):
     # torchtitan benchmark (Trainy, June 2025): Llama 3.1 8B, 32 H200, FSDP, 10,938 TPS/GPU.
+    # +26.5 % before the sustained-clock derating, +11.5 % after it; -4.9 % once torchtitan's
+    # SDPA attention is priced as FlashAttention-2 (cuDNN attention was opt-in in torch
+    # 2.5.1-2.8) rather than the H200 profile's FlashAttention-3 (session 2, round 2).
     err = _errors(validated, TORCHTITAN_ROW)
     assert abs(err["tokens_per_s_per_gpu"]) <= 0.10, err
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "serving simulator at 23:46 (as at 23:30): TTFT -87.0 %, TPOT +19.8 % on this row (at 22:40: "
-    "+12.8 % / +36.6 %; target |err| <= 20 %)"))
+    "serving simulator, session 2 (01:35): TTFT -77 %, TPOT -5 % on this row (session 1: "
+    "-87 % / +20 %); TPOT is within target since TensorRT-LLM's overlap scheduler and no-chunk "
+    "budget are modelled, TTFT is not: the dense TensorRT-LLM gap-analysis rows wait about "
+    "one completion interval E2E/(C-1) per request, unexplained; target |err| <= 20 %"))
 def test_h100_llama3_8b_silicon_row(validated):
     # aiconfigurator silicon row: TRT-LLM, H100, TP1, concurrency 8, 1024/128 tokens:
-    # TTFT 190.95 ms, TPOT 7.94 ms.
+    # TTFT 190.95 ms, TPOT 7.94 ms; predicted 44.7 ms / 7.51 ms.
     err = _errors(validated, H100_8B_ROW)
     assert abs(err["ttft_s"]) <= 0.20 and abs(err["tpot_s"]) <= 0.20, err

@@ -1,0 +1,129 @@
+"""Per-engine scheduler policies (prefill-first, prefill-only budget, no-evict admission) and
+the engine profiles that select them, against closed forms of the affine cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from charon_search.errors import ConfigError
+from charon_search.serving import (
+    LengthDistribution,
+    RequestSpec,
+    ServingConfig,
+    WorkloadSpec,
+    simulate_serving,
+)
+from charon_search.serving.backends import engine_profile
+
+OH = 1e-3
+
+
+def _req(i: int, t: float, prompt: int, out: int) -> RequestSpec:
+    return RequestSpec(request_id=i, arrived_at_s=t, prompt_tokens=prompt, output_tokens=out)
+
+
+def _cfg(**kw):  # type: ignore[no-untyped-def]
+    base = {"num_kv_blocks": 20000, "iteration_overhead_s": OH, "cuda_graph": False}
+    base.update(kw)
+    return ServingConfig(**base)
+
+
+def _per(rep):  # type: ignore[no-untyped-def]
+    p = rep.per_request
+    return {i: (a, t, e) for i, a, t, e in zip(p["request_id"], p["arrived_at_s"], p["ttft_s"],
+                                               p["e2e_s"], strict=True)}
+
+
+def test_prefill_first_runs_prefill_batches_alone(affine, cluster) -> None:
+    # Three 1000-token prompts at t = 0, one per prefill batch (max_prefill_tokens 1000):
+    # request i gets its first token after i + 1 prefill iterations, and nobody decodes until
+    # all three are prefilled, so all finish together (SGLang without mixed chunk).
+    reqs = [_req(i, 0.0, 1000, 5) for i in range(3)]
+    cfg = _cfg(prefill_schedule="prefill_first", max_prefill_tokens=1000)
+    rep = simulate_serving("debug-llama", cluster, cfg, reqs, cost_model=affine,
+                           keep_requests=True)
+    prefill = affine.iteration_s([(1000, 1000)], 0, 0.0) + OH
+    per = _per(rep)
+    for i in range(3):
+        assert per[i][1] == pytest.approx((i + 1) * prefill, rel=1e-12)
+    assert per[0][2] == pytest.approx(per[2][2], rel=1e-12)
+    assert rep.num_iterations == 3 + 4  # three prefill batches, four decode steps
+    # Mixed (vLLM): the three prompts share one iteration and one first-token time.
+    mixed = simulate_serving("debug-llama", cluster, _cfg(), reqs, cost_model=affine,
+                             keep_requests=True)
+    ttfts = {round(v[1], 12) for v in _per(mixed).values()}
+    assert len(ttfts) == 1 and mixed.num_iterations == 1 + 4
+
+
+def test_prefill_first_keeps_closed_loop_waves_in_lock_step(affine, cluster) -> None:
+    wl = WorkloadSpec(arrival="concurrency", concurrency=4, num_requests=12, ramp_up_s=0.0,
+                      input_len=LengthDistribution(value=800),
+                      output_len=LengthDistribution(value=20))
+    cfg = _cfg(prefill_schedule="prefill_first", max_prefill_tokens=800)
+    rep = simulate_serving("debug-llama", cluster, cfg, wl, cost_model=affine,
+                           keep_requests=True)
+    per = _per(rep)
+    # Every wave finishes together, so the next one starts together and repeats the first.
+    for i in range(4, 12):
+        assert per[i][1] == pytest.approx(per[i - 4][1], rel=1e-9)
+    assert per[3][1] == pytest.approx(4 * per[0][1], rel=1e-9)
+
+
+def test_prefill_budget_without_decode_tokens(affine, cluster) -> None:
+    # Two requests decode when a 1000-token prompt arrives; budget 1000. vLLM counts the two
+    # decode tokens against the budget (chunk 998 + 2 tokens next iteration); SGLang's
+    # chunked-prefill size is for prompt tokens only (the whole prompt in one iteration).
+    reqs = [_req(0, 0.0, 10, 200), _req(1, 0.0, 10, 200), _req(2, 0.05, 1000, 5)]
+    out = {}
+    for flag in (True, False):
+        rep = simulate_serving("debug-llama", cluster,
+                               _cfg(max_num_batched_tokens=1000, decode_in_budget=flag), reqs,
+                               cost_model=affine, keep_requests=True)
+        out[flag] = _per(rep)[2][1]
+    second = affine.iteration_s([(2, 1000)], 2, 2 * 60.0) + OH  # the extra iteration
+    assert out[True] - out[False] == pytest.approx(second, rel=0.05)
+
+
+def test_reserve_max_admission_never_preempts(affine, cluster) -> None:
+    # 64 blocks of 16 tokens; each request needs ceil((300 + 300) / 16) = 38 blocks at the end,
+    # so only one fits under GUARANTEED_NO_EVICT, while on-demand admits more and preempts.
+    wl = WorkloadSpec(arrival="concurrency", concurrency=3, num_requests=6, ramp_up_s=0.0,
+                      input_len=LengthDistribution(value=300),
+                      output_len=LengthDistribution(value=300))
+    demand = simulate_serving("debug-llama", cluster, _cfg(num_kv_blocks=64), wl,
+                              cost_model=affine)
+    reserve = simulate_serving("debug-llama", cluster,
+                               _cfg(num_kv_blocks=64, kv_admission="reserve_max"), wl,
+                               cost_model=affine)
+    assert demand.num_preemptions > 0
+    assert reserve.num_preemptions == 0 and reserve.num_completed == 6
+    # One request at a time: six back-to-back lifetimes, each longer than one request alone.
+    alone = simulate_serving("debug-llama", cluster, _cfg(num_kv_blocks=64),
+                             [_req(0, 0.0, 300, 300)], cost_model=affine)
+    assert reserve.duration_s == pytest.approx(6 * alone.e2e_s["mean"], rel=1e-9)
+
+
+def test_engine_profiles_carry_the_launch_facts() -> None:
+    v = engine_profile("vllm", isl=2000, max_batch_size=64)
+    assert (v.prefill_schedule, v.max_num_batched_tokens, v.prefix_caching) == (
+        "mixed", 8192, True)
+    s_old = engine_profile("sglang", isl=2000, max_batch_size=64, version="0.5.1.post1")
+    s_new = engine_profile("sglang", isl=2000, max_batch_size=64, version="0.5.6.post2")
+    assert s_old.prefill_schedule == "prefill_first" and s_new.prefill_schedule == "mixed"
+    assert s_old.max_prefill_tokens == 3500 and not s_old.decode_in_budget
+    t = engine_profile("trtllm", isl=2000, max_batch_size=64)
+    assert t.max_num_batched_tokens == 64 + 2000 + 1500 and not t.chunked_prefill
+    assert t.kv_admission == "reserve_max"
+    assert all(p.sources for p in (v, s_old, t))
+    ServingConfig(**t.config_kwargs())  # valid config fields
+    with pytest.raises(ConfigError, match="backend"):
+        engine_profile("tgi", isl=1, max_batch_size=1)
+
+
+def test_policy_fields_are_validated() -> None:
+    with pytest.raises(ConfigError, match="prefill_schedule"):
+        ServingConfig(prefill_schedule="fifo")
+    with pytest.raises(ConfigError, match="kv_admission"):
+        ServingConfig(kv_admission="lazy")
+    with pytest.raises(ConfigError, match="max_prefill_tokens"):
+        ServingConfig(max_prefill_tokens=-1)
