@@ -65,6 +65,11 @@ class Layout:
     """Overlap TP collectives with GEMM chunks."""
     moe_a2a_overlap: bool = False
     """Two-micro-batch overlap of EP all-to-all with compute (DeepSeek-style)."""
+    ep_node_dedup: bool = False
+    """EP dispatch/combine send each token once per target node over the scale-out network
+    and forward it over NVLink (DeepEP normal kernels, DeepSeek-V3 report sec. 3.2.2). With
+    the model's group-limited routing on node-aligned expert groups, a token reaches at most
+    ``topk_group`` nodes instead of ``top_k`` experts."""
     fsdp_prefetch: bool = True
     """ZeRO-3: prefetch the next layer's all-gather during the current layer."""
     expert_load_imbalance: float = 1.0
@@ -83,8 +88,10 @@ class Layout:
     Korthikanti et al.) or ``op`` (torchtitan's op-level SAC: every op except matmuls,
     attention kernels and their collectives, plus every second matmul)."""
     attention_kernel: str = "flash"
-    """``flash`` (fused attention kernel) or ``eager`` (unfused QK^T / softmax / dropout / PV,
-    as Megatron-LM before flash attention, 2023)."""
+    """``flash`` (the GPU's best fused attention kernel), ``flash2`` (FlashAttention-2, PyTorch
+    SDPA's flash backend), ``flash_triton`` (the 2022/23 Triton FlashAttention kernel) or
+    ``eager`` (unfused QK^T / softmax / dropout / PV, as Megatron-LM before flash attention,
+    2023). See ``cost.attention_kernels``."""
 
     @property
     def num_gpus(self) -> int:
@@ -109,7 +116,8 @@ class Layout:
         _choice("optimizer", self.optimizer, ("adam", "sgd"))
         _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
-        _choice("attention_kernel", self.attention_kernel, ("flash", "eager"))
+        _choice("attention_kernel", self.attention_kernel,
+                ("flash", "flash2", "flash_triton", "eager"))
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(
                 f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}"

@@ -100,6 +100,8 @@ _GPU_FIELDS = (
            required=False, figure=True),
     _Field("sustained_clock_ratio", "sustained_clock_ratio", "number", required=False,
            rule="ratio", figure=True),
+    _Field("attention_kernel_gen", "attention_kernel_gen", "int", required=False,
+           rule="positive", figure=True),
     _Field("sources", "sources", "mapping"),
 )
 

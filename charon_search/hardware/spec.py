@@ -44,6 +44,10 @@ class GpuSpec:
     fraction of what the profile rows / short microbenchmarks measured (those run at boost
     clock). The training simulator divides compute-bound kernel times (GEMMs, attention) by it;
     memory-bound ops are unaffected (HBM clock is not power-throttled)."""
+    attention_kernel_gen: int = 2
+    """Generation of the fused-attention kernel the GPU's attention costs represent (3: FA3 /
+    cuDNN / TRT-LLM class on Hopper and Blackwell; 2: FlashAttention-2, the best on Ampere and
+    Ada); see ``cost.attention_kernels``."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field name -> where the figure comes from."""
     description: str = ""

@@ -28,7 +28,9 @@ from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, mus
 
 __all__ = ["ATTENTION_KERNELS", "EagerAttentionPass", "eager_attention_nodes"]
 
-ATTENTION_KERNELS = ("flash", "eager")
+ATTENTION_KERNELS = ("flash", "flash2", "flash_triton", "eager")
+"""``flash*``: one fused kernel (its generation only changes the cost, ``cost.attention_kernels``);
+``eager``: Megatron's unfused core attention (this pass)."""
 _BF16 = 2.0
 _MASK = 1.0
 #: FLOPs per score element of the fused scale-mask-softmax (scale, max, sub, exp, sum, div).

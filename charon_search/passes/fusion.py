@@ -49,6 +49,11 @@ FP8_CAST_READS = {"tensorwise": 2.0, "rowwise": 2.0, "delayed": 1.0, "blockwise"
 FP8_RECIPES = tuple(FP8_CAST_READS)
 FP8_ROLES = frozenset({Role.ATTN_QKV, Role.ATTN_OUT, Role.MLP_IN, Role.MLP_OUT,
                        Role.MOE_SHARED, Role.MOE_EXPERT})
+_FLOAT_DTYPES = frozenset({"fp32", "tf32", "bf16", "fp16"})
+#: torchao rowwise recipe, forward GEMMs: PyTorch's CUTLASS rowwise ``_scaled_mm`` (fast
+#: accumulation) reaches "90-100% of tensor-wise efficiency" on most shapes
+#: (pytorch/pytorch#147971, H100, relative to the cuBLAS tensorwise kernel) -> middle 0.95.
+ROWWISE_FWD_GEMM_EFFICIENCY = 0.95
 
 
 def _runs(graph: OpGraph, key: Callable[[Node], object]) -> list[tuple[int, int]]:
@@ -196,7 +201,9 @@ class FP8Pass(Pass):
             layout = "t" if node.kind == OpKind.GEMM and gemm_kind(node) == "wgrad" else "n"
             new_inputs = []
             for t in node.inputs:
-                if t in params:
+                if t in params or gb.tensors[t].dtype not in _FLOAT_DTYPES:
+                    # weights are cast once per step; integer inputs (a grouped GEMM's
+                    # per-expert offsets) are not quantized
                     new_inputs.append(t)
                     continue
                 key = (t, layout)
@@ -218,11 +225,42 @@ class FP8Pass(Pass):
                     quantized[key] = out
                 new_inputs.append(quantized[key])
             half = {"bytes_read": node.bytes_read / 2} if node.kind == OpKind.GEMM else {}
-            gb.add(node.replace(inputs=tuple(new_inputs), dtype="fp8",
-                                tags=node.tags | {"fp8"}, **half))
+            kind = gemm_kind(node) if node.kind == OpKind.GEMM else "fwd"
+            extra = {}
+            if ctx.fp8_recipe == "rowwise" and node.kind == OpKind.GEMM and kind == "fwd":
+                extra = {"params": {**node.params, "kernel_slowdown": Poly.const(
+                    1.0 / ROWWISE_FWD_GEMM_EFFICIENCY)}}
+            new = gb.add(node.replace(inputs=tuple(new_inputs), dtype="fp8",
+                                      tags=node.tags | {"fp8"}, **half, **extra))
+            if ctx.fp8_recipe == "rowwise" and node.kind == OpKind.GEMM and kind != "fwd":
+                _rowwise_rescale(gb, new)
         if not changed:
             return PassResult(graph, False)
         return PassResult(gb.finish(), True)
+
+
+def _rowwise_rescale(gb: GraphBuilder, gemm: Node) -> None:
+    """The separate output-rescale kernel of a rowwise backward GEMM.
+
+    torchao runs rowwise-scaled GEMMs without fast accumulation (the backward ones) as the
+    cuBLAS tensorwise kernel with unit scales and multiplies the output by the row and column
+    scales afterwards, because PyTorch's CUTLASS rowwise kernel is too slow without fast
+    accumulation (pytorch/ao#1325, ``torchao/float8/float8_ops.py``); under torch.compile that
+    is "at least one extra triton kernel per GEMM" (pytorch/ao#2184): read and write the bf16
+    output once more.
+    """
+    out = gemm.outputs[0]
+    spec = gb.tensors[out]
+    numel = spec.numel
+    new = gb.new_tensor(spec)
+    gb.nodes.append(Node(
+        id=gb.fresh_id(), name=gb.unique_name(f"fp8_rowwise_rescale_{gemm.name}"),
+        kind=OpKind.ELEMENTWISE, target="pass:fp8", module_path=gemm.module_path,
+        role=gemm.role, phase=gemm.phase, inputs=(out,), outputs=(new,), flops=numel * 2,
+        bytes_read=numel * DTYPE_BYTES.get(spec.dtype, 2),
+        bytes_written=numel * DTYPE_BYTES.get(spec.dtype, 2), params={"numel": numel},
+        tags=frozenset({"fp8"})))
+    gb.rename[out] = new
 
 
 must_run_before("fusion", "fp8")

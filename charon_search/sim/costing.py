@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from charon_search.cost.attention_kernels import attention_time_factor
 from charon_search.cost.collectives import estimate_collective
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
@@ -20,6 +21,56 @@ __all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
 #: clock slows them (``GpuSpec.sustained_clock_ratio``); memory-bound ops keep their cost.
 COMPUTE_BOUND_KINDS = frozenset({OpKind.GEMM, OpKind.GROUPED_GEMM, OpKind.BATCHED_GEMM,
                                  OpKind.ATTENTION, OpKind.ATTENTION_BWD})
+
+
+#: Share of the full ``q x kv`` score square a causal fused kernel computes: flash kernels skip
+#: the fully masked tiles (FlashAttention-2 paper sec. 3.1.1, "causal masking"); with zigzag
+#: context parallelism each rank does 1/(2 cp) of the square, half of its ``q x kv`` rectangle.
+CAUSAL_WORK_FRACTION = 0.5
+
+
+def _full_square_causal(node: Any, b: float, s: float, c: float) -> bool:
+    """A causal attention node whose FLOPs count the full score square.
+
+    Traced SDPA nodes count the whole ``s x c`` product and carry ``causal=1`` (``frontend
+    ._ops``, like ``torch.utils.flop_counter``); the roofline prices those FLOPs as they are,
+    while the predictor counts causal pairs. Nodes fused from eager attention (``passes
+    .fusion``) already carry halved FLOPs.
+    """
+    p = node.params
+    if "causal" not in p or p["causal"](b, s, c) != 1:
+        return False
+    try:
+        full = 4.0 * p["batch"](b, s, c) * p["heads"](b, s, c) * p["q_len"](b, s, c) \
+            * p["kv_len"](b, s, c) * p["head_dim"](b, s, c)
+    except KeyError:
+        return False
+    if node.kind == OpKind.ATTENTION_BWD:
+        full *= 2.5  # dQ, dK, dV, dP and the recomputed P (cost.selector)
+    return full > 0 and float(node.flops(b, s, c)) > 0.75 * full
+
+
+def _fp8_grouped_gemm_scale(cluster: ClusterSpec, cost_model: Any) -> float:
+    """Time ratio fp8 / bf16 for fp8 expert GEMMs priced from bf16 measurements.
+
+    The shipped MoE expert-FFN rows are bf16 only (aiconfigurator-core inference sweeps), and
+    the cost model prices an fp8 grouped GEMM with the bf16 model. Training's expert GEMMs are
+    large and compute-bound, so they run at the fp8 tensor-core rate: the bf16 time times
+    ``peak(bf16)·eff(bf16) / (peak(fp8)·eff(fp8))`` (datasheet peaks, the GPU's roofline
+    efficiencies). 1 when fp8 rows exist or the GPU has no fp8 tensor cores.
+    """
+    gpu = cluster.gpu
+    peaks = getattr(gpu, "peak_flops_per_s", {}) or {}
+    if "fp8" not in peaks or "bf16" not in peaks:
+        return 1.0
+    store, key = getattr(cost_model, "store", None), getattr(cost_model, "gpu_key", None)
+    if store is not None and key is not None:
+        for fam in ("moe_ffn", "moe_ffn_skew"):
+            if store.get(key, "grouped_gemm", fam, "fp8") is not None:
+                return 1.0
+    eff = dict(getattr(gpu, "compute_efficiency_by_dtype", {}) or {})
+    base = float(getattr(gpu, "compute_efficiency", 1.0) or 1.0)
+    return (peaks["bf16"] * eff.get("bf16", base)) / (peaks["fp8"] * eff.get("fp8", base))
 
 
 class CostModel(Protocol):
@@ -61,17 +112,33 @@ class GraphCoster:
     """Prices graphs at concrete ``(b, s)``; memoizes collectives."""
 
     def __init__(self, cluster: ClusterSpec, cost_model: Any, *, strides: Mapping[str, int],
-                 concurrent_groups: Mapping[str, int] | None = None) -> None:
+                 concurrent_groups: Mapping[str, int] | None = None,
+                 attention_kernel: str = "flash", ep_scaleout_scale: float = 1.0) -> None:
         self.cluster = cluster
         self.cost_model = cost_model
         self.strides = dict(strides)
         self.concurrent = dict(concurrent_groups or {})
         self._comm_memo: dict[tuple, tuple[float, str]] = {}
+        # Node-deduplicated EP all-to-alls (``Layout.ep_node_dedup``): scale-out bytes per
+        # rank over the routed bytes (``training.step._ep_scaleout_scale``).
+        self.ep_scaleout_scale = float(ep_scaleout_scale)
+        self._fp8_grouped_scale = _fp8_grouped_gemm_scale(cluster, cost_model)
+        gen = int(getattr(cluster.gpu, "attention_kernel_gen", 2) or 2)
+        # ``Layout.attention_kernel`` against the generation the costs represent
+        # (``cost.attention_kernels``).
+        self._attn_factor = {
+            OpKind.ATTENTION: attention_time_factor(attention_kernel, gen, backward=False),
+            OpKind.ATTENTION_BWD: attention_time_factor(attention_kernel, gen, backward=True)}
 
     def collective(self, kind: str, nbytes: float, group_size: int, group: str
                    ) -> tuple[float, str]:
         """(seconds, bottleneck tier) of one collective on mesh axis ``group``."""
         stride = self.strides.get(group, 1)
+        if (group == "ep" and kind == "all_to_all" and self.ep_scaleout_scale != 1.0
+                and group_size * stride > self.cluster.tiers[0].num_devices):
+            # The scale-out tier bounds a cross-node all-to-all, so its time follows the
+            # bytes that cross it (NVLink forwarding inside the node is not the bottleneck).
+            nbytes *= self.ep_scaleout_scale
         key = (kind, round(nbytes), group_size, stride, group)
         hit = self._comm_memo.get(key)
         if hit is None:
@@ -105,14 +172,26 @@ class GraphCoster:
         for i, n in enumerate(graph.nodes):
             if clock != 1.0 and n.kind in COMPUTE_BOUND_KINDS:
                 dur[i] /= clock
+            if n.kind in self._attn_factor:
+                dur[i] *= self._attn_factor[n.kind]
+                if prov[i] == "roofline" and _full_square_causal(n, b, s, cc):
+                    dur[i] *= CAUSAL_WORK_FRACTION
             if n.is_comm:
                 t, tier = self.collective(n.kind.value, n.params["bytes"](b, s, cc),
                                           int(n.params["group_size"].const_value()), n.group)
                 dur[i], prov[i], tiers[i] = t, "collective", tier
             elif n.kind == OpKind.OTHER and n.target.startswith("pass:"):
                 dur[i] = 0.0  # joins inserted by passes are bookkeeping, not kernels
+            elif (n.kind == OpKind.GROUPED_GEMM and n.dtype == "fp8"
+                  and prov[i] == "predictor"):
+                dur[i] *= self._fp8_grouped_scale
+                if "load_imbalance" in n.params:
+                    dur[i] *= n.params["load_imbalance"].const_value()
             elif "load_imbalance" in n.params:
                 dur[i] *= n.params["load_imbalance"].const_value()
+            if "kernel_slowdown" in n.params and not n.is_comm:
+                # a slower kernel than the costed one for the same op (passes.fusion)
+                dur[i] *= n.params["kernel_slowdown"].const_value()
         dur = np.nan_to_num(dur, nan=0.0)
         return CostedGraph(graph=graph, durations_s=dur, provenance=tuple(prov),
                            tiers=tuple(tiers))

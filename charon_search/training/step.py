@@ -133,6 +133,32 @@ def stage_layers(layer_types: tuple[str, ...], num_chunks: int) -> list[list[str
     return out
 
 
+def _ep_scaleout_scale(spec: Any, cluster: ClusterSpec, layout: Layout,
+                       strides: dict[str, int]) -> float:
+    """Scale-out bytes of a node-deduplicated EP all-to-all over the routed bytes.
+
+    Group-limited routing (HF config ``n_group`` expert groups, of which a token uses
+    ``topk_group``; DeepSeek-V3 report sec. 2.1.2 / 3.2.2: "each token will be sent to at most
+    4 nodes") with whole groups on each node of the EP group sends a token to at most
+    ``min(topk_group, nodes)`` nodes. Each remote node gets it once (``Layout.ep_node_dedup``)
+    instead of once per expert: ``min(topk_group, nodes) / top_k`` of the per-expert bytes (the
+    local node's share drops out of both). 1 when the layout or model does not qualify.
+    """
+    if not getattr(layout, "ep_node_dedup", False) or layout.ep <= 1:
+        return 1.0
+    hf = dict(getattr(spec, "hf_config", {}) or {})
+    n_group, topk_group = int(hf.get("n_group") or 0), int(hf.get("topk_group") or 0)
+    top_k = int(getattr(spec, "num_experts_per_token", 0) or 0)
+    node = cluster.tiers[0].num_devices
+    span = layout.ep * strides.get("ep", 1)
+    if not (n_group and topk_group and top_k) or span <= node or span % node:
+        return 1.0
+    nodes = span // node
+    if n_group % nodes:
+        return 1.0  # groups straddle nodes: no per-node bound
+    return min(1.0, min(topk_group, nodes) / top_k)
+
+
 def _parallel_blocks(traced: Any, ctx: PassContext, key: tuple) -> dict[str, ParallelBlock]:
     with _CACHE_LOCK:
         hit = _PAR_CACHE.get(key)
@@ -262,9 +288,13 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     # HSDP: replicas of a shard group sit hsdp_shard DP ranks apart.
     strides["dp_rep"] = strides["dp"] * max(L.hsdp_shard, 1)
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
-    coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent)
+    coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
+                         attention_kernel=getattr(L, "attention_kernel", "flash"),
+                         ep_scaleout_scale=_ep_scaleout_scale(spec, cl, L, strides))
     # Same-named clusters may differ (recalibrated copies): key on their content.
-    cl_key = (cl.name, cl.gpu.name, cl.gpu.sustained_clock_ratio, repr(cl.tiers),
+    cl_key = (cl.name, cl.gpu.name, cl.gpu.sustained_clock_ratio,
+              getattr(cl.gpu, "attention_kernel_gen", 2), coster.ep_scaleout_scale,
+              repr(cl.tiers),
               repr(cl.calibration))
     costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}
     plain_costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}

@@ -169,3 +169,51 @@ def test_op_sac_with_tp_fp8_fsdp_keeps_backward_acyclic() -> None:
     cg = CostedGraph(graph=g, durations_s=dur, provenance=("x",) * len(dur),
                      tiers=tuple("t" if n.is_comm else "" for n in g.nodes))
     assert layer_cost(cg).first.duration_s > 0
+
+
+def test_fp8_rowwise_slower_forward_kernel_and_backward_rescale() -> None:
+    # torchao rowwise: CUTLASS forward kernel at 0.95 of cuBLAS tensorwise (pytorch#147971:
+    # "90-100%"), backward GEMMs as tensorwise cuBLAS + one rescale kernel each (pytorch/ao#1325)
+    from charon_search.passes.fusion import ROWWISE_FWD_GEMM_EFFICIENCY
+
+    assert ROWWISE_FWD_GEMM_EFFICIENCY == 0.95
+    rw = parallelize_block(synthetic_block("dense"), PassContext(
+        precision="fp8", fp8_recipe="rowwise", tp=2, sequence_parallel=True, debug=True))
+    tw = parallelize_block(synthetic_block("dense"), PassContext(
+        precision="fp8", fp8_recipe="tensorwise", tp=2, sequence_parallel=True, debug=True))
+    fwd = [n for n in rw.forward.nodes if n.kind == OpKind.GEMM and n.dtype == "fp8"]
+    assert len(fwd) == 7
+    assert all(n.params["kernel_slowdown"].const_value() == pytest.approx(1 / 0.95)
+               for n in fwd)
+    assert not any("kernel_slowdown" in n.params for n in tw.forward.nodes)
+    bwd_gemms = [n for n in rw.backward.nodes if n.kind == OpKind.GEMM and n.dtype == "fp8"]
+    rescale = [n for n in rw.backward.nodes if n.name.startswith("fp8_rowwise_rescale_")]
+    assert len(bwd_gemms) == 14 and len(rescale) == 14
+    assert not any(n.name.startswith("fp8_rowwise_rescale_") for n in tw.backward.nodes)
+    # one rescale per backward GEMM, reading and writing its bf16 output once
+    for g in bwd_gemms:
+        (r,) = [n for n in rescale if n.name == f"fp8_rowwise_rescale_{g.name}"]
+        numel = r.params["numel"](2, 64)
+        assert r.bytes_read(2, 64) == r.bytes_written(2, 64) == 2 * numel > 0
+
+
+def test_fp8_keeps_grouped_gemm_offsets_and_ep_dispatches_the_activations() -> None:
+    # The grouped GEMM's per-expert offsets (int32) are not quantized; the EP dispatch moves
+    # the routed activations (tokens * top_k * hidden), the offsets only as a small exchange.
+    from charon_search.catalog import load_model
+    from charon_search.frontend import trace_model
+
+    spec = load_model("debug-moe")
+    block = trace_model(spec, phase="train", dtype="bf16").blocks["moe"]
+    pb = parallelize_block(block, PassContext(precision="fp8", ep=2, debug=True))
+    g = pb.forward
+    for n in g.nodes:
+        if n.name.startswith("fp8_quantize"):
+            assert all(g.tensors[t].dtype != "int32" for t in n.inputs), n.name
+    b, s = 2, 64
+    routed = b * s * spec.num_experts_per_token * spec.hidden_size
+    sizes = sorted(n.params["bytes"](b, s) for n in g.nodes if n.name.startswith("ep_dispatch"))
+    # the bf16 activations (the cast to fp8 is part of the expert region, after the dispatch),
+    # plus the small exchange of the int32 per-expert counts
+    assert sizes[-1] == routed * 2
+    assert sizes[:-1] == [spec.num_experts * 4]

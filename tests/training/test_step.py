@@ -212,3 +212,25 @@ def test_optimizer_step_bytes_include_grad_norm_read() -> None:
     # fp32 master/m/v/grad reads (16 B) + grad-norm read (4 B); master/m/v + bf16 copy writes.
     assert n.bytes_read(1, 1) == pytest.approx(20e9)
     assert n.bytes_written(1, 1) == pytest.approx(14e9)
+
+
+def test_node_dedup_ep_scaleout_bytes_follow_group_limited_routing() -> None:
+    # DeepSeek-V3: top-8 of 256 experts in at most topk_group=4 of n_group=8 groups; EP 64 on
+    # 8-GPU nodes puts one group per node, so a token crosses IB to at most 4 nodes, once each
+    # (DeepEP): 4/8 of the per-expert bytes.
+    from charon_search.catalog import load_model
+    from charon_search.hardware import load_cluster
+    from charon_search.training.step import _ep_scaleout_scale
+
+    spec = load_model("deepseek-v3")
+    cl = load_cluster("h800-cluster")
+    assert cl.tiers[0].num_devices == 8
+    lay = Layout(dp=64, ep=64, ep_node_dedup=True, global_batch_size=64)
+    assert _ep_scaleout_scale(spec, cl, lay, {"ep": 1}) == pytest.approx(0.5)
+    # no per-node dedup (e.g. Megatron's all-to-all dispatcher), EP inside one node, or a
+    # dense model: the routed bytes as they are
+    assert _ep_scaleout_scale(spec, cl, Layout(dp=64, ep=64, global_batch_size=64),
+                              {"ep": 1}) == 1.0
+    assert _ep_scaleout_scale(spec, cl, Layout(dp=8, ep=8, ep_node_dedup=True,
+                                               global_batch_size=8), {"ep": 1}) == 1.0
+    assert _ep_scaleout_scale(load_model("llama-3.1-8b"), cl, lay, {"ep": 1}) == 1.0

@@ -12,7 +12,13 @@ from charon_search.validation.translate import to_case
     ("megatron_sc21_t1_7.5b", "eager"),        # SC21 Megatron-LM, 2021: CoreAttention
     ("korthikanti_t5_22b_seqsel", "eager"),    # Korthikanti et al. 2022, Megatron-LM
     ("mcore_h100_weak_1.7b", "flash"),         # Megatron-Core r0.8.0: TE fused attention
-    ("torchtitan_202412_t1_8b_8gpu_fsdp", "flash"),
+    # torch SDPA's flash backend (FlashAttention-2): cuDNN attention opt-in since torch 2.5.1
+    ("torchtitan_202412_t1_8b_8gpu_fsdp", "flash2"),
+    ("torchtitan_trainy_h200_8b_4nodes", "flash2"),
+    # MPT with ALiBi in 2023 ran attn_impl "triton"
+    ("llmfoundry_h100_80gb_mpt7b_8gpu_seq2048", "flash_triton"),
+    ("llmfoundry_a100_80gb_mpt13b_8gpu_seq2048", "flash_triton"),
+    ("llama3_405b_8192gpu_cp1", "flash"),       # no framework stated: the GPU's best kernel
 ])
 def test_attention_kernel(by_id, rid, kernel):
     case = to_case(by_id[rid])
@@ -53,3 +59,11 @@ def test_memory_options_follow_framework(by_id):
     assert (tt.recipe, tt.selective_policy, tt.fp8_saved_activations) == ("fsdp2", "op", False)
     mc = to_case(by_id["mcore_h100_weak_1.7b"]).memory_options
     assert (mc.recipe, mc.selective_policy) == ("megatron", "attention")
+
+
+@pytest.mark.parametrize(("rid", "dedup"), [
+    ("deepseek_v3_pretrain_2048_h800", True),   # model.extra.max_nodes_per_token: 4
+    ("mcore_h100_weak_1.7b", False),
+])
+def test_ep_node_dedup(by_id, rid, dedup):
+    assert to_case(by_id[rid]).layout.ep_node_dedup is dedup
