@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=None, help="bf16 | fp16 | fp8 | fp32")
     p.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
     p.add_argument("--attention-kernel", dest="attention_kernel", default=None,
-                   help="flash | eager (Megatron's unfused core attention, pre-2023)")
+                   help="flash (the GPU's best fused kernel) | flash2 (FlashAttention-2) | "
+                        "flash_triton (Triton FlashAttention) | eager (unfused core attention)")
     p.add_argument("--fp8-recipe", dest="fp8_recipe", default=None,
                    help="tensorwise | rowwise | delayed | blockwise")
     p.add_argument("--selective-policy", dest="selective_policy", default=None,
