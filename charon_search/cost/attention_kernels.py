@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from charon_search.errors import ConfigError
 
-__all__ = ["ATTENTION_KERNEL_GEN", "GEN_SLOWDOWN", "attention_time_factor"]
+__all__ = ["ATTENTION_KERNEL_GEN", "BWD_THROUGHPUT_VS_FWD", "GEN_SLOWDOWN",
+           "attention_time_factor"]
 
 #: ``Layout.attention_kernel`` -> kernel generation (``None``: the GPU's own best kernel).
 ATTENTION_KERNEL_GEN: dict[str, int | None] = {"flash": None, "flash2": 2, "flash_triton": 1}
@@ -41,6 +42,16 @@ GEN_SLOWDOWN: dict[tuple[int, int], tuple[float, float]] = {
 }
 
 
+#: Backward over forward attention throughput (FLOP/s, the backward counted as 2.5x the
+#: forward's matmul FLOPs) of one fused kernel. The costs price a backward as its forward times
+#: the FLOP ratio (``cost.selector.ATTENTION_BWD_FLOP_RATIO``; the roofline at the forward's
+#: efficiency), but the backward runs slower per FLOP: FlashAttention-3 paper (Shah et al.,
+#: arXiv 2407.08608, Fig. "Attention forward/backward speed, head dim 128 (H100 80GB SXM5)",
+#: seq 16k): FlashAttention-3 forward 648 / backward 561 TFLOP/s (0.866), FlashAttention-2
+#: 370 / 322 (0.870); same ratio for both generations, so one constant.
+BWD_THROUGHPUT_VS_FWD = 561.0 / 648.0
+
+
 def attention_time_factor(kernel: str, gpu_gen: int, *, backward: bool) -> float:
     """Multiplier on the costed attention time for the ``kernel`` a framework ran.
 
@@ -48,15 +59,16 @@ def attention_time_factor(kernel: str, gpu_gen: int, *, backward: bool) -> float
         kernel: ``Layout.attention_kernel`` (``flash``, ``flash2``, ``flash_triton``; ``eager``
             has no fused-attention node and gets 1).
         gpu_gen: ``GpuSpec.attention_kernel_gen`` (the generation the costs represent).
-        backward: price the backward kernel (``attention_bwd``).
+        backward: price the backward kernel (``attention_bwd``); includes
+            ``1 / BWD_THROUGHPUT_VS_FWD`` (the backward's lower throughput per FLOP).
     """
     if kernel == "eager":
-        return 1.0
+        return 1.0  # no fused-attention node (the bmm/softmax ops are costed as they are)
     if kernel not in ATTENTION_KERNEL_GEN:
         raise ConfigError(f"attention_kernel must be one of {sorted(ATTENTION_KERNEL_GEN)} or "
                           f"'eager', got {kernel!r}")
     want = ATTENTION_KERNEL_GEN[kernel]
-    factor = 1.0
+    factor = 1.0 / BWD_THROUGHPUT_VS_FWD if backward else 1.0
     if want is None:
         return factor
     for gen in range(want, gpu_gen):

@@ -48,7 +48,9 @@ __all__ = [
 ]
 
 ATTENTION_BWD_FLOP_RATIO = 2.5
-"""Backward/forward cost ratio of fused attention used when no backward rows exist."""
+"""Backward/forward FLOP ratio of fused attention used when no backward rows exist; the
+training coster adds the backward's lower FLOP rate (``cost.attention_kernels
+.BWD_THROUGHPUT_VS_FWD``)."""
 
 _MEMO_SIZE = 4096
 

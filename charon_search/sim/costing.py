@@ -124,8 +124,8 @@ class GraphCoster:
         self.ep_scaleout_scale = float(ep_scaleout_scale)
         self._fp8_grouped_scale = _fp8_grouped_gemm_scale(cluster, cost_model)
         gen = int(getattr(cluster.gpu, "attention_kernel_gen", 2) or 2)
-        # ``Layout.attention_kernel`` against the generation the costs represent
-        # (``cost.attention_kernels``).
+        # ``Layout.attention_kernel`` against the generation the costs represent, and the
+        # backward's lower FLOP rate than its forward (``cost.attention_kernels``).
         self._attn_factor = {
             OpKind.ATTENTION: attention_time_factor(attention_kernel, gen, backward=False),
             OpKind.ATTENTION_BWD: attention_time_factor(attention_kernel, gen, backward=True)}
