@@ -6,9 +6,10 @@ Every numeric key in a YAML file carries a unit suffix from ``units.SUFFIX_TO_SI
 never sees ``_gib``. Unknown keys, missing fields, wrong types and non-positive bandwidths raise
 ``ConfigError`` naming the file, the field and the allowed keys.
 
-Spec folders: the repository's ``cluster_specs/`` (the package is installed editable) plus every
-folder listed in the ``CHARON_CLUSTER_SPECS`` environment variable (``os.pathsep``-separated),
-searched first.
+Spec folders: the shipped ``charon_search/cluster_specs/`` (package data, so wheels and container
+images carry it; the repository's top-level ``cluster_specs`` is a link to it) plus every folder
+listed in the ``CHARON_CLUSTER_SPECS`` environment variable (``os.pathsep``-separated), searched
+first.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 #: Collective algorithms a tier may list.
 TIER_ALGORITHMS = ("ring", "tree", "nvls", "pairwise", "p2p")
 
-_REPO_SPECS = Path(__file__).resolve().parents[2] / "cluster_specs"
+_SHIPPED_SPECS = Path(__file__).resolve().parents[1] / "cluster_specs"
 
 
 def spec_dirs() -> list[Path]:
-    """Folders searched for specs: ``$CHARON_CLUSTER_SPECS`` entries first, then the repo's."""
+    """Folders searched for specs: ``$CHARON_CLUSTER_SPECS`` entries first, then the shipped."""
     dirs = [Path(p) for p in os.environ.get("CHARON_CLUSTER_SPECS", "").split(os.pathsep) if p]
-    dirs.append(_REPO_SPECS)
+    dirs.append(_SHIPPED_SPECS)
     return [d for d in dirs if d.is_dir()]
 
 

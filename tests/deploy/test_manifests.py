@@ -126,7 +126,7 @@ def test_image_and_readme_present(name):
     text = (DEPLOY / name).read_text()
     if name == "Dockerfile":
         assert "FROM rayproject/ray:2.60.0" in text
-        for folder in ("spaces", "objectives", "sweeps", "cluster_specs"):
+        for folder in ("spaces", "objectives", "sweeps"):
             assert f"COPY {folder}" in text
     else:
         for f in ("raycluster.yaml", "rayjob-search.yaml", "cronjob-sweep.yaml",
