@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charon_search.errors import InfeasibleError
@@ -30,10 +30,34 @@ __all__ = ["EVALUATORS", "Evaluator", "flatten_report", "layout_from_config"]
 
 
 class Evaluator:
-    """Interface: ``evaluate(config) -> flat record``. One instance per worker, reused."""
+    """Interface: ``evaluate(config) -> flat record``. One instance per worker, reused.
+
+    Two optional hooks let a pool of workers keep its caches useful:
+
+    * ``warm_up(configs)``: pay the first-use costs (model tracing, predictor loading) before
+      the first trial, on every worker at once; the default does nothing.
+    * ``affinity_key(config)``: configs with equal keys share the evaluator's expensive cached
+      intermediates, so the pool sends them to the same worker where it can; None = no
+      preference (the default).
+    """
+
+    #: Config keys that do not change what the evaluator caches between configs (a config's
+    #: affinity key is the config without them); empty = no affinity.
+    affinity_ignore: tuple[str, ...] = ()
 
     def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
+
+    def warm_up(self, cfgs: Sequence[Mapping[str, Any]]) -> None:
+        """Load whatever evaluating ``cfgs`` would load first; results are discarded."""
+
+    @classmethod
+    def affinity_key(cls, cfg: Mapping[str, Any]) -> tuple | None:
+        """Hashable key of the cached intermediates ``cfg`` uses (None = no preference)."""
+        if not cls.affinity_ignore:
+            return None
+        return tuple(sorted((k, repr(v)) for k, v in cfg.items()
+                            if k not in cls.affinity_ignore))
 
 
 EVALUATORS: Registry[type[Evaluator]] = Registry("evaluator", "charon_search.evaluators")
@@ -78,7 +102,34 @@ class _Cached(Evaluator, RuleContext):
 
 @EVALUATORS.register("training")
 class TrainingEvaluator(_Cached):
-    """Memory check (``memory.memory_report``), then ``training.simulate_training``."""
+    """Memory check (``memory.memory_report``), then ``training.simulate_training``.
+
+    The simulator caches the parallelized graph of each (model, ``PassContext``) — tp, cp, ep,
+    dp, sequence parallel, ZeRO stage, recompute, precision — which costs milliseconds to build
+    and is shared by every micro-batch size, sequence length and pipeline schedule of that
+    context: those keys are left out of the affinity key.
+    """
+
+    affinity_ignore = ("micro_batch_size", "global_batch_size", "seq_len", "schedule", "vpp",
+                       "num_micro_batches")
+
+    def warm_up(self, cfgs: Sequence[Mapping[str, Any]]) -> None:
+        """Trace each config's model and load the cost predictors its ops use.
+
+        Simulates the step even when the config does not fit in memory (the point is to load
+        what the timeline needs); errors are ignored, the trial itself will report them.
+        """
+        from charon_search.memory import memory_report
+        from charon_search.training import simulate_training
+
+        for cfg in cfgs:
+            try:
+                model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
+                layout = layout_from_config(cfg)
+                memory_report(model, layout, cluster)
+                simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
+            except Exception:  # warming is best effort
+                continue
 
     def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
         from charon_search.memory import memory_report
@@ -133,6 +184,19 @@ class ServingEvaluator(_Cached):
         from charon_search.search.serving_bridge import evaluate_serving
 
         return evaluate_serving(self, cfg)
+
+    def warm_up(self, cfgs: Sequence[Mapping[str, Any]]) -> None:
+        """Simulate each config on a few requests (traces, KV capacity, predictors)."""
+        for cfg in cfgs:
+            try:
+                n = int((cfg.get("workload") or {}).get("num_requests", _WARM_REQUESTS))
+                self.evaluate({**cfg, "workload_num_requests": min(n, _WARM_REQUESTS)})
+            except Exception:  # warming is best effort
+                continue
+
+
+#: Requests simulated per serving config when a worker warms up (loads, not measures).
+_WARM_REQUESTS = 4
 
 
 # ---------------------------------------------------------------- analytic toy

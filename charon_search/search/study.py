@@ -17,15 +17,27 @@ Design (measured here, optuna 5.0: per trial, in-memory ask/tell ~0.3 ms, journa
   constraint), so NSGA-II / TPE / GP learn from them instead of stalling on PRUNED trials.
 * Results are memoised by canonical config: a re-proposed config is told the stored result
   without simulating again (``memo_hit``), and a config already in flight waits for that result.
+
+The driver shares the cores with the workers, so its per-trial work is kept small: the sampler's
+in-memory trial gets only its constraints and values (the config and record go straight into the
+``FrozenTrial`` copied to the durable store, not through one storage call per attribute); the grid
+sampler submits its pre-validated points without an ask/suggest round trip; batches go to the
+durable store on a background writer thread, and a journal flush appends the whole batch with
+one write and one fsync; the progress bar redraws at most 10 times a second. Workers warm up
+(trace, load predictors) in parallel before their first batch, and configs that share cached
+intermediates go to the same worker (``Evaluator.affinity_key``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +56,7 @@ from charon_search.search.results import (
 )
 from charon_search.search.rules import RuleContext
 from charon_search.search.space import SearchSpace, config_key
+from charon_search.search.storage import make_storage
 from charon_search.search.worker import make_executor
 
 __all__ = ["SAMPLERS", "SearchOptions", "SearchResult", "make_storage", "run_search"]
@@ -163,34 +176,6 @@ class SearchResult:
         }
 
 
-def make_storage(url: str | None, out_dir: str | Path | None) -> tuple[Any, str]:
-    """Storage object (or URL) for Optuna plus a printable description."""
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    if url is None:
-        if out_dir is None:
-            return optuna.storages.InMemoryStorage(), "in-memory"
-        path = Path(out_dir) / "study.journal"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path))), str(path)
-    if url.startswith("journal://"):
-        path = Path(url[len("journal://"):])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path))), url
-    if url.endswith((".journal", ".log")) and "://" not in url:
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(url)), url
-    schemes = ("sqlite", "postgresql", "mysql")
-    if url.split(":", 1)[0].split("+", 1)[0] not in schemes:
-        raise ConfigError(
-            f"`--storage` must be a journal file (*.journal, journal://PATH) or a URL with scheme "
-            f"one of {list(schemes)}, but got {url!r}"
-        )
-    return optuna.storages.RDBStorage(url, heartbeat_interval=None), url
-
-
 def run_search(space: SearchSpace, objective: Objective, options: SearchOptions, *,
                evaluator: Any | None = None, context: RuleContext | None = None,
                on_record: Callable[[dict[str, Any]], None] | None = None) -> SearchResult:
@@ -244,30 +229,37 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     mem = optuna.create_study(directions=objective.directions,  # type: ignore[arg-type]
                               sampler=sampler)
     mem.add_trials(previous)
-    loop = _Loop(space, objective, options, mem, durable, ctx, on_record)
+    loop = _Loop(space, objective, options, mem, durable, ctx, on_record,
+                 first_number=len(previous), write_batch=getattr(storage, "batch", None))
     for t in previous:
         cfg, rec = split_attrs(t.user_attrs)
         loop.memo.setdefault(config_key(cfg), rec)
         loop.note_values(rec)
 
     target = options.trials
-    grid_queue: list[dict[str, Any]] = []
+    grid_queue: list[tuple[dict[str, Any], dict[str, Any]]] = []
     if options.sampler == "grid":
-        grid_queue = [p for p, cfg in space.enumerate_valid(ctx)
-                      if config_key(cfg) not in loop.memo]
+        grid_queue = _grouped([(p, cfg) for p, cfg in space.enumerate_valid(ctx)
+                               if config_key(cfg) not in loop.memo], loop.affinity)
         target = min(target, len(previous) + len(grid_queue))
 
     executor = make_executor(options.workers, address=options.ray_address,
                              evaluator=evaluator, evaluator_name=space.evaluator)
+    if target > len(previous) and executor.warms_up:
+        warm = _warm_configs(space, ctx, [cfg for _, cfg in grid_queue[:_WARM_SCAN]])
+        if warm:
+            executor.warm_up(space.evaluator, warm)
     t0 = time.perf_counter()
     progress = _Progress(enabled=options.progress, total=target, done=len(previous),
                          objective=objective)
     try:
         loop.run(executor, target, len(previous), grid_queue, progress)
     finally:
-        loop.flush(force=True)
-        progress.close()
-        executor.close()
+        try:
+            loop.close()
+        finally:
+            progress.close()
+            executor.close()
     wall = time.perf_counter() - t0
 
     trials = durable.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -299,7 +291,10 @@ class _Loop:
 
     def __init__(self, space: SearchSpace, objective: Objective, options: SearchOptions,
                  mem: Any, durable: Any, ctx: RuleContext,
-                 on_record: Callable[[dict[str, Any]], None] | None) -> None:
+                 on_record: Callable[[dict[str, Any]], None] | None, *, first_number: int = 0,
+                 write_batch: Callable[[], Any] | None = None) -> None:
+        from charon_search.search.evaluators import EVALUATORS
+
         self.space, self.objective, self.options = space, objective, options
         self.mem, self.durable, self.ctx, self.on_record = mem, durable, ctx, on_record
         self.memo: dict[tuple, dict[str, Any]] = {}
@@ -307,9 +302,17 @@ class _Loop:
         self.best: list[float | None] = [None] * len(objective.terms)
         self.unflushed: list[Any] = []
         self.last_flush = time.perf_counter()
+        self.writer: ThreadPoolExecutor | None = None
+        self.writes: list[Future[None]] = []
         self.run_id = uuid.uuid4().hex[:8]
         self.num_new = self.num_evaluations = self.num_memo_hits = 0
         self.constraint_names = ["valid", "evaluable", *(b.text for b in objective.constraints)]
+        self.next_number = first_number
+        """Trial number of the next grid trial (grid trials bypass the in-memory study)."""
+        self.write_batch = write_batch
+        self.affinity: Callable[[Mapping[str, Any]], Any] = \
+            EVALUATORS.get(space.evaluator).affinity_key
+        self.distributions = {p.optuna_name: p.distribution() for p in space.params}
 
     def note_values(self, rec: Mapping[str, Any]) -> None:
         vals = self.objective.values(rec)
@@ -330,41 +333,50 @@ class _Loop:
             out.append(loss if t.direction == "minimize" else -loss)
         return out
 
-    def run(self, executor: Any, target: int, done: int, grid_queue: list[dict[str, Any]],
-            progress: _Progress) -> None:
-        in_flight: dict[tuple, list[tuple[Any, dict[str, Any]]]] = {}
+    def run(self, executor: Any, target: int, done: int,
+            grid_queue: list[tuple[dict[str, Any], dict[str, Any]]], progress: _Progress) -> None:
+        """Ask (or take grid points), submit, tell, until ``target`` trials are finished.
+
+        ``grid_queue`` holds valid, not yet evaluated ``(point, config)`` pairs: they are
+        submitted directly (no sampler ask); otherwise the sampler is asked.
+        """
+        in_flight: dict[tuple, list[tuple[Any, dict[str, Any], dict[str, Any] | None]]] = {}
         asked = done
         budget = self.options.max_evaluations
+        grid_queue = grid_queue[::-1]  # pop() from the end in the original order
 
         def can_submit() -> bool:
             return budget is None or self.num_evaluations + executor.pending() < budget
 
         while done < target:
             while asked < target and executor.pending() < executor.capacity and can_submit():
-                if grid_queue:
-                    self.mem.enqueue_trial(self.space.optuna_params(grid_queue.pop(0)))
-                trial = self.mem.ask()
                 asked += 1
-                cfg, reason = self.space.config(self.space.suggest(trial))
-                reason = reason or self.space.check(cfg, self.ctx)
-                if reason:
-                    self.finish(trial, cfg, {"feasible": False, "valid": False,
-                                             "prune_reason": f"invalid: {reason}"})
-                    done += 1
-                    progress.advance(self, feasible=False)
-                    continue
+                trial: Any = None
+                point: dict[str, Any] | None = None
+                if grid_queue:
+                    point, cfg = grid_queue.pop()
+                else:
+                    trial = self.mem.ask()
+                    cfg, reason = self.space.config(self.space.suggest(trial))
+                    reason = reason or self.space.check(cfg, self.ctx)
+                    if reason:
+                        self.finish(trial, cfg, {"feasible": False, "valid": False,
+                                                 "prune_reason": f"invalid: {reason}"})
+                        done += 1
+                        progress.advance(self, feasible=False)
+                        continue
                 key = config_key(cfg)
                 if key in self.memo:
                     self.num_memo_hits += 1
-                    self.finish(trial, cfg, {**self.memo[key], "memo_hit": True})
+                    self.finish(trial, cfg, {**self.memo[key], "memo_hit": True}, point)
                     done += 1
                     progress.advance(self, feasible=bool(self.memo[key].get("feasible")))
                     continue
                 if key in in_flight:
-                    in_flight[key].append((trial, cfg))
+                    in_flight[key].append((trial, cfg, point))
                     continue
-                in_flight[key] = [(trial, cfg)]
-                executor.submit(key, self.space.evaluator, cfg)
+                in_flight[key] = [(trial, cfg, point)]
+                executor.submit(key, self.space.evaluator, cfg, self.affinity(cfg))
             if executor.pending() == 0:
                 if not can_submit():
                     break  # simulation budget spent
@@ -377,16 +389,20 @@ class _Loop:
                 self.memo[key] = rec
                 if self.on_record is not None:
                     self.on_record(rec)
-                for i, (trial, cfg) in enumerate(in_flight.pop(key)):
+                for i, (trial, cfg, point) in enumerate(in_flight.pop(key)):
                     if i:
                         self.num_memo_hits += 1
-                    self.finish(trial, cfg, rec if i == 0 else {**rec, "memo_hit": True})
+                    self.finish(trial, cfg, rec if i == 0 else {**rec, "memo_hit": True}, point)
                     done += 1
                     progress.advance(self, feasible=bool(rec.get("feasible")))
             self.flush()
 
-    def finish(self, trial: Any, cfg: Mapping[str, Any], rec: dict[str, Any]) -> None:
-        """Tell the in-memory study; queue the finished trial for the durable storage."""
+    def finish(self, trial: Any, cfg: Mapping[str, Any], rec: dict[str, Any],
+               point: Mapping[str, Any] | None = None) -> None:
+        """Tell the in-memory study (``trial`` from ``ask``) or, for a grid ``point``
+        (``trial`` None), number it here; queue the finished trial for the durable storage."""
+        import optuna
+
         rec = dict(rec)
         valid = rec.get("valid", True) is not False
         evaluable = bool(rec.get("feasible", False))
@@ -414,29 +430,116 @@ class _Loop:
         if evaluable and violated:
             rec["prune_reason"] = "constraint: " + "; ".join(violated)
         rec["constraint_violation"] = float(sum(max(c, 0.0) for c in cons))
-        rec["uid"] = f"{self.run_id}-{trial.number}"
+        if trial is not None:
+            number = trial.number
+        else:
+            number, self.next_number = self.next_number, self.next_number + 1
+        rec["uid"] = f"{self.run_id}-{number}"
         rec.setdefault("memo_hit", False)
-        for name, v in zip(self.constraint_names, cons):
-            trial.set_constraint(name, v)
-        for k, v in cfg.items():
-            trial.set_user_attr(CONFIG_PREFIX + k, _builtin(v))
-        for k, v in rec.items():
-            trial.set_user_attr(RECORD_PREFIX + k, _builtin(v))
-        frozen = self.mem.tell(trial, values if values is not None else self.penalty_values())
-        self.unflushed.append(frozen)
+        attrs = {CONFIG_PREFIX + k: _builtin(v) for k, v in cfg.items()}
+        attrs.update({RECORD_PREFIX + k: _builtin(v) for k, v in rec.items()})
+        told = list(values) if values is not None else self.penalty_values()
+        if trial is not None:
+            # The sampler needs params, values and constraints only; the config and record go
+            # straight into the durable copy (one storage call per attribute costs ~1 ms/trial).
+            for name, v in zip(self.constraint_names, cons):
+                trial.set_constraint(name, v)
+            frozen = self.mem.tell(trial, told)
+            done = optuna.trial.create_trial(
+                values=frozen.values, params=frozen.params,
+                distributions=frozen.distributions, user_attrs=attrs,
+                system_attrs=dict(frozen.system_attrs))
+            done.datetime_start = frozen.datetime_start
+        else:
+            assert point is not None
+            done = optuna.trial.create_trial(
+                values=told, params=self.space.optuna_params(point),
+                distributions=self.distributions, user_attrs=attrs,
+                constraints=dict(zip(self.constraint_names, cons)))
+        self.unflushed.append(done)
         self.num_new += 1
 
     def flush(self, *, force: bool = False) -> None:
-        """Copy finished trials to the durable storage in one batch."""
-        if not self.unflushed:
-            return
+        """Copy finished trials to the durable storage in one batch, on the writer thread.
+
+        Batches are written in order by one background thread, so the driver keeps feeding the
+        workers while a database commits (SQLite ~20 ms per trial) or a journal fsyncs. A
+        failed write raises here, at the next flush. ``force`` writes what is left and waits
+        until every batch is stored.
+        """
         now = time.perf_counter()
-        if not force and len(self.unflushed) < self.options.flush_every and \
-                now - self.last_flush < self.options.flush_interval_s:
-            return
-        batch, self.unflushed = self.unflushed, []
-        self.durable.add_trials(batch)
-        self.last_flush = now
+        due = force or len(self.unflushed) >= self.options.flush_every or \
+            now - self.last_flush >= self.options.flush_interval_s
+        if self.unflushed and due:
+            batch, self.unflushed = self.unflushed, []
+            if self.writer is None:
+                self.writer = ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="charon-durable")
+            self.writes.append(self.writer.submit(self._write, batch))
+            self.last_flush = now
+        pending = []
+        for fut in self.writes:
+            if force or fut.done():
+                fut.result()  # re-raises a failed write
+            else:
+                pending.append(fut)
+        self.writes = pending
+
+    def _write(self, batch: list[Any]) -> None:
+        with self.write_batch() if self.write_batch is not None else contextlib.nullcontext():
+            self.durable.add_trials(batch)
+
+    def close(self) -> None:
+        """Write what is left, wait for the writer thread and stop it."""
+        try:
+            self.flush(force=True)
+        finally:
+            if self.writer is not None:
+                self.writer.shutdown(wait=True)
+                self.writer = None
+
+
+#: Grid configs scanned for warm-up samples (first valid ones, distinct model/cluster/precision).
+_WARM_SCAN = 2000
+_WARM_KEYS = ("model", "cluster", "precision", "mode")
+_WARM_MAX = 2
+
+
+def _warm_configs(space: SearchSpace, ctx: RuleContext,
+                  candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A few valid configs covering distinct (model, cluster, precision, mode) values, from
+    ``candidates`` (grid order) or, if empty, the space's ``example`` and the first grid
+    points (at most ``_WARM_SCAN`` scanned): workers load what these need before trial 1."""
+    if not candidates:
+        pts = ([dict(space.example)] if space.example else []) + \
+            list(itertools.islice(space.grid(), _WARM_SCAN))
+        for point in pts:
+            cfg, reason = space.config(point)
+            if not reason and not space.check(cfg, ctx):
+                candidates.append(cfg)
+                if len(candidates) >= 4 * _WARM_MAX:
+                    break
+    out: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    for cfg in candidates:
+        sig = tuple(repr(cfg.get(k)) for k in _WARM_KEYS)
+        if sig not in seen:
+            seen.add(sig)
+            out.append(cfg)
+            if len(out) >= _WARM_MAX:
+                break
+    return out
+
+
+def _grouped(items: list[tuple[dict[str, Any], dict[str, Any]]],
+             affinity: Callable[[Mapping[str, Any]], Any]) -> list[tuple[dict, dict]]:
+    """Grid items reordered so configs with the same affinity key are adjacent (first
+    appearance order kept): they then share a batch and a worker's caches."""
+    groups: dict[Any, list[tuple[dict, dict]]] = {}
+    for i, item in enumerate(items):
+        k = affinity(item[1])
+        groups.setdefault(i if k is None else k, []).append(item)
+    return [item for g in groups.values() for item in g]
 
 
 def _builtin(v: Any) -> Any:
@@ -445,6 +548,10 @@ def _builtin(v: Any) -> Any:
     if hasattr(v, "item") and callable(v.item):
         return v.item()
     return v
+
+
+#: Least time between two progress-bar redraws.
+_REDRAW_S = 0.1
 
 
 class _Progress:
@@ -457,6 +564,9 @@ class _Progress:
         self.start_done = done
         self.done = done
         self._bar: Any = None
+        self._total = total
+        self._last_draw = -math.inf
+        self._loop: _Loop | None = None
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -473,7 +583,15 @@ class _Progress:
             self.pruned += 1
         if self._bar is None:
             return
-        dt = time.perf_counter() - self.t0
+        self._loop = loop
+        now = time.perf_counter()
+        if now - self._last_draw < _REDRAW_S and self.done < self._total:
+            return  # formatting the stats line per trial costs the driver (it shares the cores)
+        self._draw(loop, now)
+
+    def _draw(self, loop: _Loop, now: float) -> None:
+        self._last_draw = now
+        dt = now - self.t0
         rate = (self.done - self.start_done) / dt if dt > 0 else 0.0
         best = []
         for w, t in zip(loop.best_losses(), self.objective.terms):
@@ -485,4 +603,6 @@ class _Progress:
 
     def close(self) -> None:
         if self._bar is not None:
+            if self._loop is not None:
+                self._draw(self._loop, time.perf_counter())
             self._bar.stop()

@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charon_search.errors import ConfigError, InfeasibleError
 
 __all__ = ["LocalExecutor", "RayExecutor", "evaluate_config", "make_executor"]
+
+#: A queued config: (tag, evaluator name, config, affinity key or None).
+_Item = tuple[Any, str, Mapping[str, Any], Any]
 
 #: Objects the Ray object store may hold (records are small); keeps `ray.init` light here.
 _OBJECT_STORE_BYTES = 100 * 2**20
@@ -33,7 +36,7 @@ def evaluate_config(evaluators: dict[str, Any], name: str, cfg: Mapping[str, Any
     """
     from charon_search.search.evaluators import EVALUATORS
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         if name not in evaluators:
             evaluators[name] = EVALUATORS.get(name)()
@@ -49,6 +52,7 @@ def evaluate_config(evaluators: dict[str, Any], name: str, cfg: Mapping[str, Any
         rec = {"feasible": False, "prune_reason": f"error: {type(e).__name__}: {e}",
                "error": True}
     rec["eval_wall_s"] = time.perf_counter() - t0
+    rec["eval_cpu_s"] = time.process_time() - c0  # the worker process's CPU meanwhile
     rec["eval_end_unix_s"] = time.time()  # when it finished (batched records arrive together)
     return rec
 
@@ -70,6 +74,22 @@ class SearchWorker:
 
     def info(self) -> dict[str, Any]:
         return {"worker_id": self.worker_id, "node_id": self.node_id, "worker_pid": os.getpid()}
+
+    def warm_up(self, name: str, cfgs: Sequence[Mapping[str, Any]]) -> float:
+        """Instantiate evaluator ``name`` and let it load what ``cfgs`` need; seconds taken.
+
+        Never raises: warming is an optimisation, a failure shows up in the trial instead.
+        """
+        from charon_search.search.evaluators import EVALUATORS
+
+        t0 = time.perf_counter()
+        try:
+            if name not in self._evaluators:
+                self._evaluators[name] = EVALUATORS.get(name)()
+            self._evaluators[name].warm_up(cfgs)
+        except Exception:
+            pass
+        return time.perf_counter() - t0
 
     def evaluate(self, name: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
         rec = evaluate_config(self._evaluators, name, cfg)
@@ -105,6 +125,9 @@ def _set_niceness(niceness: int) -> None:
 class LocalExecutor:
     """Evaluates in the driver process, one config at a time (no Ray)."""
 
+    warms_up = False
+    """The first trial pays its own first use: there is nothing to overlap it with."""
+
     def __init__(self, evaluator: Any | None = None, evaluator_name: str | None = None) -> None:
         self._evaluators: dict[str, Any] = {}
         if evaluator is not None and evaluator_name is not None:
@@ -118,8 +141,11 @@ class LocalExecutor:
         self.num_restarts = 0
         self.num_resubmits = 0
 
-    def submit(self, tag: Any, name: str, cfg: Mapping[str, Any]) -> None:
+    def submit(self, tag: Any, name: str, cfg: Mapping[str, Any], affinity: Any = None) -> None:
         self._queue.append((tag, name, cfg))
+
+    def warm_up(self, name: str, cfgs: Sequence[Mapping[str, Any]]) -> None:
+        """Nothing to do (see ``warms_up``)."""
 
     def wait(self) -> list[tuple[Any, dict[str, Any]]]:
         out = []
@@ -148,10 +174,21 @@ class RayExecutor:
     result transfer serve a whole batch and an actor always has its next batch waiting. A batch
     whose actor died is re-queued whole (its results never came back, so nothing is counted
     twice) and the actor replaced.
+
+    **Affinity:** a config submitted with an affinity key goes, where possible, to the actor
+    that first took that key, whose caches already hold what it shares with the earlier config
+    (``Evaluator.affinity_key``). An actor with a free slot takes its own keys first, then
+    unclaimed ones, then other actors' (so it never idles while work is queued). The driver may
+    keep ``lookahead`` configs per actor queued beyond the in-flight batches to choose from.
+
+    **Warm-up:** ``warm_up(name, configs)`` sends every actor (and every replacement) a warm-up
+    call ahead of its first batch, so all workers trace models and load predictors at once.
     """
 
+    warms_up = True
+
     def __init__(self, num_workers: int, *, address: str | None = None,
-                 in_flight: int = 2, batch_size: int = 8) -> None:
+                 in_flight: int = 2, batch_size: int = 8, lookahead: int = 8) -> None:
         import ray
 
         if batch_size < 1 or in_flight < 1:
@@ -168,11 +205,12 @@ class RayExecutor:
                          object_store_memory=_OBJECT_STORE_BYTES, log_to_driver=False)
             self._started = True
         self._remote = ray.remote(num_cpus=1, max_restarts=0)(SearchWorker)
-        self._init_state(num_workers, in_flight, batch_size)
+        self._init_state(num_workers, in_flight, batch_size, lookahead)
         for _ in range(num_workers):
             self._spawn()
 
-    def _init_state(self, num_workers: int, in_flight: int, batch_size: int) -> None:
+    def _init_state(self, num_workers: int, in_flight: int, batch_size: int,
+                    lookahead: int = 0) -> None:
         try:
             self._niceness: int | None = os.getpriority(os.PRIO_PROCESS, 0)
         except (OSError, AttributeError):
@@ -180,16 +218,20 @@ class RayExecutor:
         self.num_workers = num_workers
         self.in_flight = in_flight
         self.batch_size = batch_size
-        self.capacity = num_workers * in_flight * batch_size
+        self.capacity = num_workers * (in_flight * batch_size + lookahead)
         self.num_restarts = 0
         self.num_resubmits = 0
         self._next_id = 0
         self._actors: dict[str, Any] = {}
         self._load: dict[str, int] = {}
         """Batches outstanding per live actor."""
-        self._futures: dict[Any, tuple[list[tuple[Any, str, Mapping[str, Any]]], str]] = {}
-        self._queue: list[tuple[Any, str, Mapping[str, Any]]] = []
+        self._futures: dict[Any, tuple[list[_Item], str]] = {}
+        self._queue: list[_Item] = []
         self._num_in_batches = 0
+        self._owner: dict[Any, str] = {}
+        """Affinity key -> the actor that took it first."""
+        self._warm: tuple[str, list[Mapping[str, Any]]] | None = None
+        self._warm_refs: list[Any] = []
 
     def _spawn(self) -> str:
         wid = f"worker-{self._next_id}"
@@ -197,11 +239,20 @@ class RayExecutor:
         self._actors[wid] = self._remote.options(scheduling_strategy="SPREAD").remote(
             wid, self._niceness)
         self._load[wid] = 0
+        if self._warm is not None:
+            self._warm_refs.append(self._actors[wid].warm_up.remote(*self._warm))
         return wid
 
-    def submit(self, tag: Any, name: str, cfg: Mapping[str, Any]) -> None:
-        """Queue a config; ``wait`` sends it."""
-        self._queue.append((tag, name, cfg))
+    def submit(self, tag: Any, name: str, cfg: Mapping[str, Any], affinity: Any = None) -> None:
+        """Queue a config (``affinity``: its ``Evaluator.affinity_key``); ``wait`` sends it."""
+        self._queue.append((tag, name, cfg, affinity))
+
+    def warm_up(self, name: str, cfgs: Sequence[Mapping[str, Any]]) -> None:
+        """Have every actor, now and after a replacement, warm evaluator ``name`` on ``cfgs``
+        before its first batch (actor calls run in order; nothing waits for them here)."""
+        self._warm = (name, [dict(c) for c in cfgs])
+        for actor in self._actors.values():
+            self._warm_refs.append(actor.warm_up.remote(*self._warm))
 
     def pending(self) -> int:
         """Configs submitted whose result has not been returned by ``wait`` yet."""
@@ -216,12 +267,37 @@ class RayExecutor:
             slots = sum(self.in_flight - self._load[w] for w in free)
             size = min(self.batch_size, -(-len(self._queue) // slots))
             wid = min(free, key=lambda w: (self._load[w], w))
-            batch, self._queue = self._queue[:size], self._queue[size:]
+            batch = self._take(wid, size)
             fut = self._actors[wid].evaluate_batch.remote(
-                [(name, dict(cfg)) for _, name, cfg in batch])
+                [(name, dict(cfg)) for _, name, cfg, _ in batch])
             self._load[wid] += 1
             self._num_in_batches += len(batch)
             self._futures[fut] = (batch, wid)
+
+    def _take(self, wid: str, size: int) -> list[_Item]:
+        """Remove and return up to ``size`` queued items for ``wid``: its own affinity keys
+        first, then unclaimed keys (now claimed by ``wid``), then other actors' keys."""
+        own: list[int] = []
+        unclaimed: list[int] = []
+        other: list[int] = []
+        for i, item in enumerate(self._queue):
+            owner = self._owner.get(item[3]) if item[3] is not None else None
+            if owner == wid:
+                own.append(i)
+                if len(own) >= size:
+                    break
+            elif owner is None or owner not in self._load:
+                unclaimed.append(i)
+            else:
+                other.append(i)
+        picked = sorted((own + unclaimed + other)[:size])
+        batch = [self._queue[i] for i in picked]
+        for item in batch:
+            if item[3] is not None and self._owner.get(item[3]) not in self._load:
+                self._owner[item[3]] = wid
+        keep = set(range(len(self._queue))) - set(picked)
+        self._queue = [self._queue[i] for i in sorted(keep)]
+        return batch
 
     def wait(self) -> list[tuple[Any, dict[str, Any]]]:
         """Dispatch the queue; block until at least one batch is back; return every ready one."""
@@ -234,7 +310,7 @@ class RayExecutor:
         ready, _ = ray.wait(futs, num_returns=len(futs), timeout=0)  # ... then take all ready
         out: list[tuple[Any, dict[str, Any]]] = []
         dead: set[str] = set()
-        requeue: list[tuple[Any, str, Mapping[str, Any]]] = []
+        requeue: list[_Item] = []
         for fut in ready:
             batch, wid = self._futures.pop(fut)
             self._num_in_batches -= len(batch)
@@ -246,7 +322,7 @@ class RayExecutor:
                 dead.add(wid)
                 requeue.extend(batch)
                 continue
-            out.extend((tag, rec) for (tag, _, _), rec in zip(batch, recs, strict=True))
+            out.extend((item[0], rec) for item, rec in zip(batch, recs, strict=True))
         for wid in dead:
             self._replace(wid)
         if requeue:
@@ -273,6 +349,7 @@ class RayExecutor:
             except Exception:
                 pass
         self._actors.clear()
+        self._warm_refs.clear()
         if self._started:
             self._ray.shutdown()
 

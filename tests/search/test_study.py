@@ -208,3 +208,53 @@ def test_max_evaluations_budgets_simulations_not_trials(toy_space, toy_objective
     assert res.num_evaluations == 25
     assert sum(1 for r in res.rows if r["valid"] and not r["memo_hit"]) == 25
     assert res.num_trials == 25 + res.num_invalid + res.num_memo_hits
+
+
+def test_journal_flush_appends_a_batch_with_one_write(toy_space, toy_objective, tmp_path):
+    storage, _ = make_storage(None, tmp_path)
+    study = optuna.create_study(storage=storage, study_name="b",
+                                directions=["minimize", "minimize"])
+    calls = []
+    inner = storage.batched.inner
+    real = inner.append_logs
+    inner.append_logs = lambda logs: (calls.append(len(logs)), real(logs))
+    dist = {"x": optuna.distributions.IntDistribution(0, 9)}
+    trials = [optuna.trial.create_trial(values=[x, -x], params={"x": x}, distributions=dist,
+                                        user_attrs={"m:uid": f"u{x}"}, constraints={"valid": 0})
+              for x in range(5)]
+    with storage.batch():
+        study.add_trials(trials)
+        assert calls == []                            # held until the batch ends
+    with storage.batch():
+        pass                                          # an empty batch writes nothing
+    assert calls == [5]                               # one append (one fsync) for the batch
+    again, _ = make_storage(None, tmp_path)           # a fresh reader sees each trial once
+    got = optuna.load_study(study_name="b", storage=again).trials
+    assert [t.user_attrs["m:uid"] for t in got] == [f"u{x}" for x in range(5)]
+    assert [t.params["x"] for t in got] == list(range(5))
+    assert all(t.system_attrs["constraints:valid"] == 0 for t in got)
+    study.add_trial(trials[0])                        # outside a batch: written at once
+    assert calls == [5, 1] and len(study.trials) == 6
+
+
+def test_grid_trials_resume_under_nsga2_without_duplicates(toy_space, toy_objective, tmp_path):
+    out = str(tmp_path / "g")
+    grid = run_search(toy_space, toy_objective,
+                      SearchOptions(trials=30, workers=0, sampler="grid", out_dir=out,
+                                    html=False))
+    assert grid.num_trials == 30 and sorted(r["trial_number"] for r in grid.rows) == \
+        list(range(30))
+    storage, _ = make_storage(None, out)
+    trials = optuna.load_study(study_name=toy_space.name, storage=storage).trials
+    for t, r in zip(trials, sorted(grid.rows, key=lambda r: r["trial_number"])):
+        assert set(t.params) == {p.optuna_name for p in toy_space.params}
+        assert (max(t.constraints.values()) > 0) == (not r["feasible"])
+    nsga = run_search(toy_space, toy_objective,
+                      SearchOptions(trials=60, workers=0, sampler="nsga2", seed=0, out_dir=out,
+                                    html=False))
+    assert nsga.num_trials == 60 and nsga.num_new_trials == 30
+    assert len({r["uid"] for r in nsga.rows}) == 60
+    grid_keys = {config_key({k: r[k] for k in CFG_KEYS}) for r in grid.rows}
+    simulated = [config_key({k: r[k] for k in CFG_KEYS}) for r in nsga.rows
+                 if r["trial_number"] >= 30 and r["valid"] and not r["memo_hit"]]
+    assert simulated and not set(simulated) & grid_keys   # grid results reused, not re-run

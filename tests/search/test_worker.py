@@ -47,10 +47,19 @@ class _Actor:
         self.fake, self.wid, self.counter, self.killed = fake, wid, counter, False
         self.evaluate_batch = self
         self.batches: list[list[int]] = []
+        self.calls: list[str] = []
+        actor = self
+
+        class _WarmUp:
+            def remote(self, name, cfgs):
+                actor.calls.append(f"warm {name} {len(cfgs)}")
+
+        self.warm_up = _WarmUp()
 
     def remote(self, items):
         self.counter[0] += 1
         fut = self.counter[0]
+        self.calls.append("batch")
         self.batches.append([cfg["x"] for _, cfg in items])
         dies = self.killed or any(cfg.get("die") == self.wid for _, cfg in items)
         self.fake.results[fut] = _Dead() if dies else [
@@ -58,10 +67,11 @@ class _Actor:
         return fut
 
 
-def _executor(fake: _FakeRay, counter: list[int], *, batch_size: int) -> RayExecutor:
+def _executor(fake: _FakeRay, counter: list[int], *, batch_size: int,
+              in_flight: int = 2) -> RayExecutor:
     ex = RayExecutor.__new__(RayExecutor)
     ex._ray, ex._started = fake, False
-    ex._init_state(2, 2, batch_size)
+    ex._init_state(2, in_flight, batch_size)
     actors: dict[str, _Actor] = {}
 
     class _Remote:
@@ -117,9 +127,64 @@ def test_queue_is_split_evenly_over_free_slots():
     assert ex.pending() == 0
 
 
+def test_configs_follow_their_affinity_key_to_the_worker_that_took_it_first():
+    fake, counter = _FakeRay(), [0]
+    ex = _executor(fake, counter, batch_size=2, in_flight=1)
+    for x, key in ((1, "A"), (2, "A"), (3, "B"), (4, "B")):
+        ex.submit(x, "toy", {"x": x}, key)
+    fake.order = [[1, 2], [3, 4]]
+    assert sorted(t for t, _ in ex.wait()) == [1, 2, 3, 4]
+    assert ex.fake_actors["worker-0"].batches == [[1, 2]]      # took A
+    assert ex.fake_actors["worker-1"].batches == [[3, 4]]      # took B
+    # queue order B, A: without affinity worker-0 would take the B config
+    ex.submit(5, "toy", {"x": 5}, "B")
+    ex.submit(6, "toy", {"x": 6}, "A")
+    ex.submit(7, "toy", {"x": 7}, None)                        # no key: any worker
+    assert sorted(t for t, _ in ex.wait()) == [5, 6, 7]
+    assert ex.fake_actors["worker-0"].batches[1][0] == 6
+    assert ex.fake_actors["worker-1"].batches[1][0] == 5
+    # a worker with a free slot takes another worker's key rather than idle
+    ex.submit(8, "toy", {"x": 8}, "A")
+    ex.submit(9, "toy", {"x": 9}, "A")
+    fake.order = [[5, 6]]
+    assert sorted(t for t, _ in ex.wait()) == [8, 9]
+    assert ex.fake_actors["worker-0"].batches[2] == [8]
+    assert ex.fake_actors["worker-1"].batches[2] == [9]
+
+
+def test_every_actor_and_its_replacement_warms_up_before_its_first_batch():
+    fake, counter = _FakeRay(), [0]
+    ex = _executor(fake, counter, batch_size=1, in_flight=1)
+    ex.warm_up("toy", [{"x": 0}])
+    ex.submit("a", "toy", {"x": 1, "die": "worker-0"})
+    ex.submit("b", "toy", {"x": 2})
+    fake.order = [[1, 2], [3]]
+    done = {}
+    while ex.pending():
+        done.update(ex.wait())
+    assert sorted(done) == ["a", "b"]
+    assert ex.fake_actors["worker-0"].calls == ["warm toy 1", "batch"]     # died on "a"
+    assert ex.fake_actors["worker-1"].calls == ["warm toy 1", "batch", "batch"]
+    assert ex.fake_actors["worker-2"].calls == ["warm toy 1"]     # the replacement, warmed
+
+
 def test_evaluate_config_records_errors_instead_of_raising():
     rec = evaluate_config({}, "toy-analytic", {"num_gpus": 8, "tp": 2, "zero_stage": 1})
     assert rec["error"] is False and rec["feasible"] is True and rec["eval_wall_s"] >= 0
     rec = evaluate_config({}, "toy-analytic", {"tp": 1})       # missing num_gpus -> KeyError
     assert rec["error"] is True and rec["feasible"] is False
     assert rec["prune_reason"].startswith("error: KeyError")
+
+
+def test_training_affinity_key_ignores_only_the_non_graph_keys():
+    from charon_search.search.evaluators import EVALUATORS
+
+    ev = EVALUATORS.get("training")
+    base = {"model": "llama-3.1-8b", "num_gpus": 16, "tp": 2, "pp": 2, "dp": 4,
+            "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
+    assert ev.affinity_key(base) == ev.affinity_key({**base, "micro_batch_size": 4,
+                                                     "schedule": "interleaved"})
+    assert ev.affinity_key(base) != ev.affinity_key({**base, "tp": 4, "dp": 2})
+    assert ev.affinity_key(base) != ev.affinity_key({**base, "recompute": "full"})
+    assert EVALUATORS.get("toy-analytic").affinity_key(base) is None     # no preference
+    ev().warm_up([{"model": "no-such-model", "cluster": "nowhere"}])    # best effort: no raise
