@@ -150,9 +150,16 @@ def shape_flops_bytes(op_kind: str, cols: Mapping[str, Any], n: int
         # priced with the bytes it reads, not a bf16 model's.
         wb = c("weight_bytes", 2.0)
         wb = np.where(np.isnan(wb), 2.0, wb)
+        # Only experts that received a token are read: with uniform routing an expert gets
+        # Poisson(r) of the batch's rows, r = tokens * top_k / experts (the same in global
+        # and EP-local terms), so a fraction 1 - exp(-r) of the weights moves. Fused-MoE
+        # kernels (vLLM/SGLang Triton fused_moe, TensorRT-LLM/CUTLASS grouped GEMM) launch
+        # tiles only for experts with rows (moe_align_block_size / expert offsets).
+        r = t * topk / np.maximum(e, 1)
+        touched = 1.0 - np.exp(-r)
         # Gated expert FFN: gate+up [rows, k] x [k, 2n] and down [rows, n] x [n, k].
         flops = 2 * rows * 3 * nn * k
-        nbytes = wb * local_experts * 3 * nn * k + 2 * rows * (2 * k + 3 * nn)
+        nbytes = wb * local_experts * touched * 3 * nn * k + 2 * rows * (2 * k + 3 * nn)
         return flops, nbytes
     raise KeyError(op_kind)
 
@@ -327,6 +334,11 @@ def train_predictor(key: ModelKey, rows: ProfileTable, *, num_sms: int,
                        num_sms=num_sms, num_rows=n, train_shape=span, flat=FlatForest(model))
 
 
+#: Version of an op kind's shape features (``shape_flops_bytes``); part of the disk-cache key
+#: so a changed formula retrains that kind's predictors. grouped_gemm 2: touched experts only.
+FEATURE_VERSIONS: dict[str, int] = {"grouped_gemm": 2}
+
+
 def _hp_hash(hp: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(dict(hp), sort_keys=True).encode()).hexdigest()[:10]
 
@@ -370,7 +382,9 @@ class PredictorStore:
         return pred
 
     def _path(self, key: ModelKey):  # type: ignore[no-untyped-def]
-        name = f"{self.db.content_hash}-{_hp_hash(self.hyperparams)}-{key.slug()}.pkl"
+        fv = FEATURE_VERSIONS.get(key.op_kind, 0)
+        name = (f"{self.db.content_hash}-{_hp_hash(self.hyperparams)}-{key.slug()}"
+                f"{f'-fv{fv}' if fv else ''}.pkl")
         return cache_dir("predictors") / name
 
     def _load_or_train(self, key: ModelKey, num_sms: int) -> OpPredictor | None:

@@ -16,6 +16,11 @@ Sources (read, not copied):
   token budget); SGLang ``server_args.py`` defaults and ``managers/scheduler.py``
   (``get_next_batch_to_run``: a new prefill batch runs before decoding, and is mixed with the
   running decodes only under ``--enable-mixed-chunk``); TensorRT-LLM ``LlmArgs`` defaults.
+* SemiAnalysis InferenceX (Apache-2.0), ``benchmarks/*.sh`` (per-model launch recipes),
+  ``benchmarks/benchmark_lib.sh`` and ``utils/bench_serving/benchmark_serving.py`` (its client),
+  ``.github/workflows/benchmark-tmpl.yml`` (``RANDOM_RANGE_RATIO``): the dated-dump rows.
+* TensorRT-LLM ``PyExecutor._waiting_requests`` (batch waiting) and ``_handle_responses``
+  (the first token is returned at once whatever ``stream_interval`` is).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 
 from charon_search.errors import ConfigError
 
-__all__ = ["BACKENDS", "BenchmarkProtocol", "EngineProfile", "engine_profile"]
+__all__ = ["AIPERF_AIC", "BACKENDS", "INFERENCEX", "BenchmarkProtocol", "EngineProfile",
+           "engine_profile"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 
@@ -41,7 +47,19 @@ SGLANG_CHUNKED_PREFILL_SIZE = 8192
 AIC_PREFILL_HEADROOM_TOKENS = 1500
 #: SGLang's ``max_prefill_tokens`` when nobody sets it: 16384 (``ServerArgs``).
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384
-LAUNCHERS = ("aiconfigurator", "engine_defaults")
+LAUNCHERS = ("aiconfigurator", "inferencex", "engine_defaults")
+#: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh`` (the version at commit a267b4b):
+#: ``trtllm-serve --max_num_tokens 16384``. Another stored version passes ``MAX_MODEL_LEN``
+#: (2248 at 1k/1k) instead; the 1k/1k TP < 8 rows are consistent only with 16384 (with 2248 a
+#: batch of waiting prompts could never reach 0.9 x max_num_tokens beside the decodes, and at
+#: concurrency 128 the prompts would queue ~4x longer than measured).
+INFERENCEX_70B_TRT_MAX_NUM_TOKENS = 16384
+#: InferenceX ``benchmarks/gptoss_fp4_h200_trt.sh``: ``trtllm-serve --max_num_tokens 20000``.
+INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS = 20000
+#: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh``, 1k/1k at TP < 8:
+#: ``batch_wait_max_tokens_ratio: 0.9``, ``batch_wait_timeout_iters: 20``.
+INFERENCEX_70B_TRT_WAIT_RATIO = 0.9
+INFERENCEX_70B_TRT_WAIT_ITERS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +78,9 @@ class EngineProfile:
     iteration_overhead_s: float | None = None
     """Host time per iteration the GPU waits for; None = the cluster's calibrated value. 0 for
     engines whose overlap scheduler prepares iteration n + 1 while the GPU runs n."""
+    batch_wait_iters: int = 0
+    batch_wait_tokens: int = 0
+    """``ServingConfig.batch_wait_iters`` / ``batch_wait_tokens`` (TensorRT-LLM batch waiting)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
 
@@ -72,7 +93,10 @@ class EngineProfile:
                 "prefix_caching": self.prefix_caching,
                 "decode_in_budget": self.decode_in_budget,
                 "kv_admission": self.kv_admission,
-                "iteration_overhead_s": self.iteration_overhead_s}
+                "iteration_overhead_s": self.iteration_overhead_s,
+                "batch_wait_iters": self.batch_wait_iters,
+                "batch_wait_tokens": self.batch_wait_tokens,
+                "tp_allreduce": self.backend}
 
 
 #: SGLang versions whose aiconfigurator launch template never passes ``--enable-mixed-chunk``
@@ -82,11 +106,13 @@ SGLANG_UNMIXED_VERSIONS = ("0.5.1", "0.5.1.post1")
 
 
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
-                   launcher: str = "aiconfigurator") -> EngineProfile:
+                   launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
+                   model: str = "") -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
-    generator (``launcher="aiconfigurator"``) or with the engine's own defaults
-    (``"engine_defaults"``: measurements whose launch flags are not known).
+    generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
+    (an HF id; ``osl`` and ``tp`` select the recipe's branches) or with the engine's own
+    defaults (``"engine_defaults"``: measurements whose launch flags are not known).
 
     Raises:
         ConfigError: unknown backend.
@@ -94,6 +120,10 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     if launcher not in LAUNCHERS:
         raise ConfigError(f"`launcher` must be one of {list(LAUNCHERS)}, but got {launcher!r}")
     aic = launcher == "aiconfigurator"
+    if backend == "vllm" and launcher == "inferencex":
+        ix = _inferencex_vllm(model)
+        if ix is not None:
+            return ix
     if backend == "vllm":
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=True,
@@ -133,6 +163,11 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                 "wave's prefill (TTFT ~ concurrency x isl / tp), which a radix-cache hit "
                 "would remove",
             ))
+    if backend == "trtllm" and launcher == "inferencex":
+        trt = _inferencex_trtllm(isl=isl, osl=osl, tp=tp, model=model,
+                                 max_batch_size=max_batch_size)
+        if trt is not None:
+            return trt
     if backend == "trtllm":
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=False,
@@ -155,22 +190,131 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     raise ConfigError(f"`backend` must be one of {list(BACKENDS)}, but got {backend!r}")
 
 
+def _inferencex_vllm(model: str) -> EngineProfile | None:
+    """vLLM as InferenceX's Llama-3-70B and gpt-oss recipes launch it (None: other models)."""
+    name = model.lower()
+    if not (("llama" in name and "70b" in name) or "gpt-oss" in name):
+        return None
+    script = ("benchmarks/70b_fp8_h200_slurm.sh" if "70b" in name
+              else "benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh")
+    return EngineProfile(
+        backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
+        max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
+        prefix_caching=False, iteration_overhead_s=0.0,
+        sources=(
+            "vLLM v1: decodes first, then chunked prefills in one token budget "
+            "(v1/core/sched/scheduler.py)",
+            f"InferenceX {script} config.yaml: max-num-batched-tokens 8192, "
+            "no-enable-prefix-caching, --max-num-seqs = concurrency",
+            "async-scheduling: true (same recipe): the engine schedules step n + 1 while the "
+            "GPU runs step n, so no host time is added per iteration",
+        ))
+
+
+def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
+                       max_batch_size: int) -> EngineProfile | None:
+    """TensorRT-LLM as InferenceX's recipes launch it (None: no recipe known for ``model``)."""
+    name = model.lower()
+    common = (
+        "TensorRT-LLM PyTorch backend: overlap scheduler on, chunked prefill off, capacity "
+        "scheduler GUARANTEED_NO_EVICT (LlmArgs defaults the recipe keeps)",
+        "kv_cache_config enable_block_reuse: false (InferenceX recipe)",
+    )
+    if "llama" in name and "70b" in name:
+        max_tokens = INFERENCEX_70B_TRT_MAX_NUM_TOKENS
+        wait = isl == 1024 and osl == 1024 and tp < 8
+        return EngineProfile(
+            backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
+            max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
+            kv_admission="reserve_max", iteration_overhead_s=0.0,
+            batch_wait_iters=INFERENCEX_70B_TRT_WAIT_ITERS if wait else 0,
+            batch_wait_tokens=(int(INFERENCEX_70B_TRT_WAIT_RATIO * max_tokens) if wait
+                               else 0),
+            sources=(
+                *common,
+                f"--max_num_tokens {max_tokens} (InferenceX "
+                "benchmarks/70b_fp8_h200_trt_slurm.sh at a267b4b)",
+                ("batch waiting: prompts wait up to 20 iterations until prompt + decode tokens "
+                 f"reach 0.9 x max_num_tokens = {int(0.9 * max_tokens)} (the recipe's 1k/1k, "
+                 "TP < 8 branch; TensorRT-LLM PyExecutor._waiting_requests)") if wait else
+                "no batch waiting (the recipe sets it only for 1k/1k at TP < 8)",
+            ))
+    if "gpt-oss" in name:
+        return EngineProfile(
+            backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
+            max_num_batched_tokens=INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS, max_prefill_tokens=0,
+            prefix_caching=False, kv_admission="reserve_max", iteration_overhead_s=0.0,
+            sources=(
+                *common,
+                f"--max_batch_size {max_batch_size} (the concurrency), --max_num_tokens "
+                f"{INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS} (InferenceX "
+                "benchmarks/gptoss_fp4_h200_trt.sh)",
+            ))
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchmarkProtocol:
-    """The closed-loop load generator of the silicon rows (aiperf, as aiconfigurator's
-    ``bench_run.sh.j2`` runs it): ``concurrency`` streams start together, ignore EOS (every
-    request generates exactly ``osl`` tokens), ``warmup_turns * concurrency`` warm-up requests
-    are left out. Prompts are treated as distinct: by Little's law the rows' engines do the
-    whole prefill work (the 11 vLLM Llama-3.1-8B-FP8 rows are the exception: they imply prefill
-    at 52-95 % of the FP8 peak, i.e. prompt reuse the protocol does not state).
+    """The closed-loop load generator of a silicon row: ``concurrency`` streams start together
+    (every client below sends at ``--request-rate inf`` behind a ``concurrency`` semaphore),
+    ignore EOS (every request generates its sampled output length), ``warmup_turns *
+    concurrency`` warm-up requests run in the same loop and are left out, then ``measured_turns
+    * concurrency`` requests are measured and averaged.
+
+    The default is aiperf as aiconfigurator's ``bench_run.sh.j2`` runs it (``AIPERF_AIC``);
+    ``INFERENCEX`` is SemiAnalysis InferenceX's ``benchmark_serving.py``. Prompts are treated as
+    distinct: by Little's law the rows' engines do the whole prefill work (the 11 vLLM
+    Llama-3.1-8B-FP8 rows are the exception: they imply prefill at 52-95 % of the FP8 peak,
+    i.e. prompt reuse the protocol does not state).
 
     Simulated start: all streams at once (ramp 0). Identical requests then stay in waves,
     exactly in a prefill-first engine (nobody decodes until the wave is prefilled, which
-    re-synchronizes every wave), partly in a mixed one (a wave's prefill chunks stagger it).
-    Rows of other dumps do not say how their client started: they are run from evenly phased
-    streams (``WorkloadSpec.ramp_up_s`` None), the steady state of a desynchronized loop."""
+    re-synchronizes every wave), partly in a mixed one (a wave's prefill chunks stagger it);
+    lengths drawn from ``[range_ratio * len, len]`` desynchronize the waves over the turns."""
 
+    name: str = "aiperf-aiconfigurator"
     warmup_turns: int = 2
     """``--warmup-request-count $((concurrency*2))``."""
     measured_turns: int = 50
     """``--num-requests $((concurrency*50))`` (BENCH_MULTI_ROUND default 50)."""
+    range_ratio: float = 1.0
+    """Prompt and output lengths are drawn uniformly from ``[int(range_ratio * len), len]``
+    (1.0 = exactly ``isl`` / ``osl``)."""
+    sources: tuple[str, ...] = (
+        "aiconfigurator generator/config/backend_templates/benchmark/bench_run.sh.j2: aiperf "
+        "--concurrency C --warmup-request-count 2C --num-requests 50C, synthetic prompts of "
+        "exactly isl tokens, output exactly osl tokens (ignore_eos), streaming",)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.range_ratio <= 1.0:
+            raise ConfigError(f"`range_ratio` must be in (0, 1], but got {self.range_ratio}")
+        if self.warmup_turns < 0 or self.measured_turns < 1:
+            raise ConfigError("`warmup_turns >= 0` and `measured_turns >= 1` must hold, but got "
+                              f"({self.warmup_turns}, {self.measured_turns})")
+
+    def length_bounds(self, length: int) -> tuple[int, int]:
+        """Inclusive ``(low, high)`` of the lengths the client draws for a nominal ``length``."""
+        return max(1, int(length * self.range_ratio)), length
+
+
+#: aiconfigurator's gap-analysis benchmark (the rows whose source names
+#: ``aic-auto-gap-analysis``).
+AIPERF_AIC = BenchmarkProtocol()
+
+#: SemiAnalysis InferenceX (formerly InferenceMAX) fixed-sequence-length benchmark, the client of
+#: the silicon rows from dated dumps (``source_file=<date>.csv; model=...; image=...`` and
+#: ``db-dump/...; config_id; workflow_run_id``): their models, ISL/OSL grid (1k/1k, 1k/8k,
+#: 8k/1k), concurrencies (4..64, 128, 512) and container images (``nvcr.io#nvidia/...``, the
+#: enroot notation of its Slurm runners) are InferenceX's.
+INFERENCEX = BenchmarkProtocol(
+    name="inferencex", warmup_turns=0, measured_turns=10, range_ratio=0.8,
+    sources=(
+        "InferenceX benchmarks/benchmark_lib.sh run_benchmark_serving: "
+        "utils/bench_serving/benchmark_serving.py --dataset-name random --request-rate inf "
+        "--max-concurrency C --num-prompts 10C (per-model scripts) --ignore-eos",
+        "InferenceX .github/workflows/benchmark-tmpl.yml: RANDOM_RANGE_RATIO 0.8; "
+        "benchmark_serving.py sample_random_requests draws input and output lengths uniformly "
+        "from [int(0.8 len), len]",
+        "benchmark_serving.py: its warm-up requests (if any) finish before the measured run, "
+        "which starts on an idle server; mean TTFT/TPOT over all 10C requests",
+    ))

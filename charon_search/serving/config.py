@@ -20,6 +20,7 @@ __all__ = [
     "KV_TRANSFER_TIERS",
     "PREFILL_SCHEDULES",
     "SCHEDULERS",
+    "TP_ALLREDUCES",
     "DisaggConfig",
     "PoolConfig",
     "ServingConfig",
@@ -41,6 +42,8 @@ PREFILL_SCHEDULES = ("mixed", "prefill_first")
 #: prompt + output, so nothing is ever preempted (TensorRT-LLM's default capacity scheduler
 #: policy ``GUARANTEED_NO_EVICT``).
 KV_ADMISSIONS = ("on_demand", "reserve_max")
+#: Tensor-parallel all-reduce implementations: NCCL, or an engine's custom NVLink kernel.
+TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -248,6 +251,12 @@ class ServingConfig:
     the budget is for prefill tokens only (SGLang's chunked-prefill size)."""
     kv_admission: str = "on_demand"
     """``on_demand`` or ``reserve_max``; see ``KV_ADMISSIONS``."""
+    batch_wait_iters: int = 0
+    """Hold newly arrived prompts back while decodes run, for at most this many iterations, until
+    the prompt + decode tokens of the batch reach ``batch_wait_tokens`` (TensorRT-LLM
+    ``batch_wait_timeout_iters`` / ``batch_wait_max_tokens_ratio * max_num_tokens``,
+    ``PyExecutor._waiting_requests``); 0 = admit at once."""
+    batch_wait_tokens: int = 0
     prefix_caching: bool = False
     """Reuse cached KV blocks of a shared prompt prefix (radix tree, LRU eviction)."""
     block_size: int = 16
@@ -264,6 +273,10 @@ class ServingConfig:
     """Host time to launch one kernel when not replaying a graph; an eager iteration takes at
     least ``kernels * this``. ~4 us per launch: CUDA C best-practices guide, "kernel launch
     overhead" (a few microseconds)."""
+    tp_allreduce: str = "nccl"
+    """Who runs the tensor-parallel activation all-reduces inside a node: ``nccl`` (the
+    cluster's collective model) or an engine's custom NVLink kernel (``vllm``, ``sglang``,
+    ``trtllm``: measured latency, ``serving.custom_allreduce``)."""
     fused_kernels: bool = True
     """Cost the kernels vLLM/SGLang/TRT-LLM launch (fused QKV and gate_up GEMMs, fused
     add+RMSNorm, RoPE, SiLU-and-mul, fused MoE routing; ``serving._fusion``) instead of one
@@ -296,6 +309,11 @@ class ServingConfig:
         _choice("scheduler", self.scheduler, SCHEDULERS)
         _choice("prefill_schedule", self.prefill_schedule, PREFILL_SCHEDULES)
         _choice("kv_admission", self.kv_admission, KV_ADMISSIONS)
+        _choice("tp_allreduce", self.tp_allreduce, TP_ALLREDUCES)
+        for name in ("batch_wait_iters", "batch_wait_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"`{name}` must be an integer >= 0, but got {v!r}")
         if not isinstance(self.max_prefill_tokens, int) or self.max_prefill_tokens < 0:
             raise ConfigError(f"`max_prefill_tokens` must be an integer >= 0, but got "
                               f"{self.max_prefill_tokens!r}")

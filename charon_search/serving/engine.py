@@ -184,6 +184,8 @@ class ReplicaEngine:
         self._reserved: dict[int, int] = {}
         """``reserve_max``: blocks each admitted request may grow to (prompt + output)."""
         self._reserved_sum = 0
+        self._batch_wait = 0
+        """Iterations the waiting prompts have been held back (``batch_wait_iters``)."""
 
     # ------------------------------------------------------------------ queue state
     @property
@@ -342,7 +344,8 @@ class ReplicaEngine:
             chunks.append((r, take))
             budget -= take
             taken += take
-        while (self.waiting and budget > 0 and taken < prefill_cap
+        hold = cfg.batch_wait_iters > 0 and n_dec > 0 and self._hold_prompts(budget, n_dec)
+        while (not hold and self.waiting and budget > 0 and taken < prefill_cap
                and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
             if r.prefilled >= r.target:
@@ -412,6 +415,28 @@ class ReplicaEngine:
                                                 sum(t for _, t in chunks), len(chunks), n_dec,
                                                 captured))
         return duration
+
+    def _hold_prompts(self, budget: int, n_dec: int) -> bool:
+        """TensorRT-LLM batch waiting (``PyExecutor._waiting_requests``): while generation
+        requests run, the prompts the scheduler would start are held back until their tokens
+        plus the decode tokens reach ``batch_wait_tokens`` or ``batch_wait_iters`` iterations
+        have passed; the count restarts when they are let in."""
+        cfg = self.cfg
+        room = cfg.max_num_seqs - self.num_running
+        ctx = k = 0
+        for r in self.waiting:
+            rem = r.target - r.prefilled
+            if k >= room or rem <= 0 or ctx + rem > budget:
+                break
+            ctx += rem
+            k += 1
+        if not k:
+            return False
+        if self._batch_wait < cfg.batch_wait_iters and ctx + n_dec < cfg.batch_wait_tokens:
+            self._batch_wait += 1
+            return True
+        self._batch_wait = 0
+        return False
 
     def _match_prefix(self, r: Request, now_s: float) -> None:
         tree = self.pool.tree

@@ -183,15 +183,26 @@ def collective_s(kind: str, nbytes: float, group_size: int, cluster: ClusterSpec
     return float(collective_time(kind, nbytes, group_size, cluster, stride=stride))
 
 
-def graph_cost_fn(cluster: ClusterSpec) -> GraphCostFn:
+def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphCostFn:
     """Seconds per node of a graph at ``(b, s, c)``.
 
     Compute nodes: the fused cost model (profile -> predictor -> roofline); communication
-    nodes: ``collective_s`` with the group's ranks adjacent (TP/EP inside a replica).
+    nodes: ``collective_s`` with the group's ranks adjacent (TP/EP inside a replica), except
+    all-reduces inside one node when ``tp_allreduce`` names an engine with a measured custom
+    all-reduce (``serving.custom_allreduce``).
     """
     from charon_search.cost.selector import default_cost_model
+    from charon_search.serving.custom_allreduce import custom_allreduce_s
 
     model = default_cost_model(cluster)
+
+    def _comm(kind: str, nbytes: float, group: int) -> float:
+        if (tp_allreduce != "nccl" and kind == "all_reduce"
+                and 1 < group <= cluster.gpus_per_node):
+            t = custom_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
+            if t is not None:
+                return t
+        return collective_s(kind, nbytes, group, cluster)
 
     def _cost(g: OpGraph, b: float, s: float, c: float) -> np.ndarray:
         out = np.array(model.cost_graph(g, b, s, c), dtype=float)
@@ -199,8 +210,8 @@ def graph_cost_fn(cluster: ClusterSpec) -> GraphCostFn:
         for i in comm:
             node = g.nodes[i]
             if node.is_comm:
-                out[i] = collective_s(node.kind.value, node.param("bytes")(b, s, c),
-                                      round(node.param("group_size")(b, s, c)), cluster)
+                out[i] = _comm(node.kind.value, node.param("bytes")(b, s, c),
+                               round(node.param("group_size")(b, s, c)))
             else:
                 out[i] = 0.0
         return out
@@ -242,19 +253,21 @@ class GraphIterationCostModel(IterationCostModel):
         cost_fn: seconds per node (defaults to ``graph_cost_fn(cluster)``).
         fused_kernels: run the kernels an inference engine fuses (``serving._fusion``);
             False costs the traced ops one kernel each.
+        tp_allreduce: ``nccl`` or the engine whose custom all-reduce runs the TP all-reduces
+            inside a node (``graph_cost_fn``).
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
                  ep: int = 1, dp_attention: bool = False, precision: str = "bf16",
                  kv_dtype: str = "bf16", cost_fn: GraphCostFn | None = None,
-                 fused_kernels: bool = True) -> None:
+                 fused_kernels: bool = True, tp_allreduce: str = "nccl") -> None:
         from charon_search.serving._graphs import serving_graphs
 
         self.model = model
         self.cluster = cluster
         self.tp, self.pp, self.ep = tp, pp, ep
         self.dp_attention = dp_attention
-        self._cost = cost_fn or graph_cost_fn(cluster)
+        self._cost = cost_fn or graph_cost_fn(cluster, tp_allreduce=tp_allreduce)
         prefill, decode = serving_graphs(model, tp=tp, pp=pp, ep=ep,
                                          dp_attention=dp_attention, precision=precision,
                                          fused_kernels=fused_kernels)

@@ -221,7 +221,8 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
     skipped: dict[str, str] = {}
     ttft, tpot = read_number(report, "ttft_s"), read_number(report, "tpot_s")
     skip = int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0)))
-    steady = _steady_state(report, skip) if closed else None
+    steady = _steady_state(report, skip, nominal=int(case.extra.get("measured_requests", 0)),
+                           wave=int(case.extra.get("concurrency", 0))) if closed else None
     if steady is not None:
         ttft, tpot = steady
     values = {
@@ -250,16 +251,21 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
     return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
 
 
-def _steady_state(report: Any, skip: int) -> tuple[float, float] | None:
+def _steady_state(report: Any, skip: int, *, nominal: int = 0,
+                  wave: int = 0) -> tuple[float, float] | None:
     """Mean TTFT/TPOT of a closed loop without its first ``skip`` (warm-up) requests.
 
     Silicon rows: the benchmark's warm-up requests (``ServingCase.extra["warmup_requests"]``)
     are not measured; other closed loops: the first wave (the concurrency), whose requests all
     arrive at t = 0. They are left out when enough later requests exist.
+
+    When the benchmark measured ``nominal`` requests but fewer were simulated, the first
+    measured wave (``wave`` requests) keeps its weight ``wave / nominal`` in the mean and the
+    simulated rest stands for the remaining turns (they repeat the settled pattern).
     """
     per = report.get("per_request") if isinstance(report, Mapping) else getattr(
         report, "per_request", None)
-    if not per or skip < 1:
+    if not per or skip < 0 or (skip == 0 and not nominal):
         return None
     import numpy as np
 
@@ -267,13 +273,21 @@ def _steady_state(report: Any, skip: int) -> tuple[float, float] | None:
     ttft = np.asarray(per["ttft_s"], dtype=float)
     tpot = np.asarray(per["tpot_s"], dtype=float)
     keep = rid >= skip
-    if keep.sum() < max(1, min(skip, 16) // 2):
+    if keep.sum() < max(1, min(max(skip, wave), 16) // 2):
         return None
-    t1, t2 = ttft[keep], tpot[keep]
-    t1, t2 = t1[np.isfinite(t1)], t2[np.isfinite(t2)]
-    if not t1.size or not t2.size:
-        return None
-    return float(t1.mean()), float(t2.mean())
+    out = []
+    for t in (ttft, tpot):
+        ok = keep & np.isfinite(t)
+        if not ok.any():
+            return None
+        first = ok & (rid < skip + wave)
+        rest = ok & ~first
+        if 0 < wave < nominal and nominal > ok.sum() and first.any() and rest.any():
+            w = wave / nominal
+            out.append(float(w * t[first].mean() + (1.0 - w) * t[rest].mean()))
+        else:
+            out.append(float(t[ok].mean()))
+    return out[0], out[1]
 
 
 def predict_case(case: TrainingCase | ServingCase, *,

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
 
 #: Measured serving requests simulated per silicon row (after the warm-up): enough turns of the
-#: concurrency for the closed loop to settle, capped to keep the full validation cheap. The
-#: benchmark measures 50 turns; in the simulation later turns repeat the pattern of the first.
+#: concurrency for the closed loop to settle, capped to keep the full validation cheap. aiperf
+#: measures 50 turns after its warm-up; later turns repeat the pattern of the first. InferenceX
+#: measures 10 turns from an idle start: every turn is simulated (up to ``MAX_REQUESTS``).
 MIN_REQUESTS = 16
 TURNS = 2
 MAX_REQUESTS = 1024
@@ -477,14 +478,13 @@ def _serving_precision(raw: str | None, notes: list[str]) -> str:
 
 def _serving_case(record: Record) -> ServingCase:
     from charon_search.errors import ConfigError
-    from charon_search.serving.backends import BACKENDS, BenchmarkProtocol, engine_profile
+    from charon_search.serving.backends import AIPERF_AIC, BACKENDS, INFERENCEX, engine_profile
     from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
     from charon_search.serving.workload import LengthDistribution, WorkloadSpec
 
     c = dict(record.config)
     ex = dict(c.get("extra") or {})
     notes: list[str] = []
-    bench = BenchmarkProtocol()
     if c.get("input_len") is None or c.get("output_len") is None:
         raise Unexpressible("real traffic: input/output lengths not stated")
     if ex.get("pd_disaggregated") and ex.get("phase"):
@@ -504,25 +504,42 @@ def _serving_case(record: Record) -> ServingCase:
         conc = int(conc)
         max_seqs = max(conc, 1)
         backend = str((record.extra or {}).get("backend") or "")
+        aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
         if backend in BACKENDS and c.get("mode", "agg") != "disagg":
-            aic = AIC_GAP_SOURCE in (record.notes or "")  # else: launch flags unknown
             prof = engine_profile(backend, isl=isl, max_batch_size=max_seqs,
                                   version=str(c.get("framework_version") or ""),
-                                  launcher="aiconfigurator" if aic else "engine_defaults")
+                                  launcher="aiconfigurator" if aic else "inferencex",
+                                  osl=osl, tp=int(c.get("tp") or 1),
+                                  model=str(record.model.get("name") or ""))
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
+            notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "
+                         "kernel (measured latency, serving.custom_allreduce)")
         # Waves from a synchronized start: see ``serving.backends.BenchmarkProtocol``.
-        lock_step = bool(engine_kw) and AIC_GAP_SOURCE in (record.notes or "")
+        bench = AIPERF_AIC if aic else INFERENCEX
         warm = bench.warmup_turns * conc
-        n = warm + min(MAX_REQUESTS, max(MIN_REQUESTS, TURNS * conc))
+        nominal = bench.measured_turns * conc
+        # After a warm-up the loop has settled and later turns repeat the first measured ones;
+        # without one the mean holds the transient from the idle start: simulate every turn.
+        settled = max(MIN_REQUESTS, TURNS * conc) if warm else nominal
+        n = warm + min(nominal, settled, MAX_REQUESTS)
+        lengths = []
+        for nom in (isl, osl):
+            lo, hi = bench.length_bounds(nom)
+            lengths.append(LengthDistribution(value=nom) if lo == hi else
+                           LengthDistribution(kind="uniform", low=lo, high=hi))
         workload = WorkloadSpec(arrival="concurrency", concurrency=conc, num_requests=n,
-                                ramp_up_s=0.0 if lock_step else None,
-                                input_len=LengthDistribution(value=isl),
-                                output_len=LengthDistribution(value=osl), seed=0)
+                                ramp_up_s=0.0, input_len=lengths[0], output_len=lengths[1],
+                                seed=0)
         extra["warmup_requests"] = warm
-        notes.append(f"closed loop: concurrency {conc} "
-                     f"({'starting together' if lock_step else 'evenly phased streams'}), {warm} "
-                     f"warm-up + {n - warm} measured requests of {isl}/{osl} tokens")
+        extra["measured_requests"] = nominal
+        extra["concurrency"] = conc
+        notes.extend(f"client ({bench.name}): {line}" for line in bench.sources)
+        lo_i, hi_i = bench.length_bounds(isl)
+        lo_o, hi_o = bench.length_bounds(osl)
+        notes.append(f"closed loop: concurrency {conc} starting together, {warm} warm-up + "
+                     f"{n - warm} simulated of {nominal} measured requests, prompts "
+                     f"{lo_i}..{hi_i} and outputs {lo_o}..{hi_o} tokens")
     else:
         max_seqs = int(c.get("max_batch_size") or 0) or 512
         if not c.get("max_batch_size"):

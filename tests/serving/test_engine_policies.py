@@ -127,3 +127,64 @@ def test_policy_fields_are_validated() -> None:
         ServingConfig(kv_admission="lazy")
     with pytest.raises(ConfigError, match="max_prefill_tokens"):
         ServingConfig(max_prefill_tokens=-1)
+
+
+def test_batch_waiting_holds_prompts_for_the_timeout(affine, cluster) -> None:
+    # Request 0 decodes alone; request 1 arrives during request 0's prefill. TensorRT-LLM batch
+    # waiting (timeout 3 iterations, a token threshold the batch never reaches) holds request 1
+    # for exactly three decode-only iterations before it is let in; a threshold the prompt
+    # alone reaches lets it in at once.
+    reqs = [_req(0, 0.0, 100, 50), _req(1, 1e-6, 100, 5)]
+    base = simulate_serving("debug-llama", cluster, _cfg(), reqs, cost_model=affine,
+                            keep_requests=True)
+    held = simulate_serving("debug-llama", cluster,
+                            _cfg(batch_wait_iters=3, batch_wait_tokens=10_000), reqs,
+                            cost_model=affine, keep_requests=True)
+    reached = simulate_serving("debug-llama", cluster,
+                               _cfg(batch_wait_iters=3, batch_wait_tokens=101), reqs,
+                               cost_model=affine, keep_requests=True)
+    step = affine.iteration_s([], 1, 101.0) + OH  # one decode of request 0 (~101 tokens of KV)
+    delay = _per(held)[1][1] - _per(base)[1][1]
+    assert delay == pytest.approx(3 * step, rel=0.02)
+    assert _per(reached)[1][1] == pytest.approx(_per(base)[1][1], rel=1e-12)
+    with pytest.raises(ConfigError, match="batch_wait_iters"):
+        ServingConfig(batch_wait_iters=-1)
+
+
+def test_custom_allreduce_uses_the_engine_measurement() -> None:
+    from charon_search.serving.custom_allreduce import custom_allreduce_s
+
+    # aiconfigurator-core h200_sxm/comm/trtllm/1.2.0rc5: 65536 bf16 elements (131072 B) over
+    # 8 GPUs take 6.765 us (the table row); NCCL's model charges about 18 us for the same.
+    assert custom_allreduce_s("trtllm", "h200-sxm-141gb", 8, 131072) == pytest.approx(
+        6.765e-6, rel=1e-9)
+    small = custom_allreduce_s("trtllm", "h200-sxm-141gb", 8, 4096)
+    big = custom_allreduce_s("trtllm", "h200-sxm-141gb", 8, 1 << 24)
+    assert small is not None and big is not None and small < 6.765e-6 < big
+    assert custom_allreduce_s("trtllm", "h200-sxm-141gb", 16, 131072) is None  # leaves the node
+    assert custom_allreduce_s("vllm", "a40-48gb", 2, 131072) is None  # not measured
+    with pytest.raises(ConfigError, match="tp_allreduce"):
+        ServingConfig(tp_allreduce="mpi")
+
+
+def test_inferencex_recipes_set_launch_facts() -> None:
+    # 70b_fp8_h200_trt_slurm.sh: --max_num_tokens 16384; batch waiting 0.9 x 16384 / 20
+    # iterations only at 1k/1k below TP 8.
+    w = engine_profile("trtllm", isl=1024, max_batch_size=8, launcher="inferencex", osl=1024,
+                       tp=2, model="meta-llama/Llama-3.1-70B")
+    assert (w.max_num_batched_tokens, w.batch_wait_iters, w.batch_wait_tokens) == (
+        16384, 20, 14745)
+    n = engine_profile("trtllm", isl=1024, max_batch_size=8, launcher="inferencex", osl=1024,
+                       tp=8, model="meta-llama/Llama-3.1-70B")
+    assert n.batch_wait_iters == 0
+    g = engine_profile("trtllm", isl=8192, max_batch_size=8, launcher="inferencex", osl=1024,
+                       tp=4, model="openai/gpt-oss-120b")
+    assert g.max_num_batched_tokens == 20000
+    v = engine_profile("vllm", isl=1024, max_batch_size=8, launcher="inferencex",
+                       model="openai/gpt-oss-120b")
+    assert v.iteration_overhead_s == 0.0 and not v.prefix_caching  # async scheduling
+    other = engine_profile("vllm", isl=1024, max_batch_size=8, launcher="inferencex",
+                           model="MiniMaxAI/MiniMax-M2.5")
+    assert other.iteration_overhead_s is None  # no recipe known: engine defaults
+    for p in (w, n, g, v):
+        ServingConfig(**p.config_kwargs())

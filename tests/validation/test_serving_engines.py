@@ -54,6 +54,13 @@ WITHIN_TARGET = {
     "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_1024x256_c64_tp8_epnone_15": 0.20,
     # 2395.7 ms / 23.65 ms; predicted 2175.2 ms (-9 %) / 22.79 ms (-4 %).
     "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_1024x256_c128_tp4_epnone_17": 0.20,
+    # InferenceX vLLM Llama-3-70B FP8 rows, whose client (10 x C prompts of uniform 0.8-1.0 x
+    # length, synchronized start) and recipe (8192-token budget, async scheduling) are both
+    # known (session 2, round 2: the 70 vLLM 70B rows have median |err| 19 % TTFT, 6 % TPOT).
+    # H200 TP8 C4 8192/1024: 303.2 ms / 8.76 ms; predicted 287.9 ms (-5 %) / 9.17 ms (+5 %).
+    "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_8192x1024_c4_tp8_ep1_677": 0.20,
+    # H100 TP4 C16 8192/1024: 731.5 ms / 21.06 ms; predicted 681.4 ms (-7 %) / 21.17 ms (+1 %).
+    "2026_04_06_llama_3_1_70b_h100_sxm_vllm_fp8_agg_8192x1024_c16_tp4_ep1_789": 0.20,
 }
 
 
@@ -68,3 +75,43 @@ def test_silicon_rows_within_target(shipped_records) -> None:
     assert len(errs) == 2 * len(WITHIN_TARGET)
     for (rid, metric), err in errs.items():
         assert abs(err) <= WITHIN_TARGET[rid], (rid, metric, err)
+
+
+TRT_70B_TP2 = "2026_04_06_llama_3_1_70b_h200_sxm_trtllm_fp8_agg_1024x1024_c8_tp2_ep1_627"
+TRT_70B_TP8 = "2026_04_06_llama_3_1_70b_h200_sxm_trtllm_fp8_agg_1024x1024_c8_tp8_ep1_584"
+
+
+def test_inferencex_row_runs_its_client_and_recipe(by_id) -> None:
+    case = to_case(by_id[TRT_70B_TP2])
+    cfg, wl = case.config, case.workload
+    # InferenceX benchmark_serving.py: 10 x C prompts, all measured, streams start together,
+    # lengths uniform in [int(0.8 x 1024), 1024].
+    assert wl.ramp_up_s == 0.0 and wl.num_requests == 80
+    assert case.extra["warmup_requests"] == 0 and case.extra["measured_requests"] == 80
+    assert (wl.input_len.kind, wl.input_len.low, wl.input_len.high) == ("uniform", 819, 1024)
+    assert (wl.output_len.low, wl.output_len.high) == (819, 1024)
+    # 70b_fp8_h200_trt_slurm.sh: --max_num_tokens 16384, batch waiting at 1k/1k below TP 8.
+    assert cfg.max_num_batched_tokens == 16384 and cfg.batch_wait_iters == 20
+    assert cfg.tp_allreduce == "trtllm"
+    assert to_case(by_id[TRT_70B_TP8]).config.batch_wait_iters == 0
+
+
+def test_gap_rows_keep_the_aiperf_protocol(by_id) -> None:
+    case = to_case(by_id[TRTLLM_8B])
+    wl = case.workload
+    assert wl.input_len.kind == "fixed" and wl.input_len.value == 1024
+    assert case.extra["measured_requests"] == 50 * 8
+
+
+def test_first_wave_keeps_its_weight_when_fewer_turns_are_simulated() -> None:
+    from charon_search.validation.predict import _steady_state
+
+    # 10 turns of 4 measured, 2 simulated: the idle-start wave (TTFT 1 s) weighs 4 / 40, the
+    # simulated second turn (0.1 s) stands for the other nine.
+    per = {"request_id": list(range(8)), "ttft_s": [1.0] * 4 + [0.1] * 4,
+           "tpot_s": [0.01] * 8}
+    ttft, tpot = _steady_state({"per_request": per}, 0, nominal=40, wave=4)
+    assert ttft == pytest.approx(0.1 * 1.0 + 0.9 * 0.1) and tpot == pytest.approx(0.01)
+    # Every measured request simulated: the plain mean.
+    ttft, _ = _steady_state({"per_request": per}, 0, nominal=8, wave=4)
+    assert ttft == pytest.approx(0.55)

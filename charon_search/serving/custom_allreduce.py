@@ -1,0 +1,70 @@
+"""Tensor-parallel all-reduce as serving engines run it: custom NVLink kernels, not NCCL.
+
+vLLM (``custom_all_reduce``), SGLang (the same kernel family) and TensorRT-LLM (``AllReduce``
+with its one-shot/two-shot strategies) replace NCCL for the activation all-reduces of a tensor-
+parallel group inside one NVLink node: each rank reads its peers' buffers directly, so a small
+message costs a few microseconds instead of NCCL's launch + ring steps. Their latency is a
+measured fact of each engine and GPU: aiconfigurator-core's ``custom_allreduce_perf`` tables
+(``data/serving/custom_allreduce.csv``, converted with the command in that file's header),
+interpolated log-log in message size. Groups that leave the node, GPUs or engines without a
+table, and sizes outside it fall back to the cluster's NCCL model (``None`` here).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["ENGINES", "custom_allreduce_s", "table_gpus"]
+
+ENGINES = ("vllm", "sglang", "trtllm")
+_TABLE = Path(__file__).resolve().parent.parent / "data" / "serving" / "custom_allreduce.csv"
+
+
+@lru_cache(maxsize=1)
+def _load() -> dict[tuple[str, str, int], tuple[tuple[float, ...], tuple[float, ...]]]:
+    rows: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    with _TABLE.open() as f:
+        for row in csv.DictReader(line for line in f if not line.startswith("#")):
+            key = (row["gpu"], row["framework"], int(row["num_gpus"]))
+            rows.setdefault(key, []).append((float(row["bytes"]), float(row["latency_s"])))
+    out = {}
+    for key, pts in rows.items():
+        pts.sort()
+        # Lower monotone envelope: a message never costs more than a larger one (the kernel
+        # could pad it), which removes run-to-run outliers of single sizes.
+        lat = [t for _, t in pts]
+        for i in range(len(lat) - 2, -1, -1):
+            lat[i] = min(lat[i], lat[i + 1])
+        out[key] = (tuple(math.log(b) for b, _ in pts), tuple(math.log(t) for t in lat))
+    return out
+
+
+def table_gpus() -> set[str]:
+    """GPU names with a measured table."""
+    return {k[0] for k in _load()}
+
+
+def custom_allreduce_s(engine: str, gpu: str, group_size: int, nbytes: float) -> float | None:
+    """Seconds of one bf16 all-reduce of ``nbytes`` over ``group_size`` NVLink peers by
+    ``engine``'s custom kernel on ``gpu``; None when no measurement covers it."""
+    table = _load().get((gpu, engine, int(group_size)))
+    if table is None or nbytes <= 0:
+        return None
+    xs, ys = table
+    x = math.log(nbytes)
+    if x > xs[-1]:
+        return None
+    if x <= xs[0]:
+        return math.exp(ys[0])
+    lo, hi = 0, len(xs) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if xs[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    w = (x - xs[lo]) / (xs[hi] - xs[lo])
+    return math.exp(ys[lo] + w * (ys[hi] - ys[lo]))
