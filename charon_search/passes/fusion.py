@@ -21,7 +21,9 @@ grouped GEMMs) run in fp8; quantize ops are inserted on their activation inputs:
   input (amax reduction, then scale-and-cast) and one fp8 write per element. ``delayed``
   (Transformer Engine's amax history, Megatron / llm-foundry) fuses the amax into the cast
   (one read); ``blockwise`` (1x128 / 128x128 scales, DeepSeek-V3) computes the block amax inside
-  the cast kernel (one read, 25 % more for the per-block scales).
+  the cast kernel (one read, 25 % more for the per-block scales). Transformer Engine writes
+  the transposed copy in the same kernel (``fp8_cast_transpose_fused``; not with sequence
+  parallelism), so under ``delayed`` the ``_t`` quantize only writes.
 
 Not modelled: weight casts (``N x K / tp`` elements per GEMM, small next to ``M x K``
 activations at training token counts) and fp8 all-gathers. NB: the LM head, router and
@@ -47,6 +49,8 @@ _EAGER_ATTN_KINDS = frozenset({OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEME
 #: Reads of the high-precision input per quantize, by recipe (see the module docstring).
 FP8_CAST_READS = {"tensorwise": 2.0, "rowwise": 2.0, "delayed": 1.0, "blockwise": 1.25}
 FP8_RECIPES = tuple(FP8_CAST_READS)
+#: Recipes whose cast kernel also writes the transposed fp8 copy (Transformer Engine).
+FP8_CAST_TRANSPOSE_FUSED = frozenset({"delayed"})
 FP8_ROLES = frozenset({Role.ATTN_QKV, Role.ATTN_OUT, Role.MLP_IN, Role.MLP_OUT,
                        Role.MOE_SHARED, Role.MOE_EXPERT})
 _FLOAT_DTYPES = frozenset({"fp32", "tf32", "bf16", "fp16"})
@@ -190,6 +194,12 @@ class FP8Pass(Pass):
             raise ConfigError(f"`fp8_recipe` must be one of {list(FP8_RECIPES)}, but got "
                               f"{ctx.fp8_recipe!r}")
         reads = FP8_CAST_READS[ctx.fp8_recipe]
+        # Transformer Engine (delayed recipe) writes the wgrad's transposed copy in the same
+        # kernel as the forward / dgrad copy, reading the bf16 tensor once
+        # (``fp8_cast_transpose_fused`` in TE ``Linear`` / ``LayerNormLinear``, except with
+        # sequence parallelism): the transposed copy costs only its fp8 write.
+        reads_t = 0.0 if ctx.fp8_recipe in FP8_CAST_TRANSPOSE_FUSED and \
+            not ctx.sequence_parallel else reads
         quantized: dict[tuple[int, str], int] = {}
         changed = False
         for node in graph.nodes:
@@ -212,14 +222,15 @@ class FP8Pass(Pass):
                     out = gb.new_tensor(shape=spec.shape, dtype="fp8")
                     numel = spec.numel
                     suffix = "_t" if layout == "t" else ""
+                    r = reads_t if layout == "t" else reads
                     gb.nodes.append(Node(
                         id=gb.fresh_id(),
                         name=gb.unique_name(f"fp8_quantize{suffix}_{node.name}"),
                         kind=OpKind.ELEMENTWISE, target="pass:fp8",
                         module_path=node.module_path, role=node.role, phase=node.phase,
                         inputs=(gb.rename.get(t, t),), outputs=(out,),
-                        flops=numel * 3 * reads,
-                        bytes_read=numel * DTYPE_BYTES.get(spec.dtype, 2) * reads,
+                        flops=numel * 3 * max(r, 1.0 / 3),
+                        bytes_read=numel * DTYPE_BYTES.get(spec.dtype, 2) * r,
                         bytes_written=numel * 1.0, params={"numel": numel},
                         tags=frozenset({"fp8"})))
                     quantized[key] = out

@@ -15,6 +15,13 @@ transformer layer this yields 2 all-reduces of b·s·h forward and 2 backward (S
 as AG + RS). Not modelled: the SP re-gather of the saved input for the column wgrad (Megatron
 overlaps it with the dgrad GEMM), vocab-parallel cross-entropy's scalar all-reduces.
 
+FP8 under SP: the ``fp8`` pass quantizes a GEMM's input before this pass runs, so by default the
+all-gather moves the fp8 copy (torchtitan's ``Float8ColwiseParallel`` for the tensorwise recipe:
+the input is cast on its sequence shard and gathered in fp8). torchtitan's rowwise recipes use
+plain TP instead, "all-gather happens in high precision" (torchtitan ``parallelize_llama``:
+``enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise``): with
+``fp8_recipe == "rowwise"`` the bf16 input is gathered and then quantized whole on every rank.
+
 MoE blocks: routed experts stay unsharded by TP (expert TP = 1, Megatron's default); with SP the
 routed part runs on the sequence shard (Megatron requires SP with TP + MoE).
 """
@@ -49,11 +56,15 @@ def _keeps_partial(node: Node, act_in: list[int], n_partial: int) -> bool:
     gradients) commute with the reduction. A one-input elementwise op on a partial sum (bias
     add, dropout, their fused ``bias_dropout_add``) runs after the all-reduce / reduce-scatter
     in Megatron, on the reduced (under SP: sequence-sharded) tensor, and its side outputs
-    (the dropout mask) are never communicated.
+    (the dropout mask) are never communicated. The output rescale of a rowwise fp8 GEMM
+    (``fp8_rowwise_rescale_*``: a product with per-row and per-column scales, linear) runs on
+    the GEMM's local output, partial sum or not, like the GEMM epilogue it stands for.
     """
     if n_partial != len(act_in):
         return False
     if node.kind == OpKind.COPY:
+        return True
+    if node.target == "pass:fp8" and node.name.startswith("fp8_rowwise_rescale"):
         return True
     return node.kind == OpKind.ELEMENTWISE and len(act_in) >= 2
 
@@ -78,12 +89,23 @@ class TensorParallelPass(Pass):
             raise PassError(f"tp: graph {graph.name!r} already has TP collectives")
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
-        return PassResult(_TPWalker(graph, ctx.tp, ctx.sequence_parallel).walk(), True)
+        hp = ctx.precision == "fp8" and ctx.fp8_recipe in HP_GATHER_FP8_RECIPES
+        return PassResult(_TPWalker(graph, ctx.tp, ctx.sequence_parallel,
+                                    hp_gather=hp).walk(), True)
+
+
+#: fp8 recipes whose SP all-gather moves the bf16 input (see the module docstring).
+HP_GATHER_FP8_RECIPES = frozenset({"rowwise"})
 
 
 class _TPWalker:
-    def __init__(self, graph: OpGraph, tp: int, sp: bool) -> None:
+    def __init__(self, graph: OpGraph, tp: int, sp: bool, *, hp_gather: bool = False) -> None:
         self.graph, self.tp, self.sp = graph, tp, sp
+        # rowwise fp8: quantize output -> its (unsharded) quantize node, to gather its bf16 input
+        self.quant_of: dict[int, Node] = {
+            n.outputs[0]: n for n in graph.nodes
+            if hp_gather and n.target == "pass:fp8" and n.name.startswith("fp8_quantize")
+            and len(n.inputs) == 1 and len(n.outputs) == 1}
         self.gb = GraphBuilder(graph)
         self.state: dict[int, str] = {t: "R" for t in graph.inputs}
         self.state.update({t: "S" for t in graph.meta.get("tp_sharded_inputs", ())})
@@ -115,6 +137,8 @@ class _TPWalker:
         """SP: the all-gathered copy of sequence-sharded ``t`` (inserted once per tensor)."""
         if not self.sp or self.st(t) != "R" or t in self.params:
             return t
+        if t not in self.gathered and t in self.quant_of:
+            self.gathered[t] = self._gather_then_quantize(t, node)
         if t not in self.gathered:
             self.gathered[t] = self.gb.add_comm(
                 OpKind.ALL_GATHER, group="tp", group_size=self.tp,
@@ -122,6 +146,28 @@ class _TPWalker:
                 module_path=node.module_path, name=f"tp_all_gather_{node.name}", rewire=False)
             self.state[self.gathered[t]] = "F"
         return self.gathered[t]
+
+    def _gather_then_quantize(self, t: int, node: Node) -> int:
+        """Rowwise fp8: all-gather the bf16 input of quantize ``t``, then quantize it whole.
+
+        The sequence-shard quantize already in the graph costs ``1/tp`` of the whole one; the
+        node added after the gather carries the other ``(tp - 1)/tp``.
+        """
+        q = self.quant_of[t]
+        src = self.cur(q.inputs[0])
+        full = self.gb.add_comm(
+            OpKind.ALL_GATHER, group="tp", group_size=self.tp,
+            nbytes=self.gb.tensors[q.inputs[0]].nbytes, reads=(src,), like=src,
+            phase=node.phase, module_path=node.module_path,
+            name=f"tp_all_gather_{node.name}", rewire=False)
+        rest = (self.tp - 1) / self.tp
+        out = self.gb.new_tensor(self.gb.tensors[t])
+        self.gb.nodes.append(q.replace(
+            id=self.gb.fresh_id(), name=self.gb.unique_name(f"{q.name}_gathered"),
+            inputs=(full,), outputs=(out,), flops=q.flops * rest,
+            bytes_read=q.bytes_read * rest, bytes_written=q.bytes_written * rest))
+        self.state[out] = "F"
+        return out
 
     def flush_dangling(self, node: Node) -> tuple[int, ...]:
         """Reduce partial sums no op in this graph reads (their sum was traced elsewhere or

@@ -11,14 +11,18 @@ import numpy as np
 
 from charon_search.cost.attention_kernels import attention_time_factor
 from charon_search.cost.collectives import estimate_collective
+from charon_search.cost.roofline import node_compute_efficiency, node_peak_flops_per_s
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
-from charon_search.ir import OpGraph, OpKind
+from charon_search.ir import DTYPE_BYTES, OpGraph, OpKind
 
 __all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
 
 #: Kernels whose speed follows the SM clock (tensor-core bound), so a power-limited sustained
 #: clock slows them (``GpuSpec.sustained_clock_ratio``); memory-bound ops keep their cost.
+#: Provenances of fp8 GEMM times measured with the input cast inside (see
+#: ``GraphCoster._without_input_quantize``).
+MEASURED_FP8_GEMM_QUANT_PROVENANCE = frozenset({"profile", "predictor"})
 COMPUTE_BOUND_KINDS = frozenset({OpKind.GEMM, OpKind.GROUPED_GEMM, OpKind.BATCHED_GEMM,
                                  OpKind.ATTENTION, OpKind.ATTENTION_BWD})
 
@@ -130,6 +134,29 @@ class GraphCoster:
             OpKind.ATTENTION: attention_time_factor(attention_kernel, gen, backward=False),
             OpKind.ATTENTION_BWD: attention_time_factor(attention_kernel, gen, backward=True)}
 
+    def _without_input_quantize(self, n: Any, dur: float, b: float, s: float,
+                                c: float) -> float:
+        """A measured fp8 GEMM row less the input quantize its measurement contains.
+
+        The shipped fp8 GEMM rows (aiconfigurator-core ``gemm_perf`` of vLLM, kernel
+        ``CutlassFP8ScaledMMLinearKernel``) time vLLM's ``RowParallelLinear.forward`` on a bf16
+        input with ``Fp8Config(activation_scheme="static")`` (aiconfigurator
+        ``collector/vllm/collect_gemm.py``): each call casts its ``m x k`` input to fp8 (one
+        bf16 read, one fp8 write) before the scaled GEMM. The ``fp8`` pass prices the casts of a
+        training GEMM's inputs as their own nodes, so that cast is taken out again here, never
+        below the GEMM's own roofline time.
+        """
+        gpu = self.cluster.gpu
+        m, k = n.params.get("m"), n.params.get("k")
+        if m is None or k is None:
+            return dur
+        numel = float(m(b, s, c)) * float(k(b, s, c))
+        bw = gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency
+        quant_s = numel * (DTYPE_BYTES["bf16"] + DTYPE_BYTES["fp8"]) / bw
+        peak = node_peak_flops_per_s(n, gpu) * node_compute_efficiency(n, gpu)
+        floor = max(float(n.flops(b, s, c)) / peak, float(n.bytes(b, s, c)) / bw)
+        return max(dur - quant_s, floor)
+
     def collective(self, kind: str, nbytes: float, group_size: int, group: str
                    ) -> tuple[float, str]:
         """(seconds, bottleneck tier) of one collective on mesh axis ``group``."""
@@ -189,6 +216,9 @@ class GraphCoster:
                     dur[i] *= n.params["load_imbalance"].const_value()
             elif "load_imbalance" in n.params:
                 dur[i] *= n.params["load_imbalance"].const_value()
+            if (n.kind == OpKind.GEMM and n.dtype == "fp8" and "fp8" in n.tags
+                    and prov[i] in MEASURED_FP8_GEMM_QUANT_PROVENANCE):
+                dur[i] = self._without_input_quantize(n, float(dur[i]), b, s, cc)
             if "kernel_slowdown" in n.params and not n.is_comm:
                 # a slower kernel than the costed one for the same op (passes.fusion)
                 dur[i] *= n.params["kernel_slowdown"].const_value()

@@ -106,8 +106,22 @@ def test_fp8_wgrad_needs_transposed_casts_and_dynamic_scaling_reads_twice(recipe
     reads = FP8_CAST_READS[recipe]
     for n in q:
         numel = n.params["numel"](B, S)
-        assert n.bytes_read(B, S) == pytest.approx(numel * 2 * reads)  # bf16 input
+        # Transformer Engine (delayed) writes the transposed copy in the forward / dgrad cast
+        # kernel (fp8_cast_transpose_fused): that copy reads no bf16
+        r = 0.0 if recipe == "delayed" and n in qt else reads
+        assert n.bytes_read(B, S) == pytest.approx(numel * 2 * r)  # bf16 input
         assert n.bytes_written(B, S) == pytest.approx(numel)  # fp8 output
+
+
+def test_fp8_delayed_cast_transpose_fusion_not_with_sequence_parallel() -> None:
+    # TE Linear: fp8_cast_transpose_fused only "and not sequence_parallel"
+    def t_reads(sp: bool) -> float:
+        pb = parallelize_block(synthetic_block("dense"), PassContext(
+            precision="fp8", fp8_recipe="delayed", tp=2, sequence_parallel=sp, debug=True))
+        return sum(n.bytes_read(B, S) for n in pb.backward.nodes
+                   if n.name.startswith("fp8_quantize_t_"))
+
+    assert t_reads(False) == 0.0 and t_reads(True) > 0.0
 
 
 def test_fp8_unknown_recipe_is_config_error() -> None:
@@ -195,6 +209,44 @@ def test_fp8_rowwise_slower_forward_kernel_and_backward_rescale() -> None:
         (r,) = [n for n in rescale if n.name == f"fp8_rowwise_rescale_{g.name}"]
         numel = r.params["numel"](2, 64)
         assert r.bytes_read(2, 64) == r.bytes_written(2, 64) == 2 * numel > 0
+
+
+def _tp_comm(g: OpGraph, kind: OpKind) -> list[Node]:
+    return [n for n in g.nodes if n.kind == kind and n.group == "tp"]
+
+
+def test_fp8_rowwise_tp_gathers_bf16_then_quantizes_whole_tensorwise_gathers_fp8() -> None:
+    # torchtitan parallelize_llama: float8 TP styles (fp8 all-gather) only for tensorwise;
+    # "For rowwise recipes, we use regular TP and all-gather happens in high precision".
+    def block(recipe: str | None):
+        prec = "bf16" if recipe is None else "fp8"
+        return parallelize_block(synthetic_block("dense"), PassContext(
+            precision=prec, fp8_recipe=recipe or "tensorwise", tp=4, sequence_parallel=True,
+            debug=True))
+
+    bf, tw, rw = block(None), block("tensorwise"), block("rowwise")
+    ag = {k: sum(n.params["bytes"](2, 64) for n in _tp_comm(pb.forward, OpKind.ALL_GATHER))
+          for k, pb in (("bf", bf), ("tw", tw), ("rw", rw))}
+    assert ag["tw"] == pytest.approx(ag["bf"] / 2)  # 1-byte fp8 vs 2-byte bf16 activations
+    assert ag["rw"] == pytest.approx(ag["bf"])
+    for pb in (rw,):
+        for whole in (n for n in pb.forward.nodes if n.name.endswith("_gathered")):
+            (shard,) = [n for n in pb.forward.nodes
+                        if n.name == whole.name.removesuffix("_gathered")]
+            # the shard cast costs 1/tp of the whole one, the gathered cast the other 3/4
+            assert whole.bytes_read(2, 64) == pytest.approx(3 * shard.bytes_read(2, 64))
+    assert not any(n.name.endswith("_gathered") for n in tw.forward.nodes)
+
+
+def test_fp8_rowwise_rescale_keeps_partial_sums_no_extra_tp_collectives() -> None:
+    # the rowwise output rescale is linear, so it runs on the local partial sum like a GEMM
+    # epilogue: the backward has as many TP reduce-scatters as in bf16
+    def rs(prec: str, recipe: str) -> int:
+        pb = parallelize_block(synthetic_block("dense"), PassContext(
+            precision=prec, fp8_recipe=recipe, tp=2, sequence_parallel=True, debug=True))
+        return len(_tp_comm(pb.backward, OpKind.REDUCE_SCATTER))
+
+    assert rs("fp8", "rowwise") == rs("bf16", "tensorwise") == rs("fp8", "tensorwise")
 
 
 def test_fp8_keeps_grouped_gemm_offsets_and_ep_dispatches_the_activations() -> None:
