@@ -47,7 +47,7 @@ from charon_search.ir import DTYPE_BYTES, Node, OpKind, Poly, Role
 if TYPE_CHECKING:
     from charon_search.ir.graph import OpGraph
 
-__all__ = ["fuse_for_inference", "shard_experts_tp"]
+__all__ = ["fuse_for_inference", "fuse_trtllm", "shard_experts_tp"]
 
 _GEMMS = (OpKind.GEMM, OpKind.GROUPED_GEMM)
 _MOE_GLUE_ROLES = frozenset({Role.MOE_ROUTER.value, Role.MOE_DISPATCH.value,
@@ -469,3 +469,39 @@ def _fuse_residual_norm(graph: OpGraph) -> OpGraph:
             target="serving:fusion", tags=lead.tags | {"fused", "fused_residual"})
         g = g.with_nodes(fused if n.id == lead.id else n for n in g.nodes if n.id != last.id)
     return g
+
+
+def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True) -> OpGraph:
+    """The kernels TensorRT-LLM (PyTorch backend) runs beyond ``fuse_for_inference``.
+
+    * **All-reduce + residual + RMSNorm** (``allreduce_norm``; TP > 1 without attention-DP):
+      the decoder layers pass ``AllReduceParams(fusion_op=AllReduceFusionOp.RESIDUAL_RMS_NORM)``
+      to the TP all-reduce after attention and after the MLP/MoE, so the next RMSNorm runs in
+      the all-reduce kernel's epilogue (``tensorrt_llm/_torch/models/modeling_llama.py``
+      ``PRE_MLP_FUSION`` / ``POST_MLP_FUSION``; ``modeling_deepseekv3.py`` ``PRE_MOE_FUSION``).
+      The norm that follows a TP all-reduce is dropped (its time is inside the measured
+      all-reduce latency); the block's leading norm follows the previous layer's trailing
+      all-reduce the same way (off by one kernel per model, as in ``_fuse_residual_norm``).
+    * **RoPE in the attention op**: TRT-LLM's attention applies RoPE in its QKV preprocessing
+      kernel, which also writes the KV cache (``invokeApplyBiasRopeUpdateKVCache``,
+      ``cpp/tensorrt_llm/kernels/unfusedAttentionKernels``): the separate RoPE kernel is
+      dropped; the KV-append kernel stays as that preprocessing kernel.
+    """
+    nodes = graph.nodes
+    drop: set[int] = set()
+    for n in nodes:
+        if (_str(n.role) == Role.ATTN_ROPE.value and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)
+                and not n.is_comm):
+            drop.add(n.id)
+    if allreduce_norm:
+        def is_tp_ar(n: Node) -> bool:
+            return n.is_comm and n.kind == OpKind.ALL_REDUCE and n.group == "tp"
+
+        for a, b in pairwise(nodes):
+            if is_tp_ar(a) and b.kind == OpKind.NORM:
+                drop.add(b.id)
+        comp = [n for n in nodes if not n.is_comm]
+        if (nodes and is_tp_ar(nodes[-1]) and comp and comp[0].kind == OpKind.NORM
+                and _str(comp[0].role) == Role.ATTN_NORM.value):
+            drop.add(comp[0].id)
+    return graph.with_nodes(n for n in nodes if n.id not in drop) if drop else graph

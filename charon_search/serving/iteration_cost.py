@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from charon_search.ir.graph import OpGraph
 
 __all__ = [
+    "GRAPH_KERNEL_FLOOR_S",
     "AffineIterationCostModel",
     "GraphIterationCostModel",
     "IterationCostModel",
@@ -183,6 +184,14 @@ def collective_s(kind: str, nbytes: float, group_size: int, cluster: ClusterSpec
     return float(collective_time(kind, nbytes, group_size, cluster, stride=stride))
 
 
+GRAPH_KERNEL_FLOOR_S = 1.7e-6
+"""Seconds of one small kernel replayed in a CUDA graph (launch and inter-kernel gap
+included): median 1.65 us of the 8 smallest elementwise kernels (384 B - 393 KB, 1.53-1.73 us)
+timed by graph replay on an H200 (``data/profiles/measured/h200-sxm-141gb.prefill-grid.parquet``,
+``charon-search profile``, 2026-11-29); the decode-shape rows of the same run agree (RoPE over
+327,680 elements and a 262,144-element add: 2 us each)."""
+
+
 def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphCostFn:
     """Seconds per node of a graph at ``(b, s, c)``.
 
@@ -204,8 +213,18 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
                 return t
         return collective_s(kind, nbytes, group, cluster)
 
+    launch_s = float(cluster.gpu.launch_overhead_s)
+
     def _cost(g: OpGraph, b: float, s: float, c: float) -> np.ndarray:
-        out = np.array(model.cost_graph(g, b, s, c), dtype=float)
+        detailed = model.cost_graph_detailed(g, b, s, c)
+        out = np.array(detailed.durations_s, dtype=float)
+        # Roofline-costed kernels carry the spec's eager launch overhead (launch + inter-kernel
+        # gap without CUDA graphs); in a serving engine they run back to back (graph replay,
+        # or host launching ahead of the GPU; the host bound of eager iterations is the
+        # engine's ``kernel_launch_overhead_s``), so their floor is the graph-replay one.
+        roof = np.fromiter((p == "roofline" for p in detailed.provenance), bool, len(out))
+        if launch_s > GRAPH_KERNEL_FLOOR_S and roof.any():
+            out[roof] = np.maximum(out[roof] - launch_s, 0.0) + GRAPH_KERNEL_FLOOR_S
         comm = np.flatnonzero(np.isnan(out))
         for i in comm:
             node = g.nodes[i]
@@ -254,7 +273,8 @@ class GraphIterationCostModel(IterationCostModel):
         fused_kernels: run the kernels an inference engine fuses (``serving._fusion``);
             False costs the traced ops one kernel each.
         tp_allreduce: ``nccl`` or the engine whose custom all-reduce runs the TP all-reduces
-            inside a node (``graph_cost_fn``).
+            inside a node (``graph_cost_fn``); ``trtllm`` also runs TensorRT-LLM's fused
+            all-reduce + RMSNorm and RoPE-in-attention kernels (``_fusion.fuse_trtllm``).
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
@@ -271,6 +291,12 @@ class GraphIterationCostModel(IterationCostModel):
         prefill, decode = serving_graphs(model, tp=tp, pp=pp, ep=ep,
                                          dp_attention=dp_attention, precision=precision,
                                          fused_kernels=fused_kernels)
+        if fused_kernels and tp_allreduce == "trtllm":
+            from charon_search.serving._fusion import fuse_trtllm
+
+            ar_norm = tp > 1 and not dp_attention
+            prefill = {k: fuse_trtllm(g, allreduce_norm=ar_norm) for k, g in prefill.items()}
+            decode = {k: fuse_trtllm(g, allreduce_norm=ar_norm) for k, g in decode.items()}
         self._prefill_parts: list[_Part] = []
         self._decode_parts: list[_Part] = []
         self._head: _Part | None = None
@@ -294,6 +320,12 @@ class GraphIterationCostModel(IterationCostModel):
             model, tp=1 if dp_attention else tp, num_layers=math.ceil(model.num_layers / pp),
             kv_dtype=kv_dtype)
         self._pp_hop = self._pp_send_recv_fn()
+        # Decode attention is bound by its KV reads; the profile rows time a bf16 cache (FA3).
+        # TensorRT-LLM's XQA decode kernel reads an fp8 cache natively (one byte per element),
+        # so a row at the same KV bytes (context scaled by the element-size ratio) times it.
+        self._decode_kv_scale = 1.0
+        if tp_allreduce == "trtllm" and kv_dtype in ("fp8", "int8"):
+            self._decode_kv_scale = 0.5
         self._memo_linear: dict[int, float] = {}
         self._memo_head: dict[int, float] = {}
         self._memo_prefill_attn: dict[tuple[int, int], float] = {}
@@ -378,7 +410,8 @@ class GraphIterationCostModel(IterationCostModel):
         key = (n, kv, q)
         hit = self._memo_decode_attn.get(key)
         if hit is None:
-            hit = sum(p.count * self._sum(p.attention, n, q, max(kv, 1))
+            kv_eq = max(1.0, kv * self._decode_kv_scale)
+            hit = sum(p.count * self._sum(p.attention, n, q, kv_eq)
                       for p in self._decode_parts)
             self._memo_decode_attn[key] = hit
         return hit

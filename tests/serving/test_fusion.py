@@ -153,3 +153,41 @@ def test_embedding_is_a_gather_of_the_looked_up_rows() -> None:
     # Reads the gathered rows and the token ids, not the vocab x hidden table.
     assert rows <= emb.bytes_read(*POINT) <= rows + b * s * 8
     assert emb_raw.bytes_read(*POINT) >= spec.vocab_size * spec.hidden_size * 2
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_trtllm_fuses_norm_into_allreduce_and_rope_into_attention(tp: int) -> None:
+    from charon_search.serving._fusion import fuse_trtllm
+
+    for phase in (0, 1):
+        vllm = _graphs("debug-llama", True, tp)[phase]["dense"]
+        trt = fuse_trtllm(vllm, allreduce_norm=tp > 1)
+        roles = [n.role for n in trt.nodes if not n.is_comm]
+        assert "attn.rope" in [n.role for n in vllm.nodes]
+        assert "attn.rope" not in roles  # applied by the attention's QKV preprocessing
+        norms = [n for n in trt.nodes if n.kind == OpKind.NORM]
+        # TP > 1: both RMSNorms run in the epilogues of the two all-reduces (the leading one
+        # in the previous layer's); TP = 1 has no all-reduce and keeps add+RMSNorm kernels.
+        assert len(norms) == (0 if tp > 1 else 2)
+        assert len(trt.nodes) == len(vllm.nodes) - (3 if tp > 1 else 1)
+        assert sum(1 for n in trt.nodes if n.is_comm) == (2 if tp > 1 else 0)
+
+
+def test_graph_replay_floor_replaces_eager_launch_overhead() -> None:
+    from charon_search.serving.iteration_cost import GRAPH_KERNEL_FLOOR_S, graph_cost_fn
+    from charon_search.testing import toy_cluster
+
+    cluster = toy_cluster()
+    from charon_search.cost.selector import default_cost_model
+
+    graph = _graphs("debug-llama", True)[1]["dense"]
+    plain = default_cost_model(cluster).cost_graph_detailed(graph, 4, 1, 300)
+    serving = graph_cost_fn(cluster)(graph, 4, 1, 300)
+    launch = cluster.gpu.launch_overhead_s
+    assert launch > GRAPH_KERNEL_FLOOR_S
+    for t_plain, t_serv, prov in zip(plain.durations_s, serving, plain.provenance):
+        if prov == "roofline":  # bytes / bandwidth + the graph-replay floor
+            assert t_serv == pytest.approx(max(t_plain - launch, 0.0) + GRAPH_KERNEL_FLOOR_S)
+        elif prov:
+            assert t_serv == pytest.approx(t_plain)
+    assert any(p == "roofline" for p in plain.provenance)

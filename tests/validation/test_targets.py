@@ -52,13 +52,14 @@ def test_torchtitan_llama3_8b_h200_throughput(validated):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "serving simulator, session 2 (02:15): TTFT -77 %, TPOT -8 % on this row (session 1: "
-    "-87 % / +20 %); TPOT is within target since TensorRT-LLM's overlap scheduler, no-chunk "
+    "serving simulator, session 2 (02:45): TTFT -77 %, TPOT -11 % on this row (02:15: -77 % / "
+    "-8 %, before the CUDA-graph kernel floor and TensorRT-LLM's RoPE-in-attention; session "
+    "1: -87 % / +20 %); TPOT is within target since TensorRT-LLM's overlap scheduler, no-chunk "
     "budget and custom all-reduce are modelled, TTFT is not: the dense TensorRT-LLM 1.0.0rc3 "
     "gap-analysis rows measure 2-12x one prefill (more with concurrency), as if arrivals "
     "stayed in partial waves the simulation does not keep; unexplained; target |err| <= 20 %"))
 def test_h100_llama3_8b_silicon_row(validated):
     # aiconfigurator silicon row: TRT-LLM, H100, TP1, concurrency 8, 1024/128 tokens:
-    # TTFT 190.95 ms, TPOT 7.94 ms; predicted 44.7 ms / 7.30 ms.
+    # TTFT 190.95 ms, TPOT 7.94 ms; predicted 43.8 ms / 7.10 ms.
     err = _errors(validated, H100_8B_ROW)
     assert abs(err["ttft_s"]) <= 0.20 and abs(err["tpot_s"]) <= 0.20, err
