@@ -80,7 +80,9 @@ def main() -> int:
     args.json.write_text(json.dumps(merged, indent=1) + "\n")
     from charon_search.cli import main as cli
 
-    return cli(["accuracy", "--from", str(args.json), "--out", str(args.out)])
+    os.chdir(REPO)  # the report quotes its command: keep repository-relative paths in it
+    rel = [os.path.relpath(p, REPO) for p in (args.json, args.out)]
+    return cli(["accuracy", "--from", rel[0], "--out", rel[1]])
 
 
 if __name__ == "__main__":
