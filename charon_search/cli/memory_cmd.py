@@ -70,15 +70,15 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.catalog import load_model
     from charon_search.hardware import load_cluster
     from charon_search.memory import memory_report
-    from charon_search.memory.report import MemoryOptions
+    from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
 
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layout = layout_from_args(args)
     options = None
     if args.framework is not None:
-        overrides = {"loss_impl": "loss_parallel"} if (
-            args.framework == "torchtitan" and layout.tp > 1) else {}
+        overrides = ({"loss_impl": torchtitan_loss_impl(layout.tp)}
+                     if args.framework == "torchtitan" else {})
         options = MemoryOptions.for_framework(args.framework, **overrides)
     rep = memory_report(spec, layout, cluster, options=options)
     print(f"{spec.name} on {cluster.gpu.name} ({format_bytes(rep.device_memory_bytes)}); "

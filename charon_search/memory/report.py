@@ -29,7 +29,7 @@ from charon_search.memory.static import STATE_RECIPES, StateRecipe, shard_states
 from charon_search.units import MIB, format_bytes
 
 __all__ = ["LOSS_IMPLS", "MemoryOptions", "MemoryReport", "StageMemory", "fits",
-           "memory_report", "stage_layers"]
+           "memory_report", "stage_layers", "torchtitan_loss_impl"]
 
 SELECTIVE_POLICIES = ("attention", "op")
 
@@ -140,6 +140,19 @@ class MemoryOptions:
         if isinstance(self.recipe, str) and self.recipe not in STATE_RECIPES:
             raise ConfigError(f"`recipe` must be one of {sorted(STATE_RECIPES)}, "
                               f"but got {self.recipe!r}")
+
+
+def torchtitan_loss_impl(tp: int, *, loss_parallel: bool = True,
+                         compiled_loss: bool = False) -> str:
+    """``MemoryOptions.loss_impl`` of a torchtitan run.
+
+    DTensor ``loss_parallel`` whenever TP is on (torchtitan's default; ``loss_parallel=False``
+    for ``disable_loss_parallel``), else the Inductor-compiled loss when the run compiles it
+    (torchtitan from 2025), else eager ``cross_entropy`` on fp32 logits.
+    """
+    if tp > 1 and loss_parallel:
+        return "loss_parallel"
+    return "compiled" if compiled_loss else "eager"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,11 +18,11 @@ from charon_search.ir import DTYPE_BYTES, OpGraph, OpKind
 
 __all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
 
-#: Kernels whose speed follows the SM clock (tensor-core bound), so a power-limited sustained
-#: clock slows them (``GpuSpec.sustained_clock_ratio``); memory-bound ops keep their cost.
 #: Provenances of fp8 GEMM times measured with the input cast inside (see
 #: ``GraphCoster._without_input_quantize``).
 MEASURED_FP8_GEMM_QUANT_PROVENANCE = frozenset({"profile", "predictor"})
+#: Kernels whose speed follows the SM clock (tensor-core bound), so a power-limited sustained
+#: clock slows them (``GpuSpec.sustained_clock_ratio``); memory-bound ops keep their cost.
 COMPUTE_BOUND_KINDS = frozenset({OpKind.GEMM, OpKind.GROUPED_GEMM, OpKind.BATCHED_GEMM,
                                  OpKind.ATTENTION, OpKind.ATTENTION_BWD})
 
@@ -209,13 +209,12 @@ class GraphCoster:
                 dur[i], prov[i], tiers[i] = t, "collective", tier
             elif n.kind == OpKind.OTHER and n.target.startswith("pass:"):
                 dur[i] = 0.0  # joins inserted by passes are bookkeeping, not kernels
-            elif (n.kind == OpKind.GROUPED_GEMM and n.dtype == "fp8"
-                  and prov[i] == "predictor"):
-                dur[i] *= self._fp8_grouped_scale
+            else:
+                if (n.kind == OpKind.GROUPED_GEMM and n.dtype == "fp8"
+                        and prov[i] == "predictor"):
+                    dur[i] *= self._fp8_grouped_scale
                 if "load_imbalance" in n.params:
                     dur[i] *= n.params["load_imbalance"].const_value()
-            elif "load_imbalance" in n.params:
-                dur[i] *= n.params["load_imbalance"].const_value()
             if (n.kind == OpKind.GEMM and n.dtype == "fp8" and "fp8" in n.tags
                     and prov[i] in MEASURED_FP8_GEMM_QUANT_PROVENANCE):
                 dur[i] = self._without_input_quantize(n, float(dur[i]), b, s, cc)

@@ -440,7 +440,7 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None
     2025, else eager ``cross_entropy`` on fp32 logits.
     """
     try:
-        from charon_search.memory.report import MemoryOptions
+        from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
     except ImportError:
         return None
     fw = _framework(ex).lower()
@@ -454,11 +454,10 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None
         over["selective_policy"] = "op"
     if name == "torchtitan":
         year = _source_year(record) if record is not None else None
-        if layout.tp > 1 and not ex.get("disable_loss_parallel"):
-            over["loss_impl"] = "loss_parallel"
-        elif ex.get("torch_compile") and year is not None \
-                and year >= _TORCHTITAN_COMPILED_LOSS_FROM:
-            over["loss_impl"] = "compiled"
+        over["loss_impl"] = torchtitan_loss_impl(
+            layout.tp, loss_parallel=not ex.get("disable_loss_parallel"),
+            compiled_loss=bool(ex.get("torch_compile")) and year is not None
+            and year >= _TORCHTITAN_COMPILED_LOSS_FROM)
     return MemoryOptions.for_framework(name or None, **over)
 
 
