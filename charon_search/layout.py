@@ -16,12 +16,17 @@ from charon_search.errors import ConfigError
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
-__all__ = ["PRECISIONS", "RECOMPUTE_MODES", "SCHEDULES", "Layout"]
+__all__ = ["PRECISIONS", "RECOMPUTE_MODES", "RECOMPUTE_MODULES", "SCHEDULES", "Layout"]
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: Megatron-Core ``--recompute-modules`` choices
+#: (``megatron/core/transformer/transformer_config.py``).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 CP_ALGOS = ("ring", "allgather", "ulysses")
+CP_RING_IMPLS = ("overlapped", "torch_traced")
 RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-dp-pp", "tp-dp-cp-pp", "tp-dp-pp", "tp-pp-dp")
 
 
@@ -61,6 +66,15 @@ class Layout:
     """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``fp32``."""
     cp_algo: str = "ring"
     """Context parallel algorithm: ``ring`` (P2P KV), ``allgather`` (Llama 3), ``ulysses``."""
+    cp_ring_impl: str = "overlapped"
+    """With ``cp_algo="ring"``: ``overlapped`` (K/V and dK/dV hops overlap the attention
+    kernels, bf16) or ``torch_traced`` (PyTorch ``context_parallel`` traced by torch.compile:
+    K/V all-gathered, dK/dV passed around the ring in fp32, each collective waited on right
+    after it is issued). See ``passes.context_parallel``."""
+    cp_repeat_kv: bool = False
+    """The model repeats K/V to the query-head count before attention (torchtitan's Llama
+    ``repeat_kv``), so context parallelism moves K/V and dK/dV at ``heads``, not
+    ``kv_heads``."""
     async_tp: bool = False
     """Overlap TP collectives with GEMM chunks."""
     moe_a2a_overlap: bool = False
@@ -70,6 +84,10 @@ class Layout:
     and forward it over NVLink (DeepEP normal kernels, DeepSeek-V3 report sec. 3.2.2). With
     the model's group-limited routing on node-aligned expert groups, a token reaches at most
     ``topk_group`` nodes instead of ``top_k`` experts."""
+    moe_fused_permute: bool = False
+    """Megatron-Core ``--moe-permute-fusion`` / ``--moe-router-fusion`` (Transformer Engine's
+    fused token permute, unpermute-with-probabilities and router kernels): each run of the
+    router's, the dispatch's and the combine's local ops is one kernel (``passes.fusion``)."""
     fsdp_prefetch: bool = True
     """ZeRO-3: prefetch the next layer's all-gather during the current layer."""
     expert_load_imbalance: float = 1.0
@@ -87,6 +105,19 @@ class Layout:
     """What ``recompute="selective"`` re-runs: ``attention`` (the attention core, Megatron /
     Korthikanti et al.) or ``op`` (torchtitan's op-level SAC: every op except matmuls,
     attention kernels and their collectives, plus every second matmul)."""
+    recompute_modules: tuple[str, ...] = ()
+    """With ``recompute="selective"``: Megatron-Core ``--recompute-modules`` (``core_attn``,
+    ``moe_act``, ``layernorm``, ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``); empty = the
+    ``selective_policy`` decides. See ``passes.recompute``."""
+    fp8_gemm_kernel: str = "cutlass"
+    """Kernel family of fp8 GEMMs: ``cutlass`` (the shipped fp8 rows, vLLM's CUTLASS kernel) or
+    ``cublaslt`` (Transformer Engine and torchao ``torch._scaled_mm``: the rows scaled by the
+    measured cuBLASLt / CUTLASS ratio at the nearest shape, ``sim.fp8_kernels``; H100/H200)."""
+    norm_impl: str = "fused"
+    """``fused`` (one kernel per norm and direction: Megatron / Transformer Engine / Apex fused
+    norms, or torch.compile) or ``eager`` (torchtitan's ``RMSNorm`` without torch.compile: one
+    eager kernel per op of ``_norm(x.float()).type_as(x) * weight`` and one per autograd
+    formula in the backward; see ``passes.eager_norm``)."""
     attention_kernel: str = "flash"
     """``flash`` (the GPU's best fused attention kernel), ``flash2`` (FlashAttention-2, PyTorch
     SDPA's flash backend), ``flash_triton`` (the 2022/23 Triton FlashAttention kernel) or
@@ -112,10 +143,18 @@ class Layout:
         _choice("recompute", self.recompute, RECOMPUTE_MODES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("cp_algo", self.cp_algo, CP_ALGOS)
+        _choice("cp_ring_impl", self.cp_ring_impl, CP_RING_IMPLS)
         _choice("rank_order", self.rank_order, RANK_ORDERS)
         _choice("optimizer", self.optimizer, ("adam", "sgd"))
         _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
+        if isinstance(self.recompute_modules, str):  # "mlp moe_act" (CLI / YAML)
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules.split()))
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        for mod in self.recompute_modules:
+            _choice("recompute_modules", mod, RECOMPUTE_MODULES)
+        _choice("norm_impl", self.norm_impl, ("fused", "eager"))
+        _choice("fp8_gemm_kernel", self.fp8_gemm_kernel, ("cutlass", "cublaslt"))
         _choice("attention_kernel", self.attention_kernel,
                 ("flash", "flash2", "flash_triton", "eager"))
         if self.zero_stage not in (0, 1, 2, 3):

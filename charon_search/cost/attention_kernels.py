@@ -44,7 +44,7 @@ GEN_SLOWDOWN: dict[tuple[int, int], tuple[float, float]] = {
 
 #: Backward over forward attention throughput (FLOP/s, the backward counted as 2.5x the
 #: forward's matmul FLOPs) of one fused kernel. The costs price a backward as its forward times
-#: the FLOP ratio (``cost.selector.ATTENTION_BWD_FLOP_RATIO``; the roofline at the forward's
+#: the FLOP ratio (``ir.ATTENTION_BWD_FLOP_RATIO``; the roofline at the forward's
 #: efficiency), but the backward runs slower per FLOP: FlashAttention-3 paper (Shah et al.,
 #: arXiv 2407.08608, Fig. "Attention forward/backward speed, head dim 128 (H100 80GB SXM5)",
 #: seq 16k): FlashAttention-3 forward 648 / backward 561 TFLOP/s (0.866), FlashAttention-2

@@ -13,6 +13,7 @@ from charon_search.frontend._roles import RoleTracker, block_of_path
 from charon_search.frontend._symbolic import DimFitter
 from charon_search.frontend._trace import NN_MODULE_STACK, Capture
 from charon_search.ir import (
+    ATTENTION_BWD_FLOP_RATIO,
     DTYPE_BYTES,
     OpKind,
     Phase,
@@ -452,7 +453,7 @@ class Converter:
         op.params = poly_params(batch=q[0], heads=q[1], kv_heads=k[1], q_len=q[2],
                                 kv_len=kv_len, head_dim=q[3], v_head_dim=v[3], causal=causal)
         fwd = 2 * q[0] * q[1] * q[2] * kv_len * (q[3] + v[3])
-        op.flops = fwd if op.kind == OpKind.ATTENTION else fwd * 2.5
+        op.flops = fwd if op.kind == OpKind.ATTENTION else fwd * ATTENTION_BWD_FLOP_RATIO
 
 
 def _numel(shape: Iterable[Poly]) -> Poly:

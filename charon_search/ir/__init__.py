@@ -10,10 +10,19 @@ from charon_search.ir.graph import (
     TracedBlock,
     poly_params,
 )
-from charon_search.ir.ops import COMM_KINDS, COMPUTE_KINDS, PARAMS_BY_KIND, OpKind, Phase, Role
+from charon_search.ir.ops import (
+    ATTENTION_BWD_FLOP_RATIO,
+    COMM_KINDS,
+    COMPUTE_KINDS,
+    PARAMS_BY_KIND,
+    OpKind,
+    Phase,
+    Role,
+)
 from charon_search.ir.symbolic import SYMBOLS, Poly, as_poly, sym
 
 __all__ = [
+    "ATTENTION_BWD_FLOP_RATIO",
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "DTYPE_BYTES",

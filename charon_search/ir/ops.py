@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["COMM_KINDS", "COMPUTE_KINDS", "PARAMS_BY_KIND", "OpKind", "Phase", "Role"]
+__all__ = ["ATTENTION_BWD_FLOP_RATIO", "COMM_KINDS", "COMPUTE_KINDS", "PARAMS_BY_KIND", "OpKind",
+           "Phase", "Role"]
+
+#: FLOPs of a fused attention backward over its forward's matmul FLOPs: the backward runs
+#: the matmuls for dV, dP, dQ and dK plus the recomputed scores P (5 matmuls against the
+#: forward's 2), FlashAttention-2 paper (Dao, arXiv 2307.08691, sec. 3.1: "the backward pass
+#: ... 2.5x the FLOPs of the forward pass"). One constant for the frontend, the passes and the
+#: cost models (``ATTENTION_BWD`` nodes, and the price of a backward without measured rows).
+ATTENTION_BWD_FLOP_RATIO = 2.5
 
 
 class OpKind(StrEnum):

@@ -8,6 +8,7 @@ from charon_search.passes import (  # noqa: F401 - registration side effects
     context_parallel,
     data_parallel,
     eager_attention,
+    eager_norm,
     expert_parallel,
     fusion,
     overlap,

@@ -50,11 +50,17 @@ class PassContext:
     sequence_parallel: bool = False
     cp_algo: str = "ring"
     """``ring`` (P2P KV, zigzag), ``allgather`` (Llama 3) or ``ulysses`` (all-to-all heads)."""
+    cp_ring_impl: str = "overlapped"
+    """``overlapped`` or ``torch_traced`` (see ``passes.context_parallel``)."""
+    cp_repeat_kv: bool = False
+    """K/V repeated to the query-head count before attention (exchanged at ``heads``)."""
     zero_stage: int = 0
     hsdp_shard: int = 0
     recompute: str = "none"
     selective_policy: str = "attention"
     """``attention`` (attention core) or ``op`` (torchtitan op-level SAC); see ``recompute``."""
+    recompute_modules: tuple[str, ...] = ()
+    """Megatron-Core ``--recompute-modules`` (overrides ``selective_policy`` when set)."""
     precision: str = "bf16"
     fp8_recipe: str = "tensorwise"
     """``tensorwise`` / ``rowwise`` (dynamic scaling), ``delayed`` (TE amax history) or
@@ -62,8 +68,12 @@ class PassContext:
     fused_kernels: bool = True
     attention_kernel: str = "flash"
     """``flash`` (fused kernel) or ``eager`` (Megatron's unfused core attention)."""
+    norm_impl: str = "fused"
+    """``fused`` or ``eager`` (torchtitan's eager ``RMSNorm``, ``passes.eager_norm``)."""
     async_tp: bool = False
     moe_a2a_overlap: bool = False
+    moe_fused_permute: bool = False
+    """Fuse the router / permute / unpermute op runs into one kernel each (``passes.fusion``)."""
     fsdp_prefetch: bool = True
     expert_load_imbalance: float = 1.0
     act_dtype: str = "bf16"
@@ -80,14 +90,19 @@ class PassContext:
         kw: dict[str, Any] = dict(
             phase="train", tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp,
             sequence_parallel=layout.sequence_parallel, cp_algo=layout.cp_algo,
+            cp_ring_impl=getattr(layout, "cp_ring_impl", "overlapped"),
+            cp_repeat_kv=getattr(layout, "cp_repeat_kv", False),
             zero_stage=layout.zero_stage, hsdp_shard=layout.hsdp_shard,
             recompute=layout.recompute,
             selective_policy=getattr(layout, "selective_policy", "attention"),
+            recompute_modules=tuple(getattr(layout, "recompute_modules", ())),
             precision=layout.precision,
             fused_kernels=layout.fused_kernels,
             attention_kernel=getattr(layout, "attention_kernel", "flash"),
+            norm_impl=getattr(layout, "norm_impl", "fused"),
             fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"), async_tp=layout.async_tp,
             moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
+            moe_fused_permute=getattr(layout, "moe_fused_permute", False),
             expert_load_imbalance=layout.expert_load_imbalance,
         )
         kw.update(overrides)

@@ -6,6 +6,20 @@ Algorithms (``PassContext.cp_algo``):
   ``i`` and ``2cp-1-i``, so every rank does 1/cp of the causal work). K/V chunks travel over
   ``cp-1`` P2P steps overlapped with the attention chunks (the comm node does not gate the
   attention; the layer's next op waits for it). Backward passes K/V and dK/dV (2x the bytes).
+  ``cp_ring_impl="torch_traced"``: PyTorch's ``context_parallel`` (torch 2.5-2.7,
+  ``torch/distributed/tensor/experimental/_attention.py``) as torch.compile traces it (torchtitan
+  compiles each block, ``fullgraph=True``): the forward all-gathers K/V of all ranks once
+  (``_RotateMethod.ALL_GATHER``, the default of ``_cp_options`` and of torchtitan's
+  ``context_parallel_rotate_method``), the backward all-gathers them again and passes the dK/dV
+  accumulators (fp32: ``_cp_options.convert_to_f32 = True``) to the next rank after each of
+  the ``cp`` steps (``_AllToAllRotater``). Traced functional collectives are waited on right
+  after they are issued (``_functional_collectives._maybe_wrap_tensor``: ``wait_tensor`` when
+  tracing) and inductor does not move the waits by default
+  (``reorder_for_compute_comm_overlap=False``), so none of them overlaps the attention kernels.
+  Not modelled: the fp32 ``_SDPAMerger`` updates (inductor fuses them into a few memory-bound
+  kernels, ~2 % of the attention time at 128k).
+* ``cp_repeat_kv``: the model repeats K/V to the query-head count before SDPA (torchtitan's
+  Llama ``repeat_kv``, 2024-25), so the exchanged K/V and dK/dV have ``heads`` heads.
 * ``allgather`` - Llama 3 style (arXiv 2407.21783, section 3.3.2): all-gather K/V before
   attention, reduce-scatter dK/dV after its backward (K/V re-gathered for the backward).
 * ``ulysses`` - DeepSpeed-Ulysses (arXiv 2309.14509): all-to-all from sequence to head sharding
@@ -25,11 +39,14 @@ __all__ = ["ContextParallelPass"]
 _ATTN = (OpKind.ATTENTION, OpKind.ATTENTION_BWD)
 
 
-def _kv_bytes(node: Node, dtype_bytes: float, *, full: bool) -> Poly:
-    """K+V bytes of the local sequence chunk (``full``: of the whole context)."""
+def _kv_bytes(node: Node, dtype_bytes: float, *, full: bool, repeat: bool = False,
+              dims: tuple[str, ...] = ("head_dim", "v_head_dim")) -> Poly:
+    """K+V bytes of the local sequence chunk (``full``: of the whole context; ``repeat``: at
+    the query-head count; ``dims``: which of K (``head_dim``) and V (``v_head_dim``))."""
     p = node.params
     tokens = p["kv_len"] if full else p["q_len"]
-    return p["batch"] * tokens * p["kv_heads"] * (p["head_dim"] + p["v_head_dim"]) * dtype_bytes
+    width = sum((p[d] for d in dims), Poly())
+    return p["batch"] * tokens * p["heads" if repeat else "kv_heads"] * width * dtype_bytes
 
 
 def _ulysses_bytes(node: Node, dtype_bytes: float) -> tuple[Poly, Poly]:
@@ -64,8 +81,11 @@ class ContextParallelPass(Pass):
                 continue
             bwd = node.kind == OpKind.ATTENTION_BWD
             mp, ph = node.module_path, node.phase
-            if algo == "ring":
-                nbytes = _kv_bytes(new, dtb, full=False) * (cp - 1) * (2 if bwd else 1)
+            if algo == "ring" and ctx.cp_ring_impl == "torch_traced":
+                self._torch_traced(gb, node, new, ctx, dtb, bwd)
+            elif algo == "ring":
+                nbytes = _kv_bytes(new, dtb, full=False, repeat=ctx.cp_repeat_kv) \
+                    * (cp - 1) * (2 if bwd else 1)
                 ring = gb.add_comm(OpKind.SEND_RECV, group="cp", group_size=cp, nbytes=nbytes,
                                    reads=node.inputs[1:3] or node.inputs, like=None, phase=ph,
                                    module_path=mp, name=f"cp_ring_{node.name}",
@@ -74,7 +94,7 @@ class ContextParallelPass(Pass):
                 # The attention's outputs are complete once the last K/V chunk has arrived.
                 self._gate_outputs(gb, added, ring)
             elif algo == "allgather":
-                nbytes = _kv_bytes(new, dtb, full=True)
+                nbytes = _kv_bytes(new, dtb, full=True, repeat=ctx.cp_repeat_kv)
                 ag = gb.add_comm(OpKind.ALL_GATHER, group="cp", group_size=cp, nbytes=nbytes,
                                  reads=node.inputs[1:3] or node.inputs, like=None, phase=ph,
                                  module_path=mp, name=f"cp_all_gather_{node.name}",
@@ -97,6 +117,27 @@ class ContextParallelPass(Pass):
                                 nbytes=qkv if bwd else o, reads=(t,), like=t,
                                 phase=ph, module_path=mp, name=f"cp_a2a_out_{node.name}")
         return PassResult(gb.finish(meta={"cp": cp, "cp_algo": algo}), True)
+
+    @staticmethod
+    def _torch_traced(gb: GraphBuilder, node: Node, new: Node, ctx: PassContext, dtb: float,
+                      bwd: bool) -> None:
+        """PyTorch's ring attention traced by torch.compile (module docstring): exposed K/V
+        all-gather before the kernel; after a backward kernel, ``cp`` fp32 dK/dV hops."""
+        cp, mp, ph = ctx.cp, node.module_path, node.phase
+        rep = ctx.cp_repeat_kv
+        ag = gb.add_comm(OpKind.ALL_GATHER, group="cp", group_size=cp,
+                         nbytes=_kv_bytes(new, dtb, full=False, repeat=rep) * cp,
+                         reads=node.inputs[1:3] or node.inputs, like=None, phase=ph,
+                         module_path=mp, name=f"cp_all_gather_{node.name}", rewire=False)
+        added = gb.add(new.replace(inputs=(*new.inputs, ag)))
+        if not bwd:
+            return
+        outs = added.outputs[1:3]
+        for t, dim in zip(outs, ("head_dim", "v_head_dim"), strict=False):
+            hops = _kv_bytes(new, DTYPE_BYTES["fp32"], full=False, repeat=rep, dims=(dim,))
+            gb.add_comm(OpKind.SEND_RECV, group="cp", group_size=cp, nbytes=hops * cp,
+                        reads=(t,), like=t, phase=ph, module_path=mp,
+                        name=f"cp_dkv_ring_{node.name}")
 
     @staticmethod
     def _gate_outputs(gb: GraphBuilder, node: Node, comm_out: int) -> None:

@@ -6,6 +6,12 @@
   (``attn.norm``, ``mlp.norm``, ``final_norm``, ``attn.qk_norm``), fused RoPE (``attn.rope``)
   and fused SwiGLU (``mlp.act``). FLOPs add up; HBM bytes become the run's external inputs and
   the outputs used outside it (intermediates stay in registers / shared memory);
+* with ``moe_fused_permute`` (Megatron-Core ``--moe-permute-fusion`` and
+  ``--moe-router-fusion``: Transformer Engine's ``moe_permute`` / ``moe_unpermute`` with the
+  routing probabilities, and the fused router score / top-k kernel) the runs of the router's
+  (``moe.router``), the dispatch's (``moe.dispatch``) and the combine's (``moe.combine``)
+  local ops (copies, gathers, scatters, products, sums, top-k; not the router GEMM) are one
+  kernel each, moving only the run's external inputs and outputs;
 * eager attention (``attn.core`` batched GEMMs + softmax) becomes one flash-attention kernel
   (``attention`` / ``attention_bwd``; FLOPs halved for the causal mask, which flash skips).
 
@@ -35,7 +41,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from charon_search.errors import ConfigError
-from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Poly, Role
+from charon_search.ir import (
+    ATTENTION_BWD_FLOP_RATIO,
+    DTYPE_BYTES,
+    Node,
+    OpGraph,
+    OpKind,
+    Poly,
+    Role,
+)
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
@@ -44,6 +58,9 @@ __all__ = ["FUSABLE_KINDS", "FUSABLE_ROLES", "FP8Pass", "FusionPass", "attention
 FUSABLE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.ATTN_QK_NORM,
                            Role.ATTN_ROPE, Role.MLP_ACT})
 FUSABLE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.COPY, OpKind.NORM})
+#: Roles and kinds fused under ``moe_fused_permute``.
+MOE_PERMUTE_ROLES = frozenset({Role.MOE_ROUTER, Role.MOE_DISPATCH, Role.MOE_COMBINE})
+MOE_PERMUTE_KINDS = FUSABLE_KINDS | {OpKind.MOE_ROUTING, OpKind.REDUCTION}
 _EAGER_ATTN_KINDS = frozenset({OpKind.BATCHED_GEMM, OpKind.SOFTMAX, OpKind.ELEMENTWISE,
                                OpKind.COPY})
 #: Reads of the high-precision input per quantize, by recipe (see the module docstring).
@@ -94,6 +111,11 @@ def _merge(graph: OpGraph, nodes: list[Node], *, kind: OpKind, name: str,
         params=params, target="pass:fusion", tags=first.tags | {"fused"})
 
 
+def _numel(n: Node) -> Poly:
+    """Elements of a fusable node (``numel``; ``tokens`` for routing ops)."""
+    return n.params.get("numel", n.params.get("tokens", Poly()))
+
+
 def attention_params(bmm1: Node, bmm2: Node) -> dict[str, Poly] | None:
     batch = bmm1.params["batch"]
     terms = dict(batch.terms)
@@ -126,7 +148,12 @@ class FusionPass(Pass):
         drop: set[int] = set()
 
         def role_key(n: Node) -> str | None:
-            return n.role if n.role in FUSABLE_ROLES and n.kind in FUSABLE_KINDS else None
+            if n.role in FUSABLE_ROLES and n.kind in FUSABLE_KINDS:
+                return n.role
+            if (ctx.moe_fused_permute and n.role in MOE_PERMUTE_ROLES
+                    and n.kind in MOE_PERMUTE_KINDS):
+                return n.role
+            return None
 
         for i, j in _runs(graph, role_key):
             nodes = list(graph.nodes[i:j])
@@ -135,8 +162,8 @@ class FusionPass(Pass):
                 kind, params = OpKind.NORM, dict(norm.params)
             else:
                 kind = OpKind.ELEMENTWISE
-                big = max(nodes, key=lambda n: n.params.get("numel", Poly())(1, 1, 1))
-                params = {"numel": big.params.get("numel", Poly())}
+                big = max(nodes, key=lambda n: _numel(n)(1, 1, 1))
+                params = {"numel": _numel(big)}
             replace[i] = _merge(graph, nodes, kind=kind, name=f"fused_{nodes[0].name}",
                                 params=params)
             drop.update(range(i + 1, j))
@@ -169,7 +196,8 @@ class FusionPass(Pass):
             replace[i] = _merge(graph, nodes,
                                 kind=OpKind.ATTENTION_BWD if bwd else OpKind.ATTENTION,
                                 name=f"flash_{nodes[0].name}", params=attn_params,
-                                flops=fwd_flops * 2.5 if bwd else fwd_flops)
+                                flops=fwd_flops * ATTENTION_BWD_FLOP_RATIO if bwd
+                                else fwd_flops)
             drop.update(range(i + 1, j))
         if not replace:
             return PassResult(graph, False)

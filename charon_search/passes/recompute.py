@@ -7,6 +7,13 @@
   of matmuls, attention kernels and reduce-scatters are saved, except every second matmul
   (forward order); everything else (norms, RoPE, activations, elementwise ops, copies) and
   those matmuls are re-run.
+* ``selective`` with ``recompute_modules`` (Megatron-Core ``--recompute-modules``,
+  ``megatron/core/transformer/transformer_config.py``): ``core_attn`` the attention core,
+  ``moe_act`` the activation between the expert GEMMs, ``layernorm`` the input and pre-MLP
+  norms, ``mla_up_proj`` MLA's latent norms, query / key-value up-projections (``q_b_proj``,
+  ``kv_b_proj``) and RoPE, ``mlp`` the dense MLP, ``moe`` the whole MoE layer (router,
+  dispatch, experts, combine, shared experts), ``shared_experts`` the shared experts; the
+  union of the listed modules is re-run, nothing else.
 * ``full``: the whole block forward, collectives included (Megatron ``--recompute-granularity
   full``).
 
@@ -27,6 +34,46 @@ __all__ = ["RecomputePass"]
 
 
 _SAVED_KINDS = frozenset({OpKind.ATTENTION, OpKind.GROUPED_GEMM, OpKind.EMBEDDING})
+#: Megatron-Core recompute module -> the node roles it re-runs (``moe_act``: only the
+#: elementwise activation of the routed experts, not their grouped GEMMs).
+_MODULE_ROLES: dict[str, frozenset[Role]] = {
+    "core_attn": frozenset({Role.ATTN_CORE}),
+    "layernorm": frozenset({Role.ATTN_NORM, Role.MLP_NORM}),
+    "mlp": frozenset({Role.MLP_IN, Role.MLP_ACT, Role.MLP_OUT}),
+    "moe": frozenset({Role.MOE_ROUTER, Role.MOE_DISPATCH, Role.MOE_EXPERT, Role.MOE_COMBINE,
+                      Role.MOE_SHARED}),
+    "shared_experts": frozenset({Role.MOE_SHARED}),
+    "moe_act": frozenset(),
+    "mla_up_proj": frozenset(),
+}
+
+
+def _mla_up_proj(n: Node) -> bool:
+    """MLA's up-projection part: latent norms, ``q_b_proj`` / ``kv_b_proj`` and RoPE."""
+    if n.role == Role.ATTN_ROPE:
+        return True
+    if n.role != Role.ATTN_QKV:
+        return False
+    return n.kind == OpKind.NORM or n.module_path.endswith(("q_b_proj", "kv_b_proj"))
+
+
+def _module_recompute(fwd: OpGraph, modules: tuple[str, ...]) -> list[Node]:
+    """Forward nodes re-run for Megatron-Core ``--recompute-modules``."""
+    unknown = sorted(set(modules) - set(_MODULE_ROLES))
+    if unknown:
+        raise PassError(f"recompute_modules must be among {sorted(_MODULE_ROLES)}, got "
+                        f"{unknown}")
+    roles = frozenset().union(*(_MODULE_ROLES[m] for m in modules))
+    out = []
+    for n in fwd.nodes:
+        if n.role in roles:  # a checkpointed module re-runs its collectives too
+            out.append(n)
+        elif "mla_up_proj" in modules and _mla_up_proj(n):
+            out.append(n)
+        elif ("moe_act" in modules and n.role == Role.MOE_EXPERT
+              and n.kind == OpKind.ELEMENTWISE and not n.target.startswith("pass:")):
+            out.append(n)
+    return out
 
 
 def _op_sac(fwd: OpGraph) -> list[Node]:
@@ -63,6 +110,8 @@ class RecomputePass(Pass):
         fwd: OpGraph = graph.meta["forward_graph"]
         if ctx.recompute == "full":
             chosen = list(fwd.nodes)
+        elif ctx.recompute_modules:
+            chosen = _module_recompute(fwd, ctx.recompute_modules)
         elif ctx.selective_policy == "op":
             chosen = _op_sac(fwd)
         else:

@@ -6,7 +6,7 @@ For tests and benchmarks that must not depend on torch tracing: a Llama-style de
 each with forward and backward graphs that follow the frontend's conventions (GEMM params m,n,k
 with m = b*s; backward dgrad ``[tokens, out] x [out, in]``, wgrad ``[out, tokens] x [tokens, in]``;
 attention params per the full model). FLOPs: 2mnk per GEMM, causal attention
-2·b·H·s·c·(d_qk + d_v)/2 forward and 2.5x that backward.
+2·b·H·s·c·(d_qk + d_v)/2 forward and ``ATTENTION_BWD_FLOP_RATIO`` (2.5) x that backward.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from charon_search.ir import (
+    ATTENTION_BWD_FLOP_RATIO,
     DTYPE_BYTES,
     Node,
     OpGraph,
@@ -210,7 +211,8 @@ def synthetic_block(kind: str = "dense", *, hidden: int = 256, heads: int = 8,
                          (h, heads * hd)))
     dqr, dkr, dv = bk.t(b, s, heads * hd), bk.t(b, s, kv_heads * hd), bk.t(b, s, kv_heads * hd)
     bk.op(OpKind.ATTENTION_BWD, "self_attn.attn.bwd", Role.ATTN_CORE, (do, qr, kr, v, o),
-          (dqr, dkr, dv), 2.5 * attn_flops, **_attn_params(heads, kv_heads, hd))
+          (dqr, dkr, dv), ATTENTION_BWD_FLOP_RATIO * attn_flops,
+          **_attn_params(heads, kv_heads, hd))
     dq, dk = bk.t(b, s, heads * hd), bk.t(b, s, kv_heads * hd)
     bk.op(OpKind.ELEMENTWISE, "self_attn.rotary.bwd", Role.ATTN_ROPE, (dqr, dkr), (dq, dk),
           6 * BS * (heads + kv_heads) * hd, numel=BS * (heads + kv_heads) * hd)

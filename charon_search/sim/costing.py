@@ -14,7 +14,8 @@ from charon_search.cost.collectives import estimate_collective
 from charon_search.cost.roofline import node_compute_efficiency, node_peak_flops_per_s
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
-from charon_search.ir import DTYPE_BYTES, OpGraph, OpKind
+from charon_search.ir import ATTENTION_BWD_FLOP_RATIO, DTYPE_BYTES, OpGraph, OpKind
+from charon_search.sim.fp8_kernels import FP8_GEMM_KERNELS, cublaslt_over_cutlass
 
 __all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
 
@@ -26,6 +27,14 @@ MEASURED_FP8_GEMM_QUANT_PROVENANCE = frozenset({"profile", "predictor"})
 COMPUTE_BOUND_KINDS = frozenset({OpKind.GEMM, OpKind.GROUPED_GEMM, OpKind.BATCHED_GEMM,
                                  OpKind.ATTENTION, OpKind.ATTENTION_BWD})
 
+
+#: Bytes per element of the measured elementwise rows the predictor is trained on (vidur
+#: sarathi-serve ``mlp.csv`` profiles of H100 / A100 / A40: RoPE 4 B, residual add and SiLU-and-mul
+#: 6 B per element, all bf16). A node outside that range (an fp8 cast reads 2 B and writes 1 B;
+#: the transposed copy of a fused cast-transpose only writes 1 B; fp32 ops move 12 B) is
+#: priced at the measured time of the nearest bytes-per-element, scaled by its own bytes:
+#: a streaming kernel's time at a given element count follows the bytes it moves.
+MEASURED_ELEMENTWISE_BYTES_PER_ELEMENT = (4.0, 6.0)
 
 #: Share of the full ``q x kv`` score square a causal fused kernel computes: flash kernels skip
 #: the fully masked tiles (FlashAttention-2 paper sec. 3.1.1, "causal masking"); with zigzag
@@ -50,7 +59,7 @@ def _full_square_causal(node: Any, b: float, s: float, c: float) -> bool:
     except KeyError:
         return False
     if node.kind == OpKind.ATTENTION_BWD:
-        full *= 2.5  # dQ, dK, dV, dP and the recomputed P (cost.selector)
+        full *= ATTENTION_BWD_FLOP_RATIO  # dQ, dK, dV, dP and the recomputed P
     return full > 0 and float(node.flops(b, s, c)) > 0.75 * full
 
 
@@ -117,9 +126,16 @@ class GraphCoster:
 
     def __init__(self, cluster: ClusterSpec, cost_model: Any, *, strides: Mapping[str, int],
                  concurrent_groups: Mapping[str, int] | None = None,
-                 attention_kernel: str = "flash", ep_scaleout_scale: float = 1.0) -> None:
+                 attention_kernel: str = "flash", ep_scaleout_scale: float = 1.0,
+                 fp8_gemm_kernel: str = "cutlass") -> None:
         self.cluster = cluster
         self.cost_model = cost_model
+        if fp8_gemm_kernel not in FP8_GEMM_KERNELS:
+            raise ConfigError(f"`fp8_gemm_kernel` must be one of {list(FP8_GEMM_KERNELS)}, "
+                              f"but got {fp8_gemm_kernel!r}")
+        # ``Layout.fp8_gemm_kernel``: the shipped fp8 GEMM rows are CUTLASS; ``cublaslt``
+        # scales them by the measured cuBLASLt / CUTLASS ratio (``sim.fp8_kernels``).
+        self.fp8_gemm_kernel = fp8_gemm_kernel
         self.strides = dict(strides)
         self.concurrent = dict(concurrent_groups or {})
         self._comm_memo: dict[tuple, tuple[float, str]] = {}
@@ -156,6 +172,39 @@ class GraphCoster:
         peak = node_peak_flops_per_s(n, gpu) * node_compute_efficiency(n, gpu)
         floor = max(float(n.flops(b, s, c)) / peak, float(n.bytes(b, s, c)) / bw)
         return max(dur - quant_s, floor)
+
+    def _cublaslt_ratio(self, n: Any, b: float, s: float, c: float) -> float:
+        """cuBLASLt / CUTLASS time of fp8 GEMM ``n`` (1 where no measured ratio exists)."""
+        key = getattr(self.cost_model, "gpu_key", None)
+        p = n.params
+        if key is None or not all(d in p for d in ("m", "n", "k")):
+            return 1.0
+        r = cublaslt_over_cutlass(str(key), float(p["m"](b, s, c)), float(p["n"](b, s, c)),
+                                  float(p["k"](b, s, c)))
+        return 1.0 if r is None else r
+
+    def _elementwise_bytes_scaled(self, n: Any, dur: float, b: float, s: float,
+                                  c: float) -> float:
+        """A predicted elementwise time at the node's own bytes per element.
+
+        The predictor has seen only 4-6 B per element (``MEASURED_ELEMENTWISE_BYTES_PER_ELEMENT``)
+        and returns the time of the nearest of those for other nodes; the part above the launch
+        overhead is rescaled by ``bytes / (nearest bytes-per-element x numel)``.
+        """
+        if "numel" not in n.params:
+            return dur
+        numel = float(n.params["numel"](b, s, c))
+        nbytes = float(n.bytes(b, s, c))
+        if numel <= 0 or nbytes <= 0:
+            return dur
+        lo, hi = MEASURED_ELEMENTWISE_BYTES_PER_ELEMENT
+        bpe = nbytes / numel
+        seen = min(max(bpe, lo), hi)
+        if seen == bpe:
+            return dur
+        launch = float(getattr(self.cluster.gpu, "launch_overhead_s", 0.0) or 0.0)
+        body = max(dur - launch, 0.0)
+        return dur - body + body * bpe / seen
 
     def collective(self, kind: str, nbytes: float, group_size: int, group: str
                    ) -> tuple[float, str]:
@@ -217,7 +266,11 @@ class GraphCoster:
                     dur[i] *= n.params["load_imbalance"].const_value()
             if (n.kind == OpKind.GEMM and n.dtype == "fp8" and "fp8" in n.tags
                     and prov[i] in MEASURED_FP8_GEMM_QUANT_PROVENANCE):
+                if self.fp8_gemm_kernel == "cublaslt":
+                    dur[i] *= self._cublaslt_ratio(n, b, s, cc)
                 dur[i] = self._without_input_quantize(n, float(dur[i]), b, s, cc)
+            if n.kind == OpKind.ELEMENTWISE and prov[i] == "predictor":
+                dur[i] = self._elementwise_bytes_scaled(n, float(dur[i]), b, s, cc)
             if "kernel_slowdown" in n.params and not n.is_comm:
                 # a slower kernel than the costed one for the same op (passes.fusion)
                 dur[i] *= n.params["kernel_slowdown"].const_value()

@@ -290,9 +290,10 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
                          attention_kernel=getattr(L, "attention_kernel", "flash"),
-                         ep_scaleout_scale=_ep_scaleout_scale(spec, cl, L, strides))
+                         ep_scaleout_scale=_ep_scaleout_scale(spec, cl, L, strides),
+                         fp8_gemm_kernel=getattr(L, "fp8_gemm_kernel", "cutlass"))
     # Same-named clusters may differ (recalibrated copies): key on their content.
-    cl_key = (cl.name, cl.gpu.name, cl.gpu.sustained_clock_ratio,
+    cl_key = (cl.name, cl.gpu.name, cl.gpu.sustained_clock_ratio, coster.fp8_gemm_kernel,
               getattr(cl.gpu, "attention_kernel_gen", 2), coster.ep_scaleout_scale,
               repr(cl.tiers),
               repr(cl.calibration))

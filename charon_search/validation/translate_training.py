@@ -1,0 +1,162 @@
+"""Training records -> ``Layout`` fields that state what the source framework ran.
+
+Each rule reads a fact of the record (framework, version year, recipe, launch flags) and sets a
+layout field with its source; none is tuned to an error (issue 8). ``translate`` builds the
+training case and calls ``framework_facts`` and ``attention_kernel``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from charon_search.layout import RECOMPUTE_MODULES
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+    from charon_search.validation.records import Record
+
+__all__ = ["attention_kernel", "fp8_recipe", "framework", "framework_facts", "source_year"]
+
+
+def framework(ex: Mapping[str, Any]) -> str:
+    """The record's ``training.extra.framework`` (stripped; ``""`` when absent)."""
+    return str(ex.get("framework") or "").strip()
+
+
+def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
+                    notes: list[str]) -> dict[str, Any]:
+    """Layout fields that state what the source framework ran (no fitted values).
+
+    Each rule reads a fact of the record (framework, recipe, schedule); none is tuned to an error.
+    """
+    out: dict[str, Any] = {}
+    fw = framework(ex)
+    # Megatron-LM of SC21 (Narayanan et al., arXiv 2104.04473) and Korthikanti et al. (arXiv
+    # 2205.05198) ran CoreAttention: QK^T bmm, fused scale-mask-softmax over s x s, attention
+    # dropout, PV bmm (Korthikanti's 5as/h activation term is that softmax + dropout mask);
+    # flash attention reached Megatron only in 2023. "Megatron-Core ..." records (mcore_*) use
+    # Transformer Engine's fused attention and keep "flash".
+    if fw == "Megatron-LM":
+        out["attention_kernel"] = "eager"
+        notes.append("Megatron-LM 2021/22 (pre flash-attention): unfused CoreAttention "
+                     "(attention_kernel='eager')")
+    # torchtitan's `activation_checkpoint.selective_ac_option = "op"`: per-op SAC (torchtitan
+    # models/llama/parallelize_llama.py `_save_list`: matmuls every other time, SDPA and
+    # collectives saved, the rest recomputed).
+    if str(ex.get("selective_ac_option", "")).lower() == "op":
+        out["selective_policy"] = "op"
+    # torchtitan context parallelism (torch ``context_parallel``): its Llama repeats K/V heads
+    # before SDPA (``repeat_kv`` in models/llama/model.py), and with torch.compile the ring is
+    # traced into the compiled block (``passes.context_parallel``: ``torch_traced``).
+    if fw == "torchtitan" and int(t.get("cp") or 1) > 1:
+        out["cp_repeat_kv"] = True
+        if ex.get("torch_compile"):
+            out["cp_ring_impl"] = "torch_traced"
+            notes.append("torchtitan CP under torch.compile: K/V all-gather and fp32 dK/dV "
+                         "ring not overlapped; K/V at the query-head count (repeat_kv)")
+    # Megatron-Core --moe-permute-fusion / --moe-router-fusion (Transformer Engine's fused
+    # permute, unpermute and router kernels; ``passes.fusion``).
+    if ex.get("moe_permute_fusion") or ex.get("moe_router_fusion"):
+        out["moe_fused_permute"] = True
+        notes.append("Megatron-Core MoE permute/router fusion (one kernel per op run)")
+    # Megatron-Core ``--recompute-modules`` (e.g. "mlp moe_act"): only those submodules are
+    # re-run under selective recompute, not the attention core. DeepSeek-V3 report sec. 3.2.3
+    # ("Recomputation of RMSNorm and MLA Up-Projection") names the same modules in words.
+    text = str(ex.get("recompute_modules") or "")
+    mods = tuple(text.replace(",", " ").split())
+    if text.lower() == "rmsnorm and mla up-projections":
+        mods = ("layernorm", "mla_up_proj")
+    if mods and set(mods) <= set(RECOMPUTE_MODULES) and t.get("recompute") == "selective":
+        out["recompute_modules"] = mods
+        notes.append(f"selective recompute of Megatron-Core modules {' '.join(mods)}")
+    # torchtitan without torch.compile runs its own eager ``RMSNorm`` (torchtitan
+    # models/norms.py: ``_norm(x.float()).type_as(x) * weight``; ``norm_type = "rmsnorm"`` in
+    # train_configs/llama3_8b.toml of the Dec-2024 benchmark commit 9dec370): one kernel per
+    # op, no fused norm kernel (``passes.eager_norm``).
+    if fw == "torchtitan" and ex.get("torch_compile") is False:
+        out["norm_impl"] = "eager"
+        notes.append("torchtitan RMSNorm without torch.compile: one eager kernel per op "
+                     "(norm_impl='eager')")
+    recipe = fp8_recipe(record, t, ex, fw)
+    if recipe is not None:
+        out["fp8_recipe"] = recipe[0]
+        notes.append(f"fp8 recipe {recipe[0]!r} ({recipe[1]})")
+        # Per-tensor-scaled fp8 GEMMs of training run cuBLASLt: Transformer Engine's GEMM
+        # (transformer_engine/common/gemm/cublaslt_gemm.cu, the ``delayed`` recipe) and torchao's
+        # ``torch._scaled_mm`` (tensorwise: ``at::cuda::blas::scaled_gemm``; rowwise backward
+        # GEMMs run that kernel too, its forward is priced relative to it, ``passes.fusion``).
+        if recipe[0] in ("delayed", "tensorwise", "rowwise"):
+            out["fp8_gemm_kernel"] = "cublaslt"
+            notes.append("fp8 GEMMs on cuBLASLt (Transformer Engine / torch._scaled_mm)")
+    # DeepSeek-V3 report sec. 3.2.2: node-limited routing (each token to at most 4 nodes) with
+    # dispatch kernels that send a token over IB once per target node and forward it over
+    # NVLink (DeepEP's normal kernels).
+    mx = dict(record.model.get("extra") or {}).get("max_nodes_per_token")
+    if mx and int(t.get("ep") or 1) > 1:
+        out["ep_node_dedup"] = True
+        notes.append(f"EP dispatch once per target node (node-limited routing, at most {mx} "
+                     "nodes per token; DeepSeek-V3 report sec. 3.2.2)")
+    # DeepSeek-V3 report sec. 3.2.1: DualPipe pairs a forward and a backward chunk and overlaps
+    # the EP all-to-all (dispatch / combine) of one with the computation of the other.
+    if t.get("schedule") == "dualpipe" and int(t.get("ep") or 1) > 1:
+        out["moe_a2a_overlap"] = True
+        notes.append("DualPipe: EP all-to-all overlapped with the paired chunk's compute "
+                     "(DeepSeek-V3 report sec. 3.2.1)")
+    return out
+
+
+#: PyTorch SDPA picked FlashAttention-2 (its ``flash`` backend) on Hopper between 2.5.1 (cuDNN
+#: attention made opt-in, pytorch/pytorch#138522, Oct 2024) and 2.9 (cuDNN first again on
+#: sm90/sm100, pytorch/pytorch#162073, Sept 2025). torchtitan's context parallelism allows only
+#: the flash and memory-efficient backends (torchtitan ``utils.get_train_context``: "currently we
+#: only support these two SDP backends").
+_SDPA_FA2_YEARS = (2024, 2025)
+
+
+def attention_kernel(record: Record, ex: Mapping[str, Any],
+                     model: ModelSpec) -> tuple[str, str] | None:
+    """``(Layout.attention_kernel, why)`` when the framework ran an older fused kernel than the
+    GPU's best (``cost.attention_kernels``); ``None`` keeps ``flash``."""
+    fw = framework(ex).lower()
+    year = source_year(record)
+    if fw == "torchtitan" and year in _SDPA_FA2_YEARS:
+        return "flash2", ("PyTorch SDPA flash backend = FlashAttention-2; cuDNN attention "
+                          "opt-in from torch 2.5.1 (pytorch/pytorch#138522)")
+    if "llm-foundry" in fw and bool((model.hf_config or {}).get("attn_config", {}).get(
+            "alibi", (model.hf_config or {}).get("alibi", False))):
+        # MPT with ALiBi ran attn_impl "triton" (MPTConfig of 2023: "alibi only implemented
+        # with torch and triton attention"; scripts/train/benchmarking/submit_benchmarks.py
+        # of the benchmark tables: --attn_impl default 'triton').
+        return "flash_triton", "MPT attn_impl 'triton' (ALiBi) of the 2023 llm-foundry tables"
+    return None
+
+
+def fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
+               fw: str) -> tuple[str, str] | None:
+    """``(Layout.fp8_recipe, why)`` for fp8 records; ``None`` keeps the default."""
+    prec = str(t.get("precision") or "")
+    if prec not in ("fp8", "mxfp8"):
+        return None
+    stated = str(ex.get("float8_recipe") or "").lower()
+    if stated in ("tensorwise", "rowwise"):  # torchao Float8LinearConfig recipe name
+        return stated, "extra.float8_recipe of the record"
+    if prec == "mxfp8" or "block" in str(ex.get("fp8_recipe", "")).lower():
+        # MXFP8 (OCP MX spec: 1x32 blocks with E8M0 scales) and DeepSeek-V3's fine-grained
+        # 1x128 / 128x128 scaling (report sec. 3.3.2) compute scales per block, inside the cast.
+        return "blockwise", "block-scaled: mxfp8 or DeepSeek-V3 fine-grained scaling"
+    if fw.lower().startswith(("megatron", "nemo")) or "llm-foundry" in fw.lower() \
+            or str(ex.get("amp", "")) == "amp_fp8":
+        # Megatron and Composer's amp_fp8 both run Transformer Engine's DelayedScaling recipe
+        # (scale from the amax history of previous iterations).
+        return "delayed", "Transformer Engine DelayedScaling (Megatron / llm-foundry amp_fp8)"
+    if "DeepSeek-V3" in record.source:
+        return "blockwise", "DeepSeek-V3 fine-grained block scaling (report sec. 3.3.2)"
+    return None
+
+
+def source_year(record: Record) -> int | None:
+    """Year of the source as its title states it (``"... (Dec 2024)"``), else ``None``."""
+    years = re.findall(r"\b(20[0-9]{2})\b", record.source)
+    return int(years[-1]) if years else None
