@@ -17,6 +17,14 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
   sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
+  Quantized MoE (``QUANT_MOE_DTYPES``: per-tensor ``fp8``, 128x128 ``fp8_block``,
+  ``w4a16_mxfp4``, ``int4_wo``) is read per engine, since each engine ships its own MoE kernels:
+  vLLM, TensorRT-LLM and SGLang at their ``current`` slot of ``query_versions.yaml``
+  (``BACKEND_VERSION``), power-law 1.01 routing only (the routing aiconfigurator's own SDK
+  prices serving with: ``sdk/config.py`` ``workload_distribution = "power_law"``, alpha 1.01 in
+  ``sdk/models/deepseek.py``; balanced rows would double the size), one kernel family per
+  (engine, dtype, GPU) (the engine's default kernel, ``PREFERRED_MOE_KERNEL``, else the most
+  rows), stored as variant ``moe_ffn_skew.<engine>`` with the table's ``moe_dtype`` as dtype.
 * vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
   per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
   quantized to the 1 µs timer resolution, a 10-20 % error on 5 µs norms) for norms and
@@ -54,6 +62,22 @@ ELEMENT_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "int8": 1, "fp8": 1, "f
 GPUS_PER_NODE = {"gb200": 4, "gb300": 4}
 #: The default queried vLLM version per system (``systems/query_versions.yaml``).
 VLLM_VERSION = {"a100_sxm": "0.14.0"}
+#: Engine -> (``current`` version of ``systems/query_versions.yaml`` ``defaults``, overrides per
+#: system) for the quantized MoE tables.
+BACKEND_VERSION: dict[str, tuple[str, dict[str, str]]] = {
+    "vllm": ("0.24.0", VLLM_VERSION),
+    "trtllm": ("1.3.0rc20", {"a100_sxm": "1.0.0"}),
+    "sglang": ("0.5.14", {"a100_sxm": "0.5.10"}),
+}
+#: Quantized MoE kernel dtypes imported (aiconfigurator ``moe_dtype`` names, kept verbatim as
+#: the DB dtype): the formats of the checkpoints the catalog ships (``_charon_checkpoints``).
+QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "int4_wo")
+#: (engine, moe_dtype) -> the kernel family the engine runs by default, where the table holds
+#: several: vLLM's ``Fp8MoEMethod`` takes FlashInfer's CUTLASS MoE for block fp8 only with
+#: ``VLLM_USE_FLASHINFER_MOE_FP8=1`` (default off, ``vllm/envs.py``) and otherwise the Triton
+#: fused-MoE experts (DeepGEMM for large batches); the FlashInfer rows also cover only part of
+#: the shapes (H200 0.24.0: no EP=1 rows of Qwen3-235B's experts).
+PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts"}
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300", "l40s",
            "rtx_pro_6000_server")
 
@@ -151,14 +175,37 @@ def convert_moe(path: str, gpu: str, source: str) -> pd.DataFrame:
         sub = df[df.distribution == dist]
         if sub.empty:
             continue
-        parts.append(pd.DataFrame({
-            "gpu": gpu, "op_kind": "grouped_gemm", "variant": variant, "dtype": "bf16",
-            "kernel": sub.kernel_source.values, "source": source,
-            "tokens": sub.num_tokens.values, "top_k": sub.topk.values,
-            "num_experts": sub.num_experts.values,
-            "n": sub.inter_size.values / sub.moe_tp_size.values, "k": sub.hidden_size.values,
-            "group_size": sub.moe_ep_size.values, "latency_s": sub.latency.values * MS,
-        }))
+        parts.append(_moe_frame(sub, gpu, source, variant, "bf16"))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _moe_frame(sub: pd.DataFrame, gpu: str, source: str, variant: str,
+               dtype: str) -> pd.DataFrame:
+    """aiconfigurator MoE rows -> profile-DB grouped-GEMM rows (``n`` per GPU, ms -> s)."""
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "grouped_gemm", "variant": variant, "dtype": dtype,
+        "kernel": sub.kernel_source.values, "source": source,
+        "tokens": sub.num_tokens.values, "top_k": sub.topk.values,
+        "num_experts": sub.num_experts.values,
+        "n": sub.inter_size.values / sub.moe_tp_size.values, "k": sub.hidden_size.values,
+        "group_size": sub.moe_ep_size.values, "latency_s": sub.latency.values * MS,
+    })
+
+
+def convert_moe_quant(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:
+    """Quantized MoE expert FFN rows of one engine (power-law 1.01 routing), columns as
+    ``convert_moe``; variant ``moe_ffn_skew.<engine>``, dtype the table's ``moe_dtype``."""
+    df = _read(path)
+    df = df[df.distribution == "power_law_1.01"]
+    parts = []
+    for dt in QUANT_MOE_DTYPES:
+        sub = df[df.moe_dtype == dt]
+        preferred = PREFERRED_MOE_KERNEL.get((engine, dt))
+        sub = (sub[sub.kernel_source == preferred]
+               if preferred in set(sub.kernel_source) else _most_rows(sub))
+        if sub.empty:
+            continue
+        parts.append(_moe_frame(sub, gpu, source, f"moe_ffn_skew.{engine}", dt))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
@@ -203,6 +250,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
         if d is not None:
             p = str(d / "moe_perf.parquet")
             out.append(convert_moe(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        for engine, (version, overrides) in BACKEND_VERSION.items():
+            p = str(data / system / "moe" / engine / overrides.get(system, version)
+                    / "moe_perf.parquet")
+            if os.path.exists(p):
+                out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
         nccl = sorted(glob.glob(str(data / system / "comm" / "nccl" / "*" / "nccl_perf.parquet")),
                       key=lambda p: tuple(int(x) for x in Path(p).parent.name.split(".")))
         if nccl:

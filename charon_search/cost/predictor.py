@@ -8,8 +8,11 @@ launch latency at small shapes, GQA/head-dim effects — which generalises to un
 better than raw log-latency.
 
 Model keys (``ModelKey``): (gpu, op_kind, family, dtype), family being ``prefill``/``decode`` for
-attention, ``moe_ffn``/``moe_ffn_skew`` for grouped GEMMs (balanced / power-law routing),
-``add``/``act``/``rope``/``""`` (all) for elementwise ops and ``""`` otherwise. Trained lazily,
+attention, ``moe_ffn``/``moe_ffn_skew`` for grouped GEMMs (balanced / power-law routing; bf16)
+and ``moe_ffn_skew.<engine>`` for an engine's quantized MoE kernels (power-law routing; dtype =
+the kernel format ``fp8``, ``fp8_block``, ``w4a16_mxfp4`` or ``int4_wo``, whose weight bytes
+``MOE_WEIGHT_BYTES`` the reference roofline uses), ``add``/``act``/``rope``/``""`` (all) for
+elementwise ops and ``""`` otherwise. Trained lazily,
 cached on disk under ``cache_dir("predictors")`` keyed by the DB content hash and
 ``HYPERPARAMS`` (file lock, so concurrent Ray workers train once) and loaded in well under a
 second; inference runs on ``FlatForest`` (vectorized numpy copy of the trees).
@@ -36,6 +39,7 @@ from charon_search.cost.profile_db import ProfileDB, ProfileTable
 __all__ = [
     "HELDOUT_GROUPS",
     "HYPERPARAMS",
+    "MOE_WEIGHT_BYTES",
     "NUM_SMS",
     "PREDICTED_KINDS",
     "FlatForest",
@@ -56,6 +60,13 @@ NUM_SMS: dict[str, int] = {
     "b300-sxm-288gb": 148, "gb200": 148, "gb300": 148, "l40s-48gb": 142,
     "rtx-pro-6000-96gb": 188, "a40-48gb": 84,
 }
+#: Stored bytes per expert weight element of the quantized MoE kernel formats (the profile rows'
+#: dtype), used by their predictors' reference roofline: fp8 1 (+ one fp32 scale per 128x128
+#: block, < 0.1 %); MXFP4 4 bits + one E8M0 scale byte per 32 elements (OCP Microscaling spec
+#: v1.0); int4 weight-only 4 bits + one bf16 scale per group of 128 (aiconfigurator's
+#: ``int4_wo`` / GPTQ-style group size).
+MOE_WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "fp8_block": 1.0,
+                                      "w4a16_mxfp4": 0.5 + 1 / 32, "int4_wo": 0.5 + 2 / 128}
 TILE = 128
 """GEMM output tile edge used for the wave-quantization feature."""
 
@@ -67,8 +78,10 @@ PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     # Per-variant elementwise models (residual add, activation, RoPE) plus "" = all rows,
     # for elementwise nodes of other roles.
     "elementwise": ("add", "act", "rope", ""),
-    # Balanced routing; power-law-skewed routing where no balanced rows exist (A100).
-    "grouped_gemm": ("moe_ffn", "moe_ffn_skew"),
+    # Balanced routing; power-law-skewed routing where no balanced rows exist (A100); each
+    # engine's quantized MoE kernels (power-law routing).
+    "grouped_gemm": ("moe_ffn", "moe_ffn_skew", "moe_ffn_skew.vllm", "moe_ffn_skew.sglang",
+                     "moe_ffn_skew.trtllm"),
 }
 
 HYPERPARAMS: dict[str, Any] = {
@@ -291,9 +304,17 @@ class OpPredictor:
         """Seconds for ``n`` shapes given as shape columns (arrays or scalars)."""
         if n is None:
             n = max((np.size(v) for v in cols.values()), default=1)
+        cols = _with_weight_bytes(self.key, cols)
         X, flops, nbytes = feature_matrix(self.key.op_kind, cols, n, self.num_sms)
         raw = self.flat.predict(X) if self.flat is not None else self.model.predict(X)
         return self.t_ref(flops, nbytes) * np.exp(raw)
+
+
+def _with_weight_bytes(key: ModelKey, cols: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A quantized-MoE model's shapes always read its own format's weight bytes (training rows
+    and queried nodes alike); bf16 models keep the caller's ``weight_bytes``."""
+    wb = MOE_WEIGHT_BYTES.get(key.dtype) if key.op_kind == "grouped_gemm" else None
+    return cols if wb is None else {**cols, "weight_bytes": wb}
 
 
 def _make_model(hp: Mapping[str, Any], op_kind: str = "") -> Any:
@@ -321,7 +342,8 @@ def train_predictor(key: ModelKey, rows: ProfileTable, *, num_sms: int,
     n = len(rows)
     if n < 8:
         raise ValueError(f"{key.slug()}: {n} rows are too few to train a predictor")
-    X, flops, nbytes = feature_matrix(key.op_kind, rows.columns, n, num_sms)
+    X, flops, nbytes = feature_matrix(key.op_kind, _with_weight_bytes(key, rows.columns), n,
+                                      num_sms)
     lat = rows.columns["latency_s"]
     peak_f = float(np.max(flops / lat))
     peak_b = float(np.max(nbytes / lat))

@@ -62,7 +62,7 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
     "norm": ("rows", "cols"),
     "elementwise": ("numel", "bytes"),
-    "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k"),
+    "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k", "group_size"),
     "all_reduce": ("bytes", "group_size", "num_nodes"),
     "all_gather": ("bytes", "group_size", "num_nodes"),
     "reduce_scatter": ("bytes", "group_size", "num_nodes"),

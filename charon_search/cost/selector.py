@@ -10,6 +10,11 @@
    dQ, dK, dV, dP plus the recomputed P — at a similar efficiency; FlashAttention-2 paper,
    §3.1), recorded as provenance ``predictor`` with detail ``fwd-scaled``. Grouped GEMM nodes
    use the measured MoE expert-FFN throughput at the node's shape (detail ``moe-ffn-rate``).
+   Routed experts of a quantized serving checkpoint (tags ``moe_dtype:<fmt>`` and
+   ``moe_engine:<engine>``, ``serving._graphs``) use the measured rows of that kernel format
+   on that engine under power-law routing (``moe_ffn_skew.<engine>``: the routing
+   aiconfigurator prices serving with), else of the same format on another engine (vLLM,
+   SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes.
 3. **roofline** — the ``roofline`` backend (``cost/roofline.py``).
 
 Communication nodes are not priced here (``NaN`` / ``None``): the engine prices them with
@@ -32,6 +37,7 @@ import numpy as np
 from charon_search.cost.base import COST_BACKENDS, CostBackend, NodeCost, ShapePoint
 from charon_search.cost.predictor import NUM_SMS, PREDICTED_KINDS, PredictorStore
 from charon_search.cost.profile_db import SHAPE_KEYS, ProfileDB, default_profile_db
+from charon_search.ir.ops import ATTENTION_BWD_FLOP_RATIO
 
 if TYPE_CHECKING:
     from charon_search.hardware.spec import ClusterSpec, GpuSpec
@@ -47,10 +53,9 @@ __all__ = [
     "provenance_shares",
 ]
 
-ATTENTION_BWD_FLOP_RATIO = 2.5
-"""Backward/forward FLOP ratio of fused attention used when no backward rows exist; the
-training coster adds the backward's lower FLOP rate (``cost.attention_kernels
-.BWD_THROUGHPUT_VS_FWD``)."""
+# ATTENTION_BWD_FLOP_RATIO (charon_search.ir): backward/forward FLOP ratio of fused attention,
+# used when no backward rows exist; the training coster adds the backward's lower FLOP rate
+# (``cost.attention_kernels.BWD_THROUGHPUT_VS_FWD``).
 
 _MEMO_SIZE = 4096
 
@@ -95,6 +100,38 @@ def _family(kind: str, params: dict[str, float], role: str = "") -> str:
 
 #: Model family to try when a GPU has no rows of the node's own family.
 _FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "add": "", "act": "", "rope": ""}
+#: Engines with quantized MoE rows (``moe_ffn_skew.<engine>``), in fallback order.
+_MOE_ENGINES = ("vllm", "sglang", "trtllm")
+
+
+def _moe_kernel(tags: frozenset[str]) -> tuple[str, str, int] | None:
+    """(family, DB dtype, EP degree) of a routed-expert node tagged with its quantized kernel
+    (``serving._graphs``), or None."""
+    fmt = next((t[10:] for t in tags if t.startswith("moe_dtype:")), "")
+    if not fmt:
+        return None
+    engine = next((t[11:] for t in tags if t.startswith("moe_engine:")), _MOE_ENGINES[0])
+    ep = int(next((t[7:] for t in tags if t.startswith("moe_ep:")), "1"))
+    return f"moe_ffn_skew.{engine}", fmt, ep
+
+
+def _global_moe_shape(params: dict[str, float], ep: int) -> None:
+    """One EP rank's expert shape (its ``tokens x top_k`` rows over its local experts) in the
+    measured rows' convention: global tokens and experts, ``group_size`` = EP degree
+    (aiconfigurator's MoE tables; ``shape_flops_bytes`` gives the same rows, weights and FLOPs).
+    """
+    if ep > 1 and "tokens" in params and "num_experts" in params:
+        params["tokens"] *= ep
+        params["num_experts"] *= ep
+        params["group_size"] = float(ep)
+
+
+def _moe_candidates(fam: str, dtype: str) -> list[tuple[str, str]]:
+    """Quantized-MoE models to try after ``(fam, dtype)``: other engines' rows of the format,
+    then the bf16 balanced-routing model (today's pricing, at the node's weight bytes)."""
+    return [(f"moe_ffn_skew.{e}", dtype) for e in _MOE_ENGINES
+            if f"moe_ffn_skew.{e}" != fam] + [
+        ("moe_ffn", "bf16"), ("moe_ffn_skew", "bf16")]
 
 
 def _db_dtype(dtype: str) -> str:
@@ -205,6 +242,11 @@ class FusedCostModel:
                     params["bytes"] = nbytes
             fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
+            if kind == "grouped_gemm" and node.tags:
+                moe = _moe_kernel(node.tags)
+                if moe is not None:
+                    fam, dtype = moe[0], moe[1]
+                    _global_moe_shape(params, moe[2])
             if self.gpu_key is not None and self.db is not None and self.use_profile:
                 hit = self._profile_hit(kind, fam, dtype, params)
                 if hit is not None:
@@ -227,7 +269,9 @@ class FusedCostModel:
                     and pred_kind in PREDICTED_KINDS):
                 predictor = self.store.get(self.gpu_key, pred_kind, fam, dtype,
                                            num_sms=self.num_sms)
-                for alt_fam, alt_dtype in ((_FALLBACK_FAMILY.get(fam), dtype), (fam, "bf16")):
+                alts = (_moe_candidates(fam, dtype) if fam.startswith("moe_ffn_skew.") else
+                        ((_FALLBACK_FAMILY.get(fam), dtype), (fam, "bf16")))
+                for alt_fam, alt_dtype in alts:
                     # e.g. fp8 attention has no rows: the bf16 model is the closest
                     # measurement; A100 MoE has only skewed-routing rows.
                     if predictor is None and alt_fam is not None:

@@ -2,7 +2,11 @@
 
 ``frontend.trace_model(spec, phase="prefill"|"decode")`` traces each block once;
 ``passes.parallelize_inference`` shards it over TP/EP and inserts the collectives. FP8/FP4
-serving runs the GEMMs at that precision (weights quantized, as vLLM/TRT-LLM fp8 checkpoints).
+serving runs the GEMMs the checkpoint quantizes at that precision (``checkpoint_quant``: the
+catalog's ``_charon_checkpoints`` entry, a copy of the checkpoint's HF ``quantization_config``);
+routed-expert grouped GEMMs carry the MoE kernel format and the engine whose kernels run it
+(tags ``moe_dtype:<fmt>``, ``moe_engine:<engine>``), which the cost model prices from measured
+quantized MoE rows of that engine (``cost.selector``).
 DP-attention (MoE) keeps attention and dense layers whole on each rank (``tp = 1`` for them) and
 shards experts over ``ep``. Without DP-attention, routed experts are tensor-parallel over the
 ``tp / ep`` ranks that expert parallelism leaves (vLLM ``FusedMoE``, TRT-LLM ``moe_tp_size``).
@@ -10,8 +14,12 @@ shards experts over ``ep``. Without DP-attention, routed experts are tensor-para
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from charon_search.errors import ConfigError
 from charon_search.ir.ops import OpKind, Role
 from charon_search.ir.symbolic import Poly
 
@@ -19,32 +27,35 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.ir.graph import Node, OpGraph
 
-__all__ = ["serving_graphs"]
+__all__ = ["MOE_ENGINES", "CheckpointQuant", "checkpoint_quant", "serving_graphs"]
 
 Graphs = tuple[dict[str, "OpGraph"], dict[str, "OpGraph"]]
 _CACHE: dict[tuple, Graphs] = {}
 
 
 def serving_graphs(model: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
-                   precision: str, fused_kernels: bool = True) -> Graphs:
+                   precision: str, fused_kernels: bool = True, engine: str = "") -> Graphs:
     """``(prefill, decode)``: block name -> one GPU's forward graph of that block.
 
     Blocks are per layer; the caller multiplies by layers (all stages alike, ``pp`` only adds
     the stage hand-offs). ``fused_kernels`` applies the inference kernel fusion of
     ``serving._fusion`` (fused QKV / gate_up GEMMs, fused add+RMSNorm, fused MoE routing).
+    ``engine`` (``vllm``/``sglang``/``trtllm``) names whose quantized MoE kernels run; any
+    other value (engine unknown) means vLLM's (``MOE_ENGINES``).
     """
+    moe_engine = engine if engine in MOE_ENGINES else MOE_ENGINES[0]
     key = (model.name, model.num_layers, model.hidden_size, model.layer_types, tp, ep,
-           dp_attention, precision, fused_kernels)
+           dp_attention, precision, fused_kernels, moe_engine)
     hit = _CACHE.get(key)
     if hit is None:
         hit = _build(model, tp=tp, ep=ep, dp_attention=dp_attention, precision=precision,
-                     fused_kernels=fused_kernels)
+                     fused_kernels=fused_kernels, engine=moe_engine)
         _CACHE[key] = hit
     return hit
 
 
 def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision: str,
-           fused_kernels: bool) -> Graphs:
+           fused_kernels: bool, engine: str) -> Graphs:
     from charon_search.frontend import trace_model
     from charon_search.passes import parallelize_inference
     from charon_search.serving._fusion import fuse_for_inference, shard_experts_tp
@@ -59,7 +70,8 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
         if share > 1:
             graphs = {k: _expert_rows_per_rank(g, share) for k, g in graphs.items()}
         if precision in ("fp8", "fp4"):
-            graphs = {k: _with_gemm_dtype(g, precision) for k, g in graphs.items()}
+            quant = checkpoint_quant(model, precision)
+            graphs = {k: _with_gemm_dtype(g, quant, engine, ep) for k, g in graphs.items()}
         moe_tp = 1 if dp_attention or ep >= tp or tp % ep else tp // ep
         if moe_tp > 1:
             graphs = {k: shard_experts_tp(g, moe_tp) for k, g in graphs.items()}
@@ -93,27 +105,107 @@ def _str_role(n: object) -> str:
 #: Bytes per element of the serving GEMM precisions (weights and activations, W8A8 / W4A16).
 _PRECISION_BYTES = {"fp8": 1.0, "fp4": 0.5}
 
+#: Engines with measured quantized MoE kernels in the profile DB (``moe_ffn_skew.<engine>``);
+#: the first is the one assumed when a configuration does not name its engine (vLLM: the
+#: engine of the DB's bf16 MoE rows and of aiconfigurator's default data slot).
+MOE_ENGINES = ("vllm", "sglang", "trtllm")
 
-def _with_gemm_dtype(graph: OpGraph, dtype: str) -> OpGraph:
-    """GEMMs (not the LM head, kept in bf16 by fp8/fp4 checkpoints) run at ``dtype``.
+#: GEMM roles a quantized checkpoint may hold at its precision. The router gate is absent: vLLM
+#: builds it unquantized in ``DeepseekV2MoE`` and ``MixtralMoE`` (``quant_config=None``), gpt-oss's
+#: router is a plain bf16 ``nn.Linear``, and the fp8/mxfp4 checkpoints that could quantize it
+#: list it in ``modules_to_not_convert`` (Qwen3-FP8 ``mlp.gate``, MiniMax-M2.5 ``gate``). The LM
+#: head is bf16 in every fp8/fp4 checkpoint we know.
+_QUANTIZABLE_ROLES = frozenset({Role.ATTN_QKV.value, Role.ATTN_OUT.value, Role.MLP_IN.value,
+                                Role.MLP_OUT.value, Role.MOE_EXPERT.value,
+                                Role.MOE_SHARED.value})
+#: HF module-name patterns of ``modules_to_not_convert`` -> the roles they keep in bf16.
+_MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
+    (r"self_attn", frozenset({Role.ATTN_QKV.value, Role.ATTN_OUT.value})),
+    (r"shared_expert", frozenset({Role.MOE_SHARED.value})),
+    (r"mlp\.(gate_up|gate|up|down)_proj", frozenset({Role.MLP_IN.value, Role.MLP_OUT.value})),
+    (r"(^|\.)experts", frozenset({Role.MOE_EXPERT.value})),  # not ``shared_experts``
+)
+#: MoE kernel format (aiconfigurator ``moe_dtype``: DB dtype of ``moe_ffn_skew.<engine>`` rows)
+#: of a checkpoint quantization. MXFP4 (gpt-oss): Hopper has no FP4 tensor cores, so vLLM (OAI
+#: Triton ``matmul_ogs``), TensorRT-LLM and SGLang run the experts as W4A16, dequantizing the
+#: 4-bit weights to bf16 inside the kernel; fp8 with ``weight_block_size`` [128, 128]
+#: (DeepSeek-V3/R1, Qwen3-FP8) is the block-scaled family, plain fp8 the per-tensor one.
+_MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointQuant:
+    """Which GEMMs a quantized checkpoint stores at ``precision`` and its MoE kernel format."""
+
+    precision: str
+    """``fp8`` or ``fp4`` (``ServingConfig.precision``)."""
+    quantized_roles: frozenset[str]
+    """GEMM roles at ``precision``; the others stay bf16."""
+    moe_dtype: str = ""
+    """Kernel format of the routed experts (``_MOE_FORMAT`` value); "" = none known."""
+    source: str = ""
+
+
+def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
+    """The quantization of ``model``'s ``precision`` checkpoint.
+
+    From the catalog entry's ``_charon_checkpoints[precision]`` (the checkpoint's HF id, its
+    ``quantization_config`` and a source line) when present; otherwise every quantizable GEMM
+    at ``precision`` with per-tensor ``fp8`` experts for fp8 and no known expert format for fp4.
+
+    Raises:
+        ConfigError: a shipped checkpoint entry with an unknown ``quant_method``.
+    """
+    entry: Mapping[str, Any] = dict(model.hf_config.get("_charon_checkpoints") or {}).get(
+        precision) or {}
+    qc: Mapping[str, Any] = entry.get("quantization_config") or {}
+    if not qc:
+        return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES,
+                               moe_dtype="fp8" if precision == "fp8" else "")
+    method = str(qc.get("quant_method", ""))
+    if method == "fp8" and qc.get("weight_block_size"):
+        method = "fp8_block"
+    if method not in _MOE_FORMAT:
+        raise ConfigError(f"model {model.name}: _charon_checkpoints.{precision}.quant_method "
+                          f"must be one of ['fp8', 'mxfp4'], but got {qc.get('quant_method')!r}")
+    keep: frozenset[str] = frozenset()
+    for module in qc.get("modules_to_not_convert") or ():
+        for pattern, roles in _MODULE_ROLES:
+            if re.search(pattern, str(module)):
+                keep |= roles
+    return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES - keep,
+                           moe_dtype=_MOE_FORMAT[method] if Role.MOE_EXPERT.value not in keep
+                           else "", source=str(entry.get("source", "")))
+
+
+def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: int = 1
+                     ) -> OpGraph:
+    """GEMMs of ``quant.quantized_roles`` run at ``quant.precision``; the rest stay bf16.
 
     Their operand bytes shrink with the element size (the quantized checkpoint stores weights
-    at ``dtype``; fp8 kernels also read fp8 activations); outputs stay bf16.
+    at that precision; fp8 kernels also read fp8 activations); outputs stay bf16. Routed-expert
+    grouped GEMMs are tagged with the MoE kernel format, ``engine`` and the EP degree
+    (``moe_ep:<ep>``: their shape parameters are one rank's, ``tokens x top_k`` rows over its
+    ``num_experts`` local experts; measured EP rows are keyed by the global tokens and experts).
     NB: activation-quantization kernels are not added (fused into the preceding norm/act in
     vLLM and TRT-LLM).
     """
+    dtype = quant.precision
     kinds = (OpKind.GEMM, OpKind.GROUPED_GEMM)
     scale = _PRECISION_BYTES[dtype] / 2.0
     wbytes = Poly.const(_PRECISION_BYTES[dtype])
+    moe_tags = frozenset({f"moe_dtype:{quant.moe_dtype}", f"moe_engine:{engine}",
+                          f"moe_ep:{ep}"} if quant.moe_dtype else ())
 
     def quantized(n: Node) -> Node:
-        params = n.params
+        params, tags = n.params, n.tags | {dtype}
         if n.kind == OpKind.GROUPED_GEMM:
-            # The MoE cost model prices expert weights at this many bytes (profile rows: bf16).
+            # The bf16 MoE cost model prices expert weights at this many bytes.
             params = {**params, "weight_bytes": wbytes}
-        return n.replace(dtype=dtype, bytes_read=n.bytes_read * scale, params=params,
-                         tags=n.tags | {dtype})
+            if _str_role(n) == Role.MOE_EXPERT.value:
+                tags |= moe_tags
+        return n.replace(dtype=dtype, bytes_read=n.bytes_read * scale, params=params, tags=tags)
 
     return graph.with_nodes(
-        quantized(n) if n.kind in kinds and n.role != Role.LM_HEAD.value else n
+        quantized(n) if n.kind in kinds and _str_role(n) in quant.quantized_roles else n
         for n in graph.nodes)

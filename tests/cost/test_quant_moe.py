@@ -1,0 +1,155 @@
+"""Quantized MoE kernels: imported per engine and dtype, priced from their own rows.
+
+Numbers come from the shipped profile DB, converted from aiconfigurator-core 0.12.0
+``systems/data/h200_sxm/moe/{vllm/0.24.0,trtllm/1.3.0rc20}/moe_perf.parquet`` (power-law 1.01
+routing, ``latency`` in ms): the gpt-oss-120b expert shape (hidden 2880, expert FFN 2880,
+128 experts, top-4, no EP/TP).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from charon_search.cost import predictor as P
+from charon_search.cost.profile_db import ProfileDB, default_profile_db, write_profile_db
+from charon_search.cost.selector import FusedCostModel
+from charon_search.ir import Node, OpKind
+from charon_search.ir.symbolic import Poly
+from charon_search.testing import toy_cluster
+
+GPU = "h200-sxm-141gb"
+GPT_OSS = {"top_k": 4, "num_experts": 128, "n": 2880, "k": 2880, "group_size": 1}
+#: Measured ms per layer (vLLM OAI-Triton MXFP4 kernel / TensorRT-LLM ``moe_torch_flow``).
+VLLM_MS = {16: 0.27987, 32: 0.36494, 1024: 1.33958, 8192: 3.9425}
+TRTLLM_MS = {16: 0.27299, 32: 0.34923, 1024: 1.15569, 8192: 5.65578}
+SMALL_HP = {**P.HYPERPARAMS, "max_iter": 120, "learning_rate": 0.15}
+
+
+def test_imported_w4a16_row_is_returned_for_its_exact_shape():
+    db = default_profile_db()
+    for variant, table in (("moe_ffn_skew.vllm", VLLM_MS), ("moe_ffn_skew.trtllm", TRTLLM_MS)):
+        for tokens, ms in table.items():
+            got = db.exact(GPU, "grouped_gemm", variant, "w4a16_mxfp4",
+                           {"tokens": tokens, **GPT_OSS})
+            assert got == pytest.approx(ms * 1e-3, rel=1e-4), (variant, tokens)
+    entry = db.entry(GPU, "grouped_gemm")
+    assert {"moe_ffn_skew.vllm", "moe_ffn_skew.trtllm", "moe_ffn_skew.sglang"} <= set(
+        entry["variants"])
+    assert {"fp8", "fp8_block", "w4a16_mxfp4"} <= set(entry["dtypes"])
+    # One source table per engine, named on every row.
+    assert any("h200_sxm/moe/trtllm/1.3.0rc20/moe_perf.parquet" in s for s in entry["sources"])
+
+
+def test_moe_rows_keep_their_ep_degree():
+    """The EP degree is part of the row key: rows measured at EP 2..256 are all kept."""
+    tbl = default_profile_db().table(GPU, "grouped_gemm").select(variant="moe_ffn",
+                                                                   dtype="bf16")
+    assert {1.0, 8.0, 64.0} <= set(tbl.columns["group_size"].tolist())
+
+
+def _import_script():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "import_peers.py"
+    spec = importlib.util.spec_from_file_location("import_peers_q", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_convert_moe_quant_units_variant_and_one_family(tmp_path):
+    cols = ["framework", "version", "device", "op_name", "kernel_source", "moe_dtype",
+            "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+            "moe_ep_size", "distribution", "latency"]
+    rows = [  # latency in ms; a second (fewer-rows) kernel family and a balanced row dropped
+        ["TRTLLM", "1.3.0rc20", "H200", "moe", "cutlass", "fp8_block", 64, 7168, 2048, 8, 256,
+         1, 8, "power_law_1.01", 0.5],
+        ["TRTLLM", "1.3.0rc20", "H200", "moe", "cutlass", "fp8_block", 64, 7168, 2048, 8, 256,
+         2, 4, "power_law_1.01", 0.7],
+        ["TRTLLM", "1.3.0rc20", "H200", "moe", "other", "fp8_block", 64, 7168, 2048, 8, 256,
+         1, 8, "power_law_1.01", 0.1],
+        ["TRTLLM", "1.3.0rc20", "H200", "moe", "cutlass", "fp8_block", 64, 7168, 2048, 8, 256,
+         1, 8, "balanced", 0.9],
+        ["TRTLLM", "1.3.0rc20", "H200", "moe", "cutlass", "bfloat16", 64, 7168, 2048, 8, 256,
+         1, 8, "power_law_1.01", 0.9],
+    ]
+    path = tmp_path / "moe.csv"
+    pd.DataFrame(rows, columns=cols).to_csv(path, index=False)
+    out = _import_script().convert_moe_quant(str(path), GPU, "t", "trtllm")
+    assert list(out.variant.unique()) == ["moe_ffn_skew.trtllm"]
+    assert list(out.dtype.unique()) == ["fp8_block"]
+    assert list(out.kernel.unique()) == ["cutlass"]
+    assert sorted(out.latency_s.tolist()) == pytest.approx([0.5e-3, 0.7e-3])
+    # n is the per-GPU expert FFN (inter / moe_tp); group_size the EP degree.
+    r = out[np.isclose(out.latency_s, 0.7e-3)].iloc[0]
+    assert (r.n, r.k, r.group_size, r.tokens, r.top_k) == (1024, 7168, 4, 64, 8)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A small DB: the H200 W4A16 rows of every engine plus a quarter of the bf16 rows."""
+    df = default_profile_db().table(GPU, "grouped_gemm").to_pandas()
+    keep = (df.dtype == "w4a16_mxfp4") | ((df.variant == "moe_ffn") & (df.index % 4 == 0))
+    root = tmp_path_factory.mktemp("qmoe")
+    write_profile_db(df[keep], root)
+    db = ProfileDB(root)
+    return FusedCostModel(toy_cluster(gpu=GPU), db=db, store=P.PredictorStore(
+        db, hyperparams=SMALL_HP, use_disk_cache=False))
+
+
+def _expert(tokens: float, tags: tuple[str, ...] = ()) -> Node:
+    c = Poly.const
+    return Node(id=0, name="experts", kind=OpKind.GROUPED_GEMM, role="moe.expert", dtype="fp4",
+                params={"tokens": c(tokens), "top_k": c(4), "num_experts": c(128),
+                        "n": c(2880), "k": c(2880), "weight_bytes": c(0.5)},
+                flops=c(2 * tokens * 4 * 3 * 2880 * 2880), tags=frozenset(tags))
+
+
+@pytest.mark.parametrize(("engine", "measured"), [("vllm", VLLM_MS), ("trtllm", TRTLLM_MS)])
+def test_tagged_expert_node_is_priced_from_its_engines_rows(model, engine, measured):
+    tags = ("moe_dtype:w4a16_mxfp4", f"moe_engine:{engine}")
+    for tokens, ms in measured.items():
+        dur, prov, detail = model._cost_nodes([_expert(tokens, tags)], 1, 1, 1)
+        assert prov[0] == "predictor" and detail[0] == "moe-ffn-rate"
+        # Trained on these very shapes (among ~650 / ~380 rows): within 15 %.
+        assert dur[0] == pytest.approx(ms * 1e-3, rel=0.15), (engine, tokens)
+
+
+def test_untagged_expert_keeps_the_bf16_pricing_which_is_faster(model):
+    """Without a kernel tag the bf16 model prices the node at its weight bytes (the old path);
+    the measured W4A16 kernel is slower than that at 1024 tokens (dequantization in the loop)."""
+    dur, prov, _ = model._cost_nodes([_expert(1024)], 1, 1, 1)
+    assert prov[0] == "predictor"
+    assert dur[0] < 0.75 * VLLM_MS[1024] * 1e-3
+
+
+def test_unknown_engine_falls_back_to_another_engines_rows(model):
+    tags = ("moe_dtype:w4a16_mxfp4", "moe_engine:nccl")
+    dur, _, _ = model._cost_nodes([_expert(1024, tags)], 1, 1, 1)
+    assert dur[0] == pytest.approx(VLLM_MS[1024] * 1e-3, rel=0.15)
+
+
+def test_quantized_predictor_uses_its_format_weight_bytes():
+    key = P.ModelKey(GPU, "grouped_gemm", "moe_ffn_skew.vllm", "w4a16_mxfp4")
+    cols = P._with_weight_bytes(key, {"weight_bytes": np.array([2.0])})
+    assert cols["weight_bytes"] == pytest.approx(0.5 + 1 / 32)  # MXFP4: 4 bits + E8M0 / 32
+    bf16 = P.ModelKey(GPU, "grouped_gemm", "moe_ffn", "bf16")
+    assert P._with_weight_bytes(bf16, {"weight_bytes": 0.5})["weight_bytes"] == 0.5
+
+
+def test_ep_rank_node_is_priced_at_the_measured_ep_row(model):
+    """An EP-4 rank of gpt-oss at 1024 global tokens holds 32 of the 128 experts and computes
+    1024 x 4 / 4 rows: the node carries that rank's shape (256 tokens x top-4 over 32 experts)
+    and the cost model looks it up as the measured row (1024 tokens, 128 experts, EP 4:
+    TensorRT-LLM 0.654 ms, vs 1.156 ms at EP 1)."""
+    tags = ("moe_dtype:w4a16_mxfp4", "moe_engine:trtllm", "moe_ep:4")
+    c = Poly.const
+    node = Node(id=0, name="experts", kind=OpKind.GROUPED_GEMM, role="moe.expert", dtype="fp4",
+                params={"tokens": c(256), "top_k": c(4), "num_experts": c(32), "n": c(2880),
+                        "k": c(2880), "weight_bytes": c(0.5)},
+                flops=c(2 * 256 * 4 * 3 * 2880 * 2880), tags=frozenset(tags))
+    dur, _, _ = model._cost_nodes([node], 1, 1, 1)
+    assert dur[0] == pytest.approx(0.654e-3, rel=0.15)

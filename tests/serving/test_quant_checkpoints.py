@@ -1,0 +1,79 @@
+"""Per-module precision of quantized serving checkpoints (from their HF quantization_config).
+
+gpt-oss-120b (``openai/gpt-oss-120b`` config.json): ``quant_method: mxfp4`` with
+``modules_to_not_convert`` = self_attn, mlp.router, embed_tokens, lm_head, i.e. only the MoE
+experts are MXFP4. DeepSeek-V3 / Qwen3-235B-A22B-FP8: 128x128 block-scaled fp8 everywhere but
+the router gate, norms and LM head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from charon_search.catalog import load_model
+from charon_search.errors import ConfigError
+from charon_search.ir.ops import OpKind
+from charon_search.serving._graphs import checkpoint_quant, serving_graphs
+
+
+def _gemms(graphs):
+    return [(name, n) for name, g in graphs.items() for n in g.nodes
+            if n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM)]
+
+
+@pytest.fixture(scope="module")
+def gpt_oss():
+    return load_model("gpt-oss-120b")
+
+
+def test_gpt_oss_fp4_keeps_attention_router_and_head_bf16(gpt_oss):
+    prefill, decode = serving_graphs(gpt_oss, tp=2, pp=1, ep=1, dp_attention=False,
+                                     precision="fp4", engine="trtllm")
+    for graphs in (prefill, decode):
+        gemms = _gemms(graphs)
+        by_role = {}
+        for _, n in gemms:
+            by_role.setdefault(n.role, set()).add(n.dtype)
+        assert by_role["attn.qkv"] == {"bf16"}
+        assert by_role["attn.out"] == {"bf16"}
+        assert by_role["moe.router"] == {"bf16"}
+        assert by_role["lm_head"] == {"bf16"}
+        experts = [n for _, n in gemms if n.role == "moe.expert"]
+        assert experts and all(n.dtype == "fp4" for n in experts)
+        for n in experts:
+            assert {"moe_dtype:w4a16_mxfp4", "moe_engine:trtllm"} <= n.tags
+            assert n.params["weight_bytes"](1, 1, 1) == 0.5
+
+
+def test_unknown_engine_runs_vllm_kernels(gpt_oss):
+    prefill, _ = serving_graphs(gpt_oss, tp=1, pp=1, ep=1, dp_attention=False,
+                                precision="fp4", engine="nccl")
+    experts = [n for _, n in _gemms(prefill) if n.role == "moe.expert"]
+    assert experts and all("moe_engine:vllm" in n.tags for n in experts)
+
+
+def test_block_fp8_checkpoints_quantize_attention_not_the_router():
+    for name in ("deepseek-v3", "qwen3-235b-a22b"):
+        q = checkpoint_quant(load_model(name), "fp8")
+        assert q.moe_dtype == "fp8_block", name
+        assert {"attn.qkv", "attn.out", "moe.expert"} <= q.quantized_roles
+        assert "moe.router" not in q.quantized_roles and "lm_head" not in q.quantized_roles
+    gpt = checkpoint_quant(load_model("gpt-oss-120b"), "fp4")
+    assert gpt.moe_dtype == "w4a16_mxfp4"
+    assert gpt.quantized_roles.isdisjoint({"attn.qkv", "attn.out"})
+    assert "openai--gpt-oss-120b_config.json" in gpt.source
+
+
+def test_models_without_a_shipped_checkpoint_keep_the_generic_rule():
+    q = checkpoint_quant(load_model("llama-3.1-70b"), "fp8")
+    assert q.moe_dtype == "fp8" and {"attn.qkv", "mlp.in"} <= q.quantized_roles
+    assert checkpoint_quant(load_model("qwen3-30b-a3b"), "fp4").moe_dtype == ""
+
+
+def test_unknown_quant_method_is_a_config_error(gpt_oss):
+    bad = dict(gpt_oss.hf_config)
+    bad["_charon_checkpoints"] = {"fp4": {"quantization_config": {"quant_method": "awq"}}}
+    with pytest.raises(ConfigError, match="quant_method"):
+        checkpoint_quant(dataclasses.replace(gpt_oss, hf_config=bad), "fp4")
