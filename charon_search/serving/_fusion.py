@@ -406,6 +406,7 @@ def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
     params = set(graph.param_tensors)
     ar = next((n for n in graph.nodes if n.is_comm and n.group == "tp"
                and n.kind == OpKind.ALL_REDUCE), None)
+    reduce_new = not shared_expert_allreduce(graph)
     experts = [n for n in graph.nodes if n.kind == OpKind.GROUPED_GEMM
                and _str(n.role) == Role.MOE_EXPERT.value]
     if not experts or ar is None:
@@ -432,10 +433,25 @@ def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
                           bytes_written=n.bytes_written / moe_tp,
                           params={k: v / moe_tp for k, v in n.params.items()})
         out.append(n)
-        if i == last_combine:
+        if i == last_combine and reduce_new:
             out.append(ar.replace(id=next_id, name=f"moe_tp_all_reduce_{ar.name}",
                                   inputs=(), outputs=()))
     return graph.with_nodes(out)
+
+
+def shared_expert_allreduce(graph: OpGraph) -> bool:
+    """The block all-reduces its shared experts' output over TP (a DeepSeek-style MoE layer
+    after ``passes.tensor_parallel``). Inference engines add the routed experts' partial sums
+    to the shared experts' before that one all-reduce, so the routed experts need none of their
+    own: vLLM ``DeepseekV2MoE`` (shared experts ``reduce_results=False``, one
+    ``maybe_all_reduce_tensor_model_parallel``), SGLang ``DeepseekV2MoE`` (one
+    ``tensor_model_parallel_all_reduce``), TensorRT-LLM ``Deepseekv3MoE`` (shared
+    ``reduce_output=False``, one all-reduce fused with the next RMSNorm)."""
+    first = next((i for i, n in enumerate(graph.nodes) if _str(n.role) == Role.MOE_SHARED.value),
+                 None)
+    return first is not None and any(
+        n.is_comm and n.group == "tp" and n.kind == OpKind.ALL_REDUCE
+        for n in graph.nodes[first:])
 
 
 def _fuse_residual_norm(graph: OpGraph) -> OpGraph:

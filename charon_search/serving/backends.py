@@ -21,6 +21,9 @@ Sources (read, not copied):
   ``.github/workflows/benchmark-tmpl.yml`` (``RANDOM_RANGE_RATIO``): the dated-dump rows.
 * TensorRT-LLM ``PyExecutor._waiting_requests`` (batch waiting) and ``_handle_responses``
   (the first token is returned at once whatever ``stream_interval`` is).
+* ``trtllm-bench throughput`` (the TensorRT-LLM performance overview): ``serving.trtllm_bench``.
+* InferenceX ``benchmarks/dsr1_fp8_h200.sh`` / ``dsr1_fp8_h200_trt.sh``: the DeepSeek-R1 FP8
+  H200 launches (SGLang prefill sizes and running-request cap; TensorRT-LLM max_num_tokens).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.serving.config import DEFAULT_CUDA_GRAPH_SIZES
 
 __all__ = ["AIPERF_AIC", "BACKENDS", "INFERENCEX", "BenchmarkProtocol", "EngineProfile",
            "engine_profile"]
@@ -47,13 +51,23 @@ SGLANG_CHUNKED_PREFILL_SIZE = 8192
 AIC_PREFILL_HEADROOM_TOKENS = 1500
 #: SGLang's ``max_prefill_tokens`` when nobody sets it: 16384 (``ServerArgs``).
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384
-LAUNCHERS = ("aiconfigurator", "inferencex", "engine_defaults")
+LAUNCHERS = ("aiconfigurator", "inferencex", "engine_defaults", "trtllm_bench")
+#: TensorRT-LLM ``KvCacheConfig.tokens_per_block`` default (llmapi/llm_args.py): 32.
+TRTLLM_TOKENS_PER_BLOCK = 32
 #: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh`` (the version at commit a267b4b):
 #: ``trtllm-serve --max_num_tokens 16384``. Another stored version passes ``MAX_MODEL_LEN``
 #: (2248 at 1k/1k) instead; the 1k/1k TP < 8 rows are consistent only with 16384 (with 2248 a
 #: batch of waiting prompts could never reach 0.9 x max_num_tokens beside the decodes, and at
 #: concurrency 128 the prompts would queue ~4x longer than measured).
 INFERENCEX_70B_TRT_MAX_NUM_TOKENS = 16384
+#: InferenceX ``benchmarks/dsr1_fp8_h200.sh`` (SGLang; commits 1fc5d73 and d1c47c8):
+#: ``--chunked-prefill-size 32768 --max-prefill-tokens 32768``, and ``--max-running-requests`` =
+#: ``--cuda-graph-max-bs`` = 512 at 1k/1k, else 256 (indexed by ``isl == osl == 1024``).
+INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS = 32768
+INFERENCEX_DSR1_SGLANG_MAX_RUNNING = (256, 512)
+#: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
+#: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
+INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
 #: InferenceX ``benchmarks/gptoss_fp4_h200_trt.sh``: ``trtllm-serve --max_num_tokens 20000``.
 INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS = 20000
 #: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh``, 1k/1k at TP < 8:
@@ -81,12 +95,19 @@ class EngineProfile:
     batch_wait_iters: int = 0
     batch_wait_tokens: int = 0
     """``ServingConfig.batch_wait_iters`` / ``batch_wait_tokens`` (TensorRT-LLM batch waiting)."""
+    max_num_seqs: int = 0
+    block_size: int = 0
+    cuda_graph_sizes: tuple[int, ...] = ()
+    """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
 
     def config_kwargs(self) -> dict[str, Any]:
         """The ``ServingConfig`` fields this profile sets."""
-        return {"prefill_schedule": self.prefill_schedule,
+        own: dict[str, Any] = {k: v for k, v in (
+            ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
+            ("cuda_graph_sizes", self.cuda_graph_sizes)) if v}
+        return {**own, "prefill_schedule": self.prefill_schedule,
                 "chunked_prefill": self.chunked_prefill,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_prefill_tokens": self.max_prefill_tokens,
@@ -107,18 +128,25 @@ SGLANG_UNMIXED_VERSIONS = ("0.5.1", "0.5.1.post1")
 
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
-                   model: str = "") -> EngineProfile:
+                   model: str = "", max_num_tokens: int = 0) -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
     generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
     (an HF id; ``osl`` and ``tp`` select the recipe's branches) or with the engine's own
-    defaults (``"engine_defaults"``: measurements whose launch flags are not known).
+    defaults (``"engine_defaults"``: measurements whose launch flags are not known), or by
+    ``trtllm-bench throughput`` (``"trtllm_bench"``, TensorRT-LLM only: ``max_batch_size`` and
+    ``max_num_tokens`` are the limits it picked, ``serving.trtllm_bench.bench_limits``).
 
     Raises:
-        ConfigError: unknown backend.
+        ConfigError: unknown backend or launcher, or a launcher the backend has no profile for.
     """
     if launcher not in LAUNCHERS:
         raise ConfigError(f"`launcher` must be one of {list(LAUNCHERS)}, but got {launcher!r}")
+    if launcher == "trtllm_bench":
+        if backend != "trtllm":
+            raise ConfigError(f"launcher 'trtllm_bench' needs backend 'trtllm', but got "
+                              f"{backend!r}")
+        return _trtllm_bench(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
     aic = launcher == "aiconfigurator"
     if backend == "vllm" and launcher == "inferencex":
         ix = _inferencex_vllm(model)
@@ -138,6 +166,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                 "vLLM 0.12 schedules synchronously (async scheduling opt-in): the cluster's "
                 "per-iteration host time applies",
             ))
+    if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
+        return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)
     if backend == "sglang":
         mixed = aic and version not in SGLANG_UNMIXED_VERSIONS
         why = ("the aiconfigurator agg rule asks for it" if mixed else
@@ -211,6 +241,28 @@ def _inferencex_vllm(model: str) -> EngineProfile | None:
         ))
 
 
+def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> EngineProfile:
+    """SGLang as InferenceX's DeepSeek-R1 FP8 H200 recipe launches it."""
+    cap = INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024]
+    return EngineProfile(
+        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
+        max_num_batched_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
+        max_prefill_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS, prefix_caching=False,
+        decode_in_budget=False, iteration_overhead_s=0.0,
+        max_num_seqs=min(max_batch_size, cap),
+        cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
+        sources=(
+            "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
+            "host work hidden behind the GPU",
+            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk in the "
+            "recipe; managers/scheduler.py); decode tokens outside the chunked-prefill size",
+            f"--chunked-prefill-size {INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS} "
+            f"--max-prefill-tokens {INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS} --disable-radix-cache,"
+            f" --max-running-requests / --cuda-graph-max-bs {cap} (InferenceX "
+            "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256)",
+        ))
+
+
 def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
                        max_batch_size: int) -> EngineProfile | None:
     """TensorRT-LLM as InferenceX's recipes launch it (None: no recipe known for ``model``)."""
@@ -239,6 +291,19 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
                  "TP < 8 branch; TensorRT-LLM PyExecutor._waiting_requests)") if wait else
                 "no batch waiting (the recipe sets it only for 1k/1k at TP < 8)",
             ))
+    if "deepseek" in name:
+        # dsr1_fp8_h200_trt.sh: MAX_NUM_TOKENS = round_up_64(CONC + ISL + 64), at least 8192.
+        max_tokens = max(INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS,
+                         -(-(max_batch_size + isl + 64) // 64) * 64)
+        return EngineProfile(
+            backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
+            max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
+            kv_admission="reserve_max", iteration_overhead_s=0.0,
+            sources=(
+                *common,
+                f"--max_num_tokens {max_tokens} = max(8192, round_up_64(C + isl + 64)) "
+                "(InferenceX benchmarks/dsr1_fp8_h200_trt.sh at 1fc5d73)",
+            ))
     if "gpt-oss" in name:
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
@@ -251,6 +316,37 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
                 "benchmarks/gptoss_fp4_h200_trt.sh)",
             ))
     return None
+
+
+def _trtllm_bench(*, max_batch_size: int, max_num_tokens: int) -> EngineProfile:
+    """TensorRT-LLM (PyTorch backend) as ``trtllm-bench throughput`` runs it."""
+    from charon_search.serving.trtllm_bench import (
+        PERF_OVERVIEW_CUDA_GRAPH_SIZES,
+        captured_graph_sizes,
+    )
+
+    if max_batch_size < 1 or max_num_tokens < 1:
+        raise ConfigError("launcher 'trtllm_bench' needs `max_batch_size` and `max_num_tokens` "
+                          f">= 1, but got ({max_batch_size}, {max_num_tokens})")
+    graphs = captured_graph_sizes(PERF_OVERVIEW_CUDA_GRAPH_SIZES, max_batch_size=max_batch_size,
+                                  max_num_tokens=max_num_tokens)
+    return EngineProfile(
+        backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
+        max_num_batched_tokens=max_num_tokens, max_prefill_tokens=0, prefix_caching=False,
+        kv_admission="reserve_max", iteration_overhead_s=0.0, max_num_seqs=max_batch_size,
+        block_size=TRTLLM_TOKENS_PER_BLOCK, cuda_graph_sizes=graphs,
+        sources=(
+            f"trtllm-bench tuning heuristics: max_batch_size {max_batch_size}, max_num_tokens "
+            f"{max_num_tokens} (bench/build/tuning.py; raised to isl + max_batch_size without "
+            "chunked prefill, bench/benchmark/utils/general.py get_settings)",
+            "TensorRT-LLM PyTorch backend defaults kept by trtllm-bench: overlap scheduler on "
+            "(host work hidden), chunked prefill off, capacity scheduler GUARANTEED_NO_EVICT, "
+            "in-flight batching of context and generation under max_num_tokens",
+            f"CUDA graphs with padding for generation-only batches, captured sizes {graphs[0]}.."
+            f"{graphs[-1]} (perf-overview llm_options.yml batch_sizes, filtered to the largest "
+            "decode batch: model_engine._filter_cuda_graph_batch_sizes)",
+            f"KV blocks of {TRTLLM_TOKENS_PER_BLOCK} tokens (KvCacheConfig.tokens_per_block)",
+        ))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -138,10 +138,24 @@ class PoolConfig:
     ep: int = 1
     cluster: str = ""
     """Cluster (GPU type) of this pool; empty = the simulation's cluster."""
+    dp_attention: bool | None = None
+    """MoE DP-attention in this pool; None = ``ServingConfig.dp_attention`` (disaggregated
+    deployments often run attention-DP prefill beside attention-TP decode)."""
+    max_num_batched_tokens: int = 0
+    """Token budget of one iteration of a replica of this pool; 0 = ``ServingConfig``'s."""
+    max_num_seqs: int = 0
+    """Running requests per replica of this pool; 0 = ``ServingConfig``'s."""
 
     def __post_init__(self) -> None:
         for name in ("num_replicas", "tp", "pp", "ep"):
             _positive_int(f"pool.{name}", getattr(self, name))
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"`pool.{name}` must be an integer >= 0, but got {v!r}")
+        if self.dp_attention not in (None, True, False):
+            raise ConfigError("`pool.dp_attention` must be true, false or null, but got "
+                              f"{self.dp_attention!r}")
 
     @property
     def gpus_per_replica(self) -> int:

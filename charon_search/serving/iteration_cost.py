@@ -116,15 +116,21 @@ class IterationCostModel(ABC):
         tokens each over a total context of ``decode_kv_sum`` tokens. ``padded_decode`` (>=
         ``num_decode``) is the CUDA-graph batch the token-linear ops run at."""
         tokens = 0
-        attn = 0.0
+        chunks = []
         for q, kv in prefill:
             tokens += q
-            attn += self.prefill_attention_s(q, kv)
+            chunks.append(self.prefill_attention_s(q, kv))
         tokens += max(num_decode, padded_decode) * decode_q
         if tokens == 0:
             return 0.0
+        attn = self.prefill_attention_total_s(chunks)
         attn += self.decode_attention_s(num_decode, decode_kv_sum, decode_q)
         return self.token_linear_s(tokens, len(prefill) + num_decode * decode_q) + attn
+
+    def prefill_attention_total_s(self, chunks: Sequence[float]) -> float:
+        """Attention time of an iteration's prefill chunks (each chunk's own time given): they
+        run one after another on every GPU of the replica."""
+        return float(sum(chunks))
 
     def mtp_step_s(self, num_decode: int, decode_kv_sum: float) -> float:
         """One MTP draft step (one extra decoder layer + LM head); default: a full decode step."""
@@ -238,6 +244,36 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
     return _cost
 
 
+def _without_ep_a2a(graph: OpGraph) -> OpGraph:
+    """Expert parallelism under tensor-parallel attention: every rank already holds all tokens
+    (replicated by the attention all-reduce) and runs its local experts on the rows routed to
+    them, so nothing is dispatched; the ranks' partial outputs are summed by one all-reduce of
+    the block output (TensorRT-LLM ``FusedMoE.select_alltoall_method_type`` returns
+    ``NotEnabled`` unless ``mapping.enable_attention_dp``, ``_torch/modules/fused_moe``). That
+    all-reduce is the shared experts' when the block has one (``_fusion.shared_expert_allreduce``),
+    else a new one with the attention all-reduce's message (tokens x hidden) replaces the
+    combine all-to-all."""
+    from charon_search.serving._fusion import shared_expert_allreduce
+
+    a2a = [n for n in graph.nodes if n.kind == OpKind.ALL_TO_ALL
+           and n.name.startswith(("ep_dispatch_", "ep_combine_"))]
+    if not a2a:
+        return graph
+    ar = next((n for n in graph.nodes if n.is_comm and n.group == "tp"
+               and n.kind == OpKind.ALL_REDUCE), None)
+    combine = [n for n in a2a if n.name.startswith("ep_combine_")]
+    keep_one = ar is not None and combine and not shared_expert_allreduce(graph)
+    out = []
+    for n in graph.nodes:
+        if n in a2a:
+            if keep_one and ar is not None and n is combine[-1]:
+                out.append(ar.replace(id=n.id, name=f"moe_ep_all_reduce_{ar.name}",
+                                      inputs=n.inputs, outputs=n.outputs))
+            continue
+        out.append(n)
+    return graph.with_nodes(out)
+
+
 def _is_attention(node: object) -> bool:
     """Ops whose cost depends on (q_len, kv_len) per request, not on the token count."""
     return getattr(node, "kind", None) == OpKind.ATTENTION or getattr(node, "role", "") in (
@@ -290,13 +326,16 @@ class GraphIterationCostModel(IterationCostModel):
         self._cost = cost_fn or graph_cost_fn(cluster, tp_allreduce=tp_allreduce)
         prefill, decode = serving_graphs(model, tp=tp, pp=pp, ep=ep,
                                          dp_attention=dp_attention, precision=precision,
-                                         fused_kernels=fused_kernels)
+                                         fused_kernels=fused_kernels, engine=tp_allreduce)
         if fused_kernels and tp_allreduce == "trtllm":
             from charon_search.serving._fusion import fuse_trtllm
 
             ar_norm = tp > 1 and not dp_attention
             prefill = {k: fuse_trtllm(g, allreduce_norm=ar_norm) for k, g in prefill.items()}
             decode = {k: fuse_trtllm(g, allreduce_norm=ar_norm) for k, g in decode.items()}
+        if ep > 1 and not dp_attention:
+            prefill = {k: _without_ep_a2a(g) for k, g in prefill.items()}
+            decode = {k: _without_ep_a2a(g) for k, g in decode.items()}
         self._prefill_parts: list[_Part] = []
         self._decode_parts: list[_Part] = []
         self._head: _Part | None = None
@@ -405,6 +444,15 @@ class GraphIterationCostModel(IterationCostModel):
     def prefill_attention_s(self, q_len: int, kv_len: int) -> float:
         # 4 points per octave: causal attention work ~ q*kv - q^2/2 is nearly bilinear.
         return _bilinear(self._prefill_attn_at, q_len, max(kv_len, q_len), shift=3)
+
+    def prefill_attention_total_s(self, chunks: Sequence[float]) -> float:
+        """Under attention DP each rank runs the attention of its own requests (whole heads):
+        the iteration waits for the busiest of ``tp`` ranks, at least the longest chunk and at
+        least an even share (balanced placement, as TensorRT-LLM's ``attention_dp_config``
+        balancing and SGLang's DP scheduler aim for)."""
+        if not (self.dp_attention and self.tp > 1) or len(chunks) <= 1:
+            return float(sum(chunks))
+        return max(float(sum(chunks)) / self.tp, max(chunks))
 
     def _decode_attn_at(self, n: int, kv: int, q: int) -> float:
         key = (n, kv, q)

@@ -53,11 +53,14 @@ def _resolve(model: ModelSpec | str, cluster: ClusterSpec | str) -> tuple[ModelS
 
 def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
                      tp: int | None = None, pp: int | None = None,
-                     ep: int | None = None) -> IterationCostModel:
-    """The graph-based iteration cost model of one replica (SP wrapper when ``sp > 1``)."""
+                     ep: int | None = None,
+                     dp_attention: bool | None = None) -> IterationCostModel:
+    """The graph-based iteration cost model of one replica (SP wrapper when ``sp > 1``);
+    ``dp_attention`` None = ``config.dp_attention``."""
+    dpa = config.dp_attention if dp_attention is None else dp_attention
     base: IterationCostModel = GraphIterationCostModel(
         model, cluster, tp=tp or config.tp, pp=pp or config.pp, ep=ep or config.ep,
-        dp_attention=config.dp_attention, precision=config.precision, kv_dtype=config.kv_dtype,
+        dp_attention=dpa, precision=config.precision, kv_dtype=config.kv_dtype,
         fused_kernels=config.fused_kernels, tp_allreduce=config.tp_allreduce)
     return _maybe_sp(base, cluster, config, tp or config.tp, model.num_layers)
 
@@ -78,20 +81,24 @@ def _maybe_sp(base: IterationCostModel, cluster: ClusterSpec, config: ServingCon
 
 
 def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
-                       tp: int, pp: int, ep: int) -> int:
-    """KV blocks per replica: ``num_kv_blocks`` if set, else the memory model's capacity."""
+                       tp: int, pp: int, ep: int, dp_attention: bool | None = None) -> int:
+    """KV blocks per replica: ``num_kv_blocks`` if set, else the memory model's capacity
+    (``dp_attention`` None = ``config.dp_attention``)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     from charon_search.memory.serving import kv_cache_capacity
 
+    dpa = config.dp_attention if dp_attention is None else dp_attention
     weight_dtype = {"fp4": "nvfp4"}.get(config.precision, config.precision)
     cap = kv_cache_capacity(
-        model, cluster, tp=1 if config.dp_attention else tp, pp=pp, ep=ep,
+        model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep,
         gpu_memory_utilization=config.gpu_memory_utilization,
-        max_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
+        # Under attention DP each rank runs its share of the replica's tokens.
+        max_batched_tokens=-(-config.max_num_batched_tokens // tp) if dpa
+        else config.max_num_batched_tokens, block_size=config.block_size,
         kv_dtype=config.kv_dtype, weight_dtype=weight_dtype)
     blocks = cap.num_blocks
-    if config.dp_attention:
+    if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV
     if blocks < 1:
         raise InfeasibleError(
@@ -146,7 +153,7 @@ class ServingSimulation:
         return load_cluster(pool.cluster)
 
     def _cost(self, pool: PoolConfig, cluster: ClusterSpec) -> IterationCostModel:
-        key = (cluster.name, pool.tp, pool.pp, pool.ep)
+        key = (cluster.name, pool.tp, pool.pp, pool.ep, pool.dp_attention)
         hit = self._cost_cache.get(key)
         if hit is None:
             if self._injected is not None:
@@ -154,23 +161,30 @@ class ServingSimulation:
                                 self.model.num_layers)
             else:
                 hit = build_cost_model(self.model, cluster, self.config, tp=pool.tp,
-                                       pp=pool.pp, ep=pool.ep)
+                                       pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention)
             self._cost_cache[key] = hit
         return hit
 
     def _make_pool(self, role: str, pool: PoolConfig) -> list[ReplicaEngine]:
         cfg = self.config
+        own = {k: v for k, v in (("max_num_batched_tokens", pool.max_num_batched_tokens),
+                                 ("max_num_seqs", pool.max_num_seqs)) if v}
+        if own:
+            cfg = cfg.replace(**own)  # the pool's own engine limits
         cluster = self._pool_cluster(pool)
         cost = self._cost(pool, cluster)
         blocks = kv_capacity_blocks(self.model, cluster, cfg, tp=pool.tp, pp=pool.pp,
-                                    ep=pool.ep)
+                                    ep=pool.ep, dp_attention=pool.dp_attention)
         overhead = (cfg.iteration_overhead_s if cfg.iteration_overhead_s is not None
                     else cluster.calibration.iteration_cpu_overhead_s)
         if role == "prefill":
-            # Per token, whole model, summed over the pool's GPUs.
-            self._kv_xfer_bytes_per_token = cost.kv_bytes_per_token() * pool.tp * pool.pp
+            # Per token, whole model, summed over the GPUs holding it: all tp ranks (heads
+            # sharded), or one rank per stage under attention DP (whole heads, its requests).
+            dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
+            holders = (1 if dpa else pool.tp) * pool.pp
+            self._kv_xfer_bytes_per_token = cost.kv_bytes_per_token() * holders
             self._prefill_cluster = cluster
-            self._prefill_gpus = pool.tp * pool.pp
+            self._prefill_gpus = holders
         draft = None
         if role != "prefill" and cfg.speculative is not None:
             draft = self._draft_fn(cost, pool, cluster)

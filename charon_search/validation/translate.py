@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from charon_search.errors import CharonError
+from charon_search.validation import translate_training as _tt
 from charon_search.validation.flops import ArchFacts
 from charon_search.validation.names import (
     Unexpressible,
@@ -36,7 +36,8 @@ __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
 #: Measured serving requests simulated per silicon row (after the warm-up): enough turns of the
 #: concurrency for the closed loop to settle, capped to keep the full validation cheap. aiperf
 #: measures 50 turns after its warm-up; later turns repeat the pattern of the first. InferenceX
-#: measures 10 turns from an idle start: every turn is simulated (up to ``MAX_REQUESTS``).
+#: measures 10 turns from an idle start: every turn is simulated (up to ``MAX_REQUESTS``, or
+#: ``TURNS`` waves when the concurrency is larger).
 MIN_REQUESTS = 16
 TURNS = 2
 MAX_REQUESTS = 1024
@@ -306,8 +307,8 @@ def _training_case(record: Record) -> TrainingCase:
         global_batch_size=int(gbs), seq_len=int(t["seq_len"]), recompute=recompute,
         precision=precision, async_tp=bool(async_tp), cp_algo=cp_algo, fused_kernels=fused,
     )
-    kw.update(_framework_facts(record, t, ex, notes))
-    kernel = _attention_kernel(record, ex, model)
+    kw.update(_tt.framework_facts(record, t, ex, notes))
+    kernel = _tt.attention_kernel(record, ex, model)
     if kernel is not None and kw.get("attention_kernel", "flash") == "flash":
         kw["attention_kernel"] = kernel[0]
         notes.append(f"attention kernel {kernel[0]!r} ({kernel[1]})")
@@ -323,113 +324,11 @@ def _training_case(record: Record) -> TrainingCase:
                         memory_options=_memory_options(ex, layout, record))
 
 
-def _framework(ex: Mapping[str, Any]) -> str:
-    return str(ex.get("framework") or "").strip()
-
-
-def _framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
-                     notes: list[str]) -> dict[str, Any]:
-    """Layout fields that state what the source framework ran (no fitted values).
-
-    Each rule reads a fact of the record (framework, recipe, schedule); none is tuned to an error.
-    """
-    out: dict[str, Any] = {}
-    fw = _framework(ex)
-    # Megatron-LM of SC21 (Narayanan et al., arXiv 2104.04473) and Korthikanti et al. (arXiv
-    # 2205.05198) ran CoreAttention: QK^T bmm, fused scale-mask-softmax over s x s, attention
-    # dropout, PV bmm (Korthikanti's 5as/h activation term is that softmax + dropout mask);
-    # flash attention reached Megatron only in 2023. "Megatron-Core ..." records (mcore_*) use
-    # Transformer Engine's fused attention and keep "flash".
-    if fw == "Megatron-LM":
-        out["attention_kernel"] = "eager"
-        notes.append("Megatron-LM 2021/22 (pre flash-attention): unfused CoreAttention "
-                     "(attention_kernel='eager')")
-    # torchtitan's `activation_checkpoint.selective_ac_option = "op"`: per-op SAC (torchtitan
-    # models/llama/parallelize_llama.py `_save_list`: matmuls every other time, SDPA and
-    # collectives saved, the rest recomputed).
-    if str(ex.get("selective_ac_option", "")).lower() == "op":
-        out["selective_policy"] = "op"
-    recipe = _fp8_recipe(record, t, ex, fw)
-    if recipe is not None:
-        out["fp8_recipe"] = recipe[0]
-        notes.append(f"fp8 recipe {recipe[0]!r} ({recipe[1]})")
-    # DeepSeek-V3 report sec. 3.2.2: node-limited routing (each token to at most 4 nodes) with
-    # dispatch kernels that send a token over IB once per target node and forward it over
-    # NVLink (DeepEP's normal kernels).
-    mx = dict(record.model.get("extra") or {}).get("max_nodes_per_token")
-    if mx and int(t.get("ep") or 1) > 1:
-        out["ep_node_dedup"] = True
-        notes.append(f"EP dispatch once per target node (node-limited routing, at most {mx} "
-                     "nodes per token; DeepSeek-V3 report sec. 3.2.2)")
-    # DeepSeek-V3 report sec. 3.2.1: DualPipe pairs a forward and a backward chunk and overlaps
-    # the EP all-to-all (dispatch / combine) of one with the computation of the other.
-    if t.get("schedule") == "dualpipe" and int(t.get("ep") or 1) > 1:
-        out["moe_a2a_overlap"] = True
-        notes.append("DualPipe: EP all-to-all overlapped with the paired chunk's compute "
-                     "(DeepSeek-V3 report sec. 3.2.1)")
-    return out
-
-
-#: PyTorch SDPA picked FlashAttention-2 (its ``flash`` backend) on Hopper between 2.5.1 (cuDNN
-#: attention made opt-in, pytorch/pytorch#138522, Oct 2024) and 2.9 (cuDNN first again on
-#: sm90/sm100, pytorch/pytorch#162073, Sept 2025). torchtitan's context parallelism allows only
-#: the flash and memory-efficient backends (torchtitan ``utils.get_train_context``: "currently we
-#: only support these two SDP backends").
-_SDPA_FA2_YEARS = (2024, 2025)
-
-
-def _attention_kernel(record: Record, ex: Mapping[str, Any],
-                      model: ModelSpec) -> tuple[str, str] | None:
-    """``(Layout.attention_kernel, why)`` when the framework ran an older fused kernel than the
-    GPU's best (``cost.attention_kernels``); ``None`` keeps ``flash``."""
-    fw = _framework(ex).lower()
-    year = _source_year(record)
-    if fw == "torchtitan" and year in _SDPA_FA2_YEARS:
-        return "flash2", ("PyTorch SDPA flash backend = FlashAttention-2; cuDNN attention "
-                          "opt-in from torch 2.5.1 (pytorch/pytorch#138522)")
-    if "llm-foundry" in fw and bool((model.hf_config or {}).get("attn_config", {}).get(
-            "alibi", (model.hf_config or {}).get("alibi", False))):
-        # MPT with ALiBi ran attn_impl "triton" (MPTConfig of 2023: "alibi only implemented
-        # with torch and triton attention"; scripts/train/benchmarking/submit_benchmarks.py
-        # of the benchmark tables: --attn_impl default 'triton').
-        return "flash_triton", "MPT attn_impl 'triton' (ALiBi) of the 2023 llm-foundry tables"
-    return None
-
-
-def _fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
-                fw: str) -> tuple[str, str] | None:
-    """``(Layout.fp8_recipe, why)`` for fp8 records; ``None`` keeps the default."""
-    prec = str(t.get("precision") or "")
-    if prec not in ("fp8", "mxfp8"):
-        return None
-    stated = str(ex.get("float8_recipe") or "").lower()
-    if stated in ("tensorwise", "rowwise"):  # torchao Float8LinearConfig recipe name
-        return stated, "extra.float8_recipe of the record"
-    if prec == "mxfp8" or "block" in str(ex.get("fp8_recipe", "")).lower():
-        # MXFP8 (OCP MX spec: 1x32 blocks with E8M0 scales) and DeepSeek-V3's fine-grained
-        # 1x128 / 128x128 scaling (report sec. 3.3.2) compute scales per block, inside the cast.
-        return "blockwise", "block-scaled: mxfp8 or DeepSeek-V3 fine-grained scaling"
-    if fw.lower().startswith(("megatron", "nemo")) or "llm-foundry" in fw.lower() \
-            or str(ex.get("amp", "")) == "amp_fp8":
-        # Megatron and Composer's amp_fp8 both run Transformer Engine's DelayedScaling recipe
-        # (scale from the amax history of previous iterations).
-        return "delayed", "Transformer Engine DelayedScaling (Megatron / llm-foundry amp_fp8)"
-    if "DeepSeek-V3" in record.source:
-        return "blockwise", "DeepSeek-V3 fine-grained block scaling (report sec. 3.3.2)"
-    return None
-
-
 #: torchtitan compiles the loss together with the model from 2025 on
 #: (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile(loss_fn)``
 #: when compiling); the Dec-2024 benchmark commit 9dec370 still had it commented out in
 #: ``train.py`` ("TODO: compiling loss function causes CUDA errors, turning off for now").
 _TORCHTITAN_COMPILED_LOSS_FROM = 2025
-
-
-def _source_year(record: Record) -> int | None:
-    """Year of the source as its title states it (``"... (Dec 2024)"``), else ``None``."""
-    years = re.findall(r"\b(20[0-9]{2})\b", record.source)
-    return int(years[-1]) if years else None
 
 
 def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None = None) -> Any:
@@ -443,7 +342,7 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None
         from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
     except ImportError:
         return None
-    fw = _framework(ex).lower()
+    fw = _tt.framework(ex).lower()
     name = ("megatron-core" if fw.startswith("megatron-core")
             else "megatron-lm" if fw == "megatron-lm"
             else "torchtitan" if fw == "torchtitan" else fw)
@@ -453,7 +352,7 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None
     if str(ex.get("selective_ac_option", "")).lower() == "op":
         over["selective_policy"] = "op"
     if name == "torchtitan":
-        year = _source_year(record) if record is not None else None
+        year = _tt.source_year(record) if record is not None else None
         over["loss_impl"] = torchtitan_loss_impl(
             layout.tp, loss_parallel=not ex.get("disable_loss_parallel"),
             compiled_loss=bool(ex.get("torch_compile")) and year is not None
@@ -504,10 +403,14 @@ def _serving_case(record: Record) -> ServingCase:
         max_seqs = max(conc, 1)
         backend = str((record.extra or {}).get("backend") or "")
         aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
-        if backend in BACKENDS and c.get("mode", "agg") != "disagg":
+        if backend in BACKENDS:
+            # Disaggregated InferenceX rows ran Dynamo recipes whose flags we do not have: the
+            # engine's own defaults apply there.
+            launcher = ("aiconfigurator" if aic else "engine_defaults"
+                        if c.get("mode", "agg") == "disagg" else "inferencex")
             prof = engine_profile(backend, isl=isl, max_batch_size=max_seqs,
                                   version=str(c.get("framework_version") or ""),
-                                  launcher="aiconfigurator" if aic else "inferencex",
+                                  launcher=launcher,
                                   osl=osl, tp=int(c.get("tp") or 1),
                                   model=str(record.model.get("name") or ""))
             engine_kw = prof.config_kwargs()
@@ -521,7 +424,9 @@ def _serving_case(record: Record) -> ServingCase:
         # After a warm-up the loop has settled and later turns repeat the first measured ones;
         # without one the mean holds the transient from the idle start: simulate every turn.
         settled = max(MIN_REQUESTS, TURNS * conc) if warm else nominal
-        n = warm + min(nominal, settled, MAX_REQUESTS)
+        # At least TURNS waves even past MAX_REQUESTS: fewer requests than the concurrency
+        # would run a lighter load than the benchmark's C streams.
+        n = warm + min(nominal, settled, max(MAX_REQUESTS, TURNS * conc))
         lengths = []
         for nom in (isl, osl):
             lo, hi = bench.length_bounds(nom)
@@ -541,9 +446,15 @@ def _serving_case(record: Record) -> ServingCase:
                      f"{lo_i}..{hi_i} and outputs {lo_o}..{hi_o} tokens")
     else:
         max_seqs = int(c.get("max_batch_size") or 0) or 512
-        if not c.get("max_batch_size"):
+        if _trtllm_bench(record, c):
+            engine_kw, n = _perf_overview(record, model, c, isl, osl, precision, kv_dtype,
+                                          notes)
+            max_seqs = int(engine_kw["max_num_seqs"])
+        elif not c.get("max_batch_size"):
             notes.append("max_num_seqs = 512 assumed (engine batch limit not stated)")
-        n = OFFLINE_REQUESTS
+            n = OFFLINE_REQUESTS
+        else:
+            n = OFFLINE_REQUESTS
         workload = WorkloadSpec(arrival="burst", num_requests=n,
                                 input_len=LengthDistribution(value=isl),
                                 output_len=LengthDistribution(value=osl), seed=0)
@@ -557,18 +468,26 @@ def _serving_case(record: Record) -> ServingCase:
         if not pre.get("num_workers") or not dec.get("num_workers"):
             raise Unexpressible("disaggregated row without prefill/decode worker counts")
         pools = {}
+        backend = str((record.extra or {}).get("backend") or "")
         for name, p in (("prefill", pre), ("decode", dec)):
-            adp = p.get("attention_dp_size") or 1
-            pools[name] = PoolConfig(num_replicas=int(p["num_workers"]),
-                                     tp=int(p["tp_size"]) * adp, pp=int(p.get("pp_size") or 1),
-                                     ep=int(p.get("moe_ep_size") or 1))
+            adp = int(p.get("attention_dp_size") or 1)
+            # TensorRT-LLM limits each attention-DP rank's own batch ("--max_batch_size: Max
+            # batch size in each rank. --max_num_tokens: Max num tokens in each rank",
+            # docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md); SGLang
+            # divides its chunked-prefill size over the DP ranks (server_args.py).
+            per_rank = backend == "trtllm" and adp > 1
+            pools[name] = PoolConfig(
+                num_replicas=int(p["num_workers"]), tp=int(p["tp_size"]) * adp,
+                pp=int(p.get("pp_size") or 1), ep=int(p.get("moe_ep_size") or 1),
+                dp_attention=adp > 1,
+                max_num_batched_tokens=adp * int(kw["max_num_batched_tokens"]) if per_rank else 0)
+            if per_rank:
+                notes.append(f"{name} pool: TensorRT-LLM token budget per attention-DP rank, "
+                             f"x{adp} ranks per worker")
         kw["disagg"] = DisaggConfig(prefill=pools["prefill"], decode=pools["decode"])
         adps = [int(p.get("attention_dp_size") or 1) for p in (pre, dec)]
         if any(a > 1 for a in adps):
-            # ServingConfig.dp_attention applies to both pools.
-            kw["dp_attention"] = True
-            if not all(a > 1 or int(p["tp_size"]) == 1 for a, p in zip(adps, (pre, dec))):
-                notes.append("attention-DP applied to both pools (one pool uses attention TP)")
+            kw["dp_attention"] = True  # per pool: PoolConfig.dp_attention
         num_gpus = sum(pl.num_replicas * pl.gpus_per_replica for pl in pools.values())
         per_node = max(pl.gpus_per_replica for pl in pools.values())
     else:
@@ -588,6 +507,33 @@ def _serving_case(record: Record) -> ServingCase:
     return ServingCase(record=record, model=model, cluster=choice.cluster,
                        cluster_how=choice.how, config=config, workload=workload,
                        num_gpus=num_gpus, assumptions=tuple(notes), extra=extra)
+
+
+def _trtllm_bench(record: Record, c: Mapping[str, Any]) -> bool:
+    """A TensorRT-LLM row measured by ``trtllm-bench throughput`` with the limits it picks
+    itself (the perf overview: no max_batch_size in the record)."""
+    return ("trtllm-bench" in record.source and "tensorrt-llm" in str(c.get("framework") or "")
+            and not c.get("max_batch_size") and c.get("mode", "agg") != "disagg")
+
+
+def _perf_overview(record: Record, model: ModelSpec, c: Mapping[str, Any], isl: int, osl: int,
+                   precision: str, kv_dtype: str, notes: list[str]) -> tuple[dict[str, Any], int]:
+    """Engine fields and request count of a ``trtllm-bench throughput`` row."""
+    from charon_search.serving.trtllm_bench import perf_overview_engine, perf_overview_num_requests
+
+    tp, pp = int(c.get("tp") or 1), int(c.get("pp") or 1)
+    cluster = choose_cluster(record, tp * pp).cluster
+    kw, lines = perf_overview_engine(model, cluster, tp=tp, pp=pp, isl=isl, osl=osl,
+                                     precision=precision, kv_dtype=kv_dtype)
+    notes.extend(f"trtllm-bench: {line}" for line in lines)
+    n = perf_overview_num_requests(isl, osl)
+    if n is None:
+        n = OFFLINE_REQUESTS
+        notes.append(f"{n} requests assumed (no $num_requests row for {isl}/{osl})")
+    else:
+        notes.append(f"{n} requests of exactly {isl}/{osl} tokens ($num_requests of the perf "
+                     "overview)")
+    return kw, n
 
 
 _CASES: dict[str, TrainingCase | ServingCase | Unexpressible] = {}

@@ -1,0 +1,60 @@
+"""Translation of the TensorRT-LLM perf-overview records (trtllm-bench) and of disaggregated
+DeepSeek rows whose pools differ in attention DP (translation only, fast)."""
+
+from __future__ import annotations
+
+from charon_search.validation.translate import to_case
+
+PERF_8B_H200 = "trtllm_llama31_8b_h200_tp1_isl2048_osl2048"
+DS_H100_DISAGG = "dsr1_h100_trtllm_fp8_disagg_1024x1024_c30_cfg494"
+
+
+def test_perf_overview_row_runs_trtllm_bench_limits(by_id) -> None:
+    case = to_case(by_id[PERF_8B_H200])
+    cfg, wl = case.config, case.workload
+    # tests/serving/test_backends_trtllm_bench.py: 512 requests, 2560 tokens for this row.
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (512, 2560)
+    assert cfg.kv_admission == "reserve_max" and not cfg.chunked_prefill
+    assert cfg.block_size == 32 and cfg.kv_dtype == "fp8" and cfg.tp_allreduce == "trtllm"
+    # KV = 0.95 x memory left after weights and the profiling forward: between the heuristic's
+    # 0.95 x (device - weights) = 2.06 M tokens and 0.90 of it.
+    tokens = cfg.num_kv_blocks * cfg.block_size
+    assert 0.90 * 2.06e6 < tokens < 2.06e6
+    # perf-overview $num_requests for 2048/2048, all at t = 0.
+    assert wl.num_requests == 1500 and wl.arrival == "burst"
+
+
+def test_disagg_pools_keep_their_own_attention_dp(by_id) -> None:
+    cfg = to_case(by_id[DS_H100_DISAGG]).config
+    pre, dec = cfg.disagg.prefill, cfg.disagg.decode
+    # Row: prefill 1 worker TP1 x attention-DP16, EP16; decode 3 workers TP16, EP16.
+    assert (pre.tp, pre.ep, pre.dp_attention) == (16, 16, True)
+    assert (dec.num_replicas, dec.tp, dec.ep, dec.dp_attention) == (3, 16, 16, False)
+
+
+def test_trtllm_attention_dp_pools_budget_per_rank(by_id) -> None:
+    # Row: prefill 2 workers TP1 x attention-DP8 (EP8), decode 3 workers ADP8, 8192/1024, C192.
+    case = to_case(by_id["dsr1_h200_trtllm_fp8_disagg_8192x1024_c192_cfg325"])
+    cfg = case.config
+    # Engine defaults: max_num_tokens = C + isl + 1500 = 9884 per rank, x 8 ranks per worker.
+    assert cfg.max_num_batched_tokens == 192 + 8192 + 1500
+    assert cfg.disagg.prefill.max_num_batched_tokens == 8 * 9884
+    assert cfg.disagg.decode.max_num_batched_tokens == 8 * 9884
+    assert cfg.tp_allreduce == "trtllm" and cfg.kv_admission == "reserve_max"
+    # A TP-attention pool keeps the replica-wide budget.
+    tep = to_case(by_id["dsr1_h200_trtllm_fp8_disagg_8192x1024_c192_cfg674"]).config
+    assert tep.disagg.prefill.max_num_batched_tokens == 0
+
+
+def test_inferencex_deepseek_recipes(by_id) -> None:
+    # SGLang dsr1_fp8_h200.sh: chunked-prefill / max-prefill 32768, 256 running requests
+    # (cuda-graph-max-bs 256) outside 1k/1k; the row's concurrency (16) is below the cap.
+    sg = to_case(by_id["dsr1_h200_sglang_fp8_agg_1024x8192_c16_cfg81"]).config
+    assert sg.max_num_batched_tokens == sg.max_prefill_tokens == 32768
+    assert sg.prefill_schedule == "prefill_first" and sg.max_num_seqs == 16
+    assert sg.cuda_graph_sizes[-1] == 256
+    # TensorRT-LLM dsr1_fp8_h200_trt.sh: max(8192, round_up_64(C + isl + 64)).
+    short = to_case(by_id["dsr1_h200_trtllm_fp8_agg_1024x1024_c16_cfg83"]).config
+    assert short.max_num_batched_tokens == 8192  # 16 + 1024 + 64 -> 1152 < 8192
+    long = to_case(by_id["dsr1_h200_trtllm_fp8_agg_8192x1024_c64_cfg83"]).config
+    assert long.max_num_batched_tokens == 8320  # 64 + 8192 + 64, already a multiple of 64
