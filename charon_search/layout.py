@@ -27,6 +27,9 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CP_RING_IMPLS = ("overlapped", "torch_traced")
+#: ``Layout.fp8_gemm_kernel``: ``cutlass`` (the shipped fp8 rows as they are) or ``cublaslt``
+#: (scaled by the measured cuBLASLt / CUTLASS ratio, ``sim.fp8_kernels``).
+FP8_GEMM_KERNELS = ("cutlass", "cublaslt")
 RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-dp-pp", "tp-dp-cp-pp", "tp-dp-pp", "tp-pp-dp")
 
 
@@ -154,7 +157,7 @@ class Layout:
         for mod in self.recompute_modules:
             _choice("recompute_modules", mod, RECOMPUTE_MODULES)
         _choice("norm_impl", self.norm_impl, ("fused", "eager"))
-        _choice("fp8_gemm_kernel", self.fp8_gemm_kernel, ("cutlass", "cublaslt"))
+        _choice("fp8_gemm_kernel", self.fp8_gemm_kernel, FP8_GEMM_KERNELS)
         _choice("attention_kernel", self.attention_kernel,
                 ("flash", "flash2", "flash_triton", "eager"))
         if self.zero_stage not in (0, 1, 2, 3):

@@ -3,7 +3,7 @@ inserts communication nodes and rewires later readers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, TensorSpec, sym
 from charon_search.ir.symbolic import as_poly
@@ -11,6 +11,7 @@ from charon_search.ir.symbolic import as_poly
 __all__ = [
     "COUNT_PARAMS",
     "GraphBuilder",
+    "expand_nodes",
     "gemm_bytes",
     "gemm_kind",
     "scale_node",
@@ -175,6 +176,19 @@ class GraphBuilder:
             new_meta.update(meta)
         return self.graph.with_nodes(self.nodes, tensors=self.tensors, outputs=outs,
                                      meta=new_meta)
+
+
+def expand_nodes(graph: OpGraph, expand: Callable[[Node, GraphBuilder], list[Node] | None]
+                 ) -> OpGraph:
+    """``graph`` with every node for which ``expand`` returns a kernel chain replaced by that
+    chain (``None`` keeps the node); ``expand`` allocates the chain's ids and tensors from the
+    builder it is given."""
+    gb = GraphBuilder(graph)
+    for node in graph.nodes:
+        chain = expand(node, gb)
+        for new in (node,) if chain is None else chain:
+            gb.add(new)
+    return gb.finish()
 
 
 def tokens_sym(f: float) -> dict[str, Poly]:

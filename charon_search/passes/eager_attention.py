@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from charon_search.errors import PassError
 from charon_search.ir import Node, OpGraph, OpKind, Poly
-from charon_search.passes._rewrite import GraphBuilder
+from charon_search.passes._rewrite import GraphBuilder, expand_nodes
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
 __all__ = ["ATTENTION_KERNELS", "EagerAttentionPass", "eager_attention_nodes"]
@@ -109,14 +109,9 @@ class EagerAttentionPass(Pass):
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
         if not any(n.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD) for n in graph.nodes):
             return PassResult(graph, False)
-        gb = GraphBuilder(graph)
-        for node in graph.nodes:
-            if node.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD):
-                for new in eager_attention_nodes(node, gb):
-                    gb.add(new)
-            else:
-                gb.add(node)
-        return PassResult(gb.finish(), True)
+        return PassResult(expand_nodes(graph, lambda node, gb: eager_attention_nodes(node, gb)
+                                       if node.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD)
+                                       else None), True)
 
 
 must_run_before("fusion", "eager_attention")

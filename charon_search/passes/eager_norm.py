@@ -38,7 +38,7 @@ torchtitan's op-level SAC re-runs them in the backward as it did the fused node
 from __future__ import annotations
 
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly
-from charon_search.passes._rewrite import GraphBuilder
+from charon_search.passes._rewrite import GraphBuilder, expand_nodes
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
 __all__ = ["EAGER_RMSNORM_BWD", "EAGER_RMSNORM_FWD", "EagerNormPass", "eager_norm_nodes"]
@@ -133,15 +133,9 @@ class EagerNormPass(Pass):
             return PassResult(graph, False)
         has_cast = {n.module_path for n in graph.nodes
                     if n.kind == OpKind.NORM and n.target == _STANDALONE_CAST}
-        gb = GraphBuilder(graph)
-        for node in graph.nodes:
-            if _expandable(node):
-                for new in eager_norm_nodes(node, gb,
-                                            with_cast=node.module_path not in has_cast):
-                    gb.add(new)
-            else:
-                gb.add(node)
-        return PassResult(gb.finish(), True)
+        return PassResult(expand_nodes(graph, lambda node, gb: eager_norm_nodes(
+            node, gb, with_cast=node.module_path not in has_cast)
+            if _expandable(node) else None), True)
 
 
 must_run_before("fusion", "eager_norm")

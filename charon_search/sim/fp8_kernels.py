@@ -17,10 +17,10 @@ from importlib import resources
 
 import numpy as np
 
+from charon_search.layout import FP8_GEMM_KERNELS
+
 __all__ = ["FP8_GEMM_KERNELS", "cublaslt_over_cutlass", "cublaslt_ratio_table"]
 
-FP8_GEMM_KERNELS = ("cutlass", "cublaslt")
-"""``cutlass``: the shipped rows as they are; ``cublaslt``: scaled by the measured ratio."""
 _FILE = "fp8_gemm_cublaslt_over_cutlass.csv"
 
 

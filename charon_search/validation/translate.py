@@ -446,15 +446,13 @@ def _serving_case(record: Record) -> ServingCase:
                      f"{lo_i}..{hi_i} and outputs {lo_o}..{hi_o} tokens")
     else:
         max_seqs = int(c.get("max_batch_size") or 0) or 512
+        n = OFFLINE_REQUESTS
         if _trtllm_bench(record, c):
             engine_kw, n = _perf_overview(record, model, c, isl, osl, precision, kv_dtype,
                                           notes)
             max_seqs = int(engine_kw["max_num_seqs"])
         elif not c.get("max_batch_size"):
             notes.append("max_num_seqs = 512 assumed (engine batch limit not stated)")
-            n = OFFLINE_REQUESTS
-        else:
-            n = OFFLINE_REQUESTS
         workload = WorkloadSpec(arrival="burst", num_requests=n,
                                 input_len=LengthDistribution(value=isl),
                                 output_len=LengthDistribution(value=osl), seed=0)
