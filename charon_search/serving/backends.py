@@ -21,6 +21,10 @@ Sources (read, not copied):
   ``.github/workflows/benchmark-tmpl.yml`` (``RANDOM_RANGE_RATIO``): the dated-dump rows.
 * TensorRT-LLM ``PyExecutor._waiting_requests`` (batch waiting) and ``_handle_responses``
   (the first token is returned at once whatever ``stream_interval`` is).
+* The overlap schedulers (``ServingConfig.overlap_scheduler``): TensorRT-LLM
+  ``PyExecutor._executor_loop_overlap``, SGLang ``Scheduler.event_loop_overlap`` and vLLM's
+  ``--async-scheduling`` schedule and launch batch n + 1 before they process batch n's results
+  and send its responses, so a prompt sent in answer to a response is seen two batches later.
 * ``trtllm-bench throughput`` (the TensorRT-LLM performance overview): ``serving.trtllm_bench``.
 * InferenceX ``benchmarks/dsr1_fp8_h200.sh`` / ``dsr1_fp8_h200_trt.sh``: the DeepSeek-R1 FP8
   H200 launches (SGLang prefill sizes and running-request cap; TensorRT-LLM max_num_tokens).
@@ -92,6 +96,8 @@ class EngineProfile:
     iteration_overhead_s: float | None = None
     """Host time per iteration the GPU waits for; None = the cluster's calibrated value. 0 for
     engines whose overlap scheduler prepares iteration n + 1 while the GPU runs n."""
+    overlap_scheduler: bool = False
+    """``ServingConfig.overlap_scheduler``: batch n + 1 is formed while the GPU runs n."""
     batch_wait_iters: int = 0
     batch_wait_tokens: int = 0
     """``ServingConfig.batch_wait_iters`` / ``batch_wait_tokens`` (TensorRT-LLM batch waiting)."""
@@ -115,6 +121,7 @@ class EngineProfile:
                 "decode_in_budget": self.decode_in_budget,
                 "kv_admission": self.kv_admission,
                 "iteration_overhead_s": self.iteration_overhead_s,
+                "overlap_scheduler": self.overlap_scheduler,
                 "batch_wait_iters": self.batch_wait_iters,
                 "batch_wait_tokens": self.batch_wait_tokens,
                 "tp_allreduce": self.backend}
@@ -178,6 +185,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
             prefix_caching=False, decode_in_budget=False, iteration_overhead_s=0.0,
+            overlap_scheduler=True,
             sources=(
                 "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
                 "host work hidden behind the GPU",
@@ -203,7 +211,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             backend=backend, prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_batch_size + isl + AIC_PREFILL_HEADROOM_TOKENS,
             max_prefill_tokens=0, prefix_caching=False, kv_admission="reserve_max",
-            iteration_overhead_s=0.0,
+            iteration_overhead_s=0.0, overlap_scheduler=True,
             sources=(
                 "TensorRT-LLM overlap scheduler on (aiconfigurator trtllm.rule agg "
                 "disable_overlap_scheduler = false; LlmArgs default): host work hidden",
@@ -230,7 +238,7 @@ def _inferencex_vllm(model: str) -> EngineProfile | None:
     return EngineProfile(
         backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
         max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-        prefix_caching=False, iteration_overhead_s=0.0,
+        prefix_caching=False, iteration_overhead_s=0.0, overlap_scheduler=True,
         sources=(
             "vLLM v1: decodes first, then chunked prefills in one token budget "
             "(v1/core/sched/scheduler.py)",
@@ -248,7 +256,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
         max_num_batched_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
         max_prefill_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS, prefix_caching=False,
-        decode_in_budget=False, iteration_overhead_s=0.0,
+        decode_in_budget=False, iteration_overhead_s=0.0, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
         sources=(
@@ -278,7 +286,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
-            kv_admission="reserve_max", iteration_overhead_s=0.0,
+            kv_admission="reserve_max", iteration_overhead_s=0.0, overlap_scheduler=True,
             batch_wait_iters=INFERENCEX_70B_TRT_WAIT_ITERS if wait else 0,
             batch_wait_tokens=(int(INFERENCEX_70B_TRT_WAIT_RATIO * max_tokens) if wait
                                else 0),
@@ -298,7 +306,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
-            kv_admission="reserve_max", iteration_overhead_s=0.0,
+            kv_admission="reserve_max", iteration_overhead_s=0.0, overlap_scheduler=True,
             sources=(
                 *common,
                 f"--max_num_tokens {max_tokens} = max(8192, round_up_64(C + isl + 64)) "
@@ -309,6 +317,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS, max_prefill_tokens=0,
             prefix_caching=False, kv_admission="reserve_max", iteration_overhead_s=0.0,
+            overlap_scheduler=True,
             sources=(
                 *common,
                 f"--max_batch_size {max_batch_size} (the concurrency), --max_num_tokens "
@@ -334,6 +343,7 @@ def _trtllm_bench(*, max_batch_size: int, max_num_tokens: int) -> EngineProfile:
         backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
         max_num_batched_tokens=max_num_tokens, max_prefill_tokens=0, prefix_caching=False,
         kv_admission="reserve_max", iteration_overhead_s=0.0, max_num_seqs=max_batch_size,
+        overlap_scheduler=True,
         block_size=TRTLLM_TOKENS_PER_BLOCK, cuda_graph_sizes=graphs,
         sources=(
             f"trtllm-bench tuning heuristics: max_batch_size {max_batch_size}, max_num_tokens "

@@ -298,6 +298,12 @@ class ServingConfig:
     iteration_overhead_s: float | None = None
     """Per-iteration CPU/scheduler time; None = the cluster's calibrated
     ``iteration_cpu_overhead_s``."""
+    overlap_scheduler: bool = False
+    """The host forms batch n + 1 while the GPU runs batch n (TensorRT-LLM's overlap scheduler,
+    SGLang's overlap schedule, vLLM ``--async-scheduling``). A prompt that arrives while batch n
+    runs therefore misses batch n + 1, which was formed when n started, and joins n + 2 at the
+    earliest (only an otherwise empty batch sees it at once: then nothing overlaps). Host time
+    per iteration is hidden, so such engines run with ``iteration_overhead_s = 0``."""
     precision: str = "bf16"
     """Weight/GEMM precision."""
     kv_dtype: str = "bf16"

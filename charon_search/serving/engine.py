@@ -186,6 +186,12 @@ class ReplicaEngine:
         self._reserved_sum = 0
         self._batch_wait = 0
         """Iterations the waiting prompts have been held back (``batch_wait_iters``)."""
+        self._prev_start_s = -math.inf
+        self._last_end_s = -math.inf
+        self._cutoff_s = math.inf
+        """Overlap scheduler: prompts that arrived at or after this instant are not in the batch
+        being formed (it was formed when the previous, back-to-back iteration started; a prompt
+        arriving at that instant answers a response sent then, so it comes after)."""
 
     # ------------------------------------------------------------------ queue state
     @property
@@ -273,7 +279,7 @@ class ReplicaEngine:
         if not self.waiting or self.num_running >= self.cfg.max_num_seqs:
             return False
         r = self.waiting[0]
-        if r.prefilled >= r.target:
+        if r.prefilled >= r.target or (r.arrived_s >= self._cutoff_s and self.decoding):
             return False
         pool = self.pool
         n = len(self.decoding)
@@ -292,6 +298,9 @@ class ReplicaEngine:
         bs = pool.block_size
         q = self.q
         pinned_tree = pool.tree.num_pinned if pool.tree else 0
+        # Overlap scheduler: back to back, this batch was formed when the previous one started.
+        self._cutoff_s = (self._prev_start_s if cfg.overlap_scheduler
+                          and self._last_end_s == now_s else math.inf)
         # 0. Requests whose KV arrived from a prefill pool join the decode set.
         while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
                and self.num_running < cfg.max_num_seqs):
@@ -350,6 +359,8 @@ class ReplicaEngine:
             r = self.waiting[0]
             if r.prefilled >= r.target:
                 break  # KV-arrived request that did not fit in step 0
+            if r.arrived_s >= self._cutoff_s and (chunks or n_dec):
+                break  # arrived after this batch was formed (an empty batch would see it)
             if r.prefilled == 0 and r.hit_blocks == 0:
                 self._match_prefix(r, now_s)
             remaining = r.target - r.prefilled
@@ -403,6 +414,7 @@ class ReplicaEngine:
         if not captured:
             gpu_s = max(gpu_s, self.cost.num_kernels * self.cfg.kernel_launch_overhead_s)
         duration = gpu_s + self.overhead_s
+        self._prev_start_s = now_s
         self.in_flight = (chunks, n_dec)
         self.busy = True
         self.num_iterations += 1
@@ -458,6 +470,7 @@ class ReplicaEngine:
     def finish_iteration(self, now_s: float) -> None:
         """Apply the effects of the batch started last (prefill progress, tokens, finishes)."""
         self.busy = False
+        self._last_end_s = now_s
         if self.static:
             self._finish_static(now_s)
             return

@@ -151,6 +151,40 @@ def test_batch_waiting_holds_prompts_for_the_timeout(affine, cluster) -> None:
         ServingConfig(batch_wait_iters=-1)
 
 
+def test_overlap_scheduler_forms_each_batch_one_iteration_ahead(affine, cluster) -> None:
+    # The overlap scheduler forms batch n + 1 when batch n starts. Request 0 decodes alone.
+    # (a) A prompt arriving in the middle of a decode iteration misses the next batch (already
+    # formed) and joins the one after: its TTFT grows by exactly one decode iteration.
+    # (b) In a closed loop the next prompt arrives at the instant a request finishes, when the
+    # following batch is formed (and its response is sent): it misses two batches, +2 steps.
+    # (c) A prompt reaching an idle engine is not delayed (nothing overlaps).
+    from charon_search.serving.simulator import ServingSimulation, _resolve
+
+    off_cfg = _cfg(iteration_overhead_s=0.0)
+    on_cfg = _cfg(iteration_overhead_s=0.0, overlap_scheduler=True)
+    alone = simulate_serving("debug-llama", cluster, off_cfg, [_req(0, 0.0, 100, 200)],
+                             cost_model=affine, keep_requests=True)
+    prefill = _per(alone)[0][1]
+    step = affine.iteration_s([], 1, 110.0)  # one decode of request 0 (~110 tokens of KV)
+    reqs = [_req(0, 0.0, 100, 200), _req(1, prefill + 10.5 * step, 100, 5)]
+    off, on = (simulate_serving("debug-llama", cluster, c, reqs, cost_model=affine,
+                                keep_requests=True) for c in (off_cfg, on_cfg))
+    assert _per(on)[1][1] - _per(off)[1][1] == pytest.approx(step, rel=0.05)
+    assert _per(on)[0][1] == pytest.approx(prefill, rel=1e-12)
+
+    loop = [_req(0, 0.0, 100, 200), _req(1, 0.0, 100, 5), _req(2, 0.0, 100, 5)]
+    ttft = {}
+    for name, c in (("off", off_cfg), ("on", on_cfg)):
+        sim = ServingSimulation(*_resolve("debug-llama", cluster), c, cost_model=affine)
+        done = sim.run(loop, closed_loop_concurrency=2, ramp_up_s=0.0)
+        third = next(r for r in done if r.spec.request_id == 2)
+        ttft[name] = third.first_token_s - third.arrived_s
+    assert ttft["on"] - ttft["off"] == pytest.approx(2 * step, rel=0.05)
+    assert engine_profile("trtllm", isl=1024, max_batch_size=8).overlap_scheduler
+    assert engine_profile("sglang", isl=1024, max_batch_size=8).overlap_scheduler
+    assert not engine_profile("vllm", isl=1024, max_batch_size=8).overlap_scheduler
+
+
 def test_custom_allreduce_uses_the_engine_measurement() -> None:
     from charon_search.serving.custom_allreduce import custom_allreduce_s
 
