@@ -93,11 +93,9 @@ class EngineProfile:
     prefix_caching: bool
     decode_in_budget: bool = True
     kv_admission: str = "on_demand"
-    iteration_overhead_s: float | None = None
-    """Host time per iteration the GPU waits for; None = the cluster's calibrated value. 0 for
-    engines whose overlap scheduler prepares iteration n + 1 while the GPU runs n."""
     overlap_scheduler: bool = False
-    """``ServingConfig.overlap_scheduler``: batch n + 1 is formed while the GPU runs n."""
+    """``ServingConfig.overlap_scheduler``: batch n + 1 is formed while the GPU runs n, so the
+    host time per iteration is hidden (``iteration_overhead_s``)."""
     batch_wait_iters: int = 0
     batch_wait_tokens: int = 0
     """``ServingConfig.batch_wait_iters`` / ``batch_wait_tokens`` (TensorRT-LLM batch waiting)."""
@@ -107,6 +105,12 @@ class EngineProfile:
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
+
+    @property
+    def iteration_overhead_s(self) -> float | None:
+        """Host time per iteration the GPU waits for: 0 under an overlap scheduler, else None
+        (the cluster's calibrated value)."""
+        return 0.0 if self.overlap_scheduler else None
 
     def config_kwargs(self) -> dict[str, Any]:
         """The ``ServingConfig`` fields this profile sets."""
@@ -184,8 +188,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             chunked_prefill=True, max_num_batched_tokens=SGLANG_CHUNKED_PREFILL_SIZE,
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
-            prefix_caching=False, decode_in_budget=False, iteration_overhead_s=0.0,
-            overlap_scheduler=True,
+            prefix_caching=False, decode_in_budget=False, overlap_scheduler=True,
             sources=(
                 "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
                 "host work hidden behind the GPU",
@@ -211,7 +214,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             backend=backend, prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_batch_size + isl + AIC_PREFILL_HEADROOM_TOKENS,
             max_prefill_tokens=0, prefix_caching=False, kv_admission="reserve_max",
-            iteration_overhead_s=0.0, overlap_scheduler=True,
+            overlap_scheduler=True,
             sources=(
                 "TensorRT-LLM overlap scheduler on (aiconfigurator trtllm.rule agg "
                 "disable_overlap_scheduler = false; LlmArgs default): host work hidden",
@@ -238,7 +241,7 @@ def _inferencex_vllm(model: str) -> EngineProfile | None:
     return EngineProfile(
         backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
         max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-        prefix_caching=False, iteration_overhead_s=0.0, overlap_scheduler=True,
+        prefix_caching=False, overlap_scheduler=True,
         sources=(
             "vLLM v1: decodes first, then chunked prefills in one token budget "
             "(v1/core/sched/scheduler.py)",
@@ -256,7 +259,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
         max_num_batched_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
         max_prefill_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS, prefix_caching=False,
-        decode_in_budget=False, iteration_overhead_s=0.0, overlap_scheduler=True,
+        decode_in_budget=False, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
         sources=(
@@ -286,7 +289,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
-            kv_admission="reserve_max", iteration_overhead_s=0.0, overlap_scheduler=True,
+            kv_admission="reserve_max", overlap_scheduler=True,
             batch_wait_iters=INFERENCEX_70B_TRT_WAIT_ITERS if wait else 0,
             batch_wait_tokens=(int(INFERENCEX_70B_TRT_WAIT_RATIO * max_tokens) if wait
                                else 0),
@@ -306,7 +309,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
-            kv_admission="reserve_max", iteration_overhead_s=0.0, overlap_scheduler=True,
+            kv_admission="reserve_max", overlap_scheduler=True,
             sources=(
                 *common,
                 f"--max_num_tokens {max_tokens} = max(8192, round_up_64(C + isl + 64)) "
@@ -316,8 +319,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS, max_prefill_tokens=0,
-            prefix_caching=False, kv_admission="reserve_max", iteration_overhead_s=0.0,
-            overlap_scheduler=True,
+            prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
             sources=(
                 *common,
                 f"--max_batch_size {max_batch_size} (the concurrency), --max_num_tokens "
@@ -342,8 +344,7 @@ def _trtllm_bench(*, max_batch_size: int, max_num_tokens: int) -> EngineProfile:
     return EngineProfile(
         backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
         max_num_batched_tokens=max_num_tokens, max_prefill_tokens=0, prefix_caching=False,
-        kv_admission="reserve_max", iteration_overhead_s=0.0, max_num_seqs=max_batch_size,
-        overlap_scheduler=True,
+        kv_admission="reserve_max", overlap_scheduler=True, max_num_seqs=max_batch_size,
         block_size=TRTLLM_TOKENS_PER_BLOCK, cuda_graph_sizes=graphs,
         sources=(
             f"trtllm-bench tuning heuristics: max_batch_size {max_batch_size}, max_num_tokens "
