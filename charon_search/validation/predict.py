@@ -222,7 +222,8 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
     ttft, tpot = read_number(report, "ttft_s"), read_number(report, "tpot_s")
     skip = int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0)))
     steady = _steady_state(report, skip, nominal=int(case.extra.get("measured_requests", 0)),
-                           wave=int(case.extra.get("concurrency", 0))) if closed else None
+                           wave=int(case.extra.get("concurrency", 0)),
+                           drain=int(case.extra.get("drain_requests", 0))) if closed else None
     if steady is not None:
         ttft, tpot = steady
     values = {
@@ -251,8 +252,8 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
     return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
 
 
-def _steady_state(report: Any, skip: int, *, nominal: int = 0,
-                  wave: int = 0) -> tuple[float, float] | None:
+def _steady_state(report: Any, skip: int, *, nominal: int = 0, wave: int = 0,
+                  drain: int = 0) -> tuple[float, float] | None:
     """Mean TTFT/TPOT of a closed loop without its first ``skip`` (warm-up) requests.
 
     Silicon rows: the benchmark's warm-up requests (``ServingCase.extra["warmup_requests"]``)
@@ -262,6 +263,9 @@ def _steady_state(report: Any, skip: int, *, nominal: int = 0,
     When the benchmark measured ``nominal`` requests but fewer were simulated, the first
     measured wave (``wave`` requests) keeps its weight ``wave / nominal`` in the mean and the
     simulated rest stands for the remaining turns (they repeat the settled pattern).
+    The last ``drain`` simulated requests (a turn simulated past the measured window) run while
+    arrivals stop, as the benchmark's own last turn does: they keep that turn's weight
+    ``drain / nominal`` and are not counted as settled.
     """
     per = report.get("per_request") if isinstance(report, Mapping) else getattr(
         report, "per_request", None)
@@ -275,16 +279,23 @@ def _steady_state(report: Any, skip: int, *, nominal: int = 0,
     keep = rid >= skip
     if keep.sum() < max(1, min(max(skip, wave), 16) // 2):
         return None
+    tail = rid >= rid.max() + 1 - drain if drain else np.zeros(rid.shape, dtype=bool)
     out = []
     for t in (ttft, tpot):
         ok = keep & np.isfinite(t)
         if not ok.any():
             return None
         first = ok & (rid < skip + wave)
-        rest = ok & ~first
+        last = ok & tail & ~first
+        rest = ok & ~first & ~last
         if 0 < wave < nominal and nominal > ok.sum() and first.any() and rest.any():
             w = wave / nominal
-            out.append(float(w * t[first].mean() + (1.0 - w) * t[rest].mean()))
+            mean = w * t[first].mean()
+            w_last = 0.0
+            if last.any():
+                w_last = min(drain, nominal - wave) / nominal
+                mean += w_last * t[last].mean()
+            out.append(float(mean + (1.0 - w - w_last) * t[rest].mean()))
         else:
             out.append(float(t[ok].mean()))
     return out[0], out[1]

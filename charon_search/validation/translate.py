@@ -427,6 +427,13 @@ def _serving_case(record: Record) -> ServingCase:
         # At least TURNS waves even past MAX_REQUESTS: fewer requests than the concurrency
         # would run a lighter load than the benchmark's C streams.
         n = warm + min(nominal, settled, max(MAX_REQUESTS, TURNS * conc))
+        # The benchmark keeps its C streams busy until its last turn; a simulation cut short
+        # of that drains (no new arrivals) during its own last turn, whose requests then decode
+        # without the prefills of their successors. One more turn is simulated when the run is
+        # cut short: it stands for the benchmark's final, draining turn (see
+        # ``predict._steady_state``) and keeps the load on the turns before it.
+        drain = conc if n - warm < nominal else 0
+        n += drain
         lengths = []
         for nom in (isl, osl):
             lo, hi = bench.length_bounds(nom)
@@ -436,13 +443,15 @@ def _serving_case(record: Record) -> ServingCase:
                                 ramp_up_s=0.0, input_len=lengths[0], output_len=lengths[1],
                                 seed=0)
         extra["warmup_requests"] = warm
+        extra["drain_requests"] = drain
         extra["measured_requests"] = nominal
         extra["concurrency"] = conc
         notes.extend(f"client ({bench.name}): {line}" for line in bench.sources)
         lo_i, hi_i = bench.length_bounds(isl)
         lo_o, hi_o = bench.length_bounds(osl)
         notes.append(f"closed loop: concurrency {conc} starting together, {warm} warm-up + "
-                     f"{n - warm} simulated of {nominal} measured requests, prompts "
+                     f"{n - warm - drain} simulated of {nominal} measured requests"
+                     + (f" + a draining turn of {drain}" if drain else "") + ", prompts "
                      f"{lo_i}..{hi_i} and outputs {lo_o}..{hi_o} tokens")
     else:
         max_seqs = int(c.get("max_batch_size") or 0) or 512

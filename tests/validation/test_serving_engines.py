@@ -24,9 +24,11 @@ def test_sglang_051_row_runs_prefill_first_lock_step(by_id) -> None:
     assert cfg.max_prefill_tokens == 2048 + 1500 and cfg.max_num_batched_tokens == 8192
     assert not cfg.decode_in_budget and not cfg.prefix_caching
     assert cfg.iteration_overhead_s == 0.0 and cfg.max_num_seqs == 128
-    # aiperf: 128 streams start together; 2 x 128 warm-up requests are not measured.
+    # aiperf: 128 streams start together; 2 x 128 warm-up requests are not measured; two of
+    # the 50 measured turns are simulated, then the draining last turn.
     assert wl.concurrency == 128 and wl.ramp_up_s == 0.0
-    assert case.extra["warmup_requests"] == 256 and wl.num_requests == 256 + 256
+    assert case.extra["warmup_requests"] == 256 and case.extra["drain_requests"] == 128
+    assert wl.num_requests == 256 + 256 + 128
     assert any("mixed chunk off" in a for a in case.assumptions)
 
 
@@ -88,6 +90,7 @@ def test_inferencex_row_runs_its_client_and_recipe(by_id) -> None:
     # lengths uniform in [int(0.8 x 1024), 1024].
     assert wl.ramp_up_s == 0.0 and wl.num_requests == 80
     assert case.extra["warmup_requests"] == 0 and case.extra["measured_requests"] == 80
+    assert case.extra["drain_requests"] == 0  # every turn simulated: the run drains itself
     assert (wl.input_len.kind, wl.input_len.low, wl.input_len.high) == ("uniform", 819, 1024)
     assert (wl.output_len.low, wl.output_len.high) == (819, 1024)
     # 70b_fp8_h200_trt_slurm.sh: --max_num_tokens 16384, batch waiting at 1k/1k below TP 8.
@@ -115,3 +118,19 @@ def test_first_wave_keeps_its_weight_when_fewer_turns_are_simulated() -> None:
     # Every measured request simulated: the plain mean.
     ttft, _ = _steady_state({"per_request": per}, 0, nominal=8, wave=4)
     assert ttft == pytest.approx(0.55)
+
+
+def test_draining_turn_keeps_only_its_own_weight() -> None:
+    from charon_search.validation.predict import _steady_state
+
+    # 50 turns of 4 measured after 8 warm-up requests; simulated: the first measured turn
+    # (TPOT 30 ms), one settled turn (20 ms) and one turn past the window while arrivals stop
+    # (10 ms: nobody's prefill interrupts its decode). The first and the draining turn weigh
+    # 4 / 200 each (the benchmark's own first and last turns), the settled one the other 48.
+    per = {"request_id": list(range(20)), "ttft_s": [0.5] * 20,
+           "tpot_s": [0.0] * 8 + [0.03] * 4 + [0.02] * 4 + [0.01] * 4}
+    _, tpot = _steady_state({"per_request": per}, 8, nominal=200, wave=4, drain=4)
+    assert tpot == pytest.approx(0.02 * 0.03 + 0.02 * 0.01 + 0.96 * 0.02)
+    # Without the draining turn counted apart, it would weigh like a settled one.
+    _, tpot = _steady_state({"per_request": per}, 8, nominal=200, wave=4)
+    assert tpot == pytest.approx(0.02 * 0.03 + 0.98 * 0.015)
