@@ -51,7 +51,8 @@ VLLM_API_SERVER_BATCHED_TOKENS = 8192
 #: (``ServerArgs`` GPU-memory-dependent defaults, 0.5.x).
 SGLANG_CHUNKED_PREFILL_SIZE = 8192
 #: aiconfigurator's rules size prefill limits as ``isl + 1500`` (sglang.rule
-#: ``max_prefill_tokens``; trtllm.rule ``agg max_num_tokens = max_batch_size + isl + 1500``).
+#: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
+#: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).
 AIC_PREFILL_HEADROOM_TOKENS = 1500
 #: SGLang's ``max_prefill_tokens`` when nobody sets it: 16384 (``ServerArgs``).
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384
@@ -159,6 +160,11 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                               f"{backend!r}")
         return _trtllm_bench(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
     aic = launcher == "aiconfigurator"
+    # aiconfigurator's benchmark rules (rule_plugin/benchmark/{vllm,sglang,trtllm}.rule
+    # ``cuda_graph_batch_sizes = range(1, max_batch_size + 1)``) capture every decode batch size.
+    graphs = tuple(range(1, max_batch_size + 1)) if aic and max_batch_size > 0 else ()
+    graphs_src = (("CUDA graphs captured for every batch size 1..max_batch_size "
+                   "(aiconfigurator benchmark rules cuda_graph_batch_sizes)",) if graphs else ())
     if backend == "vllm" and launcher == "inferencex":
         ix = _inferencex_vllm(model)
         if ix is not None:
@@ -167,12 +173,15 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=True,
             max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-            prefix_caching=True,
-            sources=(
+            prefix_caching=True, cuda_graph_sizes=graphs,
+            sources=(*graphs_src,
                 "vLLM v1: decodes first, then chunked prefills in one token budget "
                 "(v1/core/sched/scheduler.py)",
                 f"vLLM v1 API-server budget {VLLM_API_SERVER_BATCHED_TOKENS} tokens on >= 70 GiB "
-                "GPUs (EngineArgs defaults; aiconfigurator's vLLM template sets none)",
+                "GPUs (EngineArgs defaults). aiconfigurator 0.12's benchmark vllm.rule would "
+                "pass max_batch_size + isl + 1500; the gap-analysis vLLM 0.12 rows are "
+                "described by the default (Qwen3-32B TTFT median error -26 % vs -55 %), so "
+                "their launches predate that rule",
                 "vLLM v1 prefix caching on by default (enable_prefix_caching=True)",
                 "vLLM 0.12 schedules synchronously (async scheduling opt-in): the cluster's "
                 "per-iteration host time applies",
@@ -189,7 +198,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
             prefix_caching=False, decode_in_budget=False, overlap_scheduler=True,
-            sources=(
+            cuda_graph_sizes=graphs,
+            sources=(*graphs_src,
                 "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
                 "host work hidden behind the GPU",
                 "SGLang: a new prefill batch runs before decoding; with --enable-mixed-chunk "
@@ -214,8 +224,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             backend=backend, prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_batch_size + isl + AIC_PREFILL_HEADROOM_TOKENS,
             max_prefill_tokens=0, prefix_caching=False, kv_admission="reserve_max",
-            overlap_scheduler=True,
-            sources=(
+            overlap_scheduler=True, cuda_graph_sizes=graphs,
+            sources=(*graphs_src,
                 "TensorRT-LLM overlap scheduler on (aiconfigurator trtllm.rule agg "
                 "disable_overlap_scheduler = false; LlmArgs default): host work hidden",
                 "TensorRT-LLM in-flight batching: context and generation requests in one "
