@@ -288,7 +288,7 @@ def _steady_state(report: Any, skip: int, *, nominal: int = 0, wave: int = 0,
         first = ok & (rid < skip + wave)
         last = ok & tail & ~first
         rest = ok & ~first & ~last
-        if 0 < wave < nominal and nominal > ok.sum() and first.any() and rest.any():
+        if 0 < wave < nominal and nominal > (ok & ~tail).sum() and first.any() and rest.any():
             w = wave / nominal
             mean = w * t[first].mean()
             w_last = 0.0
