@@ -207,6 +207,18 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                             [[r["id"], r["metric"], f"{r['measured']:.4g}",
                               f"{r['predicted']:.4g}", format_pct(r["error"], signed=True)]
                              for r in worst]), ""]
+    repeats = sorted((rid, c["repeats"], bool(c.get("repeats_same_setup")))
+                     for rid, c in result.cases.items() if c.get("repeats"))
+    if repeats:
+        other = [r for r in repeats if not r[2]]
+        lines += ["## Repeated measurements", "",
+                  f"{len(repeats)} records repeat every measured value of an earlier record "
+                  f"({len(repeats) - len(other)} under the same setup: one run shipped twice; "
+                  f"{len(other)} under another model or configuration: one of the two labels is "
+                  "probably wrong). All are predicted and counted above, as shipped.", ""]
+        if other:
+            lines += [_md_table(["record", "repeats"], [[f"`{a}`", f"`{b}`"]
+                                                        for a, b, _ in other]), ""]
     lines += ["## Not yet expressible", ""]
     reasons = Counter(x["reason"] for x in result.skipped)
     lines += [_md_table(["records", "reason"], [[str(n), reason] for reason, n in

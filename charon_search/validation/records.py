@@ -31,6 +31,7 @@ __all__ = [
     "load_files",
     "load_records",
     "load_silicon_csv",
+    "repeated_measurements",
 ]
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -136,6 +137,45 @@ def load_files(paths: Iterable[str | Path]) -> list[Record]:
 
 
 # ----------------------------------------------------------------------------- YAML records
+def repeated_measurements(records: Iterable[Record]) -> dict[str, tuple[str, bool]]:
+    """Records whose measured values all repeat an earlier record's: ``id -> (first id, same
+    configuration)``.
+
+    Only records with at least two measured metrics are compared (one number can coincide by
+    chance). A repeat under the same configuration is the same run shipped twice (e.g. a
+    silicon row in two dated dumps); under another configuration one of the two labels is
+    probably wrong (another model name, another parallel layout). ``validate`` reports both and
+    still predicts every record, so the statistics stay those of the data as shipped.
+    """
+    first: dict[tuple[Any, ...], Record] = {}
+    out: dict[str, tuple[str, bool]] = {}
+    for rec in records:
+        if len(rec.measured) < 2:
+            continue
+        key = (rec.kind, tuple(sorted((m, float(v)) for m, v in rec.measured.items())))
+        seen = first.setdefault(key, rec)
+        if seen is not rec:
+            out[rec.id] = (seen.id, _same_setup(_setup(seen), _setup(rec)))
+    return out
+
+
+def _setup(rec: Record) -> dict[str, Any]:
+    """What a record ran: model, hardware and its training / serving configuration."""
+    return {"model": rec.model.get("catalog") or rec.model.get("name"),
+            "gpu": rec.hardware.get("gpu"), "num_gpus": rec.hardware.get("num_gpus"),
+            "config": rec.config, "extra": rec.extra}
+
+
+def _same_setup(a: Any, b: Any) -> bool:
+    """Equal wherever both sides say something: a field one dump leaves empty (None, "") is
+    unknown there, not different."""
+    if a in (None, "") or b in (None, ""):
+        return True
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return all(_same_setup(a[k], b[k]) for k in set(a) & set(b))
+    return bool(a == b)
+
+
 def load_records(path: str | Path, *, expand_variants: bool = True) -> list[Record]:
     """Read and check a ``published-*.yaml`` file; variants become records ``<id>#<n>``.
 

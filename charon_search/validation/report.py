@@ -79,6 +79,11 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
     t = s.get("totals", {})
     parts.append(f"\nrecords {t.get('records')}: expressed {t.get('expressed')}, skipped "
                  f"{t.get('skipped')}; predicted metrics {t.get('predicted_metrics')}")
+    if t.get("repeated_measurements"):
+        parts.append(f"repeated measurements: {t['repeated_measurements']} records repeat an "
+                     f"earlier record's measured values ({t.get('repeated_other_setup', 0)} under "
+                     "another model or configuration; `repeats` in --json cases); all are "
+                     "predicted and counted")
     header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
     parts.append("\nby kind\n" + _table(header, summary_table_rows(s, "by_kind")))
     parts.append("\nby source\n" + _table(header, summary_table_rows(s, "by_source")))

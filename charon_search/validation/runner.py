@@ -16,7 +16,7 @@ from typing import Any
 
 from charon_search.validation.names import Unexpressible
 from charon_search.validation.predict import predict_case
-from charon_search.validation.records import Record
+from charon_search.validation.records import Record, repeated_measurements
 from charon_search.validation.stats import summarize
 from charon_search.validation.translate import ServingCase, TrainingCase, to_case
 
@@ -120,10 +120,13 @@ def run_validation(
     skipped: list[dict[str, Any]] = []
     skipped_metrics: list[dict[str, Any]] = []
     cases: dict[str, dict[str, Any]] = {}
+    repeats = repeated_measurements(records)
     for i, rec in enumerate(records):
         if progress is not None:
             progress(i, len(records), rec)
         info = _case_info(rec)
+        if rec.id in repeats:
+            info["repeats"], info["repeats_same_setup"] = repeats[rec.id]
         cases[rec.id] = info
         try:
             case = to_case(rec)

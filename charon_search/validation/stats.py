@@ -78,7 +78,9 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
     Args:
         rows: ``{"id", "metric", "measured", "predicted", "error"}`` per predicted metric.
         skipped: ``{"id", "reason"}`` per record that was not expressed.
-        records: id -> ``{"kind", "source", "confidence", "fully_specified"}``.
+        records: id -> ``{"kind", "source", "confidence", "fully_specified"}`` (and
+            ``repeats`` / ``repeats_same_setup`` for a record whose measured values repeat an
+            earlier record's, ``records.repeated_measurements``).
 
     Returns:
         ``{"totals", "by_kind", "by_source", "by_group", "by_group_fully_specified"}``; each
@@ -111,7 +113,12 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
                                         if records[r["id"]].get("fully_specified")])
     return {
         "totals": {"records": len(records), "expressed": len(expressed & set(records)),
-                   "skipped": len(skipped), "predicted_metrics": len(rows)},
+                   "skipped": len(skipped), "predicted_metrics": len(rows),
+                   "repeated_measurements": sum(1 for info in records.values()
+                                                if info.get("repeats")),
+                   "repeated_other_setup": sum(1 for info in records.values()
+                                               if info.get("repeats")
+                                               and not info.get("repeats_same_setup"))},
         "by_kind": block("kind"),
         "by_source": block("source"),
         "by_gpu": block("gpu"),

@@ -132,7 +132,8 @@ def test_cli_json(tmp_path, capsys):
     assert {s["id"] for s in data["skipped"]} == {"palm_540b_6144_tpuv4",
                                                   "mcore_h100_strong_gpt3_177b_96gpu"}
     assert data["summary"]["totals"] == {"records": 2, "expressed": 0, "skipped": 2,
-                                         "predicted_metrics": 0}
+                                         "predicted_metrics": 0, "repeated_measurements": 0,
+                                         "repeated_other_setup": 0}
     assert "not expressed: 2 records" in capsys.readouterr().out
     assert "<table>" in (tmp_path / "v.html").read_text()
 
@@ -140,3 +141,40 @@ def test_cli_json(tmp_path, capsys):
 def test_cli_bad_file(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _rec(rid, measured, *, model="m", tp=1, version=""):
+    from charon_search.validation.records import Record
+
+    return Record(id=rid, source="s", kind="serving", model={"name": model, "catalog": None},
+                  hardware={"gpu": "h200_sxm", "num_gpus": tp},
+                  config={"tp": tp, "framework_version": version}, measured=measured)
+
+
+def test_repeated_measurements_are_found():
+    from charon_search.validation.records import repeated_measurements
+
+    pair = {"ttft_s": 0.25, "tpot_s": 0.011}
+    recs = [_rec("a", pair, version="1.0"),
+            _rec("b", dict(pair)),                        # same run, version left empty
+            _rec("c", dict(pair), model="other"),         # the same numbers, another model
+            _rec("d", {"ttft_s": 0.25, "tpot_s": 0.012}),  # one value differs
+            _rec("e", {"tpot_s": 0.5}), _rec("f", {"tpot_s": 0.5})]  # a single number
+    assert repeated_measurements(recs) == {"b": ("a", True), "c": ("a", False)}
+
+
+def test_shipped_repeats_are_reported_not_dropped(shipped_records):
+    from charon_search.validation.report import render_text
+
+    # The same SGLang 0.5.9 H200 run in two InferenceX dumps: the db dump names the model
+    # DeepSeek-V3, the dated CSV DeepSeek-R1.
+    first = "dsr1_h200_sglang_fp8_agg_8192x1024_c4_cfg81"
+    again = "2026_03_25_deepseek_r1_h200_sxm_sglang_fp8_agg_8192x1024_c4_tp8_0_ep1_0_268"
+    recs = select_records(shipped_records, ids=[first, again])
+    res = run_validation(recs, simulate_serving=fake_serving)
+    assert res.cases[again]["repeats"] == first and not res.cases[again]["repeats_same_setup"]
+    assert "repeats" not in res.cases[first]
+    t = res.summary["totals"]
+    assert (t["repeated_measurements"], t["repeated_other_setup"]) == (1, 1)
+    assert {r["id"] for r in res.rows} == {first, again}  # both still predicted
+    assert "repeated measurements: 1 records" in render_text(res)
