@@ -73,6 +73,14 @@ class BenchLimits:
     """Requests of ISL + OSL tokens the heuristic expects to fit in the KV memory."""
 
 
+def _round_up_tiered(x: float, minimum: int,
+                     tiers: tuple[tuple[float, int], ...]) -> int:
+    """``x`` rounded up to the step of the first ``(limit, step)`` tier with ``x < limit``,
+    and at least ``minimum`` (the batch-size and token ladders of trtllm-bench's heuristic)."""
+    step = next(step for limit, step in tiers if x < limit)
+    return max(minimum, step * math.ceil(x / step))
+
+
 def bench_limits(*, params: float, num_layers: int, num_kv_heads: int, head_dim: int,
                  tp: int, pp: int, isl: int, osl: int, device_memory_gib: float,
                  weight_dtype: str, kv_dtype: str, kv_fraction: float,
@@ -115,18 +123,8 @@ def bench_limits(*, params: float, num_layers: int, num_kv_heads: int, head_dim:
                           f"{isl + osl} tokens (the benchmark refuses this mapping)")
     raw_bs = min(requests, _MAX_BATCH_CAP) / pp
     raw_tokens = min(raw_bs * (1 + isl / osl), _MAX_TOKENS_CAP)
-    if raw_bs < 256:
-        bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        bs = 256 * math.ceil(raw_bs / 256)
-    if raw_tokens < 4096:
-        tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-    elif raw_tokens < 8192:
-        tokens = 512 * math.ceil(raw_tokens / 512)
-    else:
-        tokens = 1024 * math.ceil(raw_tokens / 1024)
+    bs = _round_up_tiered(raw_bs, 64, ((256, 32), (1024, 128), (math.inf, 256)))
+    tokens = _round_up_tiered(raw_tokens, 2048, ((4096, 256), (8192, 512), (math.inf, 1024)))
     if not chunked_prefill:
         tokens = max(tokens, isl + bs)
     return BenchLimits(max_batch_size=int(bs), max_num_tokens=int(tokens),
