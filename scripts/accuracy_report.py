@@ -6,6 +6,9 @@ model in the catalog, plus the published serving records, in about 8 minutes::
 
     .venv/bin/python scripts/accuracy_report.py            # writes docs/accuracy.md, docs/img/
     .venv/bin/python scripts/accuracy_report.py --systems h100_sxm --json /tmp/v.json
+
+The calibration tables come from ``docs/calibration/*.yaml``, written by ``charon-search
+calibrate`` (``docs/calibration/README.md`` has the commands).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "accuracy.md")
     ap.add_argument("--json", type=Path, default=REPO / "validate_merged.json",
                     help="where the merged validate JSON goes")
+    ap.add_argument("--calibration-dir", type=Path, default=REPO / "docs" / "calibration",
+                    help="`charon-search calibrate` outputs whose leave-one-source-out tables "
+                         "the report includes (every *.yaml there)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -82,7 +88,9 @@ def main() -> int:
 
     os.chdir(REPO)  # the report quotes its command: keep repository-relative paths in it
     rel = [os.path.relpath(p, REPO) for p in (args.json, args.out)]
-    return cli(["accuracy", "--from", rel[0], "--out", rel[1]])
+    cal = [os.path.relpath(p, REPO) for p in sorted(args.calibration_dir.glob("*.yaml"))]
+    return cli(["accuracy", "--from", rel[0], "--out", rel[1],
+                *(["--calibration", *cal] if cal else [])])
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", type=Path, required=True,
                         help="JSON written by `charon-search validate --json`")
     parser.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
-    parser.add_argument("--calibration", type=Path, default=None,
-                        help="YAML written by `charon-search calibrate` (adds the LOSO table)")
+    parser.add_argument("--calibration", type=Path, nargs="+", action="extend", default=None,
+                        help="YAML files written by `charon-search calibrate` (each adds its "
+                             "leave-one-source-out table)")
     parser.add_argument("--img-dir", type=Path, default=None,
                         help="where the PNGs go (default: <out dir>/img)")
 
@@ -47,17 +48,22 @@ def run(args: argparse.Namespace) -> int:
 
     rel = os.path.relpath(img_dir, args.out.parent)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    cal = None
-    if args.calibration is not None:
+    cal = []
+    for path in args.calibration or []:
         import yaml
 
         try:
-            cal = yaml.safe_load(args.calibration.read_text())
+            doc = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"--calibration {str(args.calibration)!r}: {e}") from e
+            raise ConfigError(f"--calibration {str(path)!r}: {e}") from e
+        if not isinstance(doc, dict) or "fit" not in doc:
+            raise ConfigError(f"--calibration {str(path)!r} must be the YAML written by "
+                              "`charon-search calibrate` (keys fit, leave_one_source_out)")
+        cal.append(doc)
     text = render_accuracy(result, img_dir=img_dir, img_rel=rel, calibration=cal,
                            command=f"charon-search accuracy --from {args.source.name} "
-                                   f"--out {args.out}",
+                                   f"--out {args.out}" + "".join(
+                                       f" --calibration {p}" for p in args.calibration or []),
                            generated_at=str(data.get("generated_at") or ""))
     args.out.write_text(text + "\n")
     print(f"wrote {args.out} and plots under {img_dir}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parameters to fit (default: those affecting --kind)")
     parser.add_argument("--ids", nargs="+", default=None, help="only these record ids")
     parser.add_argument("--limit", type=int, default=None, help="first N records (serving)")
+    parser.add_argument("--systems", nargs="+", default=None, metavar="SYSTEM",
+                        help="silicon serving rows only from these `system` values (e.g. "
+                             "h100_sxm h200_sxm); published records are kept")
     parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps")
     parser.add_argument("--no-loso", action="store_true",
                         help="skip the leave-one-source-out report")
@@ -48,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.validation import default_files, load_files, run_validation, select_records
     from charon_search.validation.calibration import (
         PARAMETERS,
+        MemoizedEvaluate,
         calibration_document,
+        default_evaluate,
         development_records,
         fit_parameters,
         leave_one_source_out,
@@ -57,7 +63,16 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.validation.translate import to_case
 
     records = select_records(load_files(args.files or default_files()), kind=args.kind,
-                             ids=args.ids, limit=args.limit)
+                             ids=args.ids)
+    if args.systems:
+        known = sorted({str(r.hardware.get("gpu")) for r in records if r.origin == "silicon"})
+        if unknown := sorted(set(args.systems) - set(known)):
+            raise ConfigError(f"--systems: no silicon rows on {unknown}; the rows' systems are "
+                              f"{known}")
+        records = [r for r in records
+                   if r.origin != "silicon" or r.hardware.get("gpu") in args.systems]
+    if args.limit is not None:
+        records = records[: max(0, args.limit)]
     baseline = run_validation(development_records(records))
     dev = development_records(records, baseline)
     dev = [r for r in dev if r.id in {row["id"] for row in baseline.rows}]
@@ -66,19 +81,32 @@ def run(args: argparse.Namespace) -> int:
                           f"(skipped: {len(baseline.skipped)})")
     names = args.params or [n for n, p in PARAMETERS.items() if args.kind in p.kinds]
     print(f"fitting {names} on {len(dev)} development records")
-    fit = fit_parameters(dev, names, sweeps=args.sweeps)
-    print(f"fit: {json.dumps(fit.values)}  median |log err| {fit.objective:.4f} "
-          f"({fit.evaluations} evaluations)")
-    loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=1)
+    from tqdm import tqdm
+
+    # One memo for the fit and the held-out fits: each (parameter vector, record) pair is
+    # simulated once. The bar counts record simulations.
+    bar = tqdm(desc="calibrate", unit="sim", file=sys.stderr, disable=None)
+    evaluate = MemoizedEvaluate(default_evaluate(progress=lambda i, n, rec: bar.update(1)))
+    evaluate.remember({}, dev, baseline)  # the shipped specs were just validated
+    fit = fit_parameters(dev, names, sweeps=args.sweeps, evaluate=evaluate)
+    bar.write(f"fit: {json.dumps(fit.values)}  median |log err| {fit.objective:.4f} "
+              f"(shipped specs {fit.uncalibrated_objective:.4f}; "
+              f"{fit.evaluations} parameter vectors, {evaluate.pairs} record simulations)",
+              file=sys.stdout)
+    loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=1, evaluate=evaluate)
+    bar.close()
     for row in loso:
         print(f"  held out {row['held_out']:<44} train {row['train_median_abs_log_error']:.3f}"
               f"  test {row['test_median_abs_log_error']:.3f}  (uncalibrated "
               f"{row['test_median_abs_log_error_uncalibrated']:.3f})")
+    if loso:
+        print(f"leave-one-source-out: {len(loso)} held-out fits; {evaluate.pairs} record "
+              "simulations in all")
     clusters = {}
     for r in dev:
         case = to_case(r)
         clusters[case.cluster.name] = case.cluster
-    doc = calibration_document(fit, clusters, loso)
+    doc = calibration_document(fit, clusters, loso, kind=args.kind)
     args.out.write_text(yaml.safe_dump(doc, sort_keys=False, width=99))
     print(f"wrote {args.out}")
     if args.write:

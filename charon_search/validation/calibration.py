@@ -17,6 +17,11 @@ Discipline (issue 8):
 The objective is the median of ``|log(predicted / measured)|`` over each record's representative
 metric (``stats.representative_rows``), minimized by coordinate descent over a small grid per
 parameter (cheap, derivative-free, and every evaluated point is a real simulation).
+
+A record's prediction does not depend on which other records are validated with it, so
+``MemoizedEvaluate`` simulates each (parameter vector, record) pair once: the held-out fits of
+``leave_one_source_out`` revisit most of the main fit's vectors on subsets of its records and
+cost only the pairs not seen yet.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PARAMETERS",
     "CalibrationFit",
+    "MemoizedEvaluate",
     "Parameter",
     "apply_parameters",
     "development_records",
@@ -149,6 +155,8 @@ class CalibrationFit:
     values: dict[str, float]
     objective: float
     """Median |log(pred/meas)| on the records fitted."""
+    uncalibrated_objective: float
+    """The same on the same records under the cluster specs as shipped (no value applied)."""
     num_records: int
     sources: tuple[str, ...]
     evaluations: int
@@ -158,26 +166,79 @@ Evaluate = Callable[[Sequence[Record], Mapping[str, float]], ValidationResult]
 
 
 def default_evaluate(**sim_overrides: Any) -> Evaluate:
-    """Evaluate records with parameters applied to every case's cluster."""
+    """Evaluate records with parameters applied to every case's cluster.
+
+    ``sim_overrides`` go to ``run_validation`` (``progress``, or simulators in tests)."""
     def evaluate(records: Sequence[Record], values: Mapping[str, float]) -> ValidationResult:
         return run_validation(records, cluster_transform=lambda c: apply_parameters(c, values),
                               **sim_overrides)
     return evaluate
 
 
+class MemoizedEvaluate:
+    """An ``Evaluate`` that simulates each (parameter vector, record) pair at most once.
+
+    A call evaluates only the requested records not yet simulated under ``values`` and answers
+    from the rows kept per record, so a subset of an evaluated set (a LOSO training or test
+    split) costs nothing. ``pairs`` counts the record simulations actually run.
+    """
+
+    def __init__(self, evaluate: Evaluate | None = None) -> None:
+        self._evaluate = evaluate or default_evaluate()
+        self._memo: dict[tuple[tuple[str, float], ...], dict[str, ValidationResult]] = {}
+        self.pairs = 0
+
+    def _seen(self, values: Mapping[str, float]) -> dict[str, ValidationResult]:
+        return self._memo.setdefault(tuple(sorted((k, float(v)) for k, v in values.items())), {})
+
+    def remember(self, values: Mapping[str, float], records: Sequence[Record],
+                 result: ValidationResult) -> None:
+        """Keep ``result`` (a validation of ``records`` under ``values``) for later calls."""
+        self._seen(values).update(_split_by_record(result, [r.id for r in records]))
+
+    def __call__(self, records: Sequence[Record], values: Mapping[str, float]
+                 ) -> ValidationResult:
+        seen = self._seen(values)
+        missing = [r for r in records if r.id not in seen]
+        if missing:
+            res = self._evaluate(missing, values)
+            self.pairs += len(missing)
+            seen.update(_split_by_record(res, [r.id for r in missing]))
+        parts = [seen[r.id] for r in records]
+        return ValidationResult(
+            rows=[row for p in parts for row in p.rows],
+            skipped=[row for p in parts for row in p.skipped],
+            skipped_metrics=[row for p in parts for row in p.skipped_metrics],
+            cases={k: v for p in parts for k, v in p.cases.items()})
+
+
+def _split_by_record(res: ValidationResult, ids: Sequence[str]) -> dict[str, ValidationResult]:
+    out = {i: ValidationResult(rows=[], skipped=[], skipped_metrics=[],
+                               cases={i: res.cases[i]} if i in res.cases else {}) for i in ids}
+    for attr in ("rows", "skipped", "skipped_metrics"):
+        for row in getattr(res, attr):
+            if row["id"] in out:
+                getattr(out[row["id"]], attr).append(row)
+    return out
+
+
+def _memoized(evaluate: Evaluate | None) -> MemoizedEvaluate:
+    return evaluate if isinstance(evaluate, MemoizedEvaluate) else MemoizedEvaluate(evaluate)
+
+
 def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
                    evaluate: Evaluate | None = None, sweeps: int = 2,
                    start: Mapping[str, float] | None = None) -> CalibrationFit:
     """Coordinate descent over each parameter's grid, minimizing the median |log error|."""
-    evaluate = evaluate or default_evaluate()
+    evaluate = _memoized(evaluate)
     values = {n: float((start or {}).get(n, PARAMETERS[n].default)) for n in names}
     cache: dict[tuple[tuple[str, float], ...], float] = {}
+    kinds = set().union(*(PARAMETERS[n].kinds for n in names)) if names else set()
+    recs = [r for r in records if r.kind in kinds] or list(records)
 
     def score(vals: Mapping[str, float]) -> float:
         key = tuple(sorted(vals.items()))
         if key not in cache:
-            kinds = set().union(*(PARAMETERS[n].kinds for n in names)) if names else set()
-            recs = [r for r in records if r.kind in kinds] or list(records)
             cache[key] = _objective(evaluate(recs, vals))
         return cache[key]
 
@@ -194,7 +255,9 @@ def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
             break
     from charon_search.validation.runner import source_label
 
-    return CalibrationFit(values=values, objective=best, num_records=len(records),
+    return CalibrationFit(values=values, objective=best,
+                          uncalibrated_objective=_objective(evaluate(recs, {})),
+                          num_records=len(records),
                           sources=tuple(sorted({source_label(r.source) for r in records})),
                           evaluations=len(cache))
 
@@ -205,7 +268,7 @@ def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
     """Per development source: fit on the others, report train and held-out test error."""
     from charon_search.validation.runner import source_label
 
-    evaluate = evaluate or default_evaluate()
+    evaluate = _memoized(evaluate)
     sources = sorted({source_label(r.source) for r in records})
     out = []
     for held in sources:
@@ -224,7 +287,7 @@ def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
 
 
 def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec],
-                         loso: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+                         loso: Sequence[Mapping[str, Any]], *, kind: str = "") -> dict[str, Any]:
     """The YAML written by ``calibrate``: per-cluster ``calibration`` values with provenance.
 
     ``clusters`` maps cluster name -> its spec (the fit's shared values are applied to each, so
@@ -247,7 +310,8 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
             else:
                 cal[field_name] = float(v)
         blocks[name] = {"calibration": cal, "gpu": gpu, "provenance": prov}
-    return {"fit": dataclasses.asdict(fit), "leave_one_source_out": list(loso),
+    out: dict[str, Any] = {"kind": kind} if kind else {}
+    return {**out, "fit": dataclasses.asdict(fit), "leave_one_source_out": list(loso),
             "clusters": blocks}
 
 

@@ -11,6 +11,8 @@ import pytest
 from charon_search.cli import main
 from charon_search.validation import run_validation, select_records
 from charon_search.validation.calibration import (
+    PARAMETERS,
+    MemoizedEvaluate,
     apply_parameters,
     fit_parameters,
     leave_one_source_out,
@@ -48,6 +50,11 @@ def test_fit_recovers_efficiency(synthetic):
     fit = fit_parameters(synthetic, ["compute_efficiency"], evaluate=evaluate)
     assert fit.values == {"compute_efficiency": 0.65}
     assert fit.objective == pytest.approx(0.0, abs=1e-9)
+    from charon_search.hardware import load_gpu
+
+    # shipped specs: every step time off by the efficiency ratio (all records on A100s)
+    shipped_eff = load_gpu("a100-sxm-80gb").compute_efficiency
+    assert fit.uncalibrated_objective == pytest.approx(abs(math.log(shipped_eff / 0.65)))
     assert fit.num_records == 4 and len(fit.sources) == 2
 
 
@@ -64,6 +71,36 @@ def test_loso_reports_train_and_test(synthetic):
         # the shipped A100 spec's efficiency is off by log(eff/0.65)
         assert r["test_median_abs_log_error_uncalibrated"] == pytest.approx(
             abs(math.log(shipped_eff / 0.65)), abs=1e-9)
+
+
+def test_memo_simulates_each_pair_once(synthetic):
+    """The held-out fits reuse the main fit's simulations; only the uncalibrated baseline of
+    each held-out source is new. Results equal the unmemoized ones (test above)."""
+    simulated = []
+
+    def counting(records, values):
+        simulated.extend(r.id for r in records)
+        return evaluate(records, values)
+
+    memo = MemoizedEvaluate(counting)
+    fit = fit_parameters(synthetic, ["compute_efficiency"], evaluate=memo)
+    grid = PARAMETERS["compute_efficiency"].grid
+    assert fit.evaluations == len(grid)  # the default 0.75 is a grid point
+    # every grid vector plus the shipped specs ({}), each on the 4 records once
+    assert memo.pairs == len(simulated) == 4 * len(grid) + 4
+    rows = leave_one_source_out(synthetic, ["compute_efficiency"], evaluate=memo)
+    assert memo.pairs == len(simulated) == 4 * len(grid) + 4  # nothing new to simulate
+    assert [r["values"] for r in rows] == [{"compute_efficiency": 0.65}] * 2
+    assert all(r["test_median_abs_log_error"] == pytest.approx(0.0, abs=1e-9) for r in rows)
+    sub = memo(synthetic[:2], {"compute_efficiency": 0.65})
+    assert {r["id"] for r in sub.rows} == {r.id for r in synthetic[:2]}
+    assert memo.pairs == 4 * len(grid) + 4
+    # a validation already run (the CLI's baseline under the shipped specs) is not repeated
+    fresh = MemoizedEvaluate(counting)
+    fresh.remember({}, synthetic, evaluate(synthetic, {}))
+    again = fit_parameters(synthetic, ["compute_efficiency"], evaluate=fresh)
+    assert fresh.pairs == 4 * len(grid)
+    assert again.uncalibrated_objective == fit.uncalibrated_objective
 
 
 def test_write_only_touches_calibration_block(tmp_path):
@@ -99,10 +136,20 @@ def test_accuracy_command(tmp_path, shipped_records):
         "train_records: 2, test_records: 2, values: {compute_efficiency: 0.65}, "
         "train_median_abs_log_error: 0.0, test_median_abs_log_error: 0.01, "
         "test_median_abs_log_error_uncalibrated: 0.2}\nclusters: {}\n")
+    cal2 = tmp_path / "cal2.yaml"
+    cal2.write_text("kind: serving\nfit: {values: {iteration_cpu_overhead_s: 0.001}, "
+                    "objective: 0.1, num_records: 3, sources: [C], evaluations: 5}\n"
+                    "leave_one_source_out: []\nclusters: {}\n")
     assert main(["accuracy", "--from", str(src), "--out", str(out), "--calibration",
-                 str(cal)]) == 0
+                 str(cal), "--calibration", str(cal2)]) == 0
     text = out.read_text()
-    assert "| A | 2 | 2 | {'compute_efficiency': 0.65} | 0.000 | 0.010 | 0.200 |" in text
+    assert "## Calibration (leave-one-source-out)" in text
+    assert "## Calibration (leave-one-source-out, serving)" in text
+    assert "iteration_cpu_overhead_s = 0.001" in text
+    assert f"--calibration {cal} --calibration {cal2}" in text  # the command is quoted whole
+    # median |log err| 0.2 is a 22.1 % relative error: exp(0.2) - 1
+    assert ("| A | 2 | 2 | compute_efficiency = 0.65 | 0.000 (0.0 %) | 0.010 (1.0 %) "
+            "| 0.200 (22.1 %) |") in text
     assert "## Per source" in text and "Narayanan et al." in text
     assert "![training](img/accuracy_training.png)" in text
     assert (tmp_path / "docs" / "img" / "accuracy_training.png").stat().st_size > 1000
@@ -110,6 +157,8 @@ def test_accuracy_command(tmp_path, shipped_records):
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     assert main(["accuracy", "--from", str(bad), "--out", str(out)]) == 2
+    assert main(["accuracy", "--from", str(src), "--out", str(out), "--calibration",
+                 str(bad)]) == 2  # not a calibrate output: a clear error, no traceback
 
 
 def test_merge_json_adds_runs_and_states_coverage(shipped_records):
@@ -130,3 +179,12 @@ def test_merge_json_adds_runs_and_states_coverage(shipped_records):
     assert "- Korthikanti rows + PaLM (validate run of " in text
     with pytest.raises(ConfigError, match="unique"):
         merge_json([(a, "x"), (a, "y")])
+
+
+def test_calibrate_rejects_unknown_system(tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--kind", "serving", "--systems", "h100", "--no-loso",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--systems" in err and "h100_sxm" in err  # names the field and the allowed values
+    assert not out.exists()
