@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
               f"(shipped specs {fit.uncalibrated_objective:.4f}; "
               f"{fit.evaluations} parameter vectors, {evaluate.pairs} record simulations)",
               file=sys.stdout)
-    loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=1, evaluate=evaluate)
+    loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=args.sweeps,
+                                                        evaluate=evaluate)
     bar.close()
     for row in loso:
         print(f"  held out {row['held_out']:<44} train {row['train_median_abs_log_error']:.3f}"

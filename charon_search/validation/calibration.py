@@ -263,9 +263,13 @@ def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
 
 
 def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
-                         evaluate: Evaluate | None = None, sweeps: int = 1
+                         evaluate: Evaluate | None = None, sweeps: int = 2
                          ) -> list[dict[str, Any]]:
-    """Per development source: fit on the others, report train and held-out test error."""
+    """Per development source: fit on the others, report train and held-out test error.
+
+    Each held-out fit runs as many sweeps as the main fit (``calibrate`` passes its
+    ``--sweeps``), so a held-out row's train error is what the main fit would reach without
+    that source."""
     from charon_search.validation.runner import source_label
 
     evaluate = _memoized(evaluate)
