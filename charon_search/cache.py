@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+from functools import cache
 from pathlib import Path
 
-__all__ = ["cache_dir"]
+__all__ = ["cache_dir", "package_fingerprint"]
 
 
 def cache_dir(sub: str = "") -> Path:
@@ -17,3 +19,18 @@ def cache_dir(sub: str = "") -> Path:
     path = root / sub if sub else root
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@cache
+def package_fingerprint() -> str:
+    """A hash of the installed package's code and data (``*.py``, ``*.yaml``, ``*.json``,
+    ``*.csv``, ``*.parquet``): results cached under it go stale with any change to the
+    simulators, their specs or their measured data (~30 ms to compute)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if (path.suffix in (".py", ".yaml", ".json", ".csv", ".parquet") and path.is_file()
+                and "__pycache__" not in path.parts):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]

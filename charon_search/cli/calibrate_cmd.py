@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the leave-one-source-out report")
     parser.add_argument("--out", type=Path, default=Path("calibration.yaml"),
                         help="YAML output (default: calibration.yaml)")
+    parser.add_argument("--cache", type=Path, default=None, metavar="FILE",
+                        help="JSON-lines store of finished record simulations, so an "
+                             "interrupted run resumes (default: <cache dir>/calibrate/"
+                             "<kind>.jsonl; entries go stale with any change to the package)")
     parser.add_argument("--write", type=Path, default=None, metavar="SPEC_DIR",
                         help="also update calibration: blocks of SPEC_DIR/<cluster>.yaml")
 
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from charon_search.errors import ConfigError
-    from charon_search.validation import default_files, load_files, run_validation, select_records
+    from charon_search.validation import default_files, load_files, select_records
     from charon_search.validation.calibration import (
         PARAMETERS,
         MemoizedEvaluate,
@@ -73,21 +77,26 @@ def run(args: argparse.Namespace) -> int:
                    if r.origin != "silicon" or r.hardware.get("gpu") in args.systems]
     if args.limit is not None:
         records = records[: max(0, args.limit)]
-    baseline = run_validation(development_records(records))
+    from tqdm import tqdm
+
+    from charon_search.cache import cache_dir, package_fingerprint
+
+    # One memo for the baseline, the fit and the held-out fits: each (parameter vector,
+    # record) pair is simulated once, and kept in a store that survives an interruption.
+    store = args.cache or cache_dir("calibrate") / f"{args.kind}.jsonl"
+    bar = tqdm(desc="calibrate", unit="sim", file=sys.stderr, disable=None)
+    evaluate = MemoizedEvaluate(default_evaluate(progress=lambda i, n, rec: bar.update(1)),
+                                store=store, fingerprint=package_fingerprint())
+    candidates = development_records(records)
+    baseline = evaluate(candidates, {})  # the cluster specs as shipped
     dev = development_records(records, baseline)
     dev = [r for r in dev if r.id in {row["id"] for row in baseline.rows}]
     if not dev:
         raise ConfigError(f"no expressible development records of kind {args.kind!r} to fit "
                           f"(skipped: {len(baseline.skipped)})")
     names = args.params or [n for n, p in PARAMETERS.items() if args.kind in p.kinds]
-    print(f"fitting {names} on {len(dev)} development records")
-    from tqdm import tqdm
-
-    # One memo for the fit and the held-out fits: each (parameter vector, record) pair is
-    # simulated once. The bar counts record simulations.
-    bar = tqdm(desc="calibrate", unit="sim", file=sys.stderr, disable=None)
-    evaluate = MemoizedEvaluate(default_evaluate(progress=lambda i, n, rec: bar.update(1)))
-    evaluate.remember({}, dev, baseline)  # the shipped specs were just validated
+    bar.write(f"fitting {names} on {len(dev)} development records (store {store}: "
+              f"{evaluate.reused} record simulations reused)", file=sys.stdout)
     fit = fit_parameters(dev, names, sweeps=args.sweeps, evaluate=evaluate)
     bar.write(f"fit: {json.dumps(fit.values)}  median |log err| {fit.objective:.4f} "
               f"(shipped specs {fit.uncalibrated_objective:.4f}; "

@@ -86,9 +86,20 @@ def _log_err(x: float) -> str:
     return f"{x:.3f} ({math.expm1(x) * 100:.1f} %)" if math.isfinite(x) else "-"
 
 
+def _fitted(values: Mapping[str, float]) -> str:
+    """``name = value`` pairs in the unit the name carries (bytes as GiB, seconds as ms)."""
+    def one(k: str, v: float) -> str:
+        if k.endswith("_bytes"):
+            return f"{k} = {v / 2**30:g} GiB"
+        if k.endswith("_s"):
+            return f"{k} = {v * 1e3:g} ms"
+        return f"{k} = {v:g}"
+    return ", ".join(one(k, float(v)) for k, v in values.items())
+
+
 def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
     fit = cal.get("fit", {})
-    values = ", ".join(f"{k} = {v:g}" for k, v in (fit.get("values") or {}).items())
+    values = _fitted(fit.get("values") or {})
     kind = f", {cal['kind']}" if cal.get("kind") else ""
     lines = [f"## Calibration (leave-one-source-out{kind})", "",
              f"`charon-search calibrate` fitted {values} as one vector shared by every cluster, "
@@ -102,7 +113,7 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
              "table above uses). Errors are median |log(pred/meas)| with the relative error "
              "they correspond to.", ""]
     rows = [[r["held_out"], r["train_records"], r["test_records"],
-             ", ".join(f"{k} = {v:g}" for k, v in r["values"].items()),
+             _fitted(r["values"]),
              _log_err(r["train_median_abs_log_error"]), _log_err(r["test_median_abs_log_error"]),
              _log_err(r["test_median_abs_log_error_uncalibrated"])]
             for r in cal.get("leave_one_source_out", [])]

@@ -181,29 +181,45 @@ class MemoizedEvaluate:
     A call evaluates only the requested records not yet simulated under ``values`` and answers
     from the rows kept per record, so a subset of an evaluated set (a LOSO training or test
     split) costs nothing. ``pairs`` counts the record simulations actually run.
+
+    With ``store`` (a JSON-lines file) every simulated pair is also appended there, keyed by
+    ``fingerprint`` (``cache.package_fingerprint()`` in ``calibrate``: any change to the code or
+    data invalidates it) and by the record's content, so an interrupted calibration started
+    again with the same store simulates only what it had not finished; ``reused`` counts the
+    pairs read back. A line cut short by the interruption is ignored.
     """
 
-    def __init__(self, evaluate: Evaluate | None = None) -> None:
+    def __init__(self, evaluate: Evaluate | None = None, *, store: Path | None = None,
+                 fingerprint: str = "") -> None:
         self._evaluate = evaluate or default_evaluate()
         self._memo: dict[tuple[tuple[str, float], ...], dict[str, ValidationResult]] = {}
         self.pairs = 0
+        self.reused = 0
+        self._store = store
+        self._fingerprint = fingerprint
+        self._stored: dict[tuple[tuple[tuple[str, float], ...], str], ValidationResult] = {}
+        if store is not None and store.is_file():
+            self._stored = _read_store(store, fingerprint)
 
     def _seen(self, values: Mapping[str, float]) -> dict[str, ValidationResult]:
-        return self._memo.setdefault(tuple(sorted((k, float(v)) for k, v in values.items())), {})
-
-    def remember(self, values: Mapping[str, float], records: Sequence[Record],
-                 result: ValidationResult) -> None:
-        """Keep ``result`` (a validation of ``records`` under ``values``) for later calls."""
-        self._seen(values).update(_split_by_record(result, [r.id for r in records]))
+        return self._memo.setdefault(_key(values), {})
 
     def __call__(self, records: Sequence[Record], values: Mapping[str, float]
                  ) -> ValidationResult:
         seen = self._seen(values)
+        key = _key(values)
+        for r in records:
+            if r.id not in seen and (key, _record_hash(r)) in self._stored:
+                seen[r.id] = self._stored[(key, _record_hash(r))]
+                self.reused += 1
         missing = [r for r in records if r.id not in seen]
         if missing:
             res = self._evaluate(missing, values)
             self.pairs += len(missing)
-            seen.update(_split_by_record(res, [r.id for r in missing]))
+            split = _split_by_record(res, [r.id for r in missing])
+            seen.update(split)
+            if self._store is not None:
+                _append_store(self._store, self._fingerprint, key, missing, split)
         parts = [seen[r.id] for r in records]
         return ValidationResult(
             rows=[row for p in parts for row in p.rows],
@@ -220,6 +236,47 @@ def _split_by_record(res: ValidationResult, ids: Sequence[str]) -> dict[str, Val
             if row["id"] in out:
                 getattr(out[row["id"]], attr).append(row)
     return out
+
+
+def _key(values: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted((k, float(v)) for k, v in values.items()))
+
+
+def _record_hash(rec: Record) -> str:
+    """The record's content (a changed measurement or layout is a different record)."""
+    blob = json.dumps(dataclasses.asdict(rec), sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _read_store(path: Path, fingerprint: str
+                ) -> dict[tuple[tuple[tuple[str, float], ...], str], ValidationResult]:
+    out = {}
+    with path.open() as f:
+        for line in f:
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of an interrupted run
+            if d.get("fingerprint") != fingerprint:
+                continue
+            key = tuple((str(k), float(v)) for k, v in d["values"])
+            out[(key, d["record"])] = ValidationResult(
+                rows=d["rows"], skipped=d["skipped"], skipped_metrics=d["skipped_metrics"],
+                cases=d["cases"])
+    return out
+
+
+def _append_store(path: Path, fingerprint: str, key: tuple[tuple[str, float], ...],
+                  records: Sequence[Record], split: Mapping[str, ValidationResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for r in records:
+            res = split[r.id]
+            f.write(json.dumps({"fingerprint": fingerprint, "values": [list(kv) for kv in key],
+                                "record": _record_hash(r), "rows": res.rows,
+                                "skipped": res.skipped, "skipped_metrics": res.skipped_metrics,
+                                "cases": res.cases}, default=str) + "\n")
+        f.flush()
 
 
 def _memoized(evaluate: Evaluate | None) -> MemoizedEvaluate:

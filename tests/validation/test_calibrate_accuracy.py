@@ -95,12 +95,32 @@ def test_memo_simulates_each_pair_once(synthetic):
     sub = memo(synthetic[:2], {"compute_efficiency": 0.65})
     assert {r["id"] for r in sub.rows} == {r.id for r in synthetic[:2]}
     assert memo.pairs == 4 * len(grid) + 4
-    # a validation already run (the CLI's baseline under the shipped specs) is not repeated
-    fresh = MemoizedEvaluate(counting)
-    fresh.remember({}, synthetic, evaluate(synthetic, {}))
-    again = fit_parameters(synthetic, ["compute_efficiency"], evaluate=fresh)
-    assert fresh.pairs == 4 * len(grid)
-    assert again.uncalibrated_objective == fit.uncalibrated_objective
+
+
+def test_memo_store_resumes_an_interrupted_run(synthetic, tmp_path):
+    """Finished simulations survive in the store; a second run with the same fingerprint reruns
+    none of them, a changed fingerprint or a changed record reruns them, and the line an
+    interruption cut short is ignored."""
+    store = tmp_path / "calibrate.jsonl"
+    first = MemoizedEvaluate(evaluate, store=store, fingerprint="code-a")
+    fit = fit_parameters(synthetic, ["compute_efficiency"], evaluate=first)
+    n = 4 * (len(PARAMETERS["compute_efficiency"].grid) + 1)  # grid vectors + shipped specs
+    assert first.pairs == n and first.reused == 0
+    with store.open("a") as f:
+        f.write('{"fingerprint": "code-a", "values": [["compute_eff')  # killed mid-write
+    again = MemoizedEvaluate(evaluate, store=store, fingerprint="code-a")
+    refit = fit_parameters(synthetic, ["compute_efficiency"], evaluate=again)
+    assert again.pairs == 0 and again.reused == n
+    assert (refit.values, refit.objective, refit.uncalibrated_objective) == (
+        fit.values, fit.objective, fit.uncalibrated_objective)
+    stale = MemoizedEvaluate(evaluate, store=store, fingerprint="code-b")
+    stale(synthetic, {})
+    assert stale.pairs == 4 and stale.reused == 0
+    changed = [dataclasses.replace(synthetic[0], measured={
+        m: 2 * v for m, v in synthetic[0].measured.items()}), *synthetic[1:]]
+    partly = MemoizedEvaluate(evaluate, store=store, fingerprint="code-a")
+    partly(changed, {})
+    assert partly.pairs == 1 and partly.reused == 3
 
 
 def test_write_only_touches_calibration_block(tmp_path):
@@ -145,7 +165,7 @@ def test_accuracy_command(tmp_path, shipped_records):
     text = out.read_text()
     assert "## Calibration (leave-one-source-out)" in text
     assert "## Calibration (leave-one-source-out, serving)" in text
-    assert "iteration_cpu_overhead_s = 0.001" in text
+    assert "iteration_cpu_overhead_s = 1 ms" in text  # seconds shown as ms
     assert f"--calibration {cal} --calibration {cal2}" in text  # the command is quoted whole
     # median |log err| 0.2 is a 22.1 % relative error: exp(0.2) - 1
     assert ("| A | 2 | 2 | compute_efficiency = 0.65 | 0.000 (0.0 %) | 0.010 (1.0 %) "
@@ -188,3 +208,21 @@ def test_calibrate_rejects_unknown_system(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--systems" in err and "h100_sxm" in err  # names the field and the allowed values
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_calibrate_cli_resumes_from_its_store(tmp_path, capsys):
+    """Real simulators: a second `calibrate` with the same store simulates nothing again."""
+    import yaml
+
+    args = ["calibrate", "--kind", "training", "--ids", *IDS[:2], "--params",
+            "overlap_compute_slowdown", "--no-loso", "--cache", str(tmp_path / "store.jsonl")]
+    assert main([*args, "--out", str(tmp_path / "a.yaml")]) == 0
+    first = capsys.readouterr().out
+    assert "0 record simulations reused" in first
+    assert main([*args, "--out", str(tmp_path / "b.yaml")]) == 0
+    second = capsys.readouterr().out
+    assert "2 record simulations reused" in second  # the shipped-spec baseline of both records
+    assert ", 0 record simulations)" in second  # and every fitted vector came from the store
+    a, b = (yaml.safe_load((tmp_path / f).read_text())["fit"] for f in ("a.yaml", "b.yaml"))
+    assert a == b
