@@ -208,9 +208,9 @@ class MemoizedEvaluate:
                  ) -> ValidationResult:
         seen = self._seen(values)
         key = _key(values)
-        for r in records:
-            if r.id not in seen and (key, _record_hash(r)) in self._stored:
-                seen[r.id] = self._stored[(key, _record_hash(r))]
+        for r in records if self._stored else ():
+            if r.id not in seen and (hit := self._stored.get((key, _record_hash(r)))):
+                seen[r.id] = hit
                 self.reused += 1
         missing = [r for r in records if r.id not in seen]
         if missing:
