@@ -112,11 +112,17 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
              "*shipped* is the held-out source under the cluster specs as shipped (what every "
              "table above uses). Errors are median |log(pred/meas)| with the relative error "
              "they correspond to.", ""]
+    loso = cal.get("leave_one_source_out", [])
+    if loso:
+        wins = sum(r["test_median_abs_log_error"] < r["test_median_abs_log_error_uncalibrated"]
+                   - 1e-4 for r in loso)
+        lines[-2] += (f" Held out, the fit beats the shipped specs on {wins} of {len(loso)} "
+                      "sources.")
     rows = [[r["held_out"], r["train_records"], r["test_records"],
              _fitted(r["values"]),
              _log_err(r["train_median_abs_log_error"]), _log_err(r["test_median_abs_log_error"]),
              _log_err(r["test_median_abs_log_error_uncalibrated"])]
-            for r in cal.get("leave_one_source_out", [])]
+            for r in loso]
     lines += [_md_table(["held-out source", "train n", "test n", "fitted on the others",
                          "train", "test (fitted)", "test (shipped)"], rows), ""]
     return lines

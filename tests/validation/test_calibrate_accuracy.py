@@ -165,6 +165,7 @@ def test_accuracy_command(tmp_path, shipped_records):
     text = out.read_text()
     assert "## Calibration (leave-one-source-out)" in text
     assert "## Calibration (leave-one-source-out, serving)" in text
+    assert "Held out, the fit beats the shipped specs on 1 of 1 sources." in text  # 0.01 < 0.2
     assert "iteration_cpu_overhead_s = 1 ms" in text  # seconds shown as ms
     assert f"--calibration {cal} --calibration {cal2}" in text  # the command is quoted whole
     # median |log err| 0.2 is a 22.1 % relative error: exp(0.2) - 1
