@@ -201,13 +201,10 @@ class MemoizedEvaluate:
         if store is not None and store.is_file():
             self._stored = _read_store(store, fingerprint)
 
-    def _seen(self, values: Mapping[str, float]) -> dict[str, ValidationResult]:
-        return self._memo.setdefault(_key(values), {})
-
     def __call__(self, records: Sequence[Record], values: Mapping[str, float]
                  ) -> ValidationResult:
-        seen = self._seen(values)
         key = _key(values)
+        seen = self._memo.setdefault(key, {})
         for r in records if self._stored else ():
             if r.id not in seen and (hit := self._stored.get((key, _record_hash(r)))):
                 seen[r.id] = hit
@@ -255,14 +252,14 @@ def _read_store(path: Path, fingerprint: str
         for line in f:
             try:
                 d = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the last line of an interrupted run
-            if d.get("fingerprint") != fingerprint:
-                continue
-            key = tuple((str(k), float(v)) for k, v in d["values"])
-            out[(key, d["record"])] = ValidationResult(
-                rows=d["rows"], skipped=d["skipped"], skipped_metrics=d["skipped_metrics"],
-                cases=d["cases"])
+                if d.get("fingerprint") != fingerprint:
+                    continue
+                key = tuple((str(k), float(v)) for k, v in d["values"])
+                out[(key, d["record"])] = ValidationResult(
+                    rows=d["rows"], skipped=d["skipped"], skipped_metrics=d["skipped_metrics"],
+                    cases=d["cases"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                continue  # a line cut short by an interruption (or not ours): a cache miss
     return out
 
 

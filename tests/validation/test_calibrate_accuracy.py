@@ -107,6 +107,7 @@ def test_memo_store_resumes_an_interrupted_run(synthetic, tmp_path):
     n = 4 * (len(PARAMETERS["compute_efficiency"].grid) + 1)  # grid vectors + shipped specs
     assert first.pairs == n and first.reused == 0
     with store.open("a") as f:
+        f.write('[1, 2]\n{"fingerprint": "code-a"}\n')  # not entries: skipped, not a crash
         f.write('{"fingerprint": "code-a", "values": [["compute_eff')  # killed mid-write
     again = MemoizedEvaluate(evaluate, store=store, fingerprint="code-a")
     refit = fit_parameters(synthetic, ["compute_efficiency"], evaluate=again)
