@@ -8,6 +8,10 @@ per-record factors. Writes the fitted calibration blocks with provenance to a YA
 ``--write DIR`` also updates the ``calibration:`` blocks of ``DIR/<cluster>.yaml``.
 
     charon-search calibrate --kind training --params compute_efficiency overlap_compute_slowdown
+
+Without ``--params`` it fits the cluster-level parameters of ``--kind`` (the ``calibration:``
+block): a GPU-level factor (``gpu.*``) fitted as one value would replace each GPU's own shipped
+value, so those are fitted only when named.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record YAML / silicon CSV files (default: shipped data)")
     parser.add_argument("--kind", choices=("training", "serving"), default="training")
     parser.add_argument("--params", nargs="+", default=None, choices=sorted(PARAMETERS),
-                        help="parameters to fit (default: those affecting --kind)")
+                        help="parameters to fit (default: the cluster-level ones affecting "
+                             "--kind; GPU-level factors such as compute_efficiency are fitted "
+                             "only when named, since one shared value replaces every GPU's own)")
     parser.add_argument("--ids", nargs="+", default=None, help="only these record ids")
     parser.add_argument("--limit", type=int, default=None, help="first N records (serving)")
     parser.add_argument("--systems", nargs="+", default=None, metavar="SYSTEM",
@@ -55,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.errors import ConfigError
     from charon_search.validation import default_files, load_files, select_records
     from charon_search.validation.calibration import (
-        PARAMETERS,
         MemoizedEvaluate,
         calibration_document,
         default_evaluate,
+        default_parameters,
         development_records,
         fit_parameters,
         leave_one_source_out,
@@ -94,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if not dev:
         raise ConfigError(f"no expressible development records of kind {args.kind!r} to fit "
                           f"(skipped: {len(baseline.skipped)})")
-    names = args.params or [n for n, p in PARAMETERS.items() if args.kind in p.kinds]
+    names = args.params or default_parameters(args.kind)
     bar.write(f"fitting {names} on {len(dev)} development records (store {store}: "
               f"{evaluate.reused} record simulations reused)", file=sys.stdout)
     fit = fit_parameters(dev, names, sweeps=args.sweeps, evaluate=evaluate)

@@ -53,6 +53,7 @@ __all__ = [
     "MemoizedEvaluate",
     "Parameter",
     "apply_parameters",
+    "default_parameters",
     "development_records",
     "fit_parameters",
     "leave_one_source_out",
@@ -104,6 +105,15 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
               grid=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), default=0.0, kinds=("serving",),
               doc="per-iteration host/scheduler time (serving)"),
 )}
+
+
+def default_parameters(kind: str) -> list[str]:
+    """What ``calibrate --kind`` fits when no parameter is named: the cluster-level parameters
+    (``calibration.*``) that move records of ``kind``. A GPU-level factor (``gpu.*``) fitted as
+    the one shared value would replace every GPU's own shipped value, so it is fitted only when
+    named."""
+    return [n for n, p in PARAMETERS.items()
+            if kind in p.kinds and not p.target.startswith("gpu.")]
 
 
 def development_records(records: Sequence[Record],

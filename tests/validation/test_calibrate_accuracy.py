@@ -14,6 +14,7 @@ from charon_search.validation.calibration import (
     PARAMETERS,
     MemoizedEvaluate,
     apply_parameters,
+    default_parameters,
     fit_parameters,
     leave_one_source_out,
     write_cluster_specs,
@@ -228,3 +229,14 @@ def test_calibrate_cli_resumes_from_its_store(tmp_path, capsys):
     assert ", 0 record simulations)" in second  # and every fitted vector came from the store
     a, b = (yaml.safe_load((tmp_path / f).read_text())["fit"] for f in ("a.yaml", "b.yaml"))
     assert a == b
+
+
+def test_default_parameters_leave_gpu_factors_to_the_caller():
+    """One shared compute_efficiency would overwrite the A100's 0.80 and the Hopper parts' 0.70:
+    GPU-level factors are fitted only when named."""
+    assert default_parameters("training") == [
+        "collective_bw_scale", "overlap_compute_slowdown", "allocator_reserved_factor",
+        "allocator_reserved_extra_bytes"]
+    assert default_parameters("serving") == ["iteration_cpu_overhead_s"]
+    assert all(not PARAMETERS[n].target.startswith("gpu.")
+               for k in ("training", "serving") for n in default_parameters(k))
