@@ -48,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
 
     rel = os.path.relpath(img_dir, args.out.parent)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    import yaml
+
     cal = []
     for path in args.calibration or []:
-        import yaml
-
         try:
             doc = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:

@@ -101,6 +101,11 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
     fit = cal.get("fit", {})
     values = _fitted(fit.get("values") or {})
     kind = f", {cal['kind']}" if cal.get("kind") else ""
+    loso = cal.get("leave_one_source_out", [])
+    wins = sum(r["test_median_abs_log_error"] < r["test_median_abs_log_error_uncalibrated"]
+               - 1e-4 for r in loso)
+    verdict = (f" Held out, the fit beats the shipped specs on {wins} of {len(loso)} sources."
+               if loso else "")
     lines = [f"## Calibration (leave-one-source-out{kind})", "",
              f"`charon-search calibrate` fitted {values} as one vector shared by every cluster, "
              f"on {fit.get('num_records')} development records of "
@@ -111,13 +116,7 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
              "Each row below fits on all other sources and tests on the held-out one; "
              "*shipped* is the held-out source under the cluster specs as shipped (what every "
              "table above uses). Errors are median |log(pred/meas)| with the relative error "
-             "they correspond to.", ""]
-    loso = cal.get("leave_one_source_out", [])
-    if loso:
-        wins = sum(r["test_median_abs_log_error"] < r["test_median_abs_log_error_uncalibrated"]
-                   - 1e-4 for r in loso)
-        lines[-2] += (f" Held out, the fit beats the shipped specs on {wins} of {len(loso)} "
-                      "sources.")
+             "they correspond to." + verdict, ""]
     rows = [[r["held_out"], r["train_records"], r["test_records"],
              _fitted(r["values"]),
              _log_err(r["train_median_abs_log_error"]), _log_err(r["test_median_abs_log_error"]),
@@ -130,7 +129,7 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
 
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                     img_rel: str = "img", command: str = "",
-                    calibration: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+                    calibration: Sequence[Mapping[str, Any]] = (),
                     generated_at: str = "") -> str:
     """The markdown of ``docs/accuracy.md`` (plots written to ``img_dir`` when given)."""
     s = result.summary
@@ -229,7 +228,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                          "yes" if c.get("fully_specified") else "no"])
         lines += [_md_table(["id", "metric", "measured", "predicted", "error", "cluster",
                              "fully specified"], rows), ""]
-    for cal in ([calibration] if isinstance(calibration, Mapping) else calibration or []):
+    for cal in calibration:
         lines += _calibration_section(cal)
     worst = sorted(result.rows, key=lambda r: -abs(r["error"]))[:15]
     if worst:
