@@ -90,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
     # One memo for the baseline, the fit and the held-out fits: each (parameter vector,
     # record) pair is simulated once, and kept in a store that survives an interruption.
     store = args.cache or cache_dir("calibrate") / f"{args.kind}.jsonl"
+    try:  # fail now, not after the first hour of simulations
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.open("a").close()
+    except OSError as e:
+        raise ConfigError(f"--cache {str(store)!r}: cannot write the store ({e.strerror}); "
+                          "give a writable file path") from e
     bar = tqdm(desc="calibrate", unit="sim", file=sys.stderr, disable=None)
     evaluate = MemoizedEvaluate(default_evaluate(progress=lambda i, n, rec: bar.update(1)),
                                 store=store, fingerprint=package_fingerprint())

@@ -204,13 +204,18 @@ def test_merge_json_adds_runs_and_states_coverage(shipped_records):
         merge_json([(a, "x"), (a, "y")])
 
 
-def test_calibrate_rejects_unknown_system(tmp_path, capsys):
+def test_calibrate_rejects_unknown_system_and_unwritable_store(tmp_path, capsys):
     out = tmp_path / "cal.yaml"
     assert main(["calibrate", "--kind", "serving", "--systems", "h100", "--no-loso",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--systems" in err and "h100_sxm" in err  # names the field and the allowed values
     assert not out.exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["calibrate", "--kind", "training", "--ids", IDS[0], "--no-loso",
+                 "--cache", str(blocker / "store.jsonl"), "--out", str(out)]) == 2
+    assert "--cache" in capsys.readouterr().err and not out.exists()
 
 
 @pytest.mark.slow
