@@ -78,6 +78,8 @@ QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "int4_wo")
 #: fused-MoE experts (DeepGEMM for large batches); the FlashInfer rows also cover only part of
 #: the shapes (H200 0.24.0: no EP=1 rows of Qwen3-235B's experts).
 PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts"}
+#: (engine, version or None = the engine's ``BACKEND_VERSION`` slot) of the Marlin MoE rows.
+MARLIN_TABLES = (("vllm", None), ("sglang", None), ("sglang", "0.5.10"))
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300", "l40s",
            "rtx_pro_6000_server")
 
@@ -209,6 +211,20 @@ def convert_moe_quant(path: str, gpu: str, source: str, engine: str) -> pd.DataF
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def convert_moe_marlin(paths: list[str], gpu: str, peers: Path) -> pd.DataFrame:
+    """Marlin MoE rows of several tables (power-law 1.01 routing), columns as ``convert_moe``;
+    variant ``moe_ffn_skew.marlin``, dtype ``w4a16_marlin``, each row's own table as source."""
+    parts = []
+    for path in paths:
+        df = _read(path)
+        df = df[(df.distribution == "power_law_1.01")
+                & df.kernel_source.str.contains("marlin", case=False)]
+        if len(df):
+            parts.append(_moe_frame(df, gpu, f"{AIC} {_rel(path, peers)}",
+                                    "moe_ffn_skew.marlin", "w4a16_marlin"))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def convert_deepep_ll(path: str, gpu: str, source: str, gpus_per_node: int) -> pd.DataFrame:
     """DeepEP low-latency dispatch / combine (``*_us`` microseconds -> s).
 
@@ -255,6 +271,14 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                     / "moe_perf.parquet")
             if os.path.exists(p):
                 out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
+        marlin = []
+        for engine, version in MARLIN_TABLES:
+            slot, overrides = BACKEND_VERSION[engine]
+            p = str(data / system / "moe" / engine / (version or overrides.get(system, slot))
+                    / "moe_perf.parquet")
+            if os.path.exists(p) and p not in marlin:
+                marlin.append(p)
+        out.append(convert_moe_marlin(marlin, gpu, peers))
         nccl = sorted(glob.glob(str(data / system / "comm" / "nccl" / "*" / "nccl_perf.parquet")),
                       key=lambda p: tuple(int(x) for x in Path(p).parent.name.split(".")))
         if nccl:

@@ -14,7 +14,8 @@
    ``moe_engine:<engine>``, ``serving._graphs``) use the measured rows of that kernel format
    on that engine under power-law routing (``moe_ffn_skew.<engine>``: the routing
    aiconfigurator prices serving with), else of the same format on another engine (vLLM,
-   SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes.
+   SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes. A
+   launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``.
 3. **roofline** — the ``roofline`` backend (``cost/roofline.py``).
 
 Communication nodes are not priced here (``NaN`` / ``None``): the engine prices them with

@@ -6,7 +6,9 @@ serving runs the GEMMs the checkpoint quantizes at that precision (``checkpoint_
 catalog's ``_charon_checkpoints`` entry, a copy of the checkpoint's HF ``quantization_config``);
 routed-expert grouped GEMMs carry the MoE kernel format and the engine whose kernels run it
 (tags ``moe_dtype:<fmt>``, ``moe_engine:<engine>``), which the cost model prices from measured
-quantized MoE rows of that engine (``cost.selector``).
+quantized MoE rows of that engine (``cost.selector``). A launch that picks another kernel for a
+4-bit checkpoint (``moe_kernel``: Marlin) tags the rows of that kernel instead
+(``MOE_KERNEL_ROWS``).
 DP-attention (MoE) keeps attention and dense layers whole on each rank (``tp = 1`` for them) and
 shards experts over ``ep``. Without DP-attention, routed experts are tensor-parallel over the
 ``tp / ep`` ranks that expert parallelism leaves (vLLM ``FusedMoE``, TRT-LLM ``moe_tp_size``).
@@ -34,28 +36,30 @@ _CACHE: dict[tuple, Graphs] = {}
 
 
 def serving_graphs(model: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
-                   precision: str, fused_kernels: bool = True, engine: str = "") -> Graphs:
+                   precision: str, fused_kernels: bool = True, engine: str = "",
+                   moe_kernel: str = "") -> Graphs:
     """``(prefill, decode)``: block name -> one GPU's forward graph of that block.
 
     Blocks are per layer; the caller multiplies by layers (all stages alike, ``pp`` only adds
     the stage hand-offs). ``fused_kernels`` applies the inference kernel fusion of
     ``serving._fusion`` (fused QKV / gate_up GEMMs, fused add+RMSNorm, fused MoE routing).
     ``engine`` (``vllm``/``sglang``/``trtllm``) names whose quantized MoE kernels run; any
-    other value (engine unknown) means vLLM's (``MOE_ENGINES``).
+    other value (engine unknown) means vLLM's (``MOE_ENGINES``). ``moe_kernel`` (a
+    ``MOE_KERNEL_ROWS`` key, "" = the engine's default) overrides the kernel of 4-bit experts.
     """
     moe_engine = engine if engine in MOE_ENGINES else MOE_ENGINES[0]
     key = (model.name, model.num_layers, model.hidden_size, model.layer_types, tp, ep,
-           dp_attention, precision, fused_kernels, moe_engine)
+           dp_attention, precision, fused_kernels, moe_engine, moe_kernel)
     hit = _CACHE.get(key)
     if hit is None:
         hit = _build(model, tp=tp, ep=ep, dp_attention=dp_attention, precision=precision,
-                     fused_kernels=fused_kernels, engine=moe_engine)
+                     fused_kernels=fused_kernels, engine=moe_engine, moe_kernel=moe_kernel)
         _CACHE[key] = hit
     return hit
 
 
 def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision: str,
-           fused_kernels: bool, engine: str) -> Graphs:
+           fused_kernels: bool, engine: str, moe_kernel: str = "") -> Graphs:
     from charon_search.frontend import trace_model
     from charon_search.passes import parallelize_inference
     from charon_search.serving._fusion import fuse_for_inference, shard_experts_tp
@@ -71,7 +75,8 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
             graphs = {k: _expert_rows_per_rank(g, share) for k, g in graphs.items()}
         if precision in ("fp8", "fp4"):
             quant = checkpoint_quant(model, precision)
-            graphs = {k: _with_gemm_dtype(g, quant, engine, ep) for k, g in graphs.items()}
+            graphs = {k: _with_gemm_dtype(g, quant, engine, ep, moe_kernel)
+                      for k, g in graphs.items()}
         moe_tp = 1 if dp_attention or ep >= tp or tp % ep else tp // ep
         if moe_tp > 1:
             graphs = {k: shard_experts_tp(g, moe_tp) for k, g in graphs.items()}
@@ -131,6 +136,14 @@ _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
 #: 4-bit weights to bf16 inside the kernel; fp8 with ``weight_block_size`` [128, 128]
 #: (DeepSeek-V3/R1, Qwen3-FP8) is the block-scaled family, plain fp8 the per-tensor one.
 _MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8"}
+#: ``ServingConfig.moe_kernel`` -> (formats it runs, (engine, DB dtype) of its measured rows).
+#: ``marlin``: the Marlin MoE kernel (``fused_marlin_moe``: 4-bit weights, MXFP4 or int4,
+#: dequantized to bf16 in the kernel), one kernel whichever engine launches it; its rows pool
+#: the vLLM and SGLang tables (profile variant ``moe_ffn_skew.marlin``, dtype ``w4a16_marlin``,
+#: ``scripts/import_peers.py``).
+MOE_KERNEL_ROWS: dict[str, tuple[frozenset[str], tuple[str, str]]] = {
+    "marlin": (frozenset({"w4a16_mxfp4", "int4_wo"}), ("marlin", "w4a16_marlin")),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,8 +191,8 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
                            else "", source=str(entry.get("source", "")))
 
 
-def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: int = 1
-                     ) -> OpGraph:
+def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: int = 1,
+                     moe_kernel: str = "") -> OpGraph:
     """GEMMs of ``quant.quantized_roles`` run at ``quant.precision``; the rest stay bf16.
 
     Their operand bytes shrink with the element size (the quantized checkpoint stores weights
@@ -187,6 +200,8 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     grouped GEMMs are tagged with the MoE kernel format, ``engine`` and the EP degree
     (``moe_ep:<ep>``: their shape parameters are one rank's, ``tokens x top_k`` rows over its
     ``num_experts`` local experts; measured EP rows are keyed by the global tokens and experts).
+    ``moe_kernel`` (``MOE_KERNEL_ROWS``) replaces the engine and format tags with the rows of
+    the kernel the launch chose, for the formats that kernel runs.
     NB: activation-quantization kernels are not added (fused into the preceding norm/act in
     vLLM and TRT-LLM).
     """
@@ -194,8 +209,12 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     kinds = (OpKind.GEMM, OpKind.GROUPED_GEMM)
     scale = _PRECISION_BYTES[dtype] / 2.0
     wbytes = Poly.const(_PRECISION_BYTES[dtype])
-    moe_tags = frozenset({f"moe_dtype:{quant.moe_dtype}", f"moe_engine:{engine}",
-                          f"moe_ep:{ep}"} if quant.moe_dtype else ())
+    moe_dtype = quant.moe_dtype
+    formats, rows = MOE_KERNEL_ROWS.get(moe_kernel, (frozenset(), ("", "")))
+    if moe_dtype in formats:
+        engine, moe_dtype = rows
+    moe_tags = frozenset({f"moe_dtype:{moe_dtype}", f"moe_engine:{engine}",
+                          f"moe_ep:{ep}"} if moe_dtype else ())
 
     def quantized(n: Node) -> Node:
         params, tags = n.params, n.tags | {dtype}

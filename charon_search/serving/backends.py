@@ -103,6 +103,7 @@ class EngineProfile:
     max_num_seqs: int = 0
     block_size: int = 0
     cuda_graph_sizes: tuple[int, ...] = ()
+    moe_kernel: str = ""
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
@@ -117,7 +118,7 @@ class EngineProfile:
         """The ``ServingConfig`` fields this profile sets."""
         own: dict[str, Any] = {k: v for k, v in (
             ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
-            ("cuda_graph_sizes", self.cuda_graph_sizes)) if v}
+            ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel)) if v}
         return {**own, "prefill_schedule": self.prefill_schedule,
                 "chunked_prefill": self.chunked_prefill,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -140,11 +141,12 @@ SGLANG_UNMIXED_VERSIONS = ("0.5.1", "0.5.1.post1")
 
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
-                   model: str = "", max_num_tokens: int = 0) -> EngineProfile:
+                   model: str = "", max_num_tokens: int = 0, gpu: str = "") -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
     generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
-    (an HF id; ``osl`` and ``tp`` select the recipe's branches) or with the engine's own
+    (an HF id; ``osl``, ``tp`` and ``gpu``, a GPU spec name, select the recipe's branches) or
+    with the engine's own
     defaults (``"engine_defaults"``: measurements whose launch flags are not known), or by
     ``trtllm-bench throughput`` (``"trtllm_bench"``, TensorRT-LLM only: ``max_batch_size`` and
     ``max_num_tokens`` are the limits it picked, ``serving.trtllm_bench.bench_limits``).
@@ -166,7 +168,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     graphs_src = (("CUDA graphs captured for every batch size 1..max_batch_size "
                    "(aiconfigurator benchmark rules cuda_graph_batch_sizes)",) if graphs else ())
     if backend == "vllm" and launcher == "inferencex":
-        ix = _inferencex_vllm(model)
+        ix = _inferencex_vllm(model, gpu)
         if ix is not None:
             return ix
     if backend == "vllm":
@@ -241,18 +243,29 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     raise ConfigError(f"`backend` must be one of {list(BACKENDS)}, but got {backend!r}")
 
 
-def _inferencex_vllm(model: str) -> EngineProfile | None:
-    """vLLM as InferenceX's Llama-3-70B and gpt-oss recipes launch it (None: other models)."""
+#: GPUs whose InferenceX vLLM gpt-oss recipes (``gptoss_fp4_h100.sh``, ``gptoss_fp4_h200.sh``)
+#: export ``VLLM_MXFP4_USE_MARLIN=1``.
+INFERENCEX_MARLIN_GPUS = ("h100-sxm-80gb", "h200-sxm-141gb")
+
+
+def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
+    """vLLM as InferenceX's Llama-3-70B and gpt-oss recipes launch it on ``gpu`` (None: other
+    models)."""
     name = model.lower()
     if not (("llama" in name and "70b" in name) or "gpt-oss" in name):
         return None
-    script = ("benchmarks/70b_fp8_h200_slurm.sh" if "70b" in name
-              else "benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh")
+    gptoss = "gpt-oss" in name
+    marlin = gptoss and gpu in INFERENCEX_MARLIN_GPUS
+    script = ("benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh" if gptoss
+              else "benchmarks/70b_fp8_h200_slurm.sh")
     return EngineProfile(
         backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
         max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-        prefix_caching=False, overlap_scheduler=True,
+        prefix_caching=False, overlap_scheduler=True, moe_kernel="marlin" if marlin else "",
         sources=(
+            *(("export VLLM_MXFP4_USE_MARLIN=1 (InferenceX gptoss_fp4_h100.sh and "
+               "gptoss_fp4_h200.sh, every stored version): the MXFP4 experts run the Marlin "
+               "MoE kernel, not vLLM's default OpenAI Triton kernel",) if marlin else ()),
             "vLLM v1: decodes first, then chunked prefills in one token budget "
             "(v1/core/sched/scheduler.py)",
             f"InferenceX {script} config.yaml: max-num-batched-tokens 8192, "

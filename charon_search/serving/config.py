@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_CUDA_GRAPH_SIZES",
     "KV_ADMISSIONS",
     "KV_TRANSFER_TIERS",
+    "MOE_KERNELS",
     "PREFILL_SCHEDULES",
     "SCHEDULERS",
     "TP_ALLREDUCES",
@@ -44,6 +45,9 @@ PREFILL_SCHEDULES = ("mixed", "prefill_first")
 KV_ADMISSIONS = ("on_demand", "reserve_max")
 #: Tensor-parallel all-reduce implementations: NCCL, or an engine's custom NVLink kernel.
 TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
+#: Kernel running the routed experts of a 4-bit (W4A16) MoE checkpoint; ``""`` = the engine's
+#: default for the checkpoint's format (``serving._graphs``).
+MOE_KERNELS = ("", "marlin")
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -291,6 +295,11 @@ class ServingConfig:
     """Who runs the tensor-parallel activation all-reduces inside a node: ``nccl`` (the
     cluster's collective model) or an engine's custom NVLink kernel (``vllm``, ``sglang``,
     ``trtllm``: measured latency, ``serving.custom_allreduce``)."""
+    moe_kernel: str = ""
+    """Kernel that runs the routed experts of a 4-bit (W4A16: MXFP4 or int4) checkpoint, when a
+    launch flag chose it: ``marlin`` (the Marlin MoE kernel, e.g. vLLM
+    ``VLLM_MXFP4_USE_MARLIN=1``); ``""`` = the engine's default for the format. Other formats
+    ignore it."""
     fused_kernels: bool = True
     """Cost the kernels vLLM/SGLang/TRT-LLM launch (fused QKV and gate_up GEMMs, fused
     add+RMSNorm, RoPE, SiLU-and-mul, fused MoE routing; ``serving._fusion``) instead of one
@@ -330,6 +339,7 @@ class ServingConfig:
         _choice("prefill_schedule", self.prefill_schedule, PREFILL_SCHEDULES)
         _choice("kv_admission", self.kv_admission, KV_ADMISSIONS)
         _choice("tp_allreduce", self.tp_allreduce, TP_ALLREDUCES)
+        _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         for name in ("batch_wait_iters", "batch_wait_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:

@@ -311,12 +311,15 @@ class GraphIterationCostModel(IterationCostModel):
         tp_allreduce: ``nccl`` or the engine whose custom all-reduce runs the TP all-reduces
             inside a node (``graph_cost_fn``); ``trtllm`` also runs TensorRT-LLM's fused
             all-reduce + RMSNorm and RoPE-in-attention kernels (``_fusion.fuse_trtllm``).
+        moe_kernel: the kernel of a 4-bit checkpoint's routed experts
+            (``ServingConfig.moe_kernel``; "" = the engine's default).
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
                  ep: int = 1, dp_attention: bool = False, precision: str = "bf16",
                  kv_dtype: str = "bf16", cost_fn: GraphCostFn | None = None,
-                 fused_kernels: bool = True, tp_allreduce: str = "nccl") -> None:
+                 fused_kernels: bool = True, tp_allreduce: str = "nccl",
+                 moe_kernel: str = "") -> None:
         from charon_search.serving._graphs import serving_graphs
 
         self.model = model
@@ -326,7 +329,8 @@ class GraphIterationCostModel(IterationCostModel):
         self._cost = cost_fn or graph_cost_fn(cluster, tp_allreduce=tp_allreduce)
         prefill, decode = serving_graphs(model, tp=tp, pp=pp, ep=ep,
                                          dp_attention=dp_attention, precision=precision,
-                                         fused_kernels=fused_kernels, engine=tp_allreduce)
+                                         fused_kernels=fused_kernels, engine=tp_allreduce,
+                                         moe_kernel=moe_kernel)
         if fused_kernels and tp_allreduce == "trtllm":
             from charon_search.serving._fusion import fuse_trtllm
 

@@ -61,7 +61,8 @@ def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConf
     base: IterationCostModel = GraphIterationCostModel(
         model, cluster, tp=tp or config.tp, pp=pp or config.pp, ep=ep or config.ep,
         dp_attention=dpa, precision=config.precision, kv_dtype=config.kv_dtype,
-        fused_kernels=config.fused_kernels, tp_allreduce=config.tp_allreduce)
+        fused_kernels=config.fused_kernels, tp_allreduce=config.tp_allreduce,
+        moe_kernel=config.moe_kernel)
     return _maybe_sp(base, cluster, config, tp or config.tp, model.num_layers)
 
 

@@ -412,7 +412,8 @@ def _serving_case(record: Record) -> ServingCase:
                                   version=str(c.get("framework_version") or ""),
                                   launcher=launcher,
                                   osl=osl, tp=int(c.get("tp") or 1),
-                                  model=str(record.model.get("name") or ""))
+                                  model=str(record.model.get("name") or ""),
+                                  gpu=resolve_gpu(str(record.hardware.get("gpu"))).name)
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "

@@ -153,3 +153,99 @@ def test_ep_rank_node_is_priced_at_the_measured_ep_row(model):
                 flops=c(2 * 256 * 4 * 3 * 2880 * 2880), tags=frozenset(tags))
     dur, _, _ = model._cost_nodes([node], 1, 1, 1)
     assert dur[0] == pytest.approx(0.654e-3, rel=0.15)
+
+
+# ---------------------------------------------------------------------------- Marlin MoE
+H100 = "h100-sxm-80gb"
+#: aiconfigurator-core 0.12.0 ``h100_sxm/moe/vllm/0.24.0/moe_perf.parquet``, kernel
+#: ``vllm_compressedtensorsw4a4mxfp4moe_marlin_marlinexperts_situ_as_silu`` (Marlin, MXFP4
+#: weights): hidden 3584, inter 3072 at MoE-TP 4 (768 per GPU), 896 experts, top-16, power-law
+#: 1.01 routing; latency in ms.
+MARLIN_MXFP4_MS = {16: 0.492, 1024: 2.925, 8192: 11.961}
+MARLIN_SHAPE = {"top_k": 16, "num_experts": 896, "n": 768, "k": 3584}
+
+
+def test_convert_moe_marlin_pools_marlin_rows_of_every_table(tmp_path):
+    cols = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk",
+            "num_experts", "moe_tp_size", "moe_ep_size", "distribution", "latency"]
+    a = pd.DataFrame([  # vLLM: Marlin MXFP4 and int4 kept, the Triton kernel dropped
+        ["vllm_mxfp4_marlin", "w4a16_mxfp4", 64, 3584, 3072, 16, 896, 4, 1, "power_law_1.01", 1.0],
+        ["vllm_wna16marlinmoe_marlin", "int4_wo", 64, 7168, 2048, 8, 384, 1, 1,
+         "power_law_1.01", 2.0],
+        ["oai_triton", "w4a16_mxfp4", 64, 2880, 2880, 4, 128, 1, 1, "power_law_1.01", 3.0],
+    ], columns=cols)
+    b = pd.DataFrame([  # SGLang: balanced routing dropped
+        ["sglang_marlin_moe", "int4_wo", 64, 2048, 768, 8, 128, 2, 1, "power_law_1.01", 4.0],
+        ["sglang_marlin_moe", "int4_wo", 64, 2048, 768, 8, 128, 2, 1, "balanced", 5.0],
+    ], columns=cols)
+    (tmp_path / "v").mkdir()
+    (tmp_path / "s").mkdir()
+    a.to_csv(tmp_path / "v" / "moe.csv", index=False)
+    b.to_csv(tmp_path / "s" / "moe.csv", index=False)
+    paths = [str(tmp_path / "v" / "moe.csv"), str(tmp_path / "s" / "moe.csv")]
+    out = _import_script().convert_moe_marlin(paths, H100, tmp_path)
+    assert set(out.variant) == {"moe_ffn_skew.marlin"} and set(out.dtype) == {"w4a16_marlin"}
+    assert sorted(out.latency_s.tolist()) == pytest.approx([1e-3, 2e-3, 4e-3])
+    assert out[np.isclose(out.latency_s, 4e-3)].n.iloc[0] == 384  # inter / moe_tp
+    assert len(set(out.source)) == 2  # each row names its own table
+
+
+def test_shipped_marlin_rows_pool_mxfp4_and_int4_kernels():
+    db = default_profile_db()
+    for tokens, ms in MARLIN_MXFP4_MS.items():
+        got = db.exact(H100, "grouped_gemm", "moe_ffn_skew.marlin", "w4a16_marlin",
+                       {"tokens": tokens, "group_size": 1, **MARLIN_SHAPE})
+        assert got == pytest.approx(ms * 1e-3, rel=2e-3), tokens
+    tbl = db.table(H100, "grouped_gemm").select(variant="moe_ffn_skew.marlin",
+                                                 dtype="w4a16_marlin")
+    kernels = set(tbl.columns["kernel"].tolist())
+    assert any("mxfp4" in k for k in kernels) and any("wna16" in k for k in kernels)
+    assert any("sglang" in k for k in kernels)
+
+
+@pytest.fixture(scope="module")
+def h100_model(tmp_path_factory):
+    """The H100 Marlin rows and the vLLM W4A16-MXFP4 (OpenAI Triton) rows."""
+    df = default_profile_db().table(H100, "grouped_gemm").to_pandas()
+    keep = (df.dtype == "w4a16_marlin") | (
+        (df.variant == "moe_ffn_skew.vllm") & (df.dtype == "w4a16_mxfp4"))
+    root = tmp_path_factory.mktemp("marlin")
+    write_profile_db(df[keep], root)
+    db = ProfileDB(root)
+    return FusedCostModel(toy_cluster(gpu=H100), db=db, store=P.PredictorStore(
+        db, hyperparams=SMALL_HP, use_disk_cache=False))
+
+
+def _node(tokens: float, shape: dict[str, float], tags: tuple[str, ...]) -> Node:
+    c = Poly.const
+    return Node(id=0, name="experts", kind=OpKind.GROUPED_GEMM, role="moe.expert", dtype="fp4",
+                params={"tokens": c(tokens), "weight_bytes": c(0.5),
+                        **{k: c(v) for k, v in shape.items()}},
+                flops=c(2 * tokens * shape["top_k"] * 3 * shape["n"] * shape["k"]),
+                tags=frozenset(tags))
+
+
+MARLIN_TAGS = ("moe_dtype:w4a16_marlin", "moe_engine:marlin")
+
+
+def test_marlin_tagged_node_is_priced_from_the_marlin_rows(h100_model):
+    for tokens, ms in MARLIN_MXFP4_MS.items():
+        dur, prov, detail = h100_model._cost_nodes([_node(tokens, MARLIN_SHAPE, MARLIN_TAGS)],
+                                                   1, 1, 1)
+        assert (prov[0], detail[0]) == ("predictor", "moe-ffn-rate")
+        assert dur[0] == pytest.approx(ms * 1e-3, rel=0.15), tokens
+
+
+def test_marlin_is_slower_than_the_triton_kernel_at_prefill_sizes(h100_model):
+    """gpt-oss-120b experts at TP 4 (2880 x 720 per GPU), an 8192-token prefill: vLLM's
+    OpenAI Triton rows measure ~1.2 ms; Marlin, which InferenceX's vLLM recipes force, runs
+    its tiles at a lower FLOP rate once every expert has hundreds of rows (the 896-expert
+    table above: 181 TFLOP/s at 8192 tokens, TP 4)."""
+    gpt_oss_tp4 = {**GPT_OSS, "n": 720}
+    node = {"marlin": _node(8192, gpt_oss_tp4, MARLIN_TAGS),
+            "triton": _node(8192, gpt_oss_tp4, ("moe_dtype:w4a16_mxfp4", "moe_engine:vllm"))}
+    dur = {k: h100_model._cost_nodes([n], 1, 1, 1)[0][0] for k, n in node.items()}
+    assert dur["triton"] == pytest.approx(1.2e-3, rel=0.2)
+    assert dur["marlin"] > 1.3 * dur["triton"]
+    flops = 2 * 8192 * 4 * 3 * 720 * 2880
+    assert 120e12 < flops / dur["marlin"] < 300e12

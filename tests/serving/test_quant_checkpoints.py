@@ -77,3 +77,27 @@ def test_unknown_quant_method_is_a_config_error(gpt_oss):
     bad["_charon_checkpoints"] = {"fp4": {"quantization_config": {"quant_method": "awq"}}}
     with pytest.raises(ConfigError, match="quant_method"):
         checkpoint_quant(dataclasses.replace(gpt_oss, hf_config=bad), "fp4")
+
+
+def test_marlin_launch_prices_4bit_experts_from_the_marlin_rows(gpt_oss):
+    """``moe_kernel='marlin'`` (vLLM ``VLLM_MXFP4_USE_MARLIN=1``) retags gpt-oss's MXFP4 experts
+    with the pooled Marlin rows; an fp8 checkpoint's experts (not a Marlin format) keep their
+    engine's rows."""
+    prefill, _ = serving_graphs(gpt_oss, tp=4, pp=1, ep=1, dp_attention=False,
+                                precision="fp4", engine="vllm", moe_kernel="marlin")
+    experts = [n for _, n in _gemms(prefill) if n.role == "moe.expert"]
+    assert experts and all({"moe_dtype:w4a16_marlin", "moe_engine:marlin"} <= n.tags
+                           for n in experts)
+    fp8, _ = serving_graphs(load_model("qwen3-235b-a22b"), tp=4, pp=1, ep=1,
+                            dp_attention=False, precision="fp8", engine="vllm",
+                            moe_kernel="marlin")
+    experts = [n for _, n in _gemms(fp8) if n.role == "moe.expert"]
+    assert experts and all({"moe_dtype:fp8_block", "moe_engine:vllm"} <= n.tags
+                           for n in experts)
+
+
+def test_unknown_moe_kernel_is_a_config_error():
+    from charon_search.serving.config import ServingConfig
+
+    with pytest.raises(ConfigError, match=r"`moe_kernel` must be one of \['', 'marlin'\]"):
+        ServingConfig(moe_kernel="cutlass")

@@ -9,8 +9,12 @@ same tree (``charon-search validate --kind serving --ids <row>``):
 * TensorRT-LLM TP1 C4 8192/1024 (``..._288``), measured 297.9 ms / 7.65 ms: predicted
   182.8 ms / 5.54 ms before (-38.6 % / -27.5 %), 298.4 ms / 7.76 ms after (+0.2 % / +1.5 %).
 * vLLM TP1 C4 1024/1024 (``..._356``), measured 85.7 ms / 6.33 ms: predicted 28.7 ms /
-  5.02 ms before (-66.5 % / -20.7 %), 58.1 ms / 6.72 ms after (-32.3 % / +6.1 %); the
-  remaining vLLM TTFT gap is not in the MoE kernels (every gpt-oss vLLM row is -45..-50 %).
+  5.02 ms before (-66.5 % / -20.7 %), 58.1 ms / 6.72 ms after (-32.3 % / +6.1 %).
+
+Session 7: InferenceX's vLLM gpt-oss recipes export ``VLLM_MXFP4_USE_MARLIN=1``, so their
+experts run the Marlin MoE kernel (``serving.backends._inferencex_vllm``), priced from the
+pooled Marlin rows: the same row is 84.4 ms / 5.90 ms (-1.5 % / -6.9 %). Over the 80 vLLM
+gpt-oss H100/H200 rows, TTFT median |err| 31.2 -> 20.4 %, TPOT 10.1 -> 6.6 %.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def test_trtllm_gpt_oss_row_within_target(errors):
     assert abs(errors[(TRT_ROW, "tpot_s")]) <= 0.20, errors
 
 
-def test_vllm_gpt_oss_row_tpot_within_target_ttft_closer(errors):
-    assert abs(errors[(VLLM_ROW, "tpot_s")]) <= 0.20, errors
-    # Was -66.5 % with the experts priced by the bf16 model; bound: better than -45 %.
-    assert -0.45 <= errors[(VLLM_ROW, "ttft_s")] < 0.0, errors
+def test_vllm_gpt_oss_row_within_target(errors):
+    # Was -66.5 % (bf16 model), then -32.3 % (OpenAI Triton rows) before the recipe's Marlin.
+    assert abs(errors[(VLLM_ROW, "ttft_s")]) <= 0.10, errors
+    assert abs(errors[(VLLM_ROW, "tpot_s")]) <= 0.10, errors

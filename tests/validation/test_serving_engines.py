@@ -99,6 +99,21 @@ def test_inferencex_row_runs_its_client_and_recipe(by_id) -> None:
     assert to_case(by_id[TRT_70B_TP8]).config.batch_wait_iters == 0
 
 
+def test_inferencex_vllm_gpt_oss_on_hopper_runs_marlin_experts() -> None:
+    """InferenceX gptoss_fp4_h100.sh / gptoss_fp4_h200.sh export VLLM_MXFP4_USE_MARLIN=1; other
+    GPUs' recipes do not, and the Llama-3-70B recipe has no MXFP4 experts."""
+    from charon_search.serving.backends import engine_profile
+
+    kw = dict(isl=1024, max_batch_size=8, launcher="inferencex", model="openai/gpt-oss-120b")
+    for gpu in ("h100-sxm-80gb", "h200-sxm-141gb"):
+        prof = engine_profile("vllm", gpu=gpu, **kw)
+        assert prof.config_kwargs()["moe_kernel"] == "marlin"
+        assert any("VLLM_MXFP4_USE_MARLIN=1" in s for s in prof.sources)
+    assert "moe_kernel" not in engine_profile("vllm", gpu="b200-sxm-180gb", **kw).config_kwargs()
+    kw["model"] = "meta-llama/Llama-3.1-70B"
+    assert "moe_kernel" not in engine_profile("vllm", gpu="h200-sxm-141gb", **kw).config_kwargs()
+
+
 def test_gap_rows_keep_the_aiperf_protocol(by_id) -> None:
     case = to_case(by_id[TRTLLM_8B])
     wl = case.workload
