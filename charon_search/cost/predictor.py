@@ -503,9 +503,16 @@ def synthetic_nodes(op_kind: str, cols: Mapping[str, np.ndarray], dtype: str) ->
     return out
 
 
+#: Profile dtype of a quantized MoE kernel -> the tensor-core dtype it computes in (the roofline's
+#: peak): block-scaled fp8 runs fp8 MMAs; W4A16 kernels dequantize 4-bit weights to bf16.
+ROOFLINE_COMPUTE_DTYPE = {"fp8_block": "fp8", "w4a16_mxfp4": "bf16", "int4_wo": "bf16",
+                          "w4a16_marlin": "bf16"}
+
+
 def roofline_seconds(op_kind: str, cols: Mapping[str, np.ndarray], gpu_key: str, dtype: str
                      ) -> np.ndarray | None:
     """Roofline-backend seconds for profile rows, or None without a roofline/GPU spec."""
+    dtype = ROOFLINE_COMPUTE_DTYPE.get(dtype, dtype)
     try:
         import charon_search.cost.roofline  # noqa: F401 - registers "roofline"
         from charon_search.cost.base import COST_BACKENDS, ShapePoint

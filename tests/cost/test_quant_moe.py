@@ -249,3 +249,18 @@ def test_marlin_is_slower_than_the_triton_kernel_at_prefill_sizes(h100_model):
     assert dur["marlin"] > 1.3 * dur["triton"]
     flops = 2 * 8192 * 4 * 3 * 720 * 2880
     assert 120e12 < flops / dur["marlin"] < 300e12
+
+
+def test_heldout_roofline_prices_quantized_moe_at_its_compute_dtype():
+    """``profiles eval`` compares each predictor with the roofline; a quantized MoE dtype is not
+    a GPU peak dtype, so the roofline uses the one it computes in (block fp8 -> fp8 MMAs, W4A16
+    -> bf16 after dequantization) instead of failing."""
+    cols = {"tokens": np.array([1024.0]), "top_k": np.array([4.0]),
+            "num_experts": np.array([128.0]), "n": np.array([720.0]), "k": np.array([2880.0]),
+            "group_size": np.array([1.0]), "latency_s": np.array([1e-3])}
+    for dtype, compute in (("fp8_block", "fp8"), ("w4a16_marlin", "bf16"),
+                           ("w4a16_mxfp4", "bf16"), ("int4_wo", "bf16")):
+        got = P.roofline_seconds("grouped_gemm", cols, H100, dtype)
+        want = P.roofline_seconds("grouped_gemm", cols, H100, compute)
+        assert got is not None and np.isfinite(got).all()
+        assert got == pytest.approx(want), dtype
