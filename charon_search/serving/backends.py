@@ -388,8 +388,9 @@ class BenchmarkProtocol:
     """The closed-loop load generator of a silicon row: ``concurrency`` streams start together
     (every client below sends at ``--request-rate inf`` behind a ``concurrency`` semaphore),
     ignore EOS (every request generates its sampled output length), ``warmup_turns *
-    concurrency`` warm-up requests run in the same loop and are left out, then ``measured_turns
-    * concurrency`` requests are measured and averaged.
+    concurrency`` warm-up requests run first and are left out (drained before the measured
+    phase when ``warmup_drains``, else in the same loop), then ``measured_turns *
+    concurrency`` requests are measured and averaged.
 
     The default is aiperf as aiconfigurator's ``bench_run.sh.j2`` runs it (``AIPERF_AIC``);
     ``INFERENCEX`` is SemiAnalysis InferenceX's ``benchmark_serving.py``. Prompts are treated as
@@ -410,10 +411,18 @@ class BenchmarkProtocol:
     range_ratio: float = 1.0
     """Prompt and output lengths are drawn uniformly from ``[int(range_ratio * len), len]``
     (1.0 = exactly ``isl`` / ``osl``)."""
+    warmup_drains: bool = True
+    """The client waits for every warm-up response before the measured phase, which therefore
+    starts on an idle engine with all streams together, like a run without warm-up (the
+    warm-up only warms caches and connections): nothing of it is simulated."""
     sources: tuple[str, ...] = (
         "aiconfigurator generator/config/backend_templates/benchmark/bench_run.sh.j2: aiperf "
         "--concurrency C --warmup-request-count 2C --num-requests 50C, synthetic prompts of "
-        "exactly isl tokens, output exactly osl tokens (ignore_eos), streaming",)
+        "exactly isl tokens, output exactly osl tokens (ignore_eos), streaming",
+        "aiperf waits for all warm-up responses before it starts the profiling phase (aiperf "
+        "docs/tutorials/warmup.md, 'Grace Period'; the timing manager's phases complete when "
+        "every credit of the phase has returned): the measured turns start from an idle "
+        "engine, all C streams together, and the mean holds that first wave",)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.range_ratio <= 1.0:
@@ -437,7 +446,7 @@ AIPERF_AIC = BenchmarkProtocol()
 #: 8k/1k), concurrencies (4..64, 128, 512) and container images (``nvcr.io#nvidia/...``, the
 #: enroot notation of its Slurm runners) are InferenceX's.
 INFERENCEX = BenchmarkProtocol(
-    name="inferencex", warmup_turns=0, measured_turns=10, range_ratio=0.8,
+    name="inferencex", warmup_turns=0, measured_turns=10, range_ratio=0.8, warmup_drains=False,
     sources=(
         "InferenceX benchmarks/benchmark_lib.sh run_benchmark_serving: "
         "utils/bench_serving/benchmark_serving.py --dataset-name random --request-rate inf "

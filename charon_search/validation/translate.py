@@ -420,7 +420,8 @@ def _serving_case(record: Record) -> ServingCase:
                          "kernel (measured latency, serving.custom_allreduce)")
         # Waves from a synchronized start: see ``serving.backends.BenchmarkProtocol``.
         bench = AIPERF_AIC if aic else INFERENCEX
-        warm = bench.warmup_turns * conc
+        # A drained warm-up leaves an idle engine: the measured phase is simulated from there.
+        warm = 0 if bench.warmup_drains else bench.warmup_turns * conc
         nominal = bench.measured_turns * conc
         # After a warm-up the loop has settled and later turns repeat the first measured ones;
         # without one the mean holds the transient from the idle start: simulate every turn.
@@ -450,6 +451,9 @@ def _serving_case(record: Record) -> ServingCase:
         notes.extend(f"client ({bench.name}): {line}" for line in bench.sources)
         lo_i, hi_i = bench.length_bounds(isl)
         lo_o, hi_o = bench.length_bounds(osl)
+        if bench.warmup_drains and bench.warmup_turns:
+            notes.append(f"{bench.warmup_turns * conc} warm-up requests drained before the "
+                         "measured phase (not simulated: it starts on an idle engine)")
         notes.append(f"closed loop: concurrency {conc} starting together, {warm} warm-up + "
                      f"{n - warm - drain} simulated of {nominal} measured requests"
                      + (f" + a draining turn of {drain}" if drain else "") + ", prompts "

@@ -24,11 +24,14 @@ def test_sglang_051_row_runs_prefill_first_lock_step(by_id) -> None:
     assert cfg.max_prefill_tokens == 2048 + 1500 and cfg.max_num_batched_tokens == 8192
     assert not cfg.decode_in_budget and not cfg.prefix_caching
     assert cfg.iteration_overhead_s == 0.0 and cfg.max_num_seqs == 128
-    # aiperf: 128 streams start together; 2 x 128 warm-up requests are not measured; two of
-    # the 50 measured turns are simulated, then the draining last turn.
+    # aiperf: 2 x 128 warm-up requests are drained before the measured phase, which starts on
+    # an idle engine with all 128 streams together; 1024 of its 50 x 128 requests (8 turns)
+    # are simulated, then the draining last turn.
     assert wl.concurrency == 128 and wl.ramp_up_s == 0.0
-    assert case.extra["warmup_requests"] == 256 and case.extra["drain_requests"] == 128
-    assert wl.num_requests == 256 + 256 + 128
+    assert case.extra["warmup_requests"] == 0 and case.extra["drain_requests"] == 128
+    assert case.extra["measured_requests"] == 50 * 128
+    assert wl.num_requests == 1024 + 128
+    assert any("256 warm-up requests drained" in a for a in case.assumptions)
     assert any("mixed chunk off" in a for a in case.assumptions)
 
 
