@@ -70,6 +70,8 @@ INFERENCEX_70B_TRT_MAX_NUM_TOKENS = 16384
 #: ``--cuda-graph-max-bs`` = 512 at 1k/1k, else 256 (indexed by ``isl == osl == 1024``).
 INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS = 32768
 INFERENCEX_DSR1_SGLANG_MAX_RUNNING = (256, 512)
+#: Same recipe: ``--stream-interval 10``.
+INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL = 10
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
@@ -104,6 +106,7 @@ class EngineProfile:
     block_size: int = 0
     cuda_graph_sizes: tuple[int, ...] = ()
     moe_kernel: str = ""
+    stream_interval: int = 0
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
@@ -118,7 +121,8 @@ class EngineProfile:
         """The ``ServingConfig`` fields this profile sets."""
         own: dict[str, Any] = {k: v for k, v in (
             ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
-            ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel)) if v}
+            ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel),
+            ("stream_interval", self.stream_interval)) if v}
         return {**own, "prefill_schedule": self.prefill_schedule,
                 "chunked_prefill": self.chunked_prefill,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -285,7 +289,12 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
         decode_in_budget=False, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
+        stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL,
         sources=(
+            f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} (same recipe): SGLang "
+            "streams a request's output when its length is a multiple of the interval "
+            "(scheduler stream_output_generation), so the client's first token arrives with the "
+            f"{INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL}th",
             "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
             "host work hidden behind the GPU",
             "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk in the "

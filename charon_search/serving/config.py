@@ -295,6 +295,13 @@ class ServingConfig:
     """Who runs the tensor-parallel activation all-reduces inside a node: ``nccl`` (the
     cluster's collective model) or an engine's custom NVLink kernel (``vllm``, ``sglang``,
     ``trtllm``: measured latency, ``serving.custom_allreduce``)."""
+    stream_interval: int = 1
+    """Tokens per streamed response chunk, the first chunk included: SGLang ``--stream-interval``
+    sends a request's output when its length is a multiple of it
+    (``stream_output_generation``), so the client sees its first token with the
+    ``stream_interval``-th one. TTFT and TPOT are reported as that client measures them
+    (TTFT to the first chunk; TPOT = (E2E - TTFT) / (output tokens - 1)), the chunk's arrival
+    placed at the request's mean token interval after its first token."""
     moe_kernel: str = ""
     """Kernel that runs the routed experts of a 4-bit (W4A16: MXFP4 or int4) checkpoint, when a
     launch flag chose it: ``marlin`` (the Marlin MoE kernel, e.g. vLLM
@@ -333,7 +340,7 @@ class ServingConfig:
             object.__setattr__(self, "speculative", SpeculativeConfig.from_dict(self.speculative))
         object.__setattr__(self, "cuda_graph_sizes", tuple(self.cuda_graph_sizes))
         for name in ("tp", "pp", "ep", "dp", "sp", "max_num_seqs", "max_num_batched_tokens",
-                     "block_size"):
+                     "block_size", "stream_interval"):
             _positive_int(name, getattr(self, name))
         _choice("scheduler", self.scheduler, SCHEDULERS)
         _choice("prefill_schedule", self.prefill_schedule, PREFILL_SCHEDULES)

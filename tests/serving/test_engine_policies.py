@@ -222,3 +222,23 @@ def test_inferencex_recipes_set_launch_facts() -> None:
     assert other.iteration_overhead_s is None  # no recipe known: engine defaults
     for p in (w, n, g, v):
         ServingConfig(**p.config_kwargs())
+
+
+def test_stream_interval_moves_the_first_chunk_to_the_kth_token(affine, cluster) -> None:
+    """SGLang ``--stream-interval k`` sends output when its length is a multiple of k: the
+    client's TTFT is the k-th token's arrival (placed at the request's mean token interval
+    after the first) and its TPOT = (E2E - TTFT) / (n - 1) shrinks by (n - k) / (n - 1)."""
+    reqs = [_req(0, 0.0, 500, 50), _req(1, 0.0, 300, 5)]
+    plain = simulate_serving("debug-llama", cluster, _cfg(), reqs, cost_model=affine,
+                             keep_requests=True).per_request
+    k10 = simulate_serving("debug-llama", cluster, _cfg(stream_interval=10), reqs,
+                           cost_model=affine, keep_requests=True).per_request
+    assert plain is not None and k10 is not None
+    for i, n in enumerate((50, 5)):
+        gap = plain["tpot_s"][i]  # (E2E - TTFT) / (n - 1) of the first token
+        k = min(10, n)  # a 5-token answer is sent whole when it finishes
+        assert k10["ttft_s"][i] == pytest.approx(plain["ttft_s"][i] + (k - 1) * gap, rel=1e-9)
+        assert k10["e2e_s"][i] == pytest.approx(plain["e2e_s"][i], rel=1e-12)
+        assert k10["tpot_s"][i] == pytest.approx(gap * (n - k) / (n - 1), rel=1e-9, abs=1e-15)
+    with pytest.raises(ConfigError, match="`stream_interval` must be a positive integer"):
+        _cfg(stream_interval=0)

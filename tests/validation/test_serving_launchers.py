@@ -53,6 +53,8 @@ def test_inferencex_deepseek_recipes(by_id) -> None:
     assert sg.max_num_batched_tokens == sg.max_prefill_tokens == 32768
     assert sg.prefill_schedule == "prefill_first" and sg.max_num_seqs == 16
     assert sg.cuda_graph_sizes[-1] == 256
+    # --stream-interval 10: the client's first chunk is the 10th token.
+    assert sg.stream_interval == 10
     # TensorRT-LLM dsr1_fp8_h200_trt.sh: max(8192, round_up_64(C + isl + 64)).
     short = to_case(by_id["dsr1_h200_trtllm_fp8_agg_1024x1024_c16_cfg83"]).config
     assert short.max_num_batched_tokens == 8192  # 16 + 1024 + 64 -> 1152 < 8192
