@@ -47,7 +47,7 @@ from charon_search.ir import DTYPE_BYTES, Node, OpKind, Poly, Role
 if TYPE_CHECKING:
     from charon_search.ir.graph import OpGraph
 
-__all__ = ["fuse_for_inference", "fuse_trtllm", "shard_experts_tp"]
+__all__ = ["fuse_for_inference", "fuse_shared_experts", "fuse_trtllm", "shard_experts_tp"]
 
 _GEMMS = (OpKind.GEMM, OpKind.GROUPED_GEMM)
 _MOE_GLUE_ROLES = frozenset({Role.MOE_ROUTER.value, Role.MOE_DISPATCH.value,
@@ -437,6 +437,33 @@ def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
             out.append(ar.replace(id=next_id, name=f"moe_tp_all_reduce_{ar.name}",
                                   inputs=(), outputs=()))
     return graph.with_nodes(out)
+
+
+def fuse_shared_experts(graph: OpGraph, num_shared: int) -> OpGraph:
+    """SGLang's shared-expert fusion: the ``num_shared`` shared experts run inside the routed
+    fused-MoE kernel as extra experts every token selects (top-k + ``num_shared`` over
+    ``num_experts + num_shared``), so their separate GEMMs and SiLU-and-mul disappear; their
+    FLOPs and weight bytes move into the fused node. SGLang
+    ``DeepseekV2ForCausalLM.determine_num_fused_shared_experts`` does this by default for
+    DeepSeek-V3/R1 (256 routed + 1 shared experts) on NVIDIA GPUs of compute capability >= 8.0
+    unless the experts are expert-parallel. Graphs without one fused routed-expert node and
+    shared-expert nodes are returned unchanged."""
+    experts = [n for n in graph.nodes if n.kind == OpKind.GROUPED_GEMM
+               and _str(n.role) == Role.MOE_EXPERT.value and "moe_ffn" in n.tags]
+    shared = [n for n in graph.nodes if _str(n.role) == Role.MOE_SHARED.value and not n.is_comm]
+    if len(experts) != 1 or not shared or num_shared < 1:
+        return graph
+    e = experts[0]
+    gone = {n.id for n in shared}
+    p = dict(e.params)
+    p["top_k"] = p["top_k"] + Poly.const(num_shared)
+    p["num_experts"] = p["num_experts"] + Poly.const(num_shared)
+    fused = e.replace(params=p, flops=e.flops + sum((n.flops for n in shared), Poly()),
+                      bytes_read=e.bytes_read + sum(
+                          (n.bytes_read for n in shared if n.kind in _GEMMS), Poly()),
+                      tags=e.tags | {"fused_shared_experts"})
+    return graph.with_nodes(fused if n.id == e.id else n for n in graph.nodes
+                            if n.id not in gone)
 
 
 def shared_expert_allreduce(graph: OpGraph) -> bool:

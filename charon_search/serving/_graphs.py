@@ -62,7 +62,11 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
            fused_kernels: bool, engine: str, moe_kernel: str = "") -> Graphs:
     from charon_search.frontend import trace_model
     from charon_search.passes import parallelize_inference
-    from charon_search.serving._fusion import fuse_for_inference, shard_experts_tp
+    from charon_search.serving._fusion import (
+        fuse_for_inference,
+        fuse_shared_experts,
+        shard_experts_tp,
+    )
 
     out = []
     for phase in ("prefill", "decode"):
@@ -84,8 +88,25 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
             attn_tp = 1 if dp_attention else tp
             kv_heads = max(1, model.num_key_value_heads // attn_tp)
             graphs = {k: fuse_for_inference(g, kv_heads=kv_heads) for k, g in graphs.items()}
+            shared = _sglang_fused_shared_experts(model, engine, ep)
+            if shared:
+                graphs = {k: fuse_shared_experts(g, shared) for k, g in graphs.items()}
         out.append(graphs)
     return out[0], out[1]
+
+
+def _sglang_fused_shared_experts(model: ModelSpec, engine: str, ep: int) -> int:
+    """Shared experts SGLang runs inside the routed fused-MoE kernel (0: none).
+
+    SGLang ``determine_num_fused_shared_experts`` (``models/deepseek_v2.py``, 0.4.7+, on by
+    default: ``--disable-shared-experts-fusion`` turns it off): a config with 256 routed and 1
+    shared expert (DeepSeek-V3/R1), an NVIDIA GPU of compute capability >= 8.0 (every GPU we
+    ship), experts not expert-parallel (MoE EP size 1)."""
+    cfg = model.hf_config
+    if (engine != "sglang" or ep != 1 or cfg.get("n_routed_experts") != 256
+            or cfg.get("n_shared_experts") != 1):
+        return 0
+    return 1
 
 
 def _expert_rows_per_rank(graph: OpGraph, share: float) -> OpGraph:

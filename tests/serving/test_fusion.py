@@ -191,3 +191,27 @@ def test_graph_replay_floor_replaces_eager_launch_overhead() -> None:
         elif prov:
             assert t_serv == pytest.approx(t_plain)
     assert any(p == "roofline" for p in plain.provenance)
+
+
+def _moe_nodes(engine: str, ep: int = 1):  # type: ignore[no-untyped-def]
+    _, decode = serving_graphs(load_model("deepseek-r1"), tp=8, pp=1, ep=ep,
+                               dp_attention=False, precision="fp8", engine=engine)
+    return [n for n in decode["moe"].nodes if str(getattr(n.role, "value", n.role))
+            in ("moe.expert", "moe.shared") and not n.is_comm]
+
+
+def test_sglang_runs_deepseek_shared_expert_inside_the_routed_moe() -> None:
+    """SGLang's shared-expert fusion (DeepSeek-V3/R1: 256 routed + 1 shared expert, no expert
+    parallelism): the shared expert is a 257th expert every token picks, top-k 8 + 1; its
+    GEMMs disappear and their FLOPs move into the fused node. At 4 decode tokens, TP 8: routed
+    2 x 4 x 8 x 3 x 256 x 7168 and shared 2 x 4 x 1 x 3 x 256 x 7168 FLOPs (n = 2048 / 8)."""
+    vllm, sglang = _moe_nodes("vllm"), _moe_nodes("sglang")
+    (fused,) = sglang
+    assert fused.kind == OpKind.GROUPED_GEMM and "fused_shared_experts" in fused.tags
+    assert fused.params["top_k"](*POINT) == 9 and fused.params["num_experts"](*POINT) == 257
+    gemm = 2 * 4 * 3 * 256 * 7168
+    assert fused.flops(*POINT) == pytest.approx(9 * gemm, rel=1e-3)  # + the SiLU-and-mul
+    assert sum(n.flops(*POINT) for n in vllm) == pytest.approx(fused.flops(*POINT), rel=1e-12)
+    assert len(vllm) > 1  # the shared expert's own GEMMs and activation
+    # Expert parallelism disables the fusion (SGLang determine_num_fused_shared_experts).
+    assert len(_moe_nodes("sglang", ep=8)) > 1
