@@ -416,7 +416,9 @@ class BenchmarkProtocol:
     warmup_turns: int = 2
     """``--warmup-request-count $((concurrency*2))``."""
     measured_turns: int = 50
-    """``--num-requests $((concurrency*50))`` (BENCH_MULTI_ROUND default 50)."""
+    """``--num-requests $((concurrency*50))``: aiconfigurator's ``k8s_bench.yaml.j2``, its
+    ``deployment_config.yaml`` default ``BenchConfig.num_requests`` = concurrency x 50, and the
+    earlier ``bench_run.sh.j2`` (``BENCH_MULTI_ROUND`` 50; the 0.12.0 script's default is 20)."""
     range_ratio: float = 1.0
     """Prompt and output lengths are drawn uniformly from ``[int(range_ratio * len), len]``
     (1.0 = exactly ``isl`` / ``osl``)."""
@@ -425,9 +427,11 @@ class BenchmarkProtocol:
     starts on an idle engine with all streams together, like a run without warm-up (the
     warm-up only warms caches and connections): nothing of it is simulated."""
     sources: tuple[str, ...] = (
-        "aiconfigurator generator/config/backend_templates/benchmark/bench_run.sh.j2: aiperf "
-        "--concurrency C --warmup-request-count 2C --num-requests 50C, synthetic prompts of "
-        "exactly isl tokens, output exactly osl tokens (ignore_eos), streaming",
+        "aiconfigurator generator/config/backend_templates/benchmark/{bench_run.sh,"
+        "k8s_bench.yaml}.j2: aiperf --concurrency C --warmup-request-count 2C --num-requests 50C "
+        "(deployment_config.yaml BenchConfig.num_requests = 50 x concurrency), synthetic prompts "
+        "of exactly isl tokens (isl_stddev 0), output exactly osl tokens (ignore_eos), "
+        "streaming",
         "aiperf waits for all warm-up responses before it starts the profiling phase (aiperf "
         "docs/tutorials/warmup.md, 'Grace Period'; the timing manager's phases complete when "
         "every credit of the phase has returned): the measured turns start from an idle "
