@@ -80,6 +80,9 @@ QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "int4_wo")
 PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts"}
 #: (engine, version or None = the engine's ``BACKEND_VERSION`` slot) of the Marlin MoE rows.
 MARLIN_TABLES = (("vllm", None), ("sglang", None), ("sglang", "0.5.10"))
+#: Absorbed MLA head size of aiconfigurator's MLA tables: kv_lora_rank 512 + rope dim 64
+#: (DeepSeek-V3 config.json), the size our traced decode attention node carries.
+MLA_HEAD_DIM = 576
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300", "l40s",
            "rtx_pro_6000_server")
 
@@ -147,6 +150,23 @@ def convert_attention(path: str, gpu: str, source: str, *, decode: bool) -> pd.D
         "batch": df.batch_size.values, "heads": df.num_heads.values,
         "kv_heads": df.num_key_value_heads.values, "q_len": q_len, "kv_len": kv_len,
         "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
+    })
+
+
+def convert_mla_decode(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """MLA generation attention (DeepSeek-V2/V3 absorbed form: every query head attends to one
+    shared latent KV head of ``kv_lora_rank + rope`` = 576 values), bf16 KV cache:
+    variant ``decode_mla``, ``heads`` = the rank's query heads, ``kv_len`` = step + 1."""
+    df = _read(path)
+    df = _most_rows(df[(df.mla_dtype == "bfloat16") & (df.kv_cache_dtype == "bfloat16")])
+    if df.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "attention", "variant": "decode_mla", "dtype": "bf16",
+        "kernel": df.kernel_source.values, "source": source,
+        "batch": df.batch_size.values, "heads": df.num_heads.values, "kv_heads": 1.0,
+        "q_len": 1.0, "kv_len": df.step.values + 1, "head_dim": MLA_HEAD_DIM,
+        "latency_s": df.latency.values * MS,
     })
 
 
@@ -271,6 +291,10 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                     / "moe_perf.parquet")
             if os.path.exists(p):
                 out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
+        p = str(data / system / "mla" / "trtllm" / BACKEND_VERSION["trtllm"][1].get(
+            system, BACKEND_VERSION["trtllm"][0]) / "generation_mla_perf.parquet")
+        if os.path.exists(p):
+            out.append(convert_mla_decode(p, gpu, f"{AIC} {_rel(p, peers)}"))
         marlin = []
         for engine, version in MARLIN_TABLES:
             slot, overrides = BACKEND_VERSION[engine]

@@ -75,7 +75,7 @@ TILE = 128
 #: Op kinds with predictors and the families trained for each.
 PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("",),
-    "attention": ("prefill", "decode"),
+    "attention": ("prefill", "decode", "decode_mla"),
     "norm": ("",),
     # Per-variant elementwise models (residual add, activation, RoPE) plus "" = all rows,
     # for elementwise nodes of other roles.

@@ -3,7 +3,8 @@
 ``FusedCostModel(cluster)`` prices the compute nodes of a graph on the cluster's GPU:
 
 1. **profile** — the node's exact shape (after sharding passes) is in the profile DB for this
-   GPU, op kind, family and dtype: the measured latency.
+   GPU, op kind, family and dtype: the measured latency. MLA decode in absorbed form (one
+   shared 576-wide latent KV head) has its own measured family, ``decode_mla``.
 2. **predictor** — a model trained on this GPU's rows of that op kind (``cost/predictor.py``).
    ``attention_bwd`` without measurements is the forward prediction times
    ``ATTENTION_BWD_FLOP_RATIO`` (2.5: the backward does 2.5x the forward's matmul FLOPs —
@@ -89,9 +90,17 @@ def provenance_shares(durations_s: np.ndarray, provenance: Sequence[str]) -> dic
 _ELEMENTWISE_FAMILY = {"residual": "add", "mlp.act": "act", "attn.rope": "rope"}
 
 
+#: Head size of MLA decode in absorbed form (DeepSeek-V2/V3, Kimi-K2: kv_lora_rank 512 + rope
+#: 64): every query head reads one shared latent KV head of this size.
+MLA_HEAD_DIM = 576
+
+
 def _family(kind: str, params: dict[str, float], role: str = "") -> str:
     if kind in ("attention", "attention_bwd"):
-        return "decode" if params.get("q_len", 2.0) == 1.0 else "prefill"
+        if params.get("q_len", 2.0) != 1.0:
+            return "prefill"
+        mla = params.get("kv_heads") == 1.0 and params.get("head_dim") == MLA_HEAD_DIM
+        return "decode_mla" if mla else "decode"
     if kind == "grouped_gemm":
         return "moe_ffn"
     if kind == "elementwise":
@@ -100,7 +109,8 @@ def _family(kind: str, params: dict[str, float], role: str = "") -> str:
 
 
 #: Model family to try when a GPU has no rows of the node's own family.
-_FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "add": "", "act": "", "rope": ""}
+_FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "decode_mla": "decode", "add": "", "act": "",
+                    "rope": ""}
 #: Engines with quantized MoE rows (``moe_ffn_skew.<engine>``), in fallback order.
 _MOE_ENGINES = ("vllm", "sglang", "trtllm")
 

@@ -264,3 +264,18 @@ def test_heldout_roofline_prices_quantized_moe_at_its_compute_dtype():
         want = P.roofline_seconds("grouped_gemm", cols, H100, compute)
         assert got is not None and np.isfinite(got).all()
         assert got == pytest.approx(want), dtype
+
+
+def test_convert_mla_decode_keeps_bf16_kv_generation_rows(tmp_path):
+    cols = ["kernel_source", "mla_dtype", "kv_cache_dtype", "num_heads", "batch_size", "isl",
+            "tp_size", "step", "latency"]
+    rows = [["default", "bfloat16", "bfloat16", 16, 32, 1, 4, 4095, 0.0544],
+            ["default", "bfloat16", "fp8", 16, 32, 1, 4, 4095, 0.0424]]  # fp8 KV dropped
+    path = tmp_path / "mla.csv"
+    pd.DataFrame(rows, columns=cols).to_csv(path, index=False)
+    out = _import_script().convert_mla_decode(str(path), H100, "t")
+    assert len(out) == 1
+    r = out.iloc[0]
+    assert (r.variant, r["dtype"], r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim) == (
+        "decode_mla", "bf16", 16, 1, 1, 4096, 576)
+    assert r.latency_s == pytest.approx(0.0544e-3)

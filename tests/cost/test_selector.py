@@ -151,3 +151,30 @@ class TestPredictorBackendContract(CostBackendContract):
     """Trains the shipped H100 GEMM predictors (bf16, fp8) once per test session."""
 
     backend_factory = PredictorCostBackend
+
+
+def _mla_decode(batch: int, kv: int) -> Node:
+    return Node(id=0, name="mla", kind=OpKind.ATTENTION, phase=Phase.FORWARD,
+                params=poly_params(batch=batch, heads=16, kv_heads=1, q_len=1, kv_len=kv,
+                                   head_dim=576, v_head_dim=576, causal=0),
+                flops=Poly.const(1e9), bytes_read=Poly.const(1e6))
+
+
+def test_mla_decode_is_priced_from_the_measured_mla_kernel():
+    """Absorbed MLA decode (16 query heads of a TP-8 DeepSeek rank over one 576-wide latent KV
+    head) is its own kernel; its rows are aiconfigurator-core's ``generation_mla_perf``
+    (TensorRT-LLM 1.3.0rc20, bf16 KV): batch 32 at 4096 cached tokens, H200 0.05442 ms,
+    H100 0.06825 ms. The FA3 rows it was extrapolated from before priced it ~1.8x higher. A GPU
+    without MLA rows falls back to the decode model instead of failing."""
+    db = default_profile_db()
+    shape = {"batch": 32, "heads": 16, "kv_heads": 1, "q_len": 1, "kv_len": 4096,
+             "head_dim": 576}
+    for gpu, ms in (("h200-sxm-141gb", 0.05442), ("h100-sxm-80gb", 0.06825)):
+        assert db.exact(gpu, "attention", "decode_mla", "bf16", shape) == pytest.approx(
+            ms * 1e-3, rel=1e-3)
+    h200 = FusedCostModel(toy_cluster(gpu="h200-sxm-141gb"), db=db)
+    cost = h200.cost(_mla_decode(32, 4096), P1)
+    assert cost.provenance == "profile"
+    assert cost.duration_s == pytest.approx(0.05442e-3, rel=1e-3)
+    l40s = FusedCostModel(toy_cluster(gpu="l40s-48gb"), db=db).cost(_mla_decode(32, 4096), P1)
+    assert l40s.provenance == "predictor" and math.isfinite(l40s.duration_s)
