@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from charon_search.cost.profile_db import normalize_gpu, write_profile_db  # noqa: E402
+from charon_search.cost.selector import MLA_HEAD_DIM  # noqa: E402
 
 AIC = "aiconfigurator-core 0.12.0"
 VIDUR = "vidur@7d47513"
@@ -80,9 +81,6 @@ QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "int4_wo")
 PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts"}
 #: (engine, version or None = the engine's ``BACKEND_VERSION`` slot) of the Marlin MoE rows.
 MARLIN_TABLES = (("vllm", None), ("sglang", None), ("sglang", "0.5.10"))
-#: Absorbed MLA head size of aiconfigurator's MLA tables: kv_lora_rank 512 + rope dim 64
-#: (DeepSeek-V3 config.json), the size our traced decode attention node carries.
-MLA_HEAD_DIM = 576
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300", "l40s",
            "rtx_pro_6000_server")
 
@@ -103,6 +101,12 @@ def _most_rows(df: pd.DataFrame, col: str = "kernel_source") -> pd.DataFrame:
         return df
     top = df[col].value_counts().idxmax()
     return df[df[col] == top]
+
+
+def _slot(engine: str, system: str) -> str:
+    """The version folder of ``engine``'s tables on ``system`` (``BACKEND_VERSION``)."""
+    version, overrides = BACKEND_VERSION[engine]
+    return overrides.get(system, version)
 
 
 def _vllm_dir(peers: Path, system: str, family: str) -> Path | None:
@@ -286,19 +290,17 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
         if d is not None:
             p = str(d / "moe_perf.parquet")
             out.append(convert_moe(p, gpu, f"{AIC} {_rel(p, peers)}"))
-        for engine, (version, overrides) in BACKEND_VERSION.items():
-            p = str(data / system / "moe" / engine / overrides.get(system, version)
-                    / "moe_perf.parquet")
+        for engine in BACKEND_VERSION:
+            p = str(data / system / "moe" / engine / _slot(engine, system) / "moe_perf.parquet")
             if os.path.exists(p):
                 out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
-        p = str(data / system / "mla" / "trtllm" / BACKEND_VERSION["trtllm"][1].get(
-            system, BACKEND_VERSION["trtllm"][0]) / "generation_mla_perf.parquet")
+        p = str(data / system / "mla" / "trtllm" / _slot("trtllm", system)
+                / "generation_mla_perf.parquet")
         if os.path.exists(p):
             out.append(convert_mla_decode(p, gpu, f"{AIC} {_rel(p, peers)}"))
         marlin = []
         for engine, version in MARLIN_TABLES:
-            slot, overrides = BACKEND_VERSION[engine]
-            p = str(data / system / "moe" / engine / (version or overrides.get(system, slot))
+            p = str(data / system / "moe" / engine / (version or _slot(engine, system))
                     / "moe_perf.parquet")
             if os.path.exists(p) and p not in marlin:
                 marlin.append(p)
