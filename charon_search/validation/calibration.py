@@ -210,13 +210,20 @@ class MemoizedEvaluate:
         self._stored: dict[tuple[tuple[tuple[str, float], ...], str], ValidationResult] = {}
         if store is not None and store.is_file():
             self._stored = _read_store(store, fingerprint)
+        self._hashes: dict[str, str] = {}
+        """Record id -> ``_record_hash``, computed once per record (not per call)."""
+
+    def _hash(self, rec: Record) -> str:
+        if rec.id not in self._hashes:
+            self._hashes[rec.id] = _record_hash(rec)
+        return self._hashes[rec.id]
 
     def __call__(self, records: Sequence[Record], values: Mapping[str, float]
                  ) -> ValidationResult:
         key = _key(values)
         seen = self._memo.setdefault(key, {})
         for r in records if self._stored else ():
-            if r.id not in seen and (hit := self._stored.get((key, _record_hash(r)))):
+            if r.id not in seen and (hit := self._stored.get((key, self._hash(r)))):
                 seen[r.id] = hit
                 self.reused += 1
         missing = [r for r in records if r.id not in seen]
@@ -226,7 +233,8 @@ class MemoizedEvaluate:
             split = _split_by_record(res, [r.id for r in missing])
             seen.update(split)
             if self._store is not None:
-                _append_store(self._store, self._fingerprint, key, missing, split)
+                _append_store(self._store, self._fingerprint, key,
+                              [(self._hash(r), split[r.id]) for r in missing])
         parts = [seen[r.id] for r in records]
         return ValidationResult(
             rows=[row for p in parts for row in p.rows],
@@ -274,13 +282,13 @@ def _read_store(path: Path, fingerprint: str
 
 
 def _append_store(path: Path, fingerprint: str, key: tuple[tuple[str, float], ...],
-                  records: Sequence[Record], split: Mapping[str, ValidationResult]) -> None:
+                  results: Sequence[tuple[str, ValidationResult]]) -> None:
+    """Append one line per (record hash, result) simulated under ``key``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
-        for r in records:
-            res = split[r.id]
+        for record_hash, res in results:
             f.write(json.dumps({"fingerprint": fingerprint, "values": [list(kv) for kv in key],
-                                "record": _record_hash(r), "rows": res.rows,
+                                "record": record_hash, "rows": res.rows,
                                 "skipped": res.skipped, "skipped_metrics": res.skipped_metrics,
                                 "cases": res.cases}, default=str) + "\n")
         f.flush()
