@@ -16,7 +16,12 @@ from typing import Any
 
 from charon_search.validation.report import format_pct, summary_table_rows
 from charon_search.validation.runner import ValidationResult
-from charon_search.validation.stats import METRIC_GROUPS, representative_rows
+from charon_search.validation.stats import (
+    METRIC_GROUPS,
+    error_stats,
+    representative_rows,
+    request_latency_rows,
+)
 
 #: Panels per kind in the scatter figure.
 MAX_PANELS = 6
@@ -127,6 +132,42 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _request_latency_section(result: ValidationResult) -> list[str]:
+    """Mean request latency (TTFT + (output_len - 1) x TPOT) next to the TTFT/TPOT split."""
+    e2e = request_latency_rows(result.rows, result.cases)
+    if not e2e:
+        return []
+    split: dict[tuple[str, str], float] = {(r["id"], r["metric"]): r["error"]
+                                           for r in result.rows
+                                           if r["metric"] in ("ttft_s", "tpot_s")}
+
+    def row(label: str, ids: set[str]) -> list[Any]:
+        errs = [r["error"] for r in e2e if r["id"] in ids]
+        st = error_stats(errs)
+        bias = {m: error_stats([split[(i, m)] for i in ids])["bias"]
+                for m in ("ttft_s", "tpot_s")}
+        return [label, st["n"], format_pct(st["median_abs"]), format_pct(st["p90_abs"]),
+                format_pct(st["bias"], signed=True), format_pct(bias["ttft_s"], signed=True),
+                format_pct(bias["tpot_s"], signed=True)]
+
+    ids = {r["id"] for r in e2e}
+    groups: dict[str, set[str]] = defaultdict(set)
+    for i in ids:
+        c = result.cases.get(i, {})
+        groups[f"{c.get('source', '')} · {c.get('model', '')}"].add(i)
+    rows = [row("all", ids)] + [row(k, v) for k, v in sorted(groups.items())
+                                if len(v) >= 5]
+    return ["## Serving request latency (derived)", "",
+            "Mean request latency E2E = TTFT + (output_len − 1) × TPOT, computed the same way "
+            "from the measured and the predicted pair (exact for the silicon rows' fixed output "
+            "lengths; by Little's law a closed loop's throughput is concurrency / E2E). It shows "
+            "how much work the simulator prices; the TTFT and TPOT bias columns show how it "
+            "splits that work between the first token and the rest. Groups of at least 5 "
+            "records.", "",
+            _md_table(["records", "n", "E2E median abs", "E2E p90 abs", "E2E bias",
+                       "TTFT bias", "TPOT bias"], rows), ""]
+
+
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                     img_rel: str = "img", command: str = "",
                     calibration: Sequence[Mapping[str, Any]] = (),
@@ -205,6 +246,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                          if tgt else "-"])
     lines += [_md_table(["metric group", "records", "n", "median abs", "p90 abs", "max abs",
                          "bias", "target median / p90"], rows), ""]
+    lines += _request_latency_section(result)
     header = ["", "expressed", "metric group", "n", "median abs", "p90 abs", "max abs", "bias"]
     lines += ["## Per kind", "", _md_table(header, summary_table_rows(s, "by_kind")), ""]
     lines += ["## Per source", "", _md_table(header, summary_table_rows(s, "by_source")), ""]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["METRIC_GROUPS", "error_stats", "group_of", "summarize"]
+__all__ = ["METRIC_GROUPS", "error_stats", "group_of", "request_latency_rows", "summarize"]
 
 #: Metric group -> metrics in priority order (the first one a record has represents it).
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
@@ -127,3 +127,35 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
         "by_group_fully_specified": by_group_full,
         "targets": {g: {"median_abs": t[0], "p90_abs": t[1]} for g, t in TARGETS.items()},
     }
+
+
+def request_latency_rows(rows: Sequence[Mapping[str, Any]],
+                         cases: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Mean request latency of the serving records that measure both TTFT and TPOT, derived the
+    same way on both sides: ``e2e = ttft + (output_len - 1) * tpot`` with the record's nominal
+    output length (``cases[id]["output_len"]``; records without one are left out).
+
+    For a fixed output length (the silicon rows' clients ignore EOS) this is exactly the mean
+    request latency the client saw, since TPOT is (E2E - TTFT) / (output_len - 1) per request;
+    by Little's law a closed loop's throughput is concurrency / E2E, so its error is the
+    throughput error with the sign turned. It separates how much work the simulator prices
+    (E2E) from how the schedule splits it between the first token and the rest.
+
+    Returns ``{"id", "metric": "e2e_s", "measured", "predicted", "error"}`` per record.
+    """
+    pairs: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for r in rows:
+        if r["metric"] in ("ttft_s", "tpot_s"):
+            pairs.setdefault(r["id"], {})[r["metric"]] = r
+    out = []
+    for rid, m in pairs.items():
+        osl = (cases.get(rid) or {}).get("output_len")
+        if len(m) < 2 or not osl:
+            continue
+        steps = float(osl) - 1.0
+        meas = m["ttft_s"]["measured"] + steps * m["tpot_s"]["measured"]
+        pred = m["ttft_s"]["predicted"] + steps * m["tpot_s"]["predicted"]
+        if meas > 0:
+            out.append({"id": rid, "metric": "e2e_s", "measured": meas, "predicted": pred,
+                        "error": (pred - meas) / meas})
+    return out

@@ -122,6 +122,29 @@ def test_serving_rows(result):
     assert ttft["predicted"] == 0.2 and ttft["measured"] == pytest.approx(0.1909545068625)
 
 
+def test_request_latency_is_derived_from_the_ttft_tpot_pair(result):
+    """E2E = TTFT + (osl - 1) x TPOT on both sides; the report shows it next to the split."""
+    from charon_search.validation.accuracy import render_accuracy
+    from charon_search.validation.stats import request_latency_rows
+
+    _, res = result
+    rid = next(r["id"] for r in res.rows if r["id"].startswith("meta_llama_llama_3_1_8b"))
+    case = res.cases[rid]
+    assert case["output_len"] == 128 and case["engine"] == "trtllm"
+    e2e = {r["id"]: r for r in request_latency_rows(res.rows, res.cases)}
+    # the CSV row: TTFT 190.95 ms, TPOT 7.944 ms; fake_serving: 200 ms, 8 ms
+    assert e2e[rid]["measured"] == pytest.approx(0.1909545068625 + 127 * 0.00794357745)
+    assert e2e[rid]["predicted"] == pytest.approx(0.2 + 127 * 0.008)
+    assert e2e[rid]["error"] == pytest.approx(1.216 / 1.19976 - 1, abs=1e-4)  # +1.35 %
+    # training records (no TTFT/TPOT pair) are not given one
+    assert all(res.cases[i]["kind"] == "serving" for i in e2e)
+    text = render_accuracy(res)
+    assert "## Serving request latency (derived)" in text
+    # with a single silicon row per group: the "all" line carries it (groups need 5 records)
+    line = next(x for x in text.splitlines() if x.startswith("| all |"))
+    assert line.startswith(f"| all | {len(e2e)} |")
+
+
 def test_cli_json(tmp_path, capsys):
     out = tmp_path / "v.json"
     rc = main(["validate", "--ids", "palm_540b_6144_tpuv4", "mcore_h100_strong_gpt3_177b_96gpu",
