@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charon_search.validation.runner import ValidationResult
-from charon_search.validation.stats import METRIC_GROUPS
+from charon_search.validation.stats import METRIC_GROUPS, error_stats, request_latency_rows
 
 __all__ = ["format_pct", "render_html", "render_text", "summary_table_rows"]
 
@@ -101,6 +101,11 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
     parts.append("\nby metric group\n" + _table(
         ["group", "records", "n", "median|e|", "p90|e|", "max|e|", "bias", "target med/p90"],
         grp))
+    e2e = error_stats([r["error"] for r in request_latency_rows(result.rows, result.cases)])
+    if e2e["n"]:
+        parts.append(f"serving request latency E2E = TTFT + (osl - 1) x TPOT (derived, "
+                     f"{e2e['n']} records): median|e| {format_pct(e2e['median_abs'])}, p90|e| "
+                     f"{format_pct(e2e['p90_abs'])}, bias {format_pct(e2e['bias'], signed=True)}")
     parts.append(f"\nwall time {result.wall_s:.1f} s")
     return "\n".join(parts)
 

@@ -143,6 +143,9 @@ def test_request_latency_is_derived_from_the_ttft_tpot_pair(result):
     # with a single silicon row per group: the "all" line carries it (groups need 5 records)
     line = next(x for x in text.splitlines() if x.startswith("| all |"))
     assert line.startswith(f"| all | {len(e2e)} |")
+    from charon_search.validation.report import render_text
+
+    assert f"(derived, {len(e2e)} records)" in render_text(res)  # the validate CLI's summary
 
 
 def test_cli_json(tmp_path, capsys):
