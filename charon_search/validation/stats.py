@@ -137,8 +137,8 @@ def request_latency_rows(rows: Sequence[Mapping[str, Any]],
 
     For a fixed output length (the silicon rows' clients ignore EOS) this is exactly the mean
     request latency the client saw, since TPOT is (E2E - TTFT) / (output_len - 1) per request;
-    by Little's law a closed loop's throughput is concurrency / E2E, so its error is the
-    throughput error with the sign turned. It separates how much work the simulator prices
+    by Little's law a closed loop's throughput is concurrency / E2E, so predicted / measured
+    throughput is measured / predicted E2E. It separates how much work the simulator prices
     (E2E) from how the schedule splits it between the first token and the rest.
 
     Returns ``{"id", "metric": "e2e_s", "measured", "predicted", "error"}`` per record.
