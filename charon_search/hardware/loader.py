@@ -125,6 +125,7 @@ _CALIBRATION_FIELDS = (
            rule="ge1"),
     _Field("iteration_cpu_overhead_s", f"iteration_cpu_overhead_{_TIME}", "number",
            required=False, rule="nonneg"),
+    _Field("frontend_latency_s", f"frontend_latency_{_TIME}", "mapping", required=False),
     _Field("allocator_reserved_factor", "allocator_reserved_factor", "number", required=False,
            rule="ge1"),
     _Field("allocator_reserved_extra_bytes", f"allocator_reserved_extra_{_BYTES}", "number",
@@ -443,6 +444,15 @@ def _calibration_from_dict(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
+    front = values.get("frontend_latency_s", {})
+    for key, v in front.items():
+        where = f"{path}.frontend_latency.{key}"
+        if key not in ("vllm", "sglang", "trtllm"):
+            raise ConfigError(f"{_where(file, where)}: unknown serving engine {key!r}; "
+                              "allowed: vllm, sglang, trtllm")
+        _check_value(_Field("frontend_latency", "frontend_latency", "number", rule="nonneg"),
+                     v, file, where)
+    values["frontend_latency_s"] = {str(k): float(v) for k, v in front.items()}
     values["provenance"] = provenance
     values["collective_alpha_s"] = {str(k): float(v) for k, v in alpha.items()}
     values["collective_bw_efficiency"] = {str(k): float(v) for k, v in eff.items()}

@@ -117,6 +117,10 @@ class Calibration:
     """Collectives run this many times slower while compute overlaps them (≥ 1)."""
     iteration_cpu_overhead_s: float = 0.0
     """Per-iteration host/scheduler overhead (serving) or per-step overhead (training)."""
+    frontend_latency_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine (``vllm``, ``sglang``, ``trtllm``) -> seconds a request spends in that
+    engine's serving front end on this cluster's hosts (``ServingConfig.frontend_latency_s``);
+    an engine not listed has none."""
     allocator_reserved_factor: float = 1.0
     """peak_reserved = peak_allocated × this (caching-allocator fragmentation headroom)."""
     allocator_reserved_extra_bytes: float = 0.0

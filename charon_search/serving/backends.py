@@ -110,6 +110,10 @@ class EngineProfile:
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
+    http_frontend: bool = True
+    """Requests come through the engine's HTTP server (its calibrated front-end latency
+    applies, ``ServingConfig.engine``); False for an offline benchmark that feeds the executor
+    in process (``trtllm-bench``)."""
 
     @property
     def iteration_overhead_s(self) -> float | None:
@@ -134,7 +138,8 @@ class EngineProfile:
                 "overlap_scheduler": self.overlap_scheduler,
                 "batch_wait_iters": self.batch_wait_iters,
                 "batch_wait_tokens": self.batch_wait_tokens,
-                "tp_allreduce": self.backend}
+                "tp_allreduce": self.backend,
+                "engine": self.backend if self.http_frontend else ""}
 
 
 #: SGLang versions whose aiconfigurator launch template never passes ``--enable-mixed-chunk``
@@ -377,7 +382,7 @@ def _trtllm_bench(*, max_batch_size: int, max_num_tokens: int) -> EngineProfile:
         backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
         max_num_batched_tokens=max_num_tokens, max_prefill_tokens=0, prefix_caching=False,
         kv_admission="reserve_max", overlap_scheduler=True, max_num_seqs=max_batch_size,
-        block_size=TRTLLM_TOKENS_PER_BLOCK, cuda_graph_sizes=graphs,
+        block_size=TRTLLM_TOKENS_PER_BLOCK, cuda_graph_sizes=graphs, http_frontend=False,
         sources=(
             f"trtllm-bench tuning heuristics: max_batch_size {max_batch_size}, max_num_tokens "
             f"{max_num_tokens} (bench/build/tuning.py; raised to isl + max_batch_size without "

@@ -48,6 +48,8 @@ TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 #: Kernel running the routed experts of a 4-bit (W4A16) MoE checkpoint; ``""`` = the engine's
 #: default for the checkpoint's format (``serving._graphs``).
 MOE_KERNELS = ("", "marlin")
+#: Serving engines whose request path (HTTP front end) a cluster calibrates; ``""`` = none.
+ENGINES = ("", "vllm", "sglang", "trtllm")
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -320,6 +322,17 @@ class ServingConfig:
     runs therefore misses batch n + 1, which was formed when n started, and joins n + 2 at the
     earliest (only an otherwise empty batch sees it at once: then nothing overlaps). Host time
     per iteration is hidden, so such engines run with ``iteration_overhead_s = 0``."""
+    engine: str = ""
+    """The serving engine this configuration stands for (``vllm``, ``sglang``, ``trtllm``;
+    ``""`` = a generic engine). It selects the cluster's calibrated front-end latency
+    (``frontend_latency_s``)."""
+    frontend_latency_s: float | None = None
+    """Time a request spends in the engine's serving front end, outside the simulated
+    scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
+    and the first token's way back to the client. It is added to the request's path into the
+    engine, so it counts in TTFT and E2E (and delays a closed loop's next request) but not in
+    TPOT. None = the cluster's calibrated ``frontend_latency_s[engine]`` (0 when it has
+    none)."""
     precision: str = "bf16"
     """Weight/GEMM precision."""
     kv_dtype: str = "bf16"
@@ -347,6 +360,10 @@ class ServingConfig:
         _choice("kv_admission", self.kv_admission, KV_ADMISSIONS)
         _choice("tp_allreduce", self.tp_allreduce, TP_ALLREDUCES)
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
+        _choice("engine", self.engine, ENGINES)
+        if self.frontend_latency_s is not None and not self.frontend_latency_s >= 0.0:
+            raise ConfigError(f"`frontend_latency_s` must be >= 0 seconds (or null for the "
+                              f"cluster's calibrated value), but got {self.frontend_latency_s!r}")
         for name in ("batch_wait_iters", "batch_wait_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:

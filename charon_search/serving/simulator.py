@@ -142,6 +142,11 @@ class ServingSimulation:
             self.prefill_pool = self._make_pool("prefill", config.disagg.prefill)
             self.decode_pool = self._make_pool("decode", config.disagg.decode)
         self.replicas = list(dict.fromkeys(self.prefill_pool + self.decode_pool))
+        self.frontend_s = (config.frontend_latency_s if config.frontend_latency_s is not None
+                           else float(cluster.calibration.frontend_latency_s.get(config.engine,
+                                                                                 0.0)))
+        """Front-end latency (``ServingConfig.frontend_latency_s``): a request reaches the
+        engine this long after its client sent it; reported latencies start at the send."""
         self._finished = 0
         self._on_finish_hook: Any = None
 
@@ -292,10 +297,12 @@ class ServingSimulation:
 
             bar = tqdm(total=len(requests), unit="req", desc="serve", leave=False)
 
+        front = self.frontend_s
+
         def issue(now_s: float) -> None:
             spec = next(pending, None)
             if spec is not None:
-                self._push(now_s + spec.think_time_s, 0, _ARRIVE, spec)
+                self._push(now_s + spec.think_time_s + front, 0, _ARRIVE, spec)
 
         if closed_loop_concurrency:
             first = min(closed_loop_concurrency, len(requests))
@@ -303,11 +310,11 @@ class ServingSimulation:
                 ramp_up_s = self.expected_lifetime_s(requests[:first], closed_loop_concurrency)
             for i in range(first):
                 spec = next(pending)
-                self._push(ramp_up_s * i / first, 0, _ARRIVE, spec)
+                self._push(ramp_up_s * i / first + front, 0, _ARRIVE, spec)
             self._on_finish_hook = issue
         else:
             for spec in requests:
-                self._push(spec.arrived_at_s, 0, _ARRIVE, spec)
+                self._push(spec.arrived_at_s + front, 0, _ARRIVE, spec)
         dirty: set[int] = set()
         by_id = {id(r): r for r in self.replicas}
         heap = self._heap
@@ -357,7 +364,8 @@ class ServingSimulation:
                keep_requests: bool = False) -> ServingReport:
         cfg = self.config
         n = len(reqs)
-        arrived = np.array([r.arrived_s for r in reqs])
+        # Latencies from the client's send, a front-end latency before the engine's arrival.
+        arrived = np.array([r.arrived_s for r in reqs]) - self.frontend_s
         first = np.array([r.first_token_s for r in reqs])
         finish = np.array([r.finish_s for r in reqs])
         out_tok = np.array([r.output_tokens for r in reqs], dtype=float)

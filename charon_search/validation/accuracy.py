@@ -105,7 +105,9 @@ def _fitted(values: Mapping[str, float]) -> str:
 def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
     fit = cal.get("fit", {})
     values = _fitted(fit.get("values") or {})
-    kind = f", {cal['kind']}" if cal.get("kind") else ""
+    # The kind and the fitted names tell apart several calibration files of one kind.
+    kind = (f", {cal['kind']}: {', '.join(fit.get('values') or {})}" if cal.get("kind")
+            else "")
     loso = cal.get("leave_one_source_out", [])
     wins = sum(r["test_median_abs_log_error"] < r["test_median_abs_log_error_uncalibrated"]
                - 1e-4 for r in loso)

@@ -73,7 +73,17 @@ class Parameter:
     default: float
     kinds: tuple[str, ...] = ("training", "serving")
     """Record kinds whose error depends on the parameter (only those are simulated)."""
+    engines: tuple[str, ...] = ()
+    """Serving engines whose records it moves (empty: every record of ``kinds``); a record of
+    another engine is simulated once for all of this parameter's values."""
     doc: str = ""
+
+    def moves(self, record: Record) -> bool:
+        """Whether ``record``'s prediction may depend on this parameter (a record whose engine
+        is not known is assumed to: it is re-simulated rather than wrongly reused)."""
+        engine = record_engine(record)
+        return record.kind in self.kinds and (not self.engines or not engine
+                                              or engine in self.engines)
 
 
 PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
@@ -104,7 +114,22 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter(name="iteration_cpu_overhead_s", target="calibration.iteration_cpu_overhead_s",
               grid=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), default=0.0, kinds=("serving",),
               doc="per-iteration host/scheduler time (serving)"),
+    *(Parameter(name=f"frontend_latency_{engine}_s",
+                target=f"calibration.frontend_latency_s.{engine}",
+                grid=(0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1), default=0.0, kinds=("serving",),
+                engines=(engine,),
+                doc=f"time a request spends in {engine}'s serving front end (HTTP server, "
+                    "tokenization, hand-over to the executor, first token's way back): in "
+                    "TTFT and E2E, not in TPOT")
+      for engine in ("trtllm", "sglang", "vllm")),
 )}
+
+
+def record_engine(record: Record) -> str:
+    """The serving engine a silicon row measured (``vllm``/``sglang``/``trtllm``); "" when the
+    record does not name one of them."""
+    engine = str((record.extra or {}).get("backend") or "").lower()
+    return engine if engine in ("vllm", "sglang", "trtllm") else ""
 
 
 def default_parameters(kind: str) -> list[str]:
@@ -132,10 +157,15 @@ def apply_parameters(cluster: ClusterSpec, values: Mapping[str, float]) -> Clust
     for name, value in values.items():
         p = PARAMETERS[name]
         where, _, field_name = p.target.partition(".")
+        field_name, _, key = field_name.partition(".")
         if where == "gpu":
             gpu_changes[field_name] = float(value)
         elif field_name == "collective_bw_efficiency":
             cal_changes[field_name] = _scaled_bw(cluster, float(value))
+        elif key:  # one entry of a mapping (``frontend_latency_s.trtllm``)
+            mapping = cal_changes.setdefault(
+                field_name, dict(getattr(cluster.calibration, field_name)))
+            mapping[key] = float(value)
         else:
             cal_changes[field_name] = float(value)
     gpu = (dataclasses.replace(cluster.gpu, **gpu_changes)  # type: ignore[arg-type]
@@ -190,7 +220,9 @@ class MemoizedEvaluate:
 
     A call evaluates only the requested records not yet simulated under ``values`` and answers
     from the rows kept per record, so a subset of an evaluated set (a LOSO training or test
-    split) costs nothing. ``pairs`` counts the record simulations actually run.
+    split) costs nothing. A record is keyed by the values of the parameters that move it
+    (``Parameter.moves``): a per-engine parameter's grid re-simulates that engine's records
+    only. ``pairs`` counts the record simulations actually run.
 
     With ``store`` (a JSON-lines file) every simulated pair is also appended there, keyed by
     ``fingerprint`` (``cache.package_fingerprint()`` in ``calibrate``: any change to the code or
@@ -220,22 +252,25 @@ class MemoizedEvaluate:
 
     def __call__(self, records: Sequence[Record], values: Mapping[str, float]
                  ) -> ValidationResult:
-        key = _key(values)
-        seen = self._memo.setdefault(key, {})
-        for r in records if self._stored else ():
-            if r.id not in seen and (hit := self._stored.get((key, self._hash(r)))):
-                seen[r.id] = hit
-                self.reused += 1
-        missing = [r for r in records if r.id not in seen]
-        if missing:
-            res = self._evaluate(missing, values)
-            self.pairs += len(missing)
-            split = _split_by_record(res, [r.id for r in missing])
-            seen.update(split)
-            if self._store is not None:
-                _append_store(self._store, self._fingerprint, key,
-                              [(self._hash(r), split[r.id]) for r in missing])
-        parts = [seen[r.id] for r in records]
+        groups: dict[tuple[tuple[str, float], ...], list[Record]] = {}
+        for r in records:
+            groups.setdefault(_record_key(values, r), []).append(r)
+        for key, group in groups.items():
+            seen = self._memo.setdefault(key, {})
+            for r in group if self._stored else ():
+                if r.id not in seen and (hit := self._stored.get((key, self._hash(r)))):
+                    seen[r.id] = hit
+                    self.reused += 1
+            missing = [r for r in group if r.id not in seen]
+            if missing:
+                res = self._evaluate(missing, dict(key))
+                self.pairs += len(missing)
+                split = _split_by_record(res, [r.id for r in missing])
+                seen.update(split)
+                if self._store is not None:
+                    _append_store(self._store, self._fingerprint, key,
+                                  [(self._hash(r), split[r.id]) for r in missing])
+        parts = [self._memo[_record_key(values, r)][r.id] for r in records]
         return ValidationResult(
             rows=[row for p in parts for row in p.rows],
             skipped=[row for p in parts for row in p.skipped],
@@ -255,6 +290,14 @@ def _split_by_record(res: ValidationResult, ids: Sequence[str]) -> dict[str, Val
 
 def _key(values: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((k, float(v)) for k, v in values.items()))
+
+
+def _record_key(values: Mapping[str, float], record: Record) -> tuple[tuple[str, float], ...]:
+    """``record``'s memo key: the values of the parameters that move it only (a per-engine
+    parameter leaves other engines' records alone, so they are simulated once for all of its
+    values)."""
+    return _key({n: v for n, v in values.items() if n not in PARAMETERS
+                 or PARAMETERS[n].moves(record)})
 
 
 def _record_hash(rec: Record) -> str:
@@ -379,10 +422,14 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
         gpu: dict[str, Any] = {}
         for n, v in fit.values.items():
             where, _, field_name = PARAMETERS[n].target.partition(".")
+            field_name, _, key = field_name.partition(".")
             if where == "gpu":
                 gpu[field_name] = float(v)
             elif field_name == "collective_bw_efficiency":
                 cal[field_name] = _scaled_bw(spec, float(v))
+            elif key:
+                cal.setdefault(field_name, dict(getattr(spec.calibration, field_name)))
+                cal[field_name][key] = float(v)
             else:
                 cal[field_name] = float(v)
         blocks[name] = {"calibration": cal, "gpu": gpu, "provenance": prov}

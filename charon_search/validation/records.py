@@ -70,6 +70,15 @@ SILICON_COLUMNS = (
 
 _CONC_RE = re.compile(r"silicon_concurrency=(\d+)")
 SILICON_SOURCE = "aiconfigurator-core 0.12.0 silicon_sample.csv"
+#: The ``silicon_data_source`` marker of aiconfigurator's own gap-analysis sweeps (aiperf);
+#: the other rows come from InferenceX-style dumps with their own client.
+AIC_GAP_SOURCE = "aic-auto-gap-analysis"
+
+
+def silicon_pipeline(data_source: str) -> str:
+    """The measurement pipeline of a silicon row (its client and launch recipes differ), part
+    of the row's source so that leave-one-source-out holds out a whole pipeline."""
+    return "aiconfigurator gap analysis" if AIC_GAP_SOURCE in data_source else "InferenceX"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -534,7 +543,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 cfg.update(prefill=pre, decode=dec, concurrency=conc)
                 num_gpus = sum((p["num_workers"] or 1) * _pool_gpus(p) for p in (pre, dec))
             out.append(Record(
-                id=rid, source=f"{SILICON_SOURCE} ({row['backend']})",
+                id=rid, source=f"{SILICON_SOURCE} ({row['backend']}, "
+                                f"{silicon_pipeline(row.get('silicon_data_source') or '')})",
                 url="https://pypi.org/project/aiconfigurator-core/",
                 confidence="high", kind="serving",
                 model={"name": row["model_path"], "catalog": None},

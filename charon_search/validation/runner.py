@@ -73,7 +73,7 @@ def select_records(records: Sequence[Record], *, kind: str | None = None,
 
 def source_label(title: str) -> str:
     """Short name of a source title for tables (``"Llama Team, The Llama 3 Herd of Models"``)."""
-    if "silicon_sample.csv (" in title:  # one source per serving framework
+    if "silicon_sample.csv (" in title:  # one source per serving framework and pipeline
         return "silicon " + title.rsplit("(", 1)[1].rstrip(")")
     parts = title.split(", ")
     label = parts[0]

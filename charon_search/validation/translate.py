@@ -24,7 +24,7 @@ from charon_search.validation.names import (
     resolve_gpu,
     resolve_model_name,
 )
-from charon_search.validation.records import Record
+from charon_search.validation.records import AIC_GAP_SOURCE, Record
 
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
@@ -43,7 +43,6 @@ TURNS = 2
 MAX_REQUESTS = 1024
 #: Provenance marker of the silicon rows aiconfigurator's gap analysis measured (its generator's
 #: launch flags, its aiperf benchmark script).
-AIC_GAP_SOURCE = "aic-auto-gap-analysis"
 #: Offline max-throughput records (TRT-LLM perf overview): requests submitted at once.
 OFFLINE_REQUESTS = 1024
 

@@ -219,6 +219,22 @@ def test_calibration_rules(tmp_path: Path, cluster_raw: dict) -> None:
     _expect(tmp_path, bad, "calibration.overlap_compute_slowdown", ">= 1")
 
 
+def test_frontend_latency_per_engine(tmp_path: Path, cluster_raw: dict) -> None:
+    """``frontend_latency_<unit>`` maps serving engines to seconds (ms converted once)."""
+    cal = cluster_raw["calibration"]
+    cal["frontend_latency_ms"] = {"trtllm": 45, "vllm": 2.5}
+    cal["provenance"]["frontend_latency_ms"] = "test value"
+    spec = load_cluster(_write(tmp_path, "front", cluster_raw))
+    assert spec.calibration.frontend_latency_s == {"trtllm": pytest.approx(0.045),
+                                                   "vllm": pytest.approx(0.0025)}
+    bad = copy.deepcopy(cluster_raw)
+    bad["calibration"]["frontend_latency_ms"] = {"tgi": 10}
+    _expect(tmp_path, bad, "frontend_latency.tgi", "allowed: vllm, sglang, trtllm")
+    bad = copy.deepcopy(cluster_raw)
+    bad["calibration"]["frontend_latency_ms"] = {"sglang": -1}
+    _expect(tmp_path, bad, "frontend_latency.sglang")
+
+
 def test_price_needs_a_source(tmp_path: Path, cluster_raw: dict) -> None:
     del cluster_raw["sources"]
     _expect(tmp_path, cluster_raw, "sources.cost_per_gpu_hour_usd")

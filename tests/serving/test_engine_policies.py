@@ -1,7 +1,10 @@
-"""Per-engine scheduler policies (prefill-first, prefill-only budget, no-evict admission) and
-the engine profiles that select them, against closed forms of the affine cost model."""
+"""Per-engine scheduler policies (prefill-first, prefill-only budget, no-evict admission), the
+engine's front-end latency, and the engine profiles that select them, against closed forms of
+the affine cost model."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -14,6 +17,7 @@ from charon_search.serving import (
     simulate_serving,
 )
 from charon_search.serving.backends import engine_profile
+from charon_search.testing import TOY_CALIBRATION, toy_cluster
 
 OH = 1e-3
 
@@ -242,3 +246,60 @@ def test_stream_interval_moves_the_first_chunk_to_the_kth_token(affine, cluster)
         assert k10["tpot_s"][i] == pytest.approx(gap * (n - k) / (n - 1), rel=1e-9, abs=1e-15)
     with pytest.raises(ConfigError, match="`stream_interval` must be a positive integer"):
         _cfg(stream_interval=0)
+
+
+# ------------------------------------------------------------------ front-end latency
+def test_one_request_pays_the_latency_once_in_ttft_and_e2e(affine, cluster) -> None:
+    one = [_req(0, 0.0, 1000, 10)]
+    base = simulate_serving("debug-llama", cluster, _cfg(), one, cost_model=affine)
+    slow = simulate_serving("debug-llama", cluster, _cfg(frontend_latency_s=0.05), one,
+                            cost_model=affine)
+    assert slow.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(0.05, rel=1e-9)
+    assert slow.e2e_s["mean"] - base.e2e_s["mean"] == pytest.approx(0.05, rel=1e-9)
+    assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-12)
+
+
+def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) -> None:
+    """C streams, each request's E2E from its client's send: throughput x E2E = C."""
+    wl = WorkloadSpec(arrival="concurrency", concurrency=8, num_requests=800, seed=3,
+                      input_len=LengthDistribution(value=512),
+                      output_len=LengthDistribution(value=64))
+    base = simulate_serving("debug-llama", cluster, _cfg(), wl, cost_model=affine)
+    slow = simulate_serving("debug-llama", cluster, _cfg(frontend_latency_s=0.04), wl,
+                            cost_model=affine)
+    for rep in (base, slow):
+        assert rep.requests_per_s * rep.e2e_s["mean"] == pytest.approx(8, rel=0.02)
+    # 40 ms outside the engine per request: fewer requests inside it, fewer per second.
+    assert slow.ttft_s["mean"] >= base.ttft_s["mean"] + 0.04 * 0.9
+    assert slow.requests_per_s < base.requests_per_s
+
+
+def test_cluster_calibration_supplies_the_engines_latency(affine) -> None:
+    cal = dataclasses.replace(TOY_CALIBRATION, frontend_latency_s={"trtllm": 0.03})
+    cluster = toy_cluster(calibration=cal)
+    one = [_req(0, 0.0, 256, 4)]
+    ttft = {eng: simulate_serving("debug-llama", cluster, _cfg(engine=eng), one,
+                                  cost_model=affine).ttft_s["mean"]
+            for eng in ("", "vllm", "trtllm")}
+    assert ttft["vllm"] == ttft[""]  # no calibrated value for vllm: none
+    assert ttft["trtllm"] - ttft[""] == pytest.approx(0.03, rel=1e-9)
+    explicit = simulate_serving("debug-llama", cluster,
+                                _cfg(engine="trtllm", frontend_latency_s=0.0), one,
+                                cost_model=affine)
+    assert explicit.ttft_s["mean"] == ttft[""]  # an explicit value wins over the cluster's
+
+
+def test_bad_values_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="frontend_latency_s"):
+        ServingConfig(frontend_latency_s=-0.01)
+    with pytest.raises(ConfigError, match=r"engine.*trtllm"):
+        ServingConfig(engine="tgi")
+
+
+def test_launch_profiles_name_their_engine() -> None:
+    """A served engine gets its front end; trtllm-bench feeds the executor in process."""
+    served = engine_profile("trtllm", isl=1024, max_batch_size=8, launcher="aiconfigurator")
+    assert served.config_kwargs()["engine"] == "trtllm"
+    bench = engine_profile("trtllm", isl=1024, max_batch_size=8, max_num_tokens=2048,
+                           launcher="trtllm_bench")
+    assert bench.config_kwargs()["engine"] == ""

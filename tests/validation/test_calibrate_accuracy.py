@@ -166,7 +166,7 @@ def test_accuracy_command(tmp_path, shipped_records):
                  str(cal), "--calibration", str(cal2)]) == 0
     text = out.read_text()
     assert "## Calibration (leave-one-source-out)" in text
-    assert "## Calibration (leave-one-source-out, serving)" in text
+    assert "## Calibration (leave-one-source-out, serving: iteration_cpu_overhead_s)" in text
     assert "Held out, the fit beats the shipped specs on 1 of 1 sources." in text  # 0.01 < 0.2
     assert "iteration_cpu_overhead_s = 1 ms" in text  # seconds shown as ms
     assert f"--calibration {cal} --calibration {cal2}" in text  # the command is quoted whole
@@ -236,12 +236,44 @@ def test_calibrate_cli_resumes_from_its_store(tmp_path, capsys):
     assert a == b
 
 
+def test_per_engine_parameter_touches_its_engines_records_only(shipped_records):
+    """A front-end latency fit sets one entry of the cluster's mapping, and re-simulates the
+    records of its engine only: the others are simulated once for all of its values."""
+    from charon_search.testing import toy_cluster
+
+    cluster = toy_cluster()
+    cal = apply_parameters(cluster, {"frontend_latency_trtllm_s": 0.04,
+                                     "frontend_latency_vllm_s": 0.01}).calibration
+    assert cal.frontend_latency_s == {"trtllm": 0.04, "vllm": 0.01}
+    rows = [r for r in shipped_records if r.origin == "silicon"]
+    pick = [next(r for r in rows if (r.extra or {}).get("backend") == b)
+            for b in ("trtllm", "vllm")]
+    calls = []
+
+    def counting(records, values):
+        calls.append((sorted(r.id for r in records), dict(values)))
+        return run_validation(records, simulate_serving=lambda *a, **k: None)
+
+    memo = MemoizedEvaluate(counting)
+    for v in (0.0, 0.02, 0.04):
+        memo(pick, {"frontend_latency_trtllm_s": v})
+    assert memo.pairs == 4  # the vLLM row once, the TensorRT-LLM row three times
+    assert [ids for ids, _ in calls].count([pick[1].id]) == 1
+    assert PARAMETERS["frontend_latency_trtllm_s"].moves(pick[0])
+    assert not PARAMETERS["frontend_latency_trtllm_s"].moves(pick[1])
+    # A record naming no engine of ours (a published trtllm-bench run) is re-simulated.
+    bench = next(r for r in shipped_records if r.kind == "serving" and r.origin == "published")
+    assert PARAMETERS["frontend_latency_trtllm_s"].moves(bench)
+
+
 def test_default_parameters_leave_gpu_factors_to_the_caller():
     """One shared compute_efficiency would overwrite the A100's 0.80 and the Hopper parts' 0.70:
     GPU-level factors are fitted only when named."""
     assert default_parameters("training") == [
         "collective_bw_scale", "overlap_compute_slowdown", "allocator_reserved_factor",
         "allocator_reserved_extra_bytes"]
-    assert default_parameters("serving") == ["iteration_cpu_overhead_s"]
+    assert default_parameters("serving") == [
+        "iteration_cpu_overhead_s", "frontend_latency_trtllm_s", "frontend_latency_sglang_s",
+        "frontend_latency_vllm_s"]
     assert all(not PARAMETERS[n].target.startswith("gpu.")
                for k in ("training", "serving") for n in default_parameters(k))
