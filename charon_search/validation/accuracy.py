@@ -195,7 +195,9 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "", "## Method", "",
         "- Records: `charon_search/data/validation/published-dev.yaml` (published training and "
         "serving measurements, SCHEMA.md/SOURCES.md) and `silicon_sample.csv` (3131 measured "
-        "serving points of aiconfigurator-core 0.12.0, Apache-2.0).",
+        "serving points of aiconfigurator-core 0.12.0, Apache-2.0), one source per serving "
+        "engine and measurement pipeline: aiconfigurator's gap-analysis sweeps (aiperf) and the "
+        "InferenceX dumps, whose clients and launch recipes differ.",
         "- Names: HF ids map to catalog models (`names.yaml`, then the catalog's aliases); GPU "
         "keys to GPU specs; the cluster of each record is chosen by GPU, kind, interconnect and "
         "GPU count and printed per record (`cases.<id>.cluster` in the JSON).",
