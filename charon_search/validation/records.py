@@ -518,10 +518,12 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 "moe_quant_mode": (row.get("moe_quant_mode") or "").strip() or None,
                 "framework": row["backend"], "framework_version": row["backend_version"],
             }
+            layout_note = ""
             if mode == "agg":
                 pool = {k: _opt_int(row, k, where) for k in
                         ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
                          "moe_ep_size")}
+                layout_note = _degrees_from_id(rid, pool)
                 if not pool["batch_size"] or not pool["tp_size"]:
                     raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
                 adp = pool["attention_dp_size"] or 1
@@ -552,9 +554,34 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                           "interconnect": None},
                 config=cfg, measured=measured, flop_convention=None, inferred_fields=(),
                 notes=(row.get("silicon_data_source") or "").strip(), origin="silicon",
-                extra={"system": row["system"], "backend": row["backend"], "mode": mode},
+                extra={"system": row["system"], "backend": row["backend"], "mode": mode,
+                       **({"layout_note": layout_note} if layout_note else {})},
             ))
     return out
+
+
+_ID_DEGREES = re.compile(r"_tp(\d+)(?:_0)?_ep(\d+)(?:_0)?_")
+
+
+def _degrees_from_id(rid: str, pool: dict[str, int | None]) -> str:
+    """Fix an aggregated row whose ``tp_size`` column holds TP x EP (in place); returns a note.
+
+    Part of the InferenceX dump of 2026-04-06 writes, for ``trtllm-serve --tp_size X --ep_size
+    Y`` (and SGLang ``--tp X --ep Y``) on one 8-GPU node, ``tp_size = X * Y``, ``moe_tp_size =
+    X`` and ``moe_ep_size = Y`` while its row id says ``tpX_epY``: e.g. ``..._tp8_ep8_928``
+    with ``tp_size`` 64, which no 8-GPU node runs and ``moe_tp * moe_ep = 64`` contradicts.
+    The id's degrees are the launch's: TP X on X GPUs, experts over EP Y and MoE TP X / Y (the
+    engines' default split)."""
+    m = _ID_DEGREES.search(rid)
+    tp, ep = pool.get("tp_size") or 0, pool.get("moe_ep_size") or 0
+    if m is None or (pool.get("attention_dp_size") or 1) != 1:
+        return ""
+    x, y = int(m.group(1)), int(m.group(2))
+    if y < 2 or tp != x * y or ep != y or pool.get("moe_tp_size") != x or x % y:
+        return ""
+    pool.update(tp_size=x, moe_tp_size=x // y, moe_ep_size=y)
+    return (f"tp_size column {tp} = TP x EP of the row id (tp{x}_ep{y}): simulated as the "
+            f"launch's TP {x}, EP {y}, MoE TP {x // y} on {x} GPUs")
 
 
 def _pool_gpus(pool: Mapping[str, int | None]) -> int:

@@ -395,6 +395,8 @@ def _serving_case(record: Record) -> ServingCase:
     extra: dict[str, Any] = {}
     engine_kw: dict[str, Any] = {}
     if record.origin == "silicon":
+        if (record.extra or {}).get("layout_note"):
+            notes.append(str(record.extra["layout_note"]))
         conc = c.get("concurrency")
         if not conc:
             raise Unexpressible("closed-loop concurrency not in the row")

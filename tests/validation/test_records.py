@@ -53,6 +53,18 @@ def test_silicon_row_units(by_id):
     assert r.hardware["num_gpus"] == 1
 
 
+def test_silicon_row_degrees_follow_the_row_id(by_id):
+    """The 2026-04-06 InferenceX dump writes tp_size = TP x EP (64 for tp8_ep8, on one 8-GPU
+    node); the row id's launch degrees are used. Rows whose columns agree are kept as read."""
+    r = by_id["2026_04_06_gpt_oss_120b_h200_sxm_trtllm_fp4_agg_8192x1024_c8_tp8_ep8_928"]
+    assert (r.config["tp"], r.config["ep"], r.config["moe_tp"]) == (8, 8, 1)
+    assert r.hardware["num_gpus"] == 8
+    assert "tp_size column 64" in r.extra["layout_note"]
+    ok = by_id["2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x8192_c8_tp8_0_ep8_0_1249"]
+    assert (ok.config["tp"], ok.config["ep"], ok.config["moe_tp"]) == (8, 8, 1)  # as written
+    assert ok.hardware["num_gpus"] == 8 and "layout_note" not in ok.extra
+
+
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
