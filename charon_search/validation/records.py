@@ -564,24 +564,28 @@ _ID_DEGREES = re.compile(r"_tp(\d+)(?:_0)?_ep(\d+)(?:_0)?_")
 
 
 def _degrees_from_id(rid: str, pool: dict[str, int | None]) -> str:
-    """Fix an aggregated row whose ``tp_size`` column holds TP x EP (in place); returns a note.
+    """Fix an aggregated row whose columns hold TP x EP where the launch had TP (in place);
+    returns a note ("" when the row is kept as read).
 
     Part of the InferenceX dump of 2026-04-06 writes, for ``trtllm-serve --tp_size X --ep_size
-    Y`` (and SGLang ``--tp X --ep Y``) on one 8-GPU node, ``tp_size = X * Y``, ``moe_tp_size =
-    X`` and ``moe_ep_size = Y`` while its row id says ``tpX_epY``: e.g. ``..._tp8_ep8_928``
-    with ``tp_size`` 64, which no 8-GPU node runs and ``moe_tp * moe_ep = 64`` contradicts.
-    The id's degrees are the launch's: TP X on X GPUs, experts over EP Y and MoE TP X / Y (the
-    engines' default split)."""
+    Y`` (and SGLang ``--tp X --ep Y``) on one 8-GPU node, ``tp_size = X * Y`` (with attention
+    DP: ``attention_dp_size = X * Y``), ``moe_tp_size = X`` and ``moe_ep_size = Y`` while its
+    row id says ``tpX_epY``: e.g. ``..._tp8_ep8_928`` with ``tp_size`` 64, which no 8-GPU node
+    runs and ``moe_tp * moe_ep = 64`` contradicts. The id's degrees are the launch's: X GPUs
+    (TP X, or X attention-DP ranks), experts over EP Y and MoE TP X / Y (the engines' split)."""
     m = _ID_DEGREES.search(rid)
-    tp, ep = pool.get("tp_size") or 0, pool.get("moe_ep_size") or 0
-    if m is None or (pool.get("attention_dp_size") or 1) != 1:
+    if m is None:
         return ""
     x, y = int(m.group(1)), int(m.group(2))
-    if y < 2 or tp != x * y or ep != y or pool.get("moe_tp_size") != x or x % y:
+    tp, adp = pool.get("tp_size") or 1, pool.get("attention_dp_size") or 1
+    if (y < 2 or x % y or pool.get("moe_ep_size") != y or pool.get("moe_tp_size") != x
+            or tp * adp != x * y or 1 not in (tp, adp)):
         return ""
-    pool.update(tp_size=x, moe_tp_size=x // y, moe_ep_size=y)
-    return (f"tp_size column {tp} = TP x EP of the row id (tp{x}_ep{y}): simulated as the "
-            f"launch's TP {x}, EP {y}, MoE TP {x // y} on {x} GPUs")
+    field = "tp_size" if adp == 1 else "attention_dp_size"
+    pool.update({field: x, "moe_tp_size": x // y})
+    return (f"{field} column {x * y} = TP x EP of the row id (tp{x}_ep{y}): simulated as the "
+            f"launch's {'TP' if adp == 1 else 'attention DP'} {x}, EP {y}, MoE TP {x // y} on "
+            f"{x} GPUs")
 
 
 def _pool_gpus(pool: Mapping[str, int | None]) -> int:

@@ -60,6 +60,10 @@ def test_silicon_row_degrees_follow_the_row_id(by_id):
     assert (r.config["tp"], r.config["ep"], r.config["moe_tp"]) == (8, 8, 1)
     assert r.hardware["num_gpus"] == 8
     assert "tp_size column 64" in r.extra["layout_note"]
+    dpa = by_id["2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x1024_c128_tp8_ep8_2012"]
+    # attention DP: attention_dp_size 64 written for 8 ranks
+    assert (dpa.config["tp"], dpa.config["dp"], dpa.config["ep"]) == (1, 8, 8)
+    assert dpa.hardware["num_gpus"] == 8 and dpa.config["concurrency"] == 128
     ok = by_id["2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x8192_c8_tp8_0_ep8_0_1249"]
     assert (ok.config["tp"], ok.config["ep"], ok.config["moe_tp"]) == (8, 8, 1)  # as written
     assert ok.hardware["num_gpus"] == 8 and "layout_note" not in ok.extra
