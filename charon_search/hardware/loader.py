@@ -24,7 +24,13 @@ from typing import Any
 import yaml
 
 from charon_search.errors import ConfigError
-from charon_search.hardware.spec import Calibration, ClusterSpec, GpuSpec, TopologyTier
+from charon_search.hardware.spec import (
+    SERVING_ENGINES,
+    Calibration,
+    ClusterSpec,
+    GpuSpec,
+    TopologyTier,
+)
 from charon_search.units import to_si
 
 __all__ = [
@@ -447,9 +453,9 @@ def _calibration_from_dict(
     front = values.get("frontend_latency_s", {})
     for key, v in front.items():
         where = f"{path}.frontend_latency.{key}"
-        if key not in ("vllm", "sglang", "trtllm"):
+        if key not in SERVING_ENGINES:
             raise ConfigError(f"{_where(file, where)}: unknown serving engine {key!r}; "
-                              "allowed: vllm, sglang, trtllm")
+                              f"allowed: {', '.join(SERVING_ENGINES)}")
         _check_value(_Field("frontend_latency", "frontend_latency", "number", rule="nonneg"),
                      v, file, where)
     values["frontend_latency_s"] = {str(k): float(v) for k, v in front.items()}

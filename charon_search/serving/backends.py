@@ -36,12 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.hardware.spec import SERVING_ENGINES
 from charon_search.serving.config import DEFAULT_CUDA_GRAPH_SIZES
 
 __all__ = ["AIPERF_AIC", "BACKENDS", "INFERENCEX", "BenchmarkProtocol", "EngineProfile",
            "engine_profile"]
 
-BACKENDS = ("vllm", "sglang", "trtllm")
+BACKENDS = SERVING_ENGINES
 
 #: vLLM v1 default ``max_num_batched_tokens`` of the OpenAI API server on GPUs with >= 70 GiB
 #: (H100/H200): 8192 (``EngineArgs._set_default_args``, v0.10+). aiconfigurator's vLLM 0.12

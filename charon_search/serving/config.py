@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.hardware.spec import SERVING_ENGINES
 
 __all__ = [
     "DEFAULT_CUDA_GRAPH_SIZES",
@@ -49,7 +50,7 @@ TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 #: default for the checkpoint's format (``serving._graphs``).
 MOE_KERNELS = ("", "marlin")
 #: Serving engines whose request path (HTTP front end) a cluster calibrates; ``""`` = none.
-ENGINES = ("", "vllm", "sglang", "trtllm")
+ENGINES = ("", *SERVING_ENGINES)
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from charon_search.hardware.spec import SERVING_ENGINES
 from charon_search.validation.records import Record
 from charon_search.validation.runner import ValidationResult, run_validation
 from charon_search.validation.stats import representative_rows
@@ -129,7 +130,7 @@ def record_engine(record: Record) -> str:
     """The serving engine a silicon row measured (``vllm``/``sglang``/``trtllm``); "" when the
     record does not name one of them."""
     engine = str((record.extra or {}).get("backend") or "").lower()
-    return engine if engine in ("vllm", "sglang", "trtllm") else ""
+    return engine if engine in SERVING_ENGINES else ""
 
 
 def default_parameters(kind: str) -> list[str]:
@@ -152,22 +153,7 @@ def development_records(records: Sequence[Record],
 
 def apply_parameters(cluster: ClusterSpec, values: Mapping[str, float]) -> ClusterSpec:
     """A copy of ``cluster`` with fitted values set (renamed so no cache serves the old one)."""
-    gpu_changes: dict[str, float] = {}
-    cal_changes: dict[str, Any] = {}
-    for name, value in values.items():
-        p = PARAMETERS[name]
-        where, _, field_name = p.target.partition(".")
-        field_name, _, key = field_name.partition(".")
-        if where == "gpu":
-            gpu_changes[field_name] = float(value)
-        elif field_name == "collective_bw_efficiency":
-            cal_changes[field_name] = _scaled_bw(cluster, float(value))
-        elif key:  # one entry of a mapping (``frontend_latency_s.trtllm``)
-            mapping = cal_changes.setdefault(
-                field_name, dict(getattr(cluster.calibration, field_name)))
-            mapping[key] = float(value)
-        else:
-            cal_changes[field_name] = float(value)
+    gpu_changes, cal_changes = _spec_changes(cluster, values)
     gpu = (dataclasses.replace(cluster.gpu, **gpu_changes)  # type: ignore[arg-type]
            if gpu_changes else cluster.gpu)
     cal = (dataclasses.replace(cluster.calibration, **cal_changes) if cal_changes
@@ -175,6 +161,28 @@ def apply_parameters(cluster: ClusterSpec, values: Mapping[str, float]) -> Clust
     tag = hashlib.sha1(json.dumps(dict(values), sort_keys=True).encode()).hexdigest()[:8]
     return dataclasses.replace(cluster, gpu=gpu, calibration=cal,
                                name=f"{cluster.name}@cal-{tag}")
+
+
+def _spec_changes(cluster: ClusterSpec, values: Mapping[str, float]
+                  ) -> tuple[dict[str, float], dict[str, Any]]:
+    """``(gpu fields, calibration fields)`` that ``values`` set on ``cluster``: a scale of the
+    bandwidth efficiencies becomes this cluster's per-tier values, one entry of a mapping
+    (``frontend_latency_s.trtllm``) the cluster's mapping with that entry replaced."""
+    gpu: dict[str, float] = {}
+    cal: dict[str, Any] = {}
+    for name, value in values.items():
+        where, _, field_name = PARAMETERS[name].target.partition(".")
+        field_name, _, key = field_name.partition(".")
+        if where == "gpu":
+            gpu[field_name] = float(value)
+        elif field_name == "collective_bw_efficiency":
+            cal[field_name] = _scaled_bw(cluster, float(value))
+        elif key:
+            mapping = cal.setdefault(field_name, dict(getattr(cluster.calibration, field_name)))
+            mapping[key] = float(value)
+        else:
+            cal[field_name] = float(value)
+    return gpu, cal
 
 
 def _scaled_bw(cluster: ClusterSpec, scale: float) -> dict[str, float]:
@@ -418,20 +426,7 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
             f"{fit.objective:.4f}")
     blocks = {}
     for name, spec in clusters.items():
-        cal: dict[str, Any] = {}
-        gpu: dict[str, Any] = {}
-        for n, v in fit.values.items():
-            where, _, field_name = PARAMETERS[n].target.partition(".")
-            field_name, _, key = field_name.partition(".")
-            if where == "gpu":
-                gpu[field_name] = float(v)
-            elif field_name == "collective_bw_efficiency":
-                cal[field_name] = _scaled_bw(spec, float(v))
-            elif key:
-                cal.setdefault(field_name, dict(getattr(spec.calibration, field_name)))
-                cal[field_name][key] = float(v)
-            else:
-                cal[field_name] = float(v)
+        gpu, cal = _spec_changes(spec, fit.values)
         blocks[name] = {"calibration": cal, "gpu": gpu, "provenance": prov}
     out: dict[str, Any] = {"kind": kind} if kind else {}
     return {**out, "fit": dataclasses.asdict(fit), "leave_one_source_out": list(loso),

@@ -41,8 +41,6 @@ __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
 MIN_REQUESTS = 16
 TURNS = 2
 MAX_REQUESTS = 1024
-#: Provenance marker of the silicon rows aiconfigurator's gap analysis measured (its generator's
-#: launch flags, its aiperf benchmark script).
 #: Offline max-throughput records (TRT-LLM perf overview): requests submitted at once.
 OFFLINE_REQUESTS = 1024
 
