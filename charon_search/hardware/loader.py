@@ -132,6 +132,8 @@ _CALIBRATION_FIELDS = (
     _Field("iteration_cpu_overhead_s", f"iteration_cpu_overhead_{_TIME}", "number",
            required=False, rule="nonneg"),
     _Field("frontend_latency_s", f"frontend_latency_{_TIME}", "mapping", required=False),
+    _Field("prefill_iteration_overhead_s", f"prefill_iteration_overhead_{_TIME}", "mapping",
+           required=False),
     _Field("allocator_reserved_factor", "allocator_reserved_factor", "number", required=False,
            rule="ge1"),
     _Field("allocator_reserved_extra_bytes", f"allocator_reserved_extra_{_BYTES}", "number",
@@ -450,15 +452,16 @@ def _calibration_from_dict(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
-    front = values.get("frontend_latency_s", {})
-    for key, v in front.items():
-        where = f"{path}.frontend_latency.{key}"
-        if key not in SERVING_ENGINES:
-            raise ConfigError(f"{_where(file, where)}: unknown serving engine {key!r}; "
-                              f"allowed: {', '.join(SERVING_ENGINES)}")
-        _check_value(_Field("frontend_latency", "frontend_latency", "number", rule="nonneg"),
-                     v, file, where)
-    values["frontend_latency_s"] = {str(k): float(v) for k, v in front.items()}
+    for per_engine in ("frontend_latency", "prefill_iteration_overhead"):
+        given = values.get(f"{per_engine}_s", {})
+        for key, v in given.items():
+            where = f"{path}.{per_engine}.{key}"
+            if key not in SERVING_ENGINES:
+                raise ConfigError(f"{_where(file, where)}: unknown serving engine {key!r}; "
+                                  f"allowed: {', '.join(SERVING_ENGINES)}")
+            _check_value(_Field(per_engine, per_engine, "number", rule="nonneg"), v, file,
+                         where)
+        values[f"{per_engine}_s"] = {str(k): float(v) for k, v in given.items()}
     values["provenance"] = provenance
     values["collective_alpha_s"] = {str(k): float(v) for k, v in alpha.items()}
     values["collective_bw_efficiency"] = {str(k): float(v) for k, v in eff.items()}

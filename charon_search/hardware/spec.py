@@ -125,6 +125,10 @@ class Calibration:
     """Serving engine (``vllm``, ``sglang``, ``trtllm``) -> seconds a request spends in that
     engine's serving front end on this cluster's hosts (``ServingConfig.frontend_latency_s``);
     an engine not listed has none."""
+    prefill_iteration_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine -> host seconds an iteration carrying prompt tokens adds to its GPU time
+    on this cluster's hosts (``ServingConfig.prefill_iteration_overhead_s``); an engine not
+    listed has none."""
     allocator_reserved_factor: float = 1.0
     """peak_reserved = peak_allocated × this (caching-allocator fragmentation headroom)."""
     allocator_reserved_extra_bytes: float = 0.0

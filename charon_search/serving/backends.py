@@ -76,6 +76,9 @@ INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL = 10
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
+#: Same recipe, with ``DP_ATTENTION=true``: ``attention_dp_config: {batching_wait_iters: 0,
+#: enable_balance: true, timeout_iters: 60}``.
+INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS = 60
 #: InferenceX ``benchmarks/gptoss_fp4_h200_trt.sh``: ``trtllm-serve --max_num_tokens 20000``.
 INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS = 20000
 #: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh``, 1k/1k at TP < 8:
@@ -103,6 +106,8 @@ class EngineProfile:
     batch_wait_iters: int = 0
     batch_wait_tokens: int = 0
     """``ServingConfig.batch_wait_iters`` / ``batch_wait_tokens`` (TensorRT-LLM batch waiting)."""
+    adp_balance_timeout_iters: int = 0
+    """``ServingConfig.adp_balance_timeout_iters`` (TensorRT-LLM attention-DP balancing)."""
     max_num_seqs: int = 0
     block_size: int = 0
     cuda_graph_sizes: tuple[int, ...] = ()
@@ -139,6 +144,7 @@ class EngineProfile:
                 "overlap_scheduler": self.overlap_scheduler,
                 "batch_wait_iters": self.batch_wait_iters,
                 "batch_wait_tokens": self.batch_wait_tokens,
+                "adp_balance_timeout_iters": self.adp_balance_timeout_iters,
                 "tp_allreduce": self.backend,
                 "engine": self.backend if self.http_frontend else ""}
 
@@ -151,11 +157,13 @@ SGLANG_UNMIXED_VERSIONS = ("0.5.1", "0.5.1.post1")
 
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
-                   model: str = "", max_num_tokens: int = 0, gpu: str = "") -> EngineProfile:
+                   model: str = "", max_num_tokens: int = 0, gpu: str = "",
+                   attention_dp: int = 1) -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
     generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
-    (an HF id; ``osl``, ``tp`` and ``gpu``, a GPU spec name, select the recipe's branches) or
+    (an HF id; ``osl``, ``tp``, ``gpu``, a GPU spec name, and ``attention_dp``, the attention-DP
+    ranks of the launch, select the recipe's branches) or
     with the engine's own
     defaults (``"engine_defaults"``: measurements whose launch flags are not known), or by
     ``trtllm-bench throughput`` (``"trtllm_bench"``, TensorRT-LLM only: ``max_batch_size`` and
@@ -228,7 +236,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             ))
     if backend == "trtllm" and launcher == "inferencex":
         trt = _inferencex_trtllm(isl=isl, osl=osl, tp=tp, model=model,
-                                 max_batch_size=max_batch_size)
+                                 max_batch_size=max_batch_size, attention_dp=attention_dp)
         if trt is not None:
             return trt
     if backend == "trtllm":
@@ -312,8 +320,8 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
         ))
 
 
-def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
-                       max_batch_size: int) -> EngineProfile | None:
+def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_size: int,
+                       attention_dp: int = 1) -> EngineProfile | None:
     """TensorRT-LLM as InferenceX's recipes launch it (None: no recipe known for ``model``)."""
     name = model.lower()
     common = (
@@ -344,14 +352,22 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str,
         # dsr1_fp8_h200_trt.sh: MAX_NUM_TOKENS = round_up_64(CONC + ISL + 64), at least 8192.
         max_tokens = max(INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS,
                          -(-(max_batch_size + isl + 64) // 64) * 64)
+        adp = max(int(attention_dp), 1)
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
-            max_num_batched_tokens=max_tokens, max_prefill_tokens=0, prefix_caching=False,
-            kv_admission="reserve_max", overlap_scheduler=True,
+            max_num_batched_tokens=max_tokens * adp, max_prefill_tokens=0,
+            prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
+            adp_balance_timeout_iters=INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS if adp > 1 else 0,
             sources=(
                 *common,
                 f"--max_num_tokens {max_tokens} = max(8192, round_up_64(C + isl + 64)) "
-                "(InferenceX benchmarks/dsr1_fp8_h200_trt.sh at 1fc5d73)",
+                "(InferenceX benchmarks/dsr1_fp8_h200_trt.sh at 1fc5d73)"
+                + (f", per attention-DP rank: x{adp} ranks (TensorRT-LLM: \"Max num tokens in "
+                   "each rank\")" if adp > 1 else ""),
+                *((f"attention_dp_config enable_balance, batching_wait_iters 0, timeout_iters "
+                   f"{INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS} (same recipe, DP_ATTENTION=true): "
+                   "prompts wait until every attention-DP rank has one, at most that many "
+                   "iterations (PyExecutor._balance_adp_requests)",) if adp > 1 else ()),
             ))
     if "gpt-oss" in name:
         return EngineProfile(

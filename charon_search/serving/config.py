@@ -278,6 +278,14 @@ class ServingConfig:
     ``batch_wait_timeout_iters`` / ``batch_wait_max_tokens_ratio * max_num_tokens``,
     ``PyExecutor._waiting_requests``); 0 = admit at once."""
     batch_wait_tokens: int = 0
+    adp_balance_timeout_iters: int = 0
+    """Attention-DP context balancing (TensorRT-LLM ``attention_dp_config: enable_balance``,
+    ``PyExecutor._balance_adp_requests``): with ``dp_attention``, prompts start only when every
+    attention-DP rank (``tp`` of them) has one to start, unless some rank has no decoding
+    request or they have been held this many iterations; 0 = off. One engine stands for the
+    ranks, so "every rank has one" is read as "at least ``tp`` prompts wait" (the router sends
+    each new request to the least loaded rank) and "every rank decodes" as "at least ``tp``
+    decodes"."""
     prefix_caching: bool = False
     """Reuse cached KV blocks of a shared prompt prefix (radix tree, LRU eviction)."""
     block_size: int = 16
@@ -326,7 +334,7 @@ class ServingConfig:
     engine: str = ""
     """The serving engine this configuration stands for (``vllm``, ``sglang``, ``trtllm``;
     ``""`` = a generic engine). It selects the cluster's calibrated front-end latency
-    (``frontend_latency_s``)."""
+    (``frontend_latency_s``) and prompt-iteration overhead (``prefill_iteration_overhead_s``)."""
     frontend_latency_s: float | None = None
     """Time a request spends in the engine's serving front end, outside the simulated
     scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
@@ -334,6 +342,13 @@ class ServingConfig:
     engine, so it counts in TTFT and E2E (and delays a closed loop's next request) but not in
     TPOT. None = the cluster's calibrated ``frontend_latency_s[engine]`` (0 when it has
     none)."""
+    prefill_iteration_overhead_s: float | None = None
+    """Host time an iteration that carries prompt tokens adds to its GPU time, which the
+    overlap scheduler does not hide: such iterations run eagerly (TensorRT-LLM and SGLang
+    capture CUDA graphs of decode-only batches; prompt batches launch every kernel from the
+    Python model code) and set up the new requests. It lengthens the iteration for every request
+    in it, so it counts in TTFT and, through the decodes that ride along, in TPOT. None = the
+    cluster's calibrated ``prefill_iteration_overhead_s[engine]`` (0 when it has none)."""
     precision: str = "bf16"
     """Weight/GEMM precision."""
     kv_dtype: str = "bf16"
@@ -362,10 +377,12 @@ class ServingConfig:
         _choice("tp_allreduce", self.tp_allreduce, TP_ALLREDUCES)
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
-        if self.frontend_latency_s is not None and not self.frontend_latency_s >= 0.0:
-            raise ConfigError(f"`frontend_latency_s` must be >= 0 seconds (or null for the "
-                              f"cluster's calibrated value), but got {self.frontend_latency_s!r}")
-        for name in ("batch_wait_iters", "batch_wait_tokens"):
+        for name in ("frontend_latency_s", "prefill_iteration_overhead_s"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
+                raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "
+                                  f"calibrated value), but got {v!r}")
+        for name in ("batch_wait_iters", "batch_wait_tokens", "adp_balance_timeout_iters"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"`{name}` must be an integer >= 0, but got {v!r}")

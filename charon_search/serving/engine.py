@@ -134,6 +134,9 @@ class ReplicaEngine:
         config: engine knobs.
         num_kv_blocks: KV capacity in blocks.
         overhead_s: per-iteration CPU/scheduler time.
+        prefill_overhead_s: host time an iteration carrying prompt tokens adds on top
+            (``ServingConfig.prefill_iteration_overhead_s``).
+        adp_ranks: attention-DP ranks this replica stands for (0: no attention DP).
         tokens_per_step: tokens committed per decode step (speculation: expected accepted + 1).
         decode_q: tokens processed per decoding request and step (k + 1 when verifying).
         draft_s: extra seconds of a decode step's drafting given (num_decode, kv_sum).
@@ -144,7 +147,8 @@ class ReplicaEngine:
                  decode_q: int = 1, draft_s: Callable[[int, float], float] | None = None,
                  on_prefilled: Callable[[Request, float], None] | None = None,
                  on_finished: Callable[[Request, float], None] | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, prefill_overhead_s: float = 0.0,
+                 adp_ranks: int = 0) -> None:
         self.name = name
         self.role = role
         self.cost = cost
@@ -152,6 +156,8 @@ class ReplicaEngine:
         self.pool = BlockPool(num_kv_blocks, config.block_size,
                               prefix_caching=config.prefix_caching and role != "decode")
         self.overhead_s = overhead_s
+        self.prefill_overhead_s = prefill_overhead_s
+        self.adp_ranks = adp_ranks
         self.e = tokens_per_step
         self.q = decode_q
         self.draft_s = draft_s
@@ -186,6 +192,9 @@ class ReplicaEngine:
         self._reserved_sum = 0
         self._batch_wait = 0
         """Iterations the waiting prompts have been held back (``batch_wait_iters``)."""
+        self._adp_wait = 0
+        """Scheduling steps since attention-DP balance last let prompts go
+        (``adp_balance_timeout_iters``)."""
         self._prev_start_s = -math.inf
         self._last_end_s = -math.inf
         self._cutoff_s = math.inf
@@ -354,6 +363,8 @@ class ReplicaEngine:
             budget -= take
             taken += take
         hold = cfg.batch_wait_iters > 0 and n_dec > 0 and self._hold_prompts(budget, n_dec)
+        if not hold and cfg.adp_balance_timeout_iters and self.adp_ranks > 1:
+            hold = self._hold_for_balance(budget, n_dec)
         while (not hold and self.waiting and budget > 0 and taken < prefill_cap
                and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
@@ -413,7 +424,7 @@ class ReplicaEngine:
             gpu_s += self.draft_s(n_dec, kv_sum)
         if not captured:
             gpu_s = max(gpu_s, self.cost.num_kernels * self.cfg.kernel_launch_overhead_s)
-        duration = gpu_s + self.overhead_s
+        duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if chunks else 0.0)
         self._prev_start_s = now_s
         self.in_flight = (chunks, n_dec)
         self.busy = True
@@ -428,13 +439,10 @@ class ReplicaEngine:
                                                 captured))
         return duration
 
-    def _hold_prompts(self, budget: int, n_dec: int) -> bool:
-        """TensorRT-LLM batch waiting (``PyExecutor._waiting_requests``): while generation
-        requests run, the prompts the scheduler would start are held back until their tokens
-        plus the decode tokens reach ``batch_wait_tokens`` or ``batch_wait_iters`` iterations
-        have passed; the count restarts when they are let in."""
-        cfg = self.cfg
-        room = cfg.max_num_seqs - self.num_running
+    def _startable_prompts(self, budget: int) -> tuple[int, int]:
+        """``(prompts, tokens)`` the FCFS admission would start within ``budget`` and the free
+        sequence slots (KV not checked)."""
+        room = self.cfg.max_num_seqs - self.num_running
         ctx = k = 0
         for r in self.waiting:
             rem = r.target - r.prefilled
@@ -442,6 +450,34 @@ class ReplicaEngine:
                 break
             ctx += rem
             k += 1
+        return k, ctx
+
+    def _hold_for_balance(self, budget: int, n_dec: int) -> bool:
+        """TensorRT-LLM attention-DP balancing (``PyExecutor._balance_adp_requests`` with
+        ``batching_wait_iters`` 0), checked at every scheduling step: when every rank has a
+        prompt to start (and a free slot) they go and the count restarts; otherwise the count
+        grows, and prompts go only when it reaches ``adp_balance_timeout_iters`` or some rank has
+        no decoding request. The count grows on steps without any prompt too, so the timeout
+        opens a window every that many iterations rather than timing each prompt."""
+        cfg = self.cfg
+        ranks = self.adp_ranks
+        k, _ = self._startable_prompts(budget)
+        if k >= ranks and n_dec < cfg.max_num_seqs:
+            self._adp_wait = 0
+            return False
+        self._adp_wait += 1
+        if self._adp_wait >= cfg.adp_balance_timeout_iters or n_dec < ranks:
+            self._adp_wait = 0
+            return False
+        return k > 0
+
+    def _hold_prompts(self, budget: int, n_dec: int) -> bool:
+        """TensorRT-LLM batch waiting (``PyExecutor._waiting_requests``): while generation
+        requests run, the prompts the scheduler would start are held back until their tokens
+        plus the decode tokens reach ``batch_wait_tokens`` or ``batch_wait_iters`` iterations
+        have passed; the count restarts when they are let in."""
+        cfg = self.cfg
+        k, ctx = self._startable_prompts(budget)
         if not k:
             return False
         if self._batch_wait < cfg.batch_wait_iters and ctx + n_dec < cfg.batch_wait_tokens:
@@ -565,7 +601,8 @@ class ReplicaEngine:
             gpu_s = self.cost.iteration_s((), n, n * self._static_ctx, 1)
             phase = "decode"
         gpu_s = max(gpu_s, self.cost.num_kernels * cfg.kernel_launch_overhead_s)
-        duration = gpu_s + self.overhead_s
+        duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if phase == "prefill"
+                                              else 0.0)
         self.in_flight = (phase,)
         self.busy = True
         self.num_iterations += 1

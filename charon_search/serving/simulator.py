@@ -183,10 +183,14 @@ class ServingSimulation:
                                     ep=pool.ep, dp_attention=pool.dp_attention)
         overhead = (cfg.iteration_overhead_s if cfg.iteration_overhead_s is not None
                     else cluster.calibration.iteration_cpu_overhead_s)
+        prefill_overhead = (cfg.prefill_iteration_overhead_s
+                            if cfg.prefill_iteration_overhead_s is not None
+                            else float(cluster.calibration.prefill_iteration_overhead_s.get(
+                                cfg.engine, 0.0)))
+        dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
         if role == "prefill":
             # Per token, whole model, summed over the GPUs holding it: all tp ranks (heads
             # sharded), or one rank per stage under attention DP (whole heads, its requests).
-            dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
             holders = (1 if dpa else pool.tp) * pool.pp
             self._kv_xfer_bytes_per_token = cost.kv_bytes_per_token() * holders
             self._prefill_cluster = cluster
@@ -198,6 +202,7 @@ class ServingSimulation:
         for i in range(pool.num_replicas):
             engines.append(ReplicaEngine(
                 f"{role}{i}", role, cost, cfg, num_kv_blocks=blocks, overhead_s=overhead,
+                prefill_overhead_s=prefill_overhead, adp_ranks=pool.tp if dpa else 0,
                 tokens_per_step=self._e if role != "prefill" else 1.0,
                 decode_q=self._q if role != "prefill" else 1, draft_s=draft,
                 on_prefilled=self._on_prefilled, on_finished=self._on_finished,

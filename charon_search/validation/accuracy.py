@@ -226,7 +226,11 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "engine's scheduler facts come from its launch "
         "recipe (`serving.backends.engine_profile`), including the overlap schedulers of "
         "TensorRT-LLM, SGLang and vLLM async scheduling, which form batch n + 1 while batch n "
-        "runs. Disaggregated rows use the row's prefill/decode pools. Published TRT-LLM rows: "
+        "runs. TensorRT-LLM's attention-DP launches hold prompts until every rank has one "
+        "(`attention_dp_config` balance, at most `timeout_iters` steps). A served "
+        "TensorRT-LLM iteration that carries prompt tokens adds the cluster's calibrated "
+        "host time (`prefill_iteration_overhead`, fitted; its leave-one-source-out check is "
+        "below). Disaggregated rows use the row's prefill/decode pools. Published TRT-LLM rows: "
         "trtllm-bench's own limits and request counts, all submitted at t = 0 (offline "
         "throughput).",
         "- Calibration: `charon-search calibrate` fits only unpublished physical parameters, "

@@ -123,6 +123,14 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                     "tokenization, hand-over to the executor, first token's way back): in "
                     "TTFT and E2E, not in TPOT")
       for engine in ("trtllm", "sglang", "vllm")),
+    *(Parameter(name=f"prefill_overhead_{engine}_s",
+                target=f"calibration.prefill_iteration_overhead_s.{engine}",
+                grid=(0.0, 0.004, 0.008, 0.012, 0.016, 0.024), default=0.0,
+                kinds=("serving",), engines=(engine,),
+                doc=f"host time a {engine} iteration carrying prompt tokens adds to its GPU "
+                    "time (eager forward, new-request setup): in TTFT and, through the decodes "
+                    "of that iteration, in TPOT")
+      for engine in ("trtllm", "sglang", "vllm")),
 )}
 
 

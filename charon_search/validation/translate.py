@@ -412,7 +412,9 @@ def _serving_case(record: Record) -> ServingCase:
                                   launcher=launcher,
                                   osl=osl, tp=int(c.get("tp") or 1),
                                   model=str(record.model.get("name") or ""),
-                                  gpu=resolve_gpu(str(record.hardware.get("gpu"))).name)
+                                  gpu=resolve_gpu(str(record.hardware.get("gpu"))).name,
+                                  attention_dp=(int(c.get("dp") or 1)
+                                                if c.get("mode", "agg") != "disagg" else 1))
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "

@@ -219,20 +219,21 @@ def test_calibration_rules(tmp_path: Path, cluster_raw: dict) -> None:
     _expect(tmp_path, bad, "calibration.overlap_compute_slowdown", ">= 1")
 
 
-def test_frontend_latency_per_engine(tmp_path: Path, cluster_raw: dict) -> None:
-    """``frontend_latency_<unit>`` maps serving engines to seconds (ms converted once)."""
+@pytest.mark.parametrize("field", ["frontend_latency", "prefill_iteration_overhead"])
+def test_per_engine_times(tmp_path: Path, cluster_raw: dict, field: str) -> None:
+    """``<field>_<unit>`` maps serving engines to seconds (ms converted once); an unknown engine
+    or a negative time names the entry."""
     cal = cluster_raw["calibration"]
-    cal["frontend_latency_ms"] = {"trtllm": 45, "vllm": 2.5}
-    cal["provenance"]["frontend_latency_ms"] = "test value"
+    cal[f"{field}_ms"] = {"trtllm": 45, "vllm": 2.5}
+    cal["provenance"][f"{field}_ms"] = "test value"
     spec = load_cluster(_write(tmp_path, "front", cluster_raw))
-    assert spec.calibration.frontend_latency_s == {"trtllm": pytest.approx(0.045),
-                                                   "vllm": pytest.approx(0.0025)}
-    bad = copy.deepcopy(cluster_raw)
-    bad["calibration"]["frontend_latency_ms"] = {"tgi": 10}
-    _expect(tmp_path, bad, "frontend_latency.tgi", "allowed: vllm, sglang, trtllm")
-    bad = copy.deepcopy(cluster_raw)
-    bad["calibration"]["frontend_latency_ms"] = {"sglang": -1}
-    _expect(tmp_path, bad, "frontend_latency.sglang")
+    assert getattr(spec.calibration, f"{field}_s") == {"trtllm": pytest.approx(0.045),
+                                                       "vllm": pytest.approx(0.0025)}
+    for value, fragments in (({"tgi": 10}, (f"{field}.tgi", "allowed: vllm, sglang, trtllm")),
+                             ({"sglang": -1}, (f"{field}.sglang", ">= 0"))):
+        bad = copy.deepcopy(cluster_raw)
+        bad["calibration"][f"{field}_ms"] = value
+        _expect(tmp_path, bad, *fragments)
 
 
 def test_price_needs_a_source(tmp_path: Path, cluster_raw: dict) -> None:

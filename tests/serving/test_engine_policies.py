@@ -274,8 +274,12 @@ def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) 
     assert slow.requests_per_s < base.requests_per_s
 
 
-def test_cluster_calibration_supplies_the_engines_latency(affine) -> None:
-    cal = dataclasses.replace(TOY_CALIBRATION, frontend_latency_s={"trtllm": 0.03})
+@pytest.mark.parametrize("field", ["frontend_latency_s", "prefill_iteration_overhead_s"])
+def test_cluster_calibration_supplies_the_engines_time(affine, field) -> None:
+    """The cluster's per-engine value applies to that engine's configurations only (one
+    256-token prompt: one prompt iteration, so either time adds 30 ms to TTFT once); an
+    explicit value in the configuration wins."""
+    cal = dataclasses.replace(TOY_CALIBRATION, **{field: {"trtllm": 0.03}})
     cluster = toy_cluster(calibration=cal)
     one = [_req(0, 0.0, 256, 4)]
     ttft = {eng: simulate_serving("debug-llama", cluster, _cfg(engine=eng), one,
@@ -283,17 +287,85 @@ def test_cluster_calibration_supplies_the_engines_latency(affine) -> None:
             for eng in ("", "vllm", "trtllm")}
     assert ttft["vllm"] == ttft[""]  # no calibrated value for vllm: none
     assert ttft["trtllm"] - ttft[""] == pytest.approx(0.03, rel=1e-9)
-    explicit = simulate_serving("debug-llama", cluster,
-                                _cfg(engine="trtllm", frontend_latency_s=0.0), one,
-                                cost_model=affine)
+    explicit = simulate_serving("debug-llama", cluster, _cfg(engine="trtllm", **{field: 0.0}),
+                                one, cost_model=affine)
     assert explicit.ttft_s["mean"] == ttft[""]  # an explicit value wins over the cluster's
+    with pytest.raises(ConfigError, match=field):
+        ServingConfig(**{field: -0.01})
 
 
 def test_bad_values_name_the_field() -> None:
-    with pytest.raises(ConfigError, match="frontend_latency_s"):
-        ServingConfig(frontend_latency_s=-0.01)
     with pytest.raises(ConfigError, match=r"engine.*trtllm"):
         ServingConfig(engine="tgi")
+
+
+# ------------------------------------------------------------------ prompt-iteration overhead
+def test_prompt_iterations_pay_the_overhead_once_per_chunk(affine, cluster) -> None:
+    """A 1000-token prompt in 256-token chunks takes four prompt iterations: TTFT grows by
+    4 X; the decode-only steps after it do not pay X, so TPOT is unchanged."""
+    one = [_req(0, 0.0, 1000, 10)]
+    kw = dict(max_num_batched_tokens=256)
+    base = simulate_serving("debug-llama", cluster, _cfg(**kw), one, cost_model=affine)
+    slow = simulate_serving("debug-llama", cluster,
+                            _cfg(prefill_iteration_overhead_s=0.02, **kw), one,
+                            cost_model=affine)
+    assert slow.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(4 * 0.02, rel=1e-9)
+    assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-12)
+    assert slow.num_iterations == base.num_iterations
+
+
+def test_decodes_sharing_a_prompt_iteration_pay_it_too(affine, cluster) -> None:
+    """Request 0 (100 + 50 tokens) decodes while request 1's 1000-token prompt runs in one
+    mixed iteration: 0's E2E grows by exactly 2 X (its own prompt iteration and 1's); 1's TTFT
+    by X plus at most one of 0's decode steps (where its arrival falls in them moves)."""
+    reqs = [_req(0, 0.0, 100, 50), _req(1, 0.06, 1000, 2)]
+    x = 0.015
+    per = [_per(simulate_serving("debug-llama", cluster,
+                                 _cfg(prefill_iteration_overhead_s=v), reqs,
+                                 cost_model=affine, keep_requests=True))
+           for v in (0.0, x)]
+    assert per[1][0][2] - per[0][0][2] == pytest.approx(2 * x, rel=1e-9)
+    step = affine.iteration_s([], 1, 150.0) + OH
+    assert x - 1e-12 <= per[1][1][1] - per[0][1][1] <= x + step
+
+
+# ------------------------------------------------------------------ attention-DP balance
+def _adp(timeout, reqs, affine, cluster):  # type: ignore[no-untyped-def]
+    cfg = _cfg(tp=4, dp_attention=True, adp_balance_timeout_iters=timeout)
+    return _per(simulate_serving("debug-llama", cluster, cfg, reqs, cost_model=affine,
+                                 keep_requests=True))
+
+
+def test_adp_balance_holds_a_lone_prompt_until_the_timeout_window(affine, cluster) -> None:
+    """Four ranks all decoding, one new prompt: TensorRT-LLM holds it (not every rank has a
+    prompt) until the balance count, restarted when the four prompts went together in step 1
+    and counting every step since, reaches timeout_iters 5. Steps: a 9.4 ms prefill, then
+    ~6.1 ms decodes, so the prompt arriving at 50 ms (during step 8) is first considered in
+    step 9 (count 3) and goes in step 11 (count 5): its TTFT grows by exactly two decode steps."""
+    reqs = [_req(i, 0.0, 100, 300) for i in range(4)] + [_req(4, 0.05, 100, 5)]
+    off, on = (_adp(t, reqs, affine, cluster) for t in (0, 5))
+    for i in range(4):  # admitted together (every rank had a prompt): never held
+        assert on[i][1] == pytest.approx(off[i][1], rel=1e-12)
+    # Each running request holds ~108 tokens of KV by then (+1 per step: < 0.01 %).
+    step = affine.iteration_s([], 4, 4 * 108.0) + OH
+    assert on[4][1] - off[4][1] == pytest.approx(2 * step, rel=1e-3)
+    # timeout 7: the window opened in step 8 (count 7, restarted); step 9 counts 1 and the
+    # prompt waits until step 15: six decode steps.
+    late = _adp(7, reqs, affine, cluster)
+    assert late[4][1] - off[4][1] == pytest.approx(6 * step, rel=1e-3)
+
+
+def test_adp_balance_lets_prompts_go_when_every_rank_has_one_or_one_rank_idles(
+        affine, cluster) -> None:
+    four = [_req(i, 0.0, 100, 300) for i in range(4)] + [
+        _req(4 + i, 0.05, 100, 5) for i in range(4)]
+    off, on = (_adp(t, four, affine, cluster) for t in (0, 60))
+    assert all(on[i][1] == pytest.approx(off[i][1], rel=1e-12) for i in range(8))
+    two = [_req(i, 0.0, 100, 300) for i in range(2)] + [_req(2, 0.05, 100, 5)]
+    off, on = (_adp(t, two, affine, cluster) for t in (0, 60))
+    assert on[2][1] == pytest.approx(off[2][1], rel=1e-12)  # two ranks had nothing to decode
+    with pytest.raises(ConfigError, match="adp_balance_timeout_iters"):
+        _cfg(adp_balance_timeout_iters=-1)
 
 
 def test_launch_profiles_name_their_engine() -> None:

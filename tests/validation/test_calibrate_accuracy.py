@@ -264,6 +264,11 @@ def test_per_engine_parameter_touches_its_engines_records_only(shipped_records):
     # A record naming no engine of ours (a published trtllm-bench run) is re-simulated.
     bench = next(r for r in shipped_records if r.kind == "serving" and r.origin == "published")
     assert PARAMETERS["frontend_latency_trtllm_s"].moves(bench)
+    # The prompt-iteration overhead is a second per-engine mapping of the same kind.
+    cal = apply_parameters(cluster, {"prefill_overhead_sglang_s": 0.008}).calibration
+    assert cal.prefill_iteration_overhead_s == {"sglang": 0.008}
+    assert cal.frontend_latency_s == cluster.calibration.frontend_latency_s
+    assert not PARAMETERS["prefill_overhead_sglang_s"].moves(pick[0])
 
 
 def test_default_parameters_leave_gpu_factors_to_the_caller():
@@ -274,6 +279,7 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
         "allocator_reserved_extra_bytes"]
     assert default_parameters("serving") == [
         "iteration_cpu_overhead_s", "frontend_latency_trtllm_s", "frontend_latency_sglang_s",
-        "frontend_latency_vllm_s"]
+        "frontend_latency_vllm_s", "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
+        "prefill_overhead_vllm_s"]
     assert all(not PARAMETERS[n].target.startswith("gpu.")
                for k in ("training", "serving") for n in default_parameters(k))

@@ -60,3 +60,15 @@ def test_inferencex_deepseek_recipes(by_id) -> None:
     assert short.max_num_batched_tokens == 8192  # 16 + 1024 + 64 -> 1152 < 8192
     long = to_case(by_id["dsr1_h200_trtllm_fp8_agg_8192x1024_c64_cfg83"]).config
     assert long.max_num_batched_tokens == 8320  # 64 + 8192 + 64, already a multiple of 64
+
+
+def test_inferencex_deepseek_trt_attention_dp_recipe(by_id) -> None:
+    """dsr1_fp8_h200_trt.sh with DP_ATTENTION=true: per-rank max_num_tokens (x8 ranks) and the
+    attention-DP balance block (timeout_iters 60); without attention DP neither."""
+    row = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x1024_c128_tp8_0_ep8_0_1244"
+    adp = to_case(by_id[row]).config
+    assert adp.dp_attention and adp.tp == 8
+    assert adp.max_num_batched_tokens == 8 * 8192  # max(8192, 128 + 1024 + 64) per rank
+    assert adp.adp_balance_timeout_iters == 60
+    plain = to_case(by_id["dsr1_h200_trtllm_fp8_agg_1024x1024_c16_cfg83"]).config
+    assert not plain.dp_attention and plain.adp_balance_timeout_iters == 0
