@@ -49,7 +49,8 @@ TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 #: Kernel running the routed experts of a 4-bit (W4A16) MoE checkpoint; ``""`` = the engine's
 #: default for the checkpoint's format (``serving._graphs``).
 MOE_KERNELS = ("", "marlin")
-#: Serving engines whose request path (HTTP front end) a cluster calibrates; ``""`` = none.
+#: Serving engines a cluster calibrates times for (HTTP front end, prompt iterations);
+#: ``""`` = none.
 ENGINES = ("", *SERVING_ENGINES)
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")

@@ -13,7 +13,7 @@ import heapq
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +109,12 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     return blocks
 
 
+def _engine_time(explicit: float | None, calibrated: Mapping[str, float], engine: str) -> float:
+    """A per-engine time of ``ServingConfig``: its own value, else the cluster's calibrated one
+    for ``engine`` (0 when the cluster has none)."""
+    return float(explicit) if explicit is not None else float(calibrated.get(engine, 0.0))
+
+
 class ServingSimulation:
     """One serving simulation: replicas, router, event heap, per-request results."""
 
@@ -142,9 +148,8 @@ class ServingSimulation:
             self.prefill_pool = self._make_pool("prefill", config.disagg.prefill)
             self.decode_pool = self._make_pool("decode", config.disagg.decode)
         self.replicas = list(dict.fromkeys(self.prefill_pool + self.decode_pool))
-        self.frontend_s = (config.frontend_latency_s if config.frontend_latency_s is not None
-                           else float(cluster.calibration.frontend_latency_s.get(config.engine,
-                                                                                 0.0)))
+        self.frontend_s = _engine_time(config.frontend_latency_s,
+                                       cluster.calibration.frontend_latency_s, config.engine)
         """Front-end latency (``ServingConfig.frontend_latency_s``): a request reaches the
         engine this long after its client sent it; reported latencies start at the send."""
         self._finished = 0
@@ -183,10 +188,9 @@ class ServingSimulation:
                                     ep=pool.ep, dp_attention=pool.dp_attention)
         overhead = (cfg.iteration_overhead_s if cfg.iteration_overhead_s is not None
                     else cluster.calibration.iteration_cpu_overhead_s)
-        prefill_overhead = (cfg.prefill_iteration_overhead_s
-                            if cfg.prefill_iteration_overhead_s is not None
-                            else float(cluster.calibration.prefill_iteration_overhead_s.get(
-                                cfg.engine, 0.0)))
+        prefill_overhead = _engine_time(cfg.prefill_iteration_overhead_s,
+                                        cluster.calibration.prefill_iteration_overhead_s,
+                                        cfg.engine)
         dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
         if role == "prefill":
             # Per token, whole model, summed over the GPUs holding it: all tp ranks (heads

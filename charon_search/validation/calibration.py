@@ -87,6 +87,17 @@ class Parameter:
                                               or engine in self.engines)
 
 
+def _per_engine(prefix: str, field_name: str, grid: tuple[float, ...],
+                doc: str) -> tuple[Parameter, ...]:
+    """One serving parameter per engine (``<prefix>_<engine>_s``), each setting that engine's
+    entry of the calibration mapping ``field_name`` and moving only that engine's records;
+    ``doc`` has a ``{}`` for the engine."""
+    return tuple(Parameter(name=f"{prefix}_{engine}_s",
+                           target=f"calibration.{field_name}.{engine}", grid=grid, default=0.0,
+                           kinds=("serving",), engines=(engine,), doc=doc.format(engine))
+                 for engine in ("trtllm", "sglang", "vllm"))
+
+
 PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter(name="compute_efficiency", target="gpu.compute_efficiency",
               grid=(0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85), default=0.75,
@@ -115,22 +126,16 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter(name="iteration_cpu_overhead_s", target="calibration.iteration_cpu_overhead_s",
               grid=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), default=0.0, kinds=("serving",),
               doc="per-iteration host/scheduler time (serving)"),
-    *(Parameter(name=f"frontend_latency_{engine}_s",
-                target=f"calibration.frontend_latency_s.{engine}",
-                grid=(0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1), default=0.0, kinds=("serving",),
-                engines=(engine,),
-                doc=f"time a request spends in {engine}'s serving front end (HTTP server, "
-                    "tokenization, hand-over to the executor, first token's way back): in "
-                    "TTFT and E2E, not in TPOT")
-      for engine in ("trtllm", "sglang", "vllm")),
-    *(Parameter(name=f"prefill_overhead_{engine}_s",
-                target=f"calibration.prefill_iteration_overhead_s.{engine}",
-                grid=(0.0, 0.004, 0.008, 0.012, 0.016, 0.024), default=0.0,
-                kinds=("serving",), engines=(engine,),
-                doc=f"host time a {engine} iteration carrying prompt tokens adds to its GPU "
-                    "time (eager forward, new-request setup): in TTFT and, through the decodes "
-                    "of that iteration, in TPOT")
-      for engine in ("trtllm", "sglang", "vllm")),
+    *_per_engine("frontend_latency", "frontend_latency_s",
+                 (0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
+                 "time a request spends in {}'s serving front end (HTTP server, tokenization, "
+                 "hand-over to the executor, first token's way back): in TTFT and E2E, not in "
+                 "TPOT"),
+    *_per_engine("prefill_overhead", "prefill_iteration_overhead_s",
+                 (0.0, 0.004, 0.008, 0.012, 0.016, 0.024),
+                 "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "
+                 "forward, new-request setup): in TTFT and, through the decodes of that "
+                 "iteration, in TPOT"),
 )}
 
 
