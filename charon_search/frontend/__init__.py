@@ -24,7 +24,8 @@ Modelling choices (what the graphs mean):
   torch would otherwise fall back to bmm + softmax. ``eager`` keeps HF's unfused attention (bmm,
   softmax, dropout). gpt-oss has no SDPA path in HF: with ``sdpa`` its eager attention function
   is swapped for the fused op (its per-head sink logit is not modelled). MPT (ALiBi, own
-  attention code) is always traced eager (``TracedModel.attn_impl`` says which).
+  attention code) gets its attention class's core swapped the same way: the ALiBi bias is
+  added inside the fused kernel, as llm-foundry's Triton / flash kernels do.
 * Training runs HF's ``ForCausalLMLoss`` (fp32 logits, log-softmax + NLL). Prefill and decode
   compute logits for the last token only (``logits_to_keep=1``); prefill does not write a cache.
 * Decode: one new token per sequence (``s = 1``) attending over ``c`` keys; the KV cache holds
@@ -57,7 +58,7 @@ from charon_search.ir import TracedBlock
 __all__ = ["FRONTEND_VERSION", "PHASES", "TracedModel", "clear_memory_cache", "trace_model"]
 
 #: Bump when the traced graph format or the op mapping changes (invalidates disk caches).
-FRONTEND_VERSION = "2"
+FRONTEND_VERSION = "3"
 PHASES = ("train", "prefill", "decode")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ATTN_IMPLS = ("sdpa", "eager")
@@ -144,7 +145,8 @@ def trace_model(
             attention over ``c`` keys of which ``c - 1`` come from the KV cache).
         dtype: parameter/activation dtype (``bf16``, ``fp16``, ``fp32``).
         attn_impl: ``sdpa`` (fused attention node) or ``eager`` (bmm + softmax + dropout).
-            Models whose HF class has no SDPA path (gpt-oss) fall back to eager.
+            Models whose HF class has no SDPA path (gpt-oss, MPT) are traced with their eager
+            attention swapped for the fused op.
         use_disk_cache: read/write pickles under ``cache_dir("traces")``.
 
     Raises:

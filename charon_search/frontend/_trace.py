@@ -125,26 +125,66 @@ def _fused_eager_attention(module: Any, query: Any, key: Any, value: Any, attent
     return out.transpose(1, 2).contiguous(), None
 
 
-def fusable_eager_module(model: Any) -> Any | None:
-    """The HF modeling module whose ``eager_attention_forward`` can be swapped, if any."""
+def _fused_mpt_attention(self: Any, hidden_states: Any, position_bias: Any, cache: Any = None,
+                         attention_mask: Any = None, **kwargs: Any) -> Any:
+    """HF ``MptAttention.forward`` with its core as one fused attention op.
+
+    MPT's HF code has only the eager path (``Q K^T`` + ALiBi bias + mask, softmax, dropout,
+    ``P V``), while llm-foundry ran a fused kernel (``attn_impl: triton`` / ``flash``), which
+    adds the ALiBi bias inside the kernel from per-head slopes (FlashAttention-2
+    ``alibi_slopes``; the Triton kernel's ``(1, heads, 1, s)`` key bias) and so keeps no
+    ``s x c`` matrix. The projections, ``clip_qkv`` and the cache update are HF's own.
+    """
+    batch, seq = hidden_states.shape[:2]
+    qkv = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    q, k, v = (t.reshape(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+               for t in qkv.chunk(3, dim=2))
+    if cache is not None:
+        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+    out = _fused_sdpa(q, k, v, dropout_p=self.attn_dropout_p if self.training else 0.0,
+                      is_causal=seq > 1, scale=self.softmax_scale)
+    out = out.permute(0, 2, 1, 3).contiguous().view(batch, seq, -1)
+    return self.out_proj(out), None
+
+
+def _eager_swap(model: Any) -> tuple[Any, str, Any] | None:
+    """``(owner, attribute, replacement)`` that turns ``model``'s eager attention into one fused
+    op, if HF gives a place to do it: the modeling module's ``eager_attention_forward`` (gpt-oss
+    and other models without an SDPA path) or, for MPT, its attention class's ``forward``."""
     import sys
 
     module = sys.modules.get(type(model).__module__)
-    return module if module is not None and hasattr(module, "eager_attention_forward") else None
+    if module is None:
+        return None
+    if hasattr(module, "eager_attention_forward"):
+        return module, "eager_attention_forward", _fused_eager_attention
+    if hasattr(module, "MptAttention"):
+        return module.MptAttention, "forward", _fused_mpt_attention
+    return None
+
+
+def fusable_eager_module(model: Any) -> Any | None:
+    """The object whose eager attention ``capture(fuse_eager=True)`` swaps for one fused op
+    (``None``: the model's eager attention stays as traced)."""
+    swap = _eager_swap(model)
+    return None if swap is None else swap[0]
 
 
 @contextlib.contextmanager
 def _fuse_eager(model: Any, enabled: bool) -> Iterator[None]:
-    module = fusable_eager_module(model) if enabled else None
-    if module is None:
+    swap = _eager_swap(model) if enabled else None
+    if swap is None:
         yield
         return
-    saved = module.eager_attention_forward
-    module.eager_attention_forward = _fused_eager_attention
+    owner, attr, replacement = swap
+    saved = getattr(owner, attr)
+    setattr(owner, attr, replacement)
     try:
         yield
     finally:
-        module.eager_attention_forward = saved
+        setattr(owner, attr, saved)
 
 
 @contextlib.contextmanager

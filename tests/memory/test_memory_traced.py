@@ -50,6 +50,27 @@ def test_traced_gpt3_block_matches_korthikanti(gpt3_traced, tp, sp, selective) -
     assert got == pytest.approx(want, rel=0.05)
 
 
+def test_mpt_block_saves_flash_attention_activations() -> None:
+    """MPT's HF attention is eager-only (ALiBi); traced with ``sdpa`` its core is one fused
+    kernel, as llm-foundry ran it (``attn_impl: triton``), so the block saves no s x c matrix.
+    MPT-13B (h = 5120, a = 40, no dropout, LayerNorm, 4h GeLU MLP) keeps per layer, in units of
+    s*b*h bytes (bf16): norm inputs 2 + 2, QKV-GEMM input 2, q/k/v 6, attention output 2,
+    MLP-up input 2, GeLU input 8, down-proj input 8 = 32 (Korthikanti et al. 2022's 34 less the
+    two dropout masks), plus the kernel's fp32 log-sum-exp (4 a s b bytes).
+    Eager (the Megatron-era unfused chain) adds the score matrices: far more at s = 2048."""
+    spec = load_model("mpt-13b")
+    h, a, s, b = spec.hidden_size, spec.num_attention_heads, 2048, 2
+    point = ShardingPoint(b=b, s=s, c=s, tp=1, sequence_parallel=False)
+    fused = model_profile(spec, phase="train", attn_impl="sdpa").blocks["dense"].evaluate(point)
+    assert fused["saved"] == pytest.approx(32 * s * b * h + 4 * a * s * b, rel=1e-3)
+    eager = model_profile(spec, phase="train", attn_impl="eager").blocks["dense"].evaluate(point)
+    assert eager["saved"] > fused["saved"] + 2 * a * s * s * b  # at least one bf16 score matrix
+    # The 64-GPU llm-foundry run (mbs 2, FSDP) fits in 80 GB with the fused kernel.
+    layout = Layout(dp=64, zero_stage=3, micro_batch_size=2, global_batch_size=128, seq_len=s,
+                    attention_kernel="flash_triton")
+    assert memory_report(spec, layout, "dgx-h100-ib400").fits
+
+
 def test_debug_llama_end_to_end(tmp_path) -> None:
     spec = load_model("debug-llama")
     base = {"micro_batch_size": 2, "global_batch_size": 8, "seq_len": 256}
