@@ -40,7 +40,7 @@ from charon_search.hardware.spec import SERVING_ENGINES
 from charon_search.serving.config import DEFAULT_CUDA_GRAPH_SIZES
 
 __all__ = ["AIPERF_AIC", "BACKENDS", "INFERENCEX", "BenchmarkProtocol", "EngineProfile",
-           "engine_profile"]
+           "engine_profile", "inferencex_spec_decoding_unknown"]
 
 BACKENDS = SERVING_ENGINES
 
@@ -79,12 +79,37 @@ INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
 #: Same recipe, with ``DP_ATTENTION=true``: ``attention_dp_config: {batching_wait_iters: 0,
 #: enable_balance: true, timeout_iters: 60}``.
 INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS = 60
+#: InferenceX PR #392 ("Add MTP Benchmark Support for DeepSeek-R1 TRT", description dated
+#: 2026-01-07) added ``dsr1-fp8-h200-trt-mtp``, ``dsr1-fp8-b200-trt-mtp`` and
+#: ``dsr1-fp4-b200-trt-mtp`` to ``.github/configs/nvidia-master.yaml``: the layouts (TP8 EP8,
+#: attention DP at the top concurrencies) and the image (``tensorrt-llm/release:1.1.0rc2.post2``
+#: on H200) of the plain ``dsr1-*-trt`` configs, plus ``spec-decoding: mtp``
+#: (``benchmarks/dsr1_fp8_h200_trt_mtp.sh``: MTP 3, or 1 under attention DP). InferenceX keys a
+#: configuration by its speculative method (InferenceX-app ``configs.spec_method``); the silicon
+#: rows do not carry it, so a single-node TensorRT-LLM DeepSeek row measured from this date on
+#: may have run either (the dump holds two H200 TP8 EP8 C64 1k/8k rows of that image, measured
+#: 2026-01-28 and 2026-01-14: 32.2 and 19.4 ms TPOT).
+INFERENCEX_TRT_MTP_SINCE = "2026-01-07"
 #: InferenceX ``benchmarks/gptoss_fp4_h200_trt.sh``: ``trtllm-serve --max_num_tokens 20000``.
 INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS = 20000
 #: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh``, 1k/1k at TP < 8:
 #: ``batch_wait_max_tokens_ratio: 0.9``, ``batch_wait_timeout_iters: 20``.
 INFERENCEX_70B_TRT_WAIT_RATIO = 0.9
 INFERENCEX_70B_TRT_WAIT_ITERS = 20
+
+
+def inferencex_spec_decoding_unknown(*, backend: str, model: str, mode: str,
+                                     measured: str) -> str | None:
+    """Why an InferenceX row cannot be simulated because it may have run speculative decoding
+    (``None``: it cannot have). ``measured`` is the row's measurement date (``YYYY-MM-DD...``;
+    empty: unknown, taken as before any MTP configuration)."""
+    if (backend != "trtllm" or mode != "agg" or "deepseek" not in model.lower()
+            or not measured or measured[:10] < INFERENCEX_TRT_MTP_SINCE):
+        return None
+    return (f"speculative decoding unknown: measured {measured[:10]}, when InferenceX ran its "
+            "DeepSeek-R1 TensorRT-LLM layouts both with and without MTP (the -mtp configs of "
+            f"PR #392, from {INFERENCEX_TRT_MTP_SINCE}; same layouts and image), and the row "
+            "does not say which")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from charon_search.layout import Layout
 
 __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
+
+#: The measurement date in a silicon row's provenance column (``measured=2026-01-14T...``).
+_MEASURED_RE = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
 
 #: Measured serving requests simulated per silicon row (after the warm-up): enough turns of the
 #: concurrency for the closed loop to settle, capped to keep the full validation cheap. aiperf
@@ -373,7 +377,13 @@ def _serving_precision(raw: str | None, notes: list[str]) -> str:
 
 def _serving_case(record: Record) -> ServingCase:
     from charon_search.errors import ConfigError
-    from charon_search.serving.backends import AIPERF_AIC, BACKENDS, INFERENCEX, engine_profile
+    from charon_search.serving.backends import (
+        AIPERF_AIC,
+        BACKENDS,
+        INFERENCEX,
+        engine_profile,
+        inferencex_spec_decoding_unknown,
+    )
     from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
     from charon_search.serving.workload import LengthDistribution, WorkloadSpec
 
@@ -402,6 +412,13 @@ def _serving_case(record: Record) -> ServingCase:
         max_seqs = max(conc, 1)
         backend = str((record.extra or {}).get("backend") or "")
         aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
+        if not aic:
+            when = _MEASURED_RE.search(record.notes or "")
+            why = inferencex_spec_decoding_unknown(
+                backend=backend, model=str(record.model.get("name") or ""),
+                mode=str(c.get("mode", "agg")), measured=when.group(1) if when else "")
+            if why:
+                raise Unexpressible(why)
         if backend in BACKENDS:
             # Disaggregated InferenceX rows ran Dynamo recipes whose flags we do not have: the
             # engine's own defaults apply there.

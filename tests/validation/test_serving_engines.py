@@ -152,3 +152,24 @@ def test_draining_turn_keeps_only_its_own_weight() -> None:
     # Without the draining turn counted apart, it would weigh like a settled one.
     _, tpot = _steady_state({"per_request": per}, 8, nominal=200, wave=4)
     assert tpot == pytest.approx(0.02 * 0.03 + 0.98 * 0.015)
+
+
+#: Two H200 TensorRT-LLM DeepSeek-R1 rows of one layout (TP8 EP8, C64, 1k/8k) and one image,
+#: measured 2026-01-28 and 2026-01-14: 32.2 and 19.4 ms TPOT. From 2026-01-07 on InferenceX
+#: ran each such layout with and without MTP (PR #392), and the rows do not say which.
+DSR1_MTP_OR_NOT = ("2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x8192_c64_tp8_0_ep8_0_1240",
+                   "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x8192_c64_tp8_0_ep8_0_1261")
+#: The same layout and image measured 2025-12-15, before the MTP configurations existed.
+DSR1_BEFORE_MTP = "dsr1_h200_trtllm_fp8_agg_1024x8192_c4_cfg181"
+
+
+def test_inferencex_deepseek_rows_of_unknown_speculation_are_skipped(by_id) -> None:
+    from charon_search.validation.translate import Unexpressible
+
+    a, b = (by_id[i] for i in DSR1_MTP_OR_NOT)
+    assert a.config["tp"] == b.config["tp"] and a.config["concurrency"] == b.config["concurrency"]
+    assert a.measured["tpot_s"] == pytest.approx(1.66 * b.measured["tpot_s"], rel=0.01)
+    for rec, day in ((a, "2026-01-28"), (b, "2026-01-14")):
+        with pytest.raises(Unexpressible, match=f"speculative decoding unknown: measured {day}"):
+            to_case(rec)
+    assert to_case(by_id[DSR1_BEFORE_MTP]).config.speculative is None
