@@ -575,8 +575,8 @@ def to_case(record: Record) -> TrainingCase | ServingCase:
     Results (and reasons) are memoized per record content, so calibration sweeps that simulate
     the same records many times translate each once.
     """
-    key = json.dumps([record.id, record.model, record.hardware, record.config], sort_keys=True,
-                     default=str)
+    key = json.dumps([record.id, record.model, record.hardware, record.config, record.notes],
+                     sort_keys=True, default=str)  # notes: a silicon row's pipeline and date
     if key not in _CASES:
         try:
             _CASES[key] = _to_case(record)
