@@ -225,8 +225,8 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
     except ConfigError:
         if attn_impl != "sdpa":
             raise
-        # No SDPA path in HF (gpt-oss): trace eager with its attention swapped for the fused op
-        # where HF exposes the standard ``eager_attention_forward`` (else keep eager: MPT).
+        # No SDPA path in HF (gpt-oss, MPT): trace eager with its attention swapped for the
+        # fused op (``_trace._eager_swap``); a model with no known swap point stays eager.
         rm = build_reduced_model(spec, attn_impl="eager")
         fuse_eager = fusable_eager_module(rm.model) is not None
         used_impl = "sdpa" if fuse_eager else "eager"
