@@ -69,6 +69,8 @@ SILICON_COLUMNS = (
 )
 
 _CONC_RE = re.compile(r"silicon_concurrency=(\d+)")
+#: The measurement date in the provenance column (``measured=2026-01-14T...``).
+_MEASURED_RE = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
 SILICON_SOURCE = "aiconfigurator-core 0.12.0 silicon_sample.csv"
 #: The ``silicon_data_source`` marker of aiconfigurator's own gap-analysis sweeps (aiperf);
 #: the other rows come from InferenceX-style dumps with their own client.
@@ -473,6 +475,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
     ``batch_size`` × attention-DP ranks), the degrees and, for
     ``mode == "disagg"``, the prefill/decode worker pools under ``config["prefill"]`` /
     ``config["decode"]``. Rows without an ``id`` get ``silicon_row_<n>`` (1-based line number).
+    ``extra`` holds the row's system, backend and mode, and ``measured_date`` (``YYYY-MM-DD``)
+    when the provenance column states one.
 
     Raises:
         ConfigError: missing columns, non-numeric values, a mode other than agg/disagg.
@@ -509,8 +513,10 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 raise ConfigError(f"{where}: no positive silicon_ttft_ms / silicon_tpot_ms")
             # The client concurrency is in the provenance column when the dump has it; else it
             # is the per-rank batch times the attention-DP ranks (times decode workers).
-            m = _CONC_RE.search(row.get("silicon_data_source") or "")
+            source = row.get("silicon_data_source") or ""
+            m = _CONC_RE.search(source)
             conc = int(m.group(1)) if m else None
+            when = _MEASURED_RE.search(source)
             cfg: dict[str, Any] = {
                 "mode": mode, "input_len": isl, "output_len": osl,
                 "precision": (row.get("precision") or "").strip() or None,
@@ -546,16 +552,17 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 num_gpus = sum((p["num_workers"] or 1) * _pool_gpus(p) for p in (pre, dec))
             out.append(Record(
                 id=rid, source=f"{SILICON_SOURCE} ({row['backend']}, "
-                                f"{silicon_pipeline(row.get('silicon_data_source') or '')})",
+                                f"{silicon_pipeline(source)})",
                 url="https://pypi.org/project/aiconfigurator-core/",
                 confidence="high", kind="serving",
                 model={"name": row["model_path"], "catalog": None},
                 hardware={"gpu": row["system"], "num_gpus": num_gpus, "gpus_per_node": None,
                           "interconnect": None},
                 config=cfg, measured=measured, flop_convention=None, inferred_fields=(),
-                notes=(row.get("silicon_data_source") or "").strip(), origin="silicon",
+                notes=source.strip(), origin="silicon",
                 extra={"system": row["system"], "backend": row["backend"], "mode": mode,
-                       **({"layout_note": layout_note} if layout_note else {})},
+                       **({"layout_note": layout_note} if layout_note else {}),
+                       **({"measured_date": when.group(1)} if when else {})},
             ))
     return out
 

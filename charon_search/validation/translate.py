@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,9 +32,6 @@ if TYPE_CHECKING:
     from charon_search.layout import Layout
 
 __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
-
-#: The measurement date in a silicon row's provenance column (``measured=2026-01-14T...``).
-_MEASURED_RE = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
 
 #: Measured serving requests simulated per silicon row (after the warm-up): enough turns of the
 #: concurrency for the closed loop to settle, capped to keep the full validation cheap. aiperf
@@ -413,10 +409,10 @@ def _serving_case(record: Record) -> ServingCase:
         backend = str((record.extra or {}).get("backend") or "")
         aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
         if not aic:
-            when = _MEASURED_RE.search(record.notes or "")
             why = inferencex_spec_decoding_unknown(
                 backend=backend, model=str(record.model.get("name") or ""),
-                mode=str(c.get("mode", "agg")), measured=when.group(1) if when else "")
+                mode=str(c.get("mode", "agg")),
+                measured=str((record.extra or {}).get("measured_date") or ""))
             if why:
                 raise Unexpressible(why)
         if backend in BACKENDS:
@@ -575,8 +571,9 @@ def to_case(record: Record) -> TrainingCase | ServingCase:
     Results (and reasons) are memoized per record content, so calibration sweeps that simulate
     the same records many times translate each once.
     """
-    key = json.dumps([record.id, record.model, record.hardware, record.config, record.notes],
-                     sort_keys=True, default=str)  # notes: a silicon row's pipeline and date
+    # notes and extra: a silicon row's pipeline, engine and measurement date
+    key = json.dumps([record.id, record.model, record.hardware, record.config, record.notes,
+                      record.extra], sort_keys=True, default=str)
     if key not in _CASES:
         try:
             _CASES[key] = _to_case(record)

@@ -4,7 +4,6 @@ DeepSeek rows whose pools differ in attention DP (translation only, fast)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from charon_search.validation.translate import to_case
 
@@ -71,8 +70,8 @@ def test_inferencex_deepseek_trt_attention_dp_recipe(by_id) -> None:
     row = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_agg_1024x1024_c128_tp8_0_ep8_0_1244"
     # Measured 2026-01-14, when the layout also ran with MTP, so ``validate`` skips the row
     # (test_serving_engines.py); the recipe is checked on the row without its date.
-    undated = dataclasses.replace(by_id[row], notes=re.sub(r"measured=\S+", "",
-                                                            by_id[row].notes))
+    undated = dataclasses.replace(by_id[row], extra={
+        k: v for k, v in by_id[row].extra.items() if k != "measured_date"})
     adp = to_case(undated).config
     assert adp.dp_attention and adp.tp == 8
     assert adp.max_num_batched_tokens == 8 * 8192  # max(8192, 128 + 1024 + 64) per rank
