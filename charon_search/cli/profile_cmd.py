@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.profiling.runner import SDPA_BACKENDS
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,6 +31,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="BxS[:C] points, comma separated (default 1x4096)")
     parser.add_argument("--grid", action="store_true",
                         help="also time the standard grid (comparable to the shipped DB)")
+    parser.add_argument("--train-attention", action="store_true",
+                        help="time training attention forward and backward (causal squares "
+                             "1k-32k, ring-attention blocks; profiling.training_attention_grid)")
+    parser.add_argument("--head-dim", type=int, default=128,
+                        help="head dimension of --train-attention shapes (default 128)")
+    parser.add_argument("--v-head-dim", type=int, default=None,
+                        help="value head dimension of --train-attention shapes (default: "
+                             "--head-dim; MLA: 192 / 128)")
+    parser.add_argument("--fp8-gemm", action="store_true",
+                        help="time bf16 F.linear and fp8 torch._scaled_mm (tensorwise, rowwise) "
+                             "at TP8 Llama-3.1 8B/70B training GEMMs")
+    parser.add_argument("--sdpa-backend", default="default", choices=tuple(SDPA_BACKENDS),
+                        help="SDPA kernel for attention shapes (default: torch's choice; flash = "
+                             "FlashAttention-2, cudnn = cuDNN fused attention)")
+    parser.add_argument("--eager", action="store_true",
+                        help="time eager calls instead of CUDA-graph replay (ms-scale ops, "
+                             "autograd backward)")
     parser.add_argument("--collectives", action="store_true",
                         help="time NCCL all-reduce/all-gather/reduce-scatter (>= 2 GPUs)")
     parser.add_argument("--overlap", action="store_true",
@@ -67,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         standard_grid,
     )
     from charon_search.profiling.runner import default_source
+    from charon_search.profiling.shapes import fp8_training_gemm_grid, training_attention_grid
 
     try:
         import torch
@@ -89,18 +108,28 @@ def run(args: argparse.Namespace) -> int:
             errors.append(f"model {name}: {type(e).__name__}: {e}")
     if args.grid:
         shapes += standard_grid()
+    if args.train_attention:
+        shapes += training_attention_grid(head_dim=args.head_dim, v_head_dim=args.v_head_dim)
+    if args.fp8_gemm:
+        shapes += fp8_training_gemm_grid()
     shapes = list(dict.fromkeys(shapes))
-    timer = CudaEventTimer(warmup=args.warmup, repeats=args.repeats)
+    timer = CudaEventTimer(warmup=args.warmup, repeats=args.repeats, use_graphs=not args.eager,
+                           sdpa_backend=args.sdpa_backend)
     t0 = time.time()
-    rows = profile_shapes(shapes, timer=timer, gpu=gpu, kernel=f"torch {torch.__version__}",
-                          source=source,
+    kernel = f"torch {torch.__version__}"
+    if args.sdpa_backend != "default":
+        kernel += f" sdpa:{args.sdpa_backend}"
+    rows = profile_shapes(shapes, timer=timer, gpu=gpu, kernel=kernel, source=source,
                           on_error=lambda s, e: errors.append(f"{s}: {type(e).__name__}: {e}"))
     summary: dict[str, Any] = {"device": device, "gpu": gpu, "num_shapes": len(shapes),
                                "num_rows": len(rows), "errors": errors,
                                "compute_wall_s": time.time() - t0,
                                "eager_fallbacks": timer.eager_fallbacks,
-                               "timing": f"CUDA-graph replay of {timer.inner} calls, median of "
-                                         f"{args.repeats}, {args.warmup} warm-up"}
+                               "timing": (f"eager calls, median of {args.repeats}, "
+                                          f"{args.warmup} warm-up" if args.eager else
+                                          f"CUDA-graph replay of {timer.inner} calls, median "
+                                          f"of {args.repeats}, {args.warmup} warm-up"),
+                               "sdpa_backend": args.sdpa_backend}
     calibration: dict[str, Any] = {}
     if args.collectives:
         if torch.cuda.device_count() < 2:

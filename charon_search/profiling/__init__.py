@@ -17,16 +17,19 @@ from charon_search.profiling.runner import (
 from charon_search.profiling.shapes import (
     PROFILED_KINDS,
     OpShape,
+    fp8_training_gemm_grid,
     model_graphs,
     parse_points,
     select_shapes,
     standard_grid,
+    training_attention_grid,
 )
 
 __all__ = [
     "PROFILED_KINDS",
     "CudaEventTimer",
     "OpShape",
+    "fp8_training_gemm_grid",
     "measure_collectives",
     "measure_overlap",
     "model_graphs",
@@ -36,4 +39,5 @@ __all__ = [
     "rows_from_measurements",
     "select_shapes",
     "standard_grid",
+    "training_attention_grid",
 ]

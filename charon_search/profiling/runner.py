@@ -72,6 +72,11 @@ def default_source(device_name: str) -> str:
 
 # ---------------------------------------------------------------------------- CUDA timing
 _TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: ``--sdpa-backend`` -> ``torch.nn.attention.SDPBackend`` member (``default``: torch's own
+#: choice). ``flash`` is FlashAttention-2 (PyTorch's bundled copy), ``cudnn`` cuDNN's fused
+#: attention (warp-specialized on Hopper), ``efficient`` the xFormers memory-efficient kernel.
+SDPA_BACKENDS = {"default": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "efficient": "EFFICIENT_ATTENTION"}
 
 
 class CudaEventTimer:
@@ -85,12 +90,17 @@ class CudaEventTimer:
     """
 
     def __init__(self, *, warmup: int = 3, repeats: int = 10, device: str = "cuda",
-                 use_graphs: bool = True, inner: int = 10) -> None:
+                 use_graphs: bool = True, inner: int = 10, sdpa_backend: str = "default"
+                 ) -> None:
         import torch
 
+        if sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(f"sdpa_backend must be one of {sorted(SDPA_BACKENDS)}, "
+                             f"got {sdpa_backend!r}")
         self.torch = torch
         self.warmup, self.repeats, self.device = warmup, repeats, device
         self.use_graphs, self.inner = use_graphs, inner
+        self.sdpa_backend = sdpa_backend
         self.eager_fallbacks = 0
 
     def time_fn(self, fn: Callable[[], Any]) -> float:
@@ -152,16 +162,13 @@ class CudaEventTimer:
         dev = self.device
         p = {k: int(v) for k, v in shape.params}
         rnd = lambda *s: torch.randn(*s, device=dev, dtype=dt)  # noqa: E731
+        if shape.op_kind == "gemm" and shape.variant.startswith("scaled_mm."):
+            return self._scaled_mm(shape.variant.split(".", 1)[1], p)
         if shape.op_kind == "gemm":
             a, w = rnd(p["m"], p["k"]), rnd(p["n"], p["k"])
             return lambda: F.linear(a, w)
-        if shape.op_kind == "attention":
-            b, h, kvh, q, kv, d = (p["batch"], p["heads"], p["kv_heads"], p["q_len"],
-                                   p["kv_len"], p["head_dim"])
-            qt, kt, vt = rnd(b, h, q, d), rnd(b, kvh, kv, d), rnd(b, kvh, kv, d)
-            causal = q > 1 and q == kv
-            return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                          enable_gqa=kvh != h)
+        if shape.op_kind in ("attention", "attention_bwd"):
+            return self._attention(shape, p, rnd)
         if shape.op_kind == "norm":
             x, w = rnd(p["rows"], p["cols"]), rnd(p["cols"])
             return lambda: F.rms_norm(x, (p["cols"],), w)
@@ -181,6 +188,60 @@ class CudaEventTimer:
             xs, ws = rnd(e, rows, p["k"]), rnd(e, p["k"], p["n"])
             return lambda: torch.bmm(xs, ws)
         raise ValueError(f"cannot profile op kind {shape.op_kind}")
+
+    def _attention(self, shape: OpShape, p: dict[str, int], rnd: Callable[..., Any]
+                   ) -> Callable[[], Any]:
+        """SDPA forward, or (``attention_bwd``) its backward alone: the forward runs once
+        under autograd and each call replays only the backward kernels (``retain_graph``)."""
+        import contextlib
+
+        torch = self.torch
+        import torch.nn.functional as F
+
+        b, h, kvh, q, kv, d = (p["batch"], p["heads"], p["kv_heads"], p["q_len"],
+                               p["kv_len"], p["head_dim"])
+        bwd = shape.op_kind == "attention_bwd"
+        dv = p.get("v_head_dim", d)
+        qt, kt, vt = (t.requires_grad_(bwd) for t in (rnd(b, h, q, d), rnd(b, kvh, kv, d),
+                                                      rnd(b, kvh, kv, dv)))
+        causal = q > 1 and q == kv
+        backend = SDPA_BACKENDS[self.sdpa_backend]
+
+        def ctx() -> Any:  # a fresh context manager per call (generator-based ones are single-use)
+            if backend is None:
+                return contextlib.nullcontext()
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            return sdpa_kernel(getattr(SDPBackend, backend))
+
+        def fwd() -> Any:
+            with ctx():
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                      enable_gqa=kvh != h)
+        if not bwd:
+            return fwd
+        out = fwd()
+        grad = torch.randn_like(out)
+        return lambda: torch.autograd.grad(out, (qt, kt, vt), grad, retain_graph=True)
+
+    def _scaled_mm(self, scaling: str, p: dict[str, int]) -> Callable[[], Any]:
+        """fp8 e4m3 ``torch._scaled_mm`` with bf16 output: ``tensorwise`` (one scale per
+        operand, fast accumulation: torchao's forward), ``rowwise`` (a scale per row of A and
+        column of B, fast accumulation) or ``rowwise_slowacc`` (without)."""
+        torch = self.torch
+        m, n, k = p["m"], p["n"], p["k"]
+        fp8 = torch.float8_e4m3fn
+        a = torch.randn(m, k, device=self.device).to(fp8)
+        bt = torch.randn(n, k, device=self.device).to(fp8).t()  # column-major B, as cuBLASLt wants
+        if scaling == "tensorwise":
+            sa = torch.ones((), device=self.device)
+            sb = torch.ones((), device=self.device)
+        else:
+            sa = torch.ones(m, 1, device=self.device)
+            sb = torch.ones(1, n, device=self.device)
+        fast = scaling != "rowwise_slowacc"
+        return lambda: torch._scaled_mm(a, bt, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                        use_fast_accum=fast)
 
 
 # ---------------------------------------------------------------------------- collectives

@@ -16,13 +16,14 @@ from typing import Any
 from charon_search.errors import ConfigError
 from charon_search.ir.graph import OpGraph
 
-__all__ = ["PROFILED_KINDS", "OpShape", "model_graphs", "parse_points", "select_shapes",
-           "standard_grid"]
+__all__ = ["PROFILED_KINDS", "OpShape", "fp8_training_gemm_grid", "model_graphs",
+           "parse_points", "select_shapes", "standard_grid", "training_attention_grid"]
 
 #: Op kinds the profiler knows how to run, with the params it reads.
 PROFILED_KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
+    "attention_bwd": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
     "norm": ("rows", "cols"),
     "elementwise": ("numel",),
     "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k"),
@@ -38,8 +39,11 @@ class OpShape:
 
     op_kind: str
     variant: str
-    """``prefill``/``decode`` (attention), ``add``/``act``/``rope`` (elementwise),
-    ``moe_ffn`` (grouped GEMM, one expert GEMM), ``rmsnorm`` (norm), ``""`` (GEMM)."""
+    """``prefill``/``decode`` (attention; a ``prefill`` shape is causal when ``q_len ==
+    kv_len``, else a non-causal rectangle), ``add``/``act``/``rope`` (elementwise),
+    ``moe_ffn`` (grouped GEMM, one expert GEMM), ``rmsnorm`` (norm), ``""`` (bf16 GEMM),
+    ``scaled_mm.tensorwise`` / ``scaled_mm.rowwise`` / ``scaled_mm.rowwise_slowacc`` (fp8 GEMM
+    through ``torch._scaled_mm``)."""
     dtype: str
     params: tuple[tuple[str, float], ...]
 
@@ -71,7 +75,7 @@ def select_shapes(graphs: Iterable[OpGraph], points: Sequence[tuple[float, float
         for node in graph.nodes:
             kind = str(node.kind)
             if kind == "attention_bwd":
-                continue  # backward kernels: derived from the forward (cost/selector.py)
+                continue  # priced from the forward (cost/selector.py); see --train-attention
             if node.is_comm or kind not in PROFILED_KINDS or node.dtype not in _DTYPES:
                 continue
             for b, s, c in points:
@@ -154,4 +158,63 @@ def standard_grid(dtype: str = "bf16") -> list[OpShape]:
         for experts, topk, n, k in ((8, 2, 28672, 4096), (128, 8, 1536, 2048)):
             add("grouped_gemm", "moe_ffn", tokens=tokens, top_k=topk, num_experts=experts,
                 n=n, k=k)
+    return out
+
+
+def _shape(kind: str, variant: str, dtype: str, **params: float) -> OpShape:
+    return OpShape(op_kind=kind, variant=variant, dtype=dtype,
+                   params=tuple(sorted((k, float(v)) for k, v in params.items())))
+
+
+#: Query heads per GPU of the training attention grid: Llama-3 8B unsharded (32 heads;
+#: torchtitan repeats the 8 KV heads, so SDPA sees 32/32), 70B at TP8 (8 heads) and 8B at TP8
+#: (4 heads); meta-llama/Llama-3.1-8B and -70B config.json (catalog).
+_TRAIN_HEADS = (32, 8, 4)
+
+
+def training_attention_grid(dtype: str = "bf16", *, head_dim: int = 128,
+                            v_head_dim: int | None = None) -> list[OpShape]:
+    """Training attention, forward and backward, at the shapes the training records run.
+
+    Causal squares (``q_len == kv_len``) of 1k-32k tokens at 1-16 sequences (at most 64k
+    tokens), and the per-step blocks of load-balanced ring attention (PyTorch
+    ``context_parallel``): at context-parallel degree 4 and 128k tokens a rank holds 32k
+    queries as two 16k chunks; the first ring step is the causal 32k square, later steps are
+    non-causal rectangles of 32k queries x 16k keys or 16k queries x 32k keys. Each shape is
+    emitted as ``attention`` and ``attention_bwd`` (the backward kernel alone). ``v_head_dim``
+    (default ``head_dim``) gives MLA-style shapes (DeepSeek-V3: 192 / 128).
+    """
+    extra = {} if v_head_dim in (None, head_dim) else {"v_head_dim": v_head_dim}
+    blocks = [(b, s, s) for s in (1024, 2048, 4096, 8192, 16384, 32768)
+              for b in (1, 2, 4, 8, 16) if b * s <= 65536]
+    blocks += [(1, 32768, 16384), (1, 16384, 32768), (1, 8192, 16384)]
+    out: list[OpShape] = []
+    for heads in _TRAIN_HEADS:
+        for b, q, kv in blocks:
+            for kind in ("attention", "attention_bwd"):
+                out.append(_shape(kind, "prefill", dtype, batch=b, heads=heads, kv_heads=heads,
+                                  q_len=q, kv_len=kv, head_dim=head_dim, **extra))
+    return list(dict.fromkeys(out))
+
+
+#: Linear layers (in, out) per GPU at tensor parallelism 8 with sequence parallelism:
+#: Llama-3.1-8B (hidden 4096, 32/8 heads x 128, ffn 14336) and -70B (8192, 64/8 x 128,
+#: 28672) (catalog config.json); tokens per GEMM = micro-batch x sequence of the torchtitan
+#: AsyncTP records (8B: 12 x 8192, 70B: 16 x 8192).
+_FP8_LINEARS = ((12 * 8192, ((4096, 768), (512, 4096), (4096, 3584), (1792, 4096))),
+                (16 * 8192, ((8192, 1280), (1024, 8192), (8192, 7168), (3584, 8192))))
+
+
+def fp8_training_gemm_grid() -> list[OpShape]:
+    """The forward, input-gradient and weight-gradient GEMMs of those linears, each as a bf16
+    ``F.linear`` and as fp8 ``torch._scaled_mm`` (tensorwise with fast accumulation; rowwise
+    with and without), so fp8 / bf16 time ratios come from one run."""
+    out: list[OpShape] = []
+    for tokens, linears in _FP8_LINEARS:
+        for k_in, n_out in linears:
+            for m, n, k in ((tokens, n_out, k_in), (tokens, k_in, n_out), (n_out, k_in, tokens)):
+                out.append(_shape("gemm", "", "bf16", m=m, n=n, k=k))
+                for variant in ("scaled_mm.tensorwise", "scaled_mm.rowwise",
+                                "scaled_mm.rowwise_slowacc"):
+                    out.append(_shape("gemm", variant, "fp8", m=m, n=n, k=k))
     return out

@@ -16,6 +16,7 @@ from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir import ATTENTION_BWD_FLOP_RATIO, DTYPE_BYTES, OpGraph, OpKind
 from charon_search.sim.fp8_kernels import FP8_GEMM_KERNELS, cublaslt_over_cutlass
+from charon_search.sim.train_attention import training_attention
 
 __all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
 
@@ -149,6 +150,9 @@ class GraphCoster:
         self._attn_factor = {
             OpKind.ATTENTION: attention_time_factor(attention_kernel, gen, backward=False),
             OpKind.ATTENTION_BWD: attention_time_factor(attention_kernel, gen, backward=True)}
+        # Dense training kernels measured on this GPU's die (``sim.train_attention``) replace
+        # the serving rows and the generation factors where they exist.
+        self._train_attn = training_attention(cluster.gpu.name, attention_kernel)
 
     def _without_input_quantize(self, n: Any, dur: float, b: float, s: float,
                                 c: float) -> float:
@@ -172,6 +176,26 @@ class GraphCoster:
         peak = node_peak_flops_per_s(n, gpu) * node_compute_efficiency(n, gpu)
         floor = max(float(n.flops(b, s, c)) / peak, float(n.bytes(b, s, c)) / bw)
         return max(dur - quant_s, floor)
+
+    def _measured_attention(self, n: Any, b: float, s: float, c: float) -> float | None:
+        """Seconds of a fused attention node at the measured dense training kernel, or None."""
+        if self._train_attn is None:
+            return None
+        p = n.params
+        try:
+            bb, h, q, kv, d = (float(p[k](b, s, c)) for k in
+                               ("batch", "heads", "q_len", "kv_len", "head_dim"))
+        except KeyError:
+            return None
+        flops = float(n.flops(b, s, c))
+        if min(bb, h, q, kv, d, flops) <= 0:
+            return None
+        causal = "causal" in p and float(p["causal"](b, s, c)) == 1.0
+        if _full_square_causal(n, b, s, c):
+            flops *= CAUSAL_WORK_FRACTION  # traced SDPA counts the whole score square
+        dv = float(p["v_head_dim"](b, s, c)) if "v_head_dim" in p else d
+        return self._train_attn.seconds(flops, bb, h, q, kv, d, dv if dv > 0 else d,
+                                        causal=causal, backward=n.kind == OpKind.ATTENTION_BWD)
 
     def _cublaslt_ratio(self, n: Any, b: float, s: float, c: float) -> float:
         """cuBLASLt / CUTLASS time of fp8 GEMM ``n`` (1 where no measured ratio exists)."""
@@ -249,9 +273,13 @@ class GraphCoster:
             if clock != 1.0 and n.kind in COMPUTE_BOUND_KINDS:
                 dur[i] /= clock
             if n.kind in self._attn_factor:
-                dur[i] *= self._attn_factor[n.kind]
-                if prov[i] == "roofline" and _full_square_causal(n, b, s, cc):
-                    dur[i] *= CAUSAL_WORK_FRACTION
+                measured = self._measured_attention(n, b, s, cc)
+                if measured is not None:
+                    dur[i], prov[i] = measured / clock, "profile"
+                else:
+                    dur[i] *= self._attn_factor[n.kind]
+                    if prov[i] == "roofline" and _full_square_causal(n, b, s, cc):
+                        dur[i] *= CAUSAL_WORK_FRACTION
             if n.is_comm:
                 t, tier = self.collective(n.kind.value, n.params["bytes"](b, s, cc),
                                           int(n.params["group_size"].const_value()), n.group)

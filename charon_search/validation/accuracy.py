@@ -212,7 +212,11 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "(`attention_kernel='eager'`), torchtitan `selective_ac_option: op` "
         "(`selective_policy='op'`), the fp8 scaling recipe (torchao tensorwise/rowwise, "
         "Transformer Engine delayed, block-scaled for MXFP8 and DeepSeek-V3) and DualPipe's "
-        "all-to-all overlap (`moe_a2a_overlap`).",
+        "all-to-all overlap (`moe_a2a_overlap`), and which fused attention kernel it ran "
+        "(`attention_kernel`). On H100/H200/H800 that kernel's forward and backward are priced "
+        "from dense cuDNN and FlashAttention-2 kernels this project measured on an H200 "
+        "(`sim.train_attention`, `data/profiles/measured/README.md`), not from the serving "
+        "prefill rows.",
         "- Serving (silicon rows): the row's benchmark client as it ran "
         "(`serving.backends.BenchmarkProtocol`): a closed loop at the row's concurrency C, all "
         "streams starting together; aiconfigurator's aiperf rows drain their 2 x C warm-up "

@@ -78,3 +78,48 @@ def test_overlap_calibration_block():
     assert block["overlap_compute_slowdown"] == 1.1
     assert block["overlap_comm_slowdown"] == 1.05
     assert "x2 (1.400 ms each alone)" in block["provenance"]["overlap_compute_slowdown"]
+
+
+def test_training_attention_grid_covers_squares_and_ring_blocks():
+    from charon_search.profiling import training_attention_grid
+
+    grid = training_attention_grid()
+    kinds = {s.op_kind for s in grid}
+    assert kinds == {"attention", "attention_bwd"}
+    fwd = [dict(s.params) for s in grid if s.op_kind == "attention"]
+    assert len(fwd) * 2 == len(grid) == 162  # 27 blocks x 3 head counts, fwd and bwd
+    squares = [p for p in fwd if p["q_len"] == p["kv_len"]]
+    assert all(p["batch"] * p["q_len"] <= 65536 for p in squares)
+    # the load-balanced ring-attention steps of CP4 at 128k: 32k x 16k and 16k x 32k
+    assert {(p["q_len"], p["kv_len"]) for p in fwd if p["q_len"] != p["kv_len"]} >= {
+        (32768.0, 16384.0), (16384.0, 32768.0)}
+    mla = training_attention_grid(head_dim=192, v_head_dim=128)
+    assert all(dict(s.params)["v_head_dim"] == 128 for s in mla)
+
+
+def test_timer_builds_backward_and_fp8_ops_on_cpu():
+    import torch
+
+    from charon_search.profiling import CudaEventTimer, fp8_training_gemm_grid
+
+    timer = CudaEventTimer(device="cpu")
+    bwd = OpShape(op_kind="attention_bwd", variant="prefill", dtype="fp32",
+                  params=tuple(sorted({"batch": 1.0, "heads": 2.0, "kv_heads": 2.0,
+                                       "q_len": 64.0, "kv_len": 64.0, "head_dim": 24.0,
+                                       "v_head_dim": 16.0}.items())))
+    fn = timer.build(bwd)
+    for _ in range(2):  # the forward is kept: every call replays the backward alone
+        dq, _dk, dv = fn()
+        assert dq.shape == (1, 2, 64, 24) and dv.shape == (1, 2, 64, 16)
+    grid = fp8_training_gemm_grid()
+    assert len(grid) == 96 and {s.variant for s in grid} == {
+        "", "scaled_mm.tensorwise", "scaled_mm.rowwise", "scaled_mm.rowwise_slowacc"}
+    small = OpShape(op_kind="gemm", variant="scaled_mm.rowwise", dtype="fp8",
+                    params=(("k", 64.0), ("m", 32.0), ("n", 48.0)))
+    fn = timer.build(small)
+    inputs = [c.cell_contents for c in fn.__closure__ or ()
+              if isinstance(c.cell_contents, torch.Tensor)]
+    assert sum(t.dtype == torch.float8_e4m3fn for t in inputs) == 2  # not a bf16 F.linear
+    assert fn().dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="sdpa_backend"):
+        CudaEventTimer(device="cpu", sdpa_backend="flash3")

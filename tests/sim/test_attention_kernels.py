@@ -78,12 +78,13 @@ def _attention_ms(cluster: str, kernel: str, provenance: str = "model",
 
 
 def test_coster_applies_the_generation_of_the_gpu() -> None:
-    # Hopper costs represent FlashAttention-3 / cuDNN (attention_kernel_gen 3) ...
-    assert load_cluster("dgx-h100-ib400").gpu.attention_kernel_gen == 3
-    h = _attention_ms("dgx-h100-ib400", "flash2")
+    # Blackwell costs represent its newest kernels (attention_kernel_gen 3) ... (Hopper
+    # training attention is priced from measured kernels instead: test_train_attention.py)
+    assert load_cluster("b200-8gpu").gpu.attention_kernel_gen == 3
+    h = _attention_ms("b200-8gpu", "flash2")
     assert h[OpKind.ATTENTION] == pytest.approx(1.92)
     assert h[OpKind.ATTENTION_BWD] == pytest.approx(1.62 * 648 / 561)
-    assert _attention_ms("dgx-h100-ib400", "flash")[OpKind.ATTENTION] == pytest.approx(1.0)
+    assert _attention_ms("b200-8gpu", "flash")[OpKind.ATTENTION] == pytest.approx(1.0)
     # ... the A100's FlashAttention-2 (gen 2): FA2 costs as measured, the Triton kernel 1.8x
     assert load_cluster("dgx-a100-superpod").gpu.attention_kernel_gen == 2
     assert _attention_ms("dgx-a100-superpod", "flash2")[OpKind.ATTENTION] == pytest.approx(1.0)
@@ -95,9 +96,9 @@ def test_roofline_prices_half_the_causal_square() -> None:
     # Traced SDPA counts the full s x s square with causal=1 (frontend._ops); a flash kernel
     # computes half of it, which the roofline must price. The synthetic block's attention is
     # already halved (like nodes fused from eager attention): scale it back to the full square.
-    model = _attention_ms("dgx-h100-ib400", "flash", provenance="model", flops_scale=2.0)
-    roof = _attention_ms("dgx-h100-ib400", "flash", provenance="roofline", flops_scale=2.0)
-    halved = _attention_ms("dgx-h100-ib400", "flash", provenance="roofline")
+    model = _attention_ms("b200-8gpu", "flash", provenance="model", flops_scale=2.0)
+    roof = _attention_ms("b200-8gpu", "flash", provenance="roofline", flops_scale=2.0)
+    halved = _attention_ms("b200-8gpu", "flash", provenance="roofline")
     for kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD):
         assert roof[kind] == pytest.approx(0.5 * model[kind])
         assert halved[kind] == pytest.approx(model[kind])  # not discounted twice
