@@ -87,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.profiling.runner import default_source
     from charon_search.profiling.shapes import fp8_training_gemm_grid, training_attention_grid
 
+    for flag, value in (("--head-dim", args.head_dim), ("--v-head-dim", args.v_head_dim),
+                        ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     try:
         import torch
     except ImportError:

@@ -123,3 +123,16 @@ def test_timer_builds_backward_and_fp8_ops_on_cpu():
     assert fn().dtype == torch.bfloat16
     with pytest.raises(ValueError, match="sdpa_backend"):
         CudaEventTimer(device="cpu", sdpa_backend="flash3")
+
+
+def test_profile_cli_rejects_bad_sizes_before_looking_for_a_gpu(tmp_path, capsys):
+    from charon_search.cli import main
+
+    assert main(["profile", "--train-attention", "--head-dim", "0", "--out",
+                 str(tmp_path)]) == 2
+    assert "--head-dim must be a positive integer, got 0" in capsys.readouterr().err
+    assert main(["profile", "--repeats", "0", "--out", str(tmp_path)]) == 2
+    assert "--repeats must be a positive integer" in capsys.readouterr().err
+    # valid sizes on a machine without CUDA: the one-line GPU error, not a traceback
+    assert main(["profile", "--train-attention", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
