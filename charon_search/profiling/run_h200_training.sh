@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One-shot training-kernel profiling run for a lent single-H200 machine (about 6 minutes).
+# One-shot training-kernel profiling run for a lent single-H200 machine (about 8 minutes).
 # Run from the repository root:  OUT=/some/dir bash charon_search/profiling/run_h200_training.sh
 # Times training attention forward and backward with PyTorch SDPA's cuDNN and FlashAttention-2
-# (flash) backends at head dims 128, 112, 192/128 (MLA) and 64, checks fp8 vs bf16 GEMM speed,
+# (flash) backends at head dims 128, 112, 192/128 (MLA), 64, 256 and 96, checks fp8 vs bf16 GEMM speed,
 # times bf16 vs fp8 torch._scaled_mm GEMMs at TP8 Llama-3.1 8B/70B training shapes and, with
 # torchao installed, whole fp8 linears (forward + backward, casts included).
 # Writes $OUT/log.txt and $OUT/results.tgz (one folder per run, each with profile_rows.parquet
@@ -29,6 +29,10 @@ prof() {  # name, then profile arguments
   prof attn-cudnn-d192v128 --train-attention --sdpa-backend cudnn --head-dim 192 --v-head-dim 128
   prof attn-cudnn-d64 --train-attention --sdpa-backend cudnn --head-dim 64
   prof attn-flash-d64 --train-attention --sdpa-backend flash --head-dim 64
+  for d in 256 96; do
+    prof attn-cudnn-d$d --train-attention --sdpa-backend cudnn --head-dim $d
+    prof attn-flash-d$d --train-attention --sdpa-backend flash --head-dim $d
+  done
   prof fp8-gemm --fp8-gemm
   # torchao's Float8Linear under torch.compile (needs torchao: carry its wheel, see the device
   # tool's notes; the 2026-11-30 run used torchao 0.18.0)

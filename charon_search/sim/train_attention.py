@@ -13,8 +13,8 @@ Transformer Engine also runs) and its ``flash`` backend (FlashAttention-2).
 ``TrainingAttention.seconds`` returns a node's time at the measured throughput (FLOP/s, the
 node's own causal work) of the nearest measured shape: same causality and direction,
 nearest in log2 of ``(q_len, kv_len, batch x heads, head_dim, v_head_dim)``. Measured: head
-dims 64, 112, 128 (both backends) and 192 / 128 (MLA; cuDNN only, FlashAttention-2 needs
-equal dims). A GPU has these kernels when it is a full GH100 (``GH100_GPUS``); others keep
+dims 64, 96, 112, 128, 256 (both backends) and 192 / 128 (MLA; cuDNN only, FlashAttention-2
+needs equal dims). A GPU has these kernels when it is a full GH100 (``GH100_GPUS``); others keep
 the profile rows with the generation factors of ``cost.attention_kernels``.
 """
 
@@ -63,9 +63,15 @@ def work(batch: float, heads: float, q_len: float, kv_len: float, head_dim: floa
     return f * (ATTENTION_BWD_FLOP_RATIO if backward else 1.0)
 
 
+#: Feature weights of the nearest-shape match. The kernel's grid is batch x heads x query
+#: tiles, so batch x heads is the feature; batch alone only breaks ties between rows of equal
+#: batch x heads (4 x 8 heads against 1 x 32), preferring the row of the node's own batch.
+_WEIGHTS = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.01])
+
+
 @dataclass(frozen=True)
 class _Table:
-    features: np.ndarray  # log2 [q_len, kv_len, batch*heads, head_dim, v_head_dim]
+    features: np.ndarray  # log2 [q_len, kv_len, batch*heads, head_dim, v_head_dim, batch]
     causal: np.ndarray
     backward: np.ndarray
     flops_per_s: np.ndarray
@@ -85,7 +91,7 @@ def _table(backend: str) -> _Table:
     backward = np.array([k == "attention_bwd" for k in t["op_kind"]])
     flops = np.array([work(*row, causal=bool(c), backward=bool(bw)) for *row, c, bw in
                       zip(b, h, q, kv, d, dv, causal, backward, strict=True)])
-    feats = np.log2(np.stack([q, kv, b * h, d, dv], axis=1))
+    feats = np.log2(np.stack([q, kv, b * h, d, dv, b], axis=1)) * _WEIGHTS
     return _Table(features=feats, causal=causal, backward=backward,
                   flops_per_s=flops / np.array(t["latency_s"]))
 
@@ -101,8 +107,8 @@ class TrainingAttention:
                     head_dim: float, v_head_dim: float, *, causal: bool, backward: bool
                     ) -> float:
         """Measured throughput of the nearest shape of the same causality and direction."""
-        logs = tuple(round(math.log2(max(v, 1.0)), 6)
-                     for v in (q_len, kv_len, batch * heads, head_dim, v_head_dim))
+        logs = tuple(round(math.log2(max(v, 1.0)) * w, 6) for v, w in zip(
+            (q_len, kv_len, batch * heads, head_dim, v_head_dim, batch), _WEIGHTS, strict=True))
         return _nearest(self.backend, logs, causal, backward)
 
     def seconds(self, flops: float, batch: float, heads: float, q_len: float, kv_len: float,

@@ -39,10 +39,11 @@ class _Flat:
         return np.array([np.nan if n.is_comm else 1e-3 for n in graph.nodes])
 
 
-def _attention_s(cluster: str, kernel: str, *, batch: int, seq: int, heads: int = 32
-                 ) -> dict[OpKind, tuple[float, str]]:
+def _attention_s(cluster: str, kernel: str, *, batch: int, seq: int, heads: int = 32,
+                 head_dim: int = 128) -> dict[OpKind, tuple[float, str]]:
     cl = load_cluster(cluster)
-    blk = synthetic_block("dense", hidden=heads * 128, heads=heads, kv_heads=heads, ffn=512)
+    blk = synthetic_block("dense", hidden=heads * head_dim, heads=heads, kv_heads=heads,
+                          ffn=512)
     pb = parallelize_block(blk, PassContext())
     out = {}
     for g in (pb.forward, pb.backward):
@@ -118,3 +119,14 @@ def test_serving_rows_are_slower_than_the_dense_kernel_at_short_sequences() -> N
         == pytest.approx(1.45, abs=0.05)
     assert serving(2, 16384) / _latency("cudnn", "attention", batch=2, heads=32, seq=16384) \
         == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 112, 256])
+def test_each_measured_head_dim_is_used_as_measured(head_dim: int) -> None:
+    # Head dim changes the kernel's rate (cuDNN backward at 16-32k tokens: 427 TFLOP/s at 64,
+    # 526 at 128, 376 at 256), so a node matches rows of its own head dim.
+    got = _attention_s("dgx-h100-ib400", "flash", batch=4, seq=8192, heads=8,
+                       head_dim=head_dim)
+    for kind, name in ((OpKind.ATTENTION, "attention"), (OpKind.ATTENTION_BWD, "attention_bwd")):
+        assert got[kind][0] == pytest.approx(
+            _latency("cudnn", name, batch=4, heads=8, seq=8192, d=head_dim), rel=1e-9)
