@@ -10,11 +10,12 @@ far below the zero-input rate means the part is power-capped, not slow.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from charon_search.profiling.runner import CudaEventTimer
 
 
 def _smi() -> str:
@@ -30,6 +31,7 @@ def main(n: int = 8192, reps: int = 50) -> None:
     import torch
 
     dev = "cuda"
+    timer = CudaEventTimer(warmup=5, repeats=reps, device=dev, use_graphs=False)
     for data in ("randn", "zeros"):
         make = torch.randn if data == "randn" else torch.zeros
         a = make(n, n, device=dev, dtype=torch.bfloat16)
@@ -46,19 +48,8 @@ def main(n: int = 8192, reps: int = 50) -> None:
 
         cases: dict[str, Callable[[], Any]] = {"bf16_matmul": bf16, "fp8_scaled_mm": fp8}
         for name, fn in cases.items():
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(reps):
-                st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                st.record()
-                fn()
-                en.record()
-                times.append((st, en))
-            torch.cuda.synchronize()
+            med = timer.time_fn(fn)
             smi = _smi()
-            med = statistics.median(s.elapsed_time(e) for s, e in times) * 1e-3
             print(json.dumps({"case": name, "data": data, "n": n, "median_s": med,
                               "tflops": 2 * n**3 / med / 1e12, "sm_clock_power": smi}))
 

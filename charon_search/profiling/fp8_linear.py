@@ -15,32 +15,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from charon_search.profiling.runner import CudaEventTimer
 
 #: (tokens, in, out) of the 70B TP8 linears: 16 x 8192 tokens; q/k/v 8192 -> 1280, o 1024 ->
 #: 8192, gate+up 8192 -> 7168, down 3584 -> 8192 (meta-llama/Llama-3.1-70B config.json).
 SHAPES_70B_TP8 = ((131072, 8192, 1280), (131072, 1024, 8192), (131072, 8192, 7168),
                   (131072, 3584, 8192))
-
-
-def _time(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], Any],
-          events: Callable[[], Any]) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    pairs = []
-    for _ in range(repeats):
-        st, en = events(), events()
-        st.record()
-        fn()
-        en.record()
-        pairs.append((st, en))
-    sync()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e-3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,8 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     dev, out = args.device, Path(args.out)
     cuda = dev == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    events = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
+    # eager calls timed with CUDA events, median after warm-ups (the profiler's own timer)
+    timer = CudaEventTimer(warmup=args.warmup, repeats=args.repeats, device=dev,
+                           use_graphs=False) if cuda else None
     for tokens, k, n in SHAPES_70B_TP8:
         tokens, k, n = tokens // args.scale, k // args.scale, n // args.scale
         base = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(dev, torch.bfloat16)
@@ -79,14 +64,12 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.time()
             rec = {"tokens": tokens, "in": k, "out": n, "variant": name}
             try:
-                if events is None:  # CPU dry run: only check that it runs
+                if timer is None:  # CPU dry run: only check that it runs
                     step()
                     rec["ok"] = True
                 else:
-                    rec["fwd_s"] = _time(fwd, warmup=args.warmup, repeats=args.repeats,
-                                         sync=sync, events=events)
-                    rec["fwd_bwd_s"] = _time(step, warmup=args.warmup, repeats=args.repeats,
-                                             sync=sync, events=events)
+                    rec["fwd_s"] = timer.time_fn(fwd)
+                    rec["fwd_bwd_s"] = timer.time_fn(step)
             except Exception as e:  # one variant failing must not lose the others
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rec["wall_s"] = round(time.time() - t0, 1)

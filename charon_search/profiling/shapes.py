@@ -127,6 +127,12 @@ def model_graphs(name: str, phase: str = "prefill") -> list[OpGraph]:
     return out
 
 
+def _shape(kind: str, variant: str, dtype: str, **params: float) -> OpShape:
+    """An ``OpShape`` with its params sorted by name (the dedup key)."""
+    return OpShape(op_kind=kind, variant=variant, dtype=dtype,
+                   params=tuple(sorted((k, float(v)) for k, v in params.items())))
+
+
 def standard_grid(dtype: str = "bf16") -> list[OpShape]:
     """A compact shape grid on the aiconfigurator collection's grid points, so measured rows
     can be compared one-to-one with the shipped DB: GEMMs m x (n, k), causal prefill and
@@ -134,8 +140,7 @@ def standard_grid(dtype: str = "bf16") -> list[OpShape]:
     out: list[OpShape] = []
 
     def add(kind: str, variant: str, **params: float) -> None:
-        out.append(OpShape(op_kind=kind, variant=variant, dtype=dtype,
-                           params=tuple(sorted((k, float(v)) for k, v in params.items()))))
+        out.append(_shape(kind, variant, dtype, **params))
 
     for m in (1, 16, 128, 1024, 4096, 16384):
         for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (12288, 4096), (8192, 8192),
@@ -159,11 +164,6 @@ def standard_grid(dtype: str = "bf16") -> list[OpShape]:
             add("grouped_gemm", "moe_ffn", tokens=tokens, top_k=topk, num_experts=experts,
                 n=n, k=k)
     return out
-
-
-def _shape(kind: str, variant: str, dtype: str, **params: float) -> OpShape:
-    return OpShape(op_kind=kind, variant=variant, dtype=dtype,
-                   params=tuple(sorted((k, float(v)) for k, v in params.items())))
 
 
 #: Query heads per GPU of the training attention grid: Llama-3 8B unsharded (32 heads;
