@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -55,4 +54,13 @@ def main(n: int = 8192, reps: int = 50) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(x) for x in sys.argv[1:]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", type=int, nargs="?", default=8192, help="GEMM size (default 8192)")
+    ap.add_argument("reps", type=int, nargs="?", default=50, help="timed calls (default 50)")
+    args = ap.parse_args()
+    if args.n < 16 or args.n % 16 or args.reps < 1:
+        ap.error(f"n must be a multiple of 16 (fp8 GEMMs need it) and reps >= 1, got n={args.n}, "
+                 f"reps={args.reps}")
+    main(args.n, args.reps)

@@ -39,11 +39,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
+    for flag, value, low in (("--scale", args.scale, 1), ("--repeats", args.repeats, 1),
+                             ("--warmup", args.warmup, 0)):
+        if value < low:
+            ap.error(f"{flag} must be >= {low}, got {value}")
+    if args.device not in ("cuda", "cpu"):
+        ap.error(f"--device must be one of ['cpu', 'cuda'], got {args.device!r}")
     dev, out = args.device, Path(args.out)
     cuda = dev == "cuda"
     # eager calls timed with CUDA events, median after warm-ups (the profiler's own timer)
     timer = CudaEventTimer(warmup=args.warmup, repeats=args.repeats, device=dev,
                            use_graphs=False) if cuda else None
+    import torchao
+
+    where = torch.cuda.get_device_name(0) if cuda else "CPU (dry run)"
+    source = (f"charon-search profiling/fp8_linear.py on {where}, torch {torch.__version__}, "
+              f"torchao {torchao.__version__}, {time.strftime('%Y-%m-%d')}")
     for tokens, k, n in SHAPES_70B_TP8:
         tokens, k, n = tokens // args.scale, k // args.scale, n // args.scale
         base = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(dev, torch.bfloat16)
@@ -62,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
                 m(x).backward(g)
 
             t0 = time.time()
-            rec = {"tokens": tokens, "in": k, "out": n, "variant": name}
+            rec: dict[str, Any] = {"tokens": tokens, "in": k, "out": n, "variant": name,
+                                   "source": source}
             try:
                 if timer is None:  # CPU dry run: only check that it runs
                     step()
