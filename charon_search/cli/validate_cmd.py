@@ -8,6 +8,11 @@ cannot be expressed are listed with the reason.
 
     charon-search validate --kind training --json validate.json
     charon-search validate my_records.yaml --ids megatron_sc21_t1_1.7b --html report.html
+    charon-search validate --explain --ids megatron_sc21_t1_1.7b
+
+``--explain`` prints, for each selected record (name them with ``--ids``), what the simulator did
+to reach its prediction: a training step's breakdown and cost sources, or a serving row's engine
+facts, iteration mix and largest decode-step operators (``validation.explain``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
+
+#: Records ``--explain`` accepts at once (each is a full simulation with every iteration kept).
+MAX_EXPLAIN = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=200,
                         help="per-record rows printed (0 = none, -1 = all)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--explain", action="store_true",
+                        help="show how each selected record's prediction arises (step breakdown "
+                             "or iteration mix and decode-step operators) instead of the table; "
+                             f"at most {MAX_EXPLAIN} records, chosen with --ids")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     files = args.files or default_files()
     records = select_records(load_files(files), kind=args.kind, ids=args.ids, limit=args.limit)
+    if args.explain:
+        return _explain(records, args)
 
     def progress(i: int, n: int, rec) -> None:  # type: ignore[no-untyped-def]
         if not args.quiet and (i % 25 == 0 or i == n - 1):
@@ -65,4 +79,32 @@ def run(args: argparse.Namespace) -> int:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         args.html.write_text(render_html(result))
         print(f"wrote {args.html}")
+    return 0
+
+
+def _explain(records, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from charon_search.errors import ConfigError
+    from charon_search.validation import Unexpressible, to_case
+    from charon_search.validation.explain import explain_case, render_explanation
+
+    if not records:
+        raise ConfigError("`--explain` found no record: name them with `--ids` (ids are in the "
+                          "first column of `charon-search validate`)")
+    if len(records) > MAX_EXPLAIN:
+        raise ConfigError(f"`--explain` takes at most {MAX_EXPLAIN} records, but {len(records)} "
+                          "are selected: name them with `--ids`")
+    out = []
+    for rec in records:
+        try:
+            exp = explain_case(to_case(rec))
+        except Unexpressible as e:
+            print(f"explain {rec.id}: not expressible: {e}")
+            continue
+        out.append(exp)
+        print(render_explanation(exp))
+        print()
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps({"explanations": out}, indent=1, default=str))
+        print(f"wrote {args.json_out}")
     return 0

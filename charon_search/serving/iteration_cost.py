@@ -406,6 +406,29 @@ class GraphIterationCostModel(IterationCostModel):
             self._memo_linear[tokens] = hit
         return hit
 
+    def linear_breakdown(self, tokens: int) -> list[tuple[str, str, str, float]]:
+        """The decoder blocks' token-linear ops at ``tokens`` tokens (decode: one per running
+        request), largest first: ``(node name, op kind, cost source, seconds summed over the
+        layers)``. Their sum is ``linear_s(tokens)`` less the embedding and pipeline hops; the
+        cost source is the fused model's provenance (``profile``, ``predictor``, ``roofline``)
+        or ``collective`` for communication."""
+        from charon_search.cost.selector import default_cost_model
+
+        fused = default_cost_model(self.cluster)
+        if self.dp_attention:
+            tokens = -(-tokens // self.tp)
+        total: dict[tuple[str, str, str], float] = {}
+        for part in self._prefill_parts:
+            g = part.linear
+            if not g.nodes:
+                continue
+            secs = self._cost(g, 1, tokens, tokens)
+            prov = fused.cost_graph_detailed(g, 1, tokens, tokens).provenance
+            for node, t, src in zip(g.nodes, secs, prov, strict=True):
+                key = (node.name, str(node.kind), src or "collective")
+                total[key] = total.get(key, 0.0) + float(t) * part.count
+        return sorted(((*k, v) for k, v in total.items()), key=lambda r: -r[3])
+
     def linear_s(self, tokens: int) -> float:
         """Token-linear ops of all layers (+ embedding, PP hops) at ``tokens`` tokens."""
         if tokens <= 0:

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.hardware.spec import ClusterSpec
 
-__all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "simulate_serving"]
+__all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "run_simulation",
+           "simulate_serving"]
 
 _ARRIVE, _KV, _ITER = 0, 0, 1
 
@@ -516,6 +517,23 @@ def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
         ...     WorkloadSpec(rate_per_s=5, num_requests=20))  # doctest: +SKIP
         >>> rep.ttft_s["p99"]  # doctest: +SKIP
     """
+    sim, report = run_simulation(model, cluster, config, workload, rng=rng,
+                                 cost_model=cost_model, keep_requests=keep_requests,
+                                 record_iterations=chrome_trace is not None, progress=progress)
+    if chrome_trace is not None:
+        sim.write_chrome_trace(chrome_trace)
+    return report
+
+
+def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
+                   config: ServingConfig | dict[str, Any],
+                   workload: WorkloadSpec | Sequence[RequestSpec] | dict[str, Any], *,
+                   rng: np.random.Generator | None = None,
+                   cost_model: IterationCostModel | None = None, keep_requests: bool = False,
+                   record_iterations: bool = False, progress: bool = False,
+                   ) -> tuple[ServingSimulation, ServingReport]:
+    """``simulate_serving`` returning the finished ``ServingSimulation`` too (its replicas'
+    ``records`` hold every iteration when ``record_iterations``; ``validation.explain``)."""
     spec_model, cl = _resolve(model, cluster)
     cfg = config if isinstance(config, ServingConfig) else ServingConfig.from_dict(config)
     if isinstance(workload, dict):
@@ -532,13 +550,11 @@ def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
         raise ConfigError("the workload has no requests")
     _check_parallel(spec_model, cfg)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
-                            record_iterations=chrome_trace is not None)
+                            record_iterations=record_iterations)
     reqs = sim.run(requests, closed_loop_concurrency=closed, ramp_up_s=ramp, progress=progress)
     report = sim.report(reqs, num_requests=len(requests), closed_loop=bool(closed),
                         keep_requests=keep_requests)
-    if chrome_trace is not None:
-        sim.write_chrome_trace(chrome_trace)
-    return report
+    return sim, report
 
 
 def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:

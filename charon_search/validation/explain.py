@@ -1,0 +1,178 @@
+"""Where one record's prediction comes from (``charon-search validate --explain ID``).
+
+A validate table says *how far* a prediction is off; this says *what the simulator did* to get
+it, so the next change has a mechanism to aim at:
+
+- **training**: the critical rank's step split into compute, exposed communication per axis,
+  pipeline bubble, overlap slowdown, optimizer and host time (they sum to the step), and the
+  share of operator time each cost source priced (measured profile, trained predictor,
+  roofline, collective model).
+- **serving**: the launch facts the engine profile set, the iterations of the measured window
+  (prompt-carrying and decode-only: how many, how long, how many prompts and decodes each), the
+  spread of the measured requests' TTFT, and the largest operators of one decode step at the
+  window's mean decode batch with their cost source.
+
+>>> from charon_search.validation import load_files, default_files, select_records, to_case
+>>> rec = select_records(load_files(default_files()), ids=["megatron_sc21_t1_1.7b"])[0]
+>>> exp = explain_case(to_case(rec))  # doctest: +SKIP
+>>> print(render_explanation(exp))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from charon_search.validation.predict import _steady_state
+from charon_search.validation.translate import ServingCase, TrainingCase
+
+__all__ = ["explain_case", "render_explanation"]
+
+#: Decode-step operators listed by ``render_explanation``.
+TOP_OPS = 12
+
+
+def explain_case(case: TrainingCase | ServingCase) -> dict[str, Any]:
+    """The simulation behind ``case``'s prediction as a JSON-able dict (``kind`` training or
+    serving; fields documented in the module docstring)."""
+    if isinstance(case, TrainingCase):
+        return _explain_training(case)
+    return _explain_serving(case)
+
+
+def _explain_training(case: TrainingCase) -> dict[str, Any]:
+    from charon_search.training import simulate_training
+    from charon_search.validation.runner import _layout_summary
+
+    rep = simulate_training(case.model, case.cluster, case.layout, memory=False)
+    b = rep.breakdown
+    parts = {"compute_s": b.compute_s, "exposed_comm_s": b.exposed_comm_s,
+             "pipeline_bubble_s": b.pipeline_bubble_s,
+             "overlap_slowdown_s": b.overlap_slowdown_s, "optimizer_s": b.optimizer_s,
+             "other_s": b.other_s}
+    return {
+        "kind": "training", "id": case.record.id, "cluster": case.cluster.name,
+        "layout": _layout_summary(case), "step_time_s": rep.step_time_s, "mfu": rep.mfu,
+        "hfu": rep.hfu, "num_micro_batches": rep.num_micro_batches, "breakdown": parts,
+        "exposed_comm_by_kind_s": dict(b.exposed_comm_by_kind_s),
+        "cost_sources": dict(rep.cost_sources), "measured": dict(case.record.measured),
+    }
+
+
+def _explain_serving(case: ServingCase) -> dict[str, Any]:
+    from charon_search.serving.simulator import run_simulation
+
+    cfg = case.config
+    closed = bool(getattr(case.workload, "closed_loop", False))
+    sim, rep = run_simulation(case.model, case.cluster, cfg, case.workload, keep_requests=True,
+                              record_iterations=True)
+    per = rep.per_request or {}
+    rid = np.asarray(per.get("request_id", []), dtype=float)
+    arrived = np.asarray(per.get("arrived_at_s", []), dtype=float)
+    e2e = np.asarray(per.get("e2e_s", []), dtype=float)
+    ttft = np.asarray(per.get("ttft_s", []), dtype=float)
+    skip = int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0))
+               ) if closed else 0
+    steady = _steady_state(
+        per, skip, nominal=int(case.extra.get("measured_requests", 0)),
+        wave=int(case.extra.get("concurrency", 0)),
+        drain=int(case.extra.get("drain_requests", 0))) if closed else None
+    keep = (rid >= skip) & np.isfinite(e2e)
+    if not keep.any():
+        keep = np.isfinite(e2e)
+    t0 = float(arrived[keep].min()) if keep.any() else 0.0
+    t1 = float((arrived + e2e)[keep].max()) if keep.any() else 0.0
+    iters = [r for eng in sim.replicas for r in (eng.records or ())
+             if t0 <= r.start_s < t1]
+    groups: dict[str, dict[str, float]] = {}
+    for label, sel in (("prompt", [r for r in iters if r.num_prefill]),
+                       ("decode", [r for r in iters if not r.num_prefill])):
+        if sel:
+            groups[label] = {
+                "count": len(sel),
+                "mean_duration_s": float(np.mean([r.duration_s for r in sel])),
+                "mean_prompts": float(np.mean([r.num_prefill for r in sel])),
+                "mean_prompt_tokens": float(np.mean([r.prefill_tokens for r in sel])),
+                "mean_decodes": float(np.mean([r.num_decode for r in sel])),
+                "time_share": float(sum(r.duration_s for r in sel)
+                                    / max(sum(r.duration_s for r in iters), 1e-30)),
+            }
+    decode_batch = max(1, round(groups["decode"]["mean_decodes"])) if "decode" in groups else 1
+    cost = sim.replicas[0].cost
+    ops = (cost.linear_breakdown(decode_batch) if hasattr(cost, "linear_breakdown") else [])
+    fin = ttft[keep & np.isfinite(ttft)]
+    return {
+        "kind": "serving", "id": case.record.id, "cluster": case.cluster.name,
+        "engine": {
+            "engine": cfg.engine, "tp": cfg.tp, "pp": cfg.pp, "ep": cfg.ep,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_num_seqs": cfg.max_num_seqs, "chunked_prefill": cfg.chunked_prefill,
+            "prefill_schedule": cfg.prefill_schedule,
+            "overlap_scheduler": cfg.overlap_scheduler,
+            "iteration_overhead_s": sim.replicas[0].overhead_s,
+            "prefill_iteration_overhead_s": sim.replicas[0].prefill_overhead_s,
+            "frontend_latency_s": sim.frontend_s,
+        },
+        "window": {"start_s": t0, "end_s": t1, "requests": int(keep.sum()),
+                   "iterations": len(iters)},
+        "iterations": groups,
+        "predicted": ({"ttft_s": steady[0], "tpot_s": steady[1]} if steady else
+                      {"ttft_s": rep.ttft_s.get("mean"), "tpot_s": rep.tpot_s.get("mean")}),
+        "ttft_percentiles_s": ({f"p{q}": float(np.percentile(fin, q)) for q in (10, 50, 90)}
+                               if fin.size else {}),
+        "decode_step": {"batch": decode_batch,
+                        "ops": [{"name": n, "kind": k, "source": s, "seconds": t}
+                                for n, k, s, t in ops[:TOP_OPS]],
+                        "linear_total_s": float(sum(t for *_, t in ops))},
+        "measured": dict(case.record.measured),
+    }
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f} ms"
+
+
+def render_explanation(exp: Mapping[str, Any]) -> str:
+    """Plain-text rendering of ``explain_case``'s dict."""
+    lines = [f"explain {exp['id']} ({exp['kind']}, cluster {exp['cluster']})"]
+    meas = ", ".join(f"{k} {v:.4g}" for k, v in exp["measured"].items())
+    if exp["kind"] == "training":
+        lines += [f"  layout {exp['layout']}",
+                  f"  step {exp['step_time_s']:.4f} s, {exp['num_micro_batches']} micro-batches "
+                  f"(simulator MFU {exp['mfu']:.3f} / HFU {exp['hfu']:.3f}, PaLM FLOPs; the "
+                  "validate table counts the record's own convention)",
+                  f"  measured: {meas}", "  step breakdown (sums to the step):"]
+        step = exp["step_time_s"] or 1.0
+        for k, v in exp["breakdown"].items():
+            lines.append(f"    {k:<20s} {v:10.4f} s  {100 * v / step:5.1f} %")
+        for k, v in exp["exposed_comm_by_kind_s"].items():
+            lines.append(f"      exposed {k:<12s} {v:10.4f} s")
+        lines.append("  operator time by cost source: " + ", ".join(
+            f"{k} {100 * v:.1f} %" for k, v in sorted(exp["cost_sources"].items(),
+                                                       key=lambda kv: -kv[1])))
+        return "\n".join(lines)
+    eng = exp["engine"]
+    lines.append("  engine: " + ", ".join(
+        f"{k} {_ms(v) if k.endswith('_s') else v}" for k, v in eng.items()))
+    pred = exp["predicted"]
+    lines.append(f"  predicted TTFT {_ms(pred['ttft_s'])}, TPOT {_ms(pred['tpot_s'])};  "
+                 f"measured: {meas}")
+    if exp["ttft_percentiles_s"]:
+        lines.append("  measured-window TTFT spread: " + ", ".join(
+            f"{k} {_ms(v)}" for k, v in exp["ttft_percentiles_s"].items()))
+    w = exp["window"]
+    lines.append(f"  window {w['start_s']:.3f}-{w['end_s']:.3f} s: {w['requests']} requests, "
+                 f"{w['iterations']} iterations")
+    for label, g in exp["iterations"].items():
+        lines.append(f"    {label:<6s} x{g['count']:<6d} mean {_ms(g['mean_duration_s'])}, "
+                     f"{g['mean_prompts']:.2f} prompts ({g['mean_prompt_tokens']:.0f} tokens) + "
+                     f"{g['mean_decodes']:.1f} decodes, {100 * g['time_share']:.1f} % of the time")
+    ds = exp["decode_step"]
+    lines.append(f"  decode step at batch {ds['batch']}: token-linear ops "
+                 f"{_ms(ds['linear_total_s'])} (attention and LM head aside); largest:")
+    for op in ds["ops"]:
+        lines.append(f"    {_ms(op['seconds']):>12s}  {op['kind']:<14s} {op['source']:<10s} "
+                     f"{op['name']}")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""``charon-search validate --explain``: the simulation behind one record's prediction."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from charon_search.cli import main
+from charon_search.validation import to_case
+from charon_search.validation.explain import explain_case, render_explanation
+from charon_search.validation.predict import predict_case
+
+SC21 = "megatron_sc21_t1_1.7b"
+#: TensorRT-LLM Llama-3.1-8B, TP8, 1024/512 at concurrency 8 (aiconfigurator gap analysis).
+TRT_ROW = ("meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_"
+           "agg_1024x512_c8_tp8_epnone_135")
+
+
+def test_training_breakdown_sums_to_the_predicted_step(by_id):
+    case = to_case(by_id[SC21])
+    exp = explain_case(case)
+    step = predict_case(case).info["step_time_s"]
+    assert exp["step_time_s"] == pytest.approx(step, rel=1e-9)
+    # The parts of the critical rank's step add up to it (StepBreakdown's contract).
+    assert sum(exp["breakdown"].values()) == pytest.approx(step, rel=1e-6)
+    assert sum(exp["cost_sources"].values()) == pytest.approx(1.0, abs=1e-6)
+    text = render_explanation(exp)
+    assert "compute_s" in text and "tp1 pp1 dp32" in text
+
+
+def test_serving_explanation_matches_the_validated_prediction(by_id):
+    rec = by_id[TRT_ROW]
+    case = to_case(rec)
+    exp = explain_case(case)
+    pred = predict_case(case).predicted
+    assert exp["predicted"]["ttft_s"] == pytest.approx(pred["ttft_s"], rel=1e-9)
+    assert exp["predicted"]["tpot_s"] == pytest.approx(pred["tpot_s"], rel=1e-9)
+    eng = exp["engine"]
+    isl, c = 1024, 8
+    # aiconfigurator's trtllm.rule: max_num_tokens = max_batch_size + isl + 1500.
+    assert eng["max_num_batched_tokens"] == c + isl + 1500
+    prompt = exp["iterations"]["prompt"]
+    # No chunked prefill: whole 1024-token prompts, as many as fit beside the decodes.
+    assert prompt["mean_prompt_tokens"] / prompt["mean_prompts"] == pytest.approx(isl)
+    assert prompt["mean_prompts"] <= (eng["max_num_batched_tokens"]) // isl
+    decode = exp["iterations"]["decode"]
+    assert decode["mean_decodes"] <= c
+    assert prompt["time_share"] + decode["time_share"] == pytest.approx(1.0)
+    # The decode step's operators are a part of the decode iteration (attention, LM head and
+    # the sampler are the rest).
+    ds = exp["decode_step"]
+    assert 0 < ds["linear_total_s"] < decode["mean_duration_s"]
+    assert ds["ops"] and all(op["source"] in ("profile", "predictor", "roofline", "collective")
+                             for op in ds["ops"])
+    assert math.isfinite(exp["ttft_percentiles_s"]["p50"])
+
+
+def test_cli_explain_writes_json_and_rejects_unknown_ids(tmp_path, capsys):
+    out = tmp_path / "explain.json"
+    assert main(["validate", "--explain", "--ids", SC21, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [e["id"] for e in data["explanations"]] == [SC21]
+    assert "step breakdown" in capsys.readouterr().out
+    assert main(["validate", "--explain", "--ids", "no_such_record"]) == 2
+    assert "--ids" in capsys.readouterr().err
