@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from charon_search.validation.predict import _steady_state
+from charon_search.validation.predict import measured_skip, predicted_latencies
 from charon_search.validation.translate import ServingCase, TrainingCase
 
 __all__ = ["explain_case", "render_explanation"]
@@ -65,7 +65,6 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
     from charon_search.serving.simulator import run_simulation
 
     cfg = case.config
-    closed = bool(getattr(case.workload, "closed_loop", False))
     sim, rep = run_simulation(case.model, case.cluster, cfg, case.workload, keep_requests=True,
                               record_iterations=True)
     per = rep.per_request or {}
@@ -73,13 +72,8 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
     arrived = np.asarray(per.get("arrived_at_s", []), dtype=float)
     e2e = np.asarray(per.get("e2e_s", []), dtype=float)
     ttft = np.asarray(per.get("ttft_s", []), dtype=float)
-    skip = int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0))
-               ) if closed else 0
-    steady = _steady_state(
-        per, skip, nominal=int(case.extra.get("measured_requests", 0)),
-        wave=int(case.extra.get("concurrency", 0)),
-        drain=int(case.extra.get("drain_requests", 0))) if closed else None
-    keep = (rid >= skip) & np.isfinite(e2e)
+    pred_ttft, pred_tpot = predicted_latencies(case, rep)
+    keep = (rid >= measured_skip(case)) & np.isfinite(e2e)
     if not keep.any():
         keep = np.isfinite(e2e)
     t0 = float(arrived[keep].min()) if keep.any() else 0.0
@@ -118,8 +112,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
         "window": {"start_s": t0, "end_s": t1, "requests": int(keep.sum()),
                    "iterations": len(iters)},
         "iterations": groups,
-        "predicted": ({"ttft_s": steady[0], "tpot_s": steady[1]} if steady else
-                      {"ttft_s": rep.ttft_s.get("mean"), "tpot_s": rep.tpot_s.get("mean")}),
+        "predicted": {"ttft_s": pred_ttft, "tpot_s": pred_tpot},
         "ttft_percentiles_s": ({f"p{q}": float(np.percentile(fin, q)) for q in (10, 50, 90)}
                                if fin.size else {}),
         "decode_step": {"batch": decode_batch,

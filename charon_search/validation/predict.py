@@ -219,13 +219,7 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
         report = sim(case.model, case.cluster, case.config, case.workload)
     pred: dict[str, float] = {}
     skipped: dict[str, str] = {}
-    ttft, tpot = read_number(report, "ttft_s"), read_number(report, "tpot_s")
-    skip = int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0)))
-    steady = _steady_state(report, skip, nominal=int(case.extra.get("measured_requests", 0)),
-                           wave=int(case.extra.get("concurrency", 0)),
-                           drain=int(case.extra.get("drain_requests", 0))) if closed else None
-    if steady is not None:
-        ttft, tpot = steady
+    ttft, tpot = predicted_latencies(case, report)
     values = {
         "ttft_s": ttft,
         "tpot_s": tpot,
@@ -250,6 +244,27 @@ def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResu
         if v is not None:
             info[k] = v
     return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
+
+
+def measured_skip(case: ServingCase) -> int:
+    """Simulated requests a closed-loop case leaves out of its means (the benchmark's warm-up,
+    else the first wave); 0 for other workloads."""
+    if not getattr(case.workload, "closed_loop", False):
+        return 0
+    return int(case.extra.get("warmup_requests", getattr(case.workload, "concurrency", 0)))
+
+
+def predicted_latencies(case: ServingCase, report: Any) -> tuple[float | None, float | None]:
+    """The (TTFT, TPOT) validate compares with a serving case's measurement: a closed loop's
+    settled requests (``_steady_state``), else the report's means."""
+    if getattr(case.workload, "closed_loop", False):
+        steady = _steady_state(report, measured_skip(case),
+                               nominal=int(case.extra.get("measured_requests", 0)),
+                               wave=int(case.extra.get("concurrency", 0)),
+                               drain=int(case.extra.get("drain_requests", 0)))
+        if steady is not None:
+            return steady
+    return read_number(report, "ttft_s"), read_number(report, "tpot_s")
 
 
 def _steady_state(report: Any, skip: int, *, nominal: int = 0, wave: int = 0,
