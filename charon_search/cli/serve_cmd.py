@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--output-len", type=int)
     w.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
     w.add_argument("--seed", type=int)
+    w.add_argument("--prompt-pool", type=int, metavar="N",
+                   help="the client draws its prompts from N distinct ones in turn (aiperf's "
+                        "default dataset holds 100): with --prefix-caching a repeated prompt "
+                        "is a cache hit; needs a fixed --input-len")
     w.add_argument("--ramp-up", type=float, dest="ramp_up_s",
                    help="closed loop: spread the first wave over this many seconds (default: "
                         "one expected request lifetime, the steady state; 0 = all at once)")
@@ -119,6 +123,12 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
                 "concurrency": args.concurrency, "seed": args.seed,
                 "ramp_up_s": args.ramp_up_s}
     wl_data.update({k: v for k, v in wl_flags.items() if v is not None})
+    if args.prompt_pool is not None:
+        isl = wl_data.get("input_len", 1024)
+        if args.prompt_pool < 1 or not isinstance(isl, int):
+            raise ConfigError(f"`--prompt-pool` needs N >= 1 and a fixed `--input-len`, but got "
+                              f"(prompt_pool={args.prompt_pool}, input_len={isl!r})")
+        wl_data.update(shared_prefix_tokens=isl, num_prefixes=args.prompt_pool)
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")
     return config, WorkloadSpec.from_dict(wl_data)

@@ -218,7 +218,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=True,
             max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-            prefix_caching=True, cuda_graph_sizes=graphs,
+            prefix_caching=not aic, cuda_graph_sizes=graphs,
             sources=(*graphs_src,
                 "vLLM v1: decodes first, then chunked prefills in one token budget "
                 "(v1/core/sched/scheduler.py)",
@@ -227,7 +227,13 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                 "pass max_batch_size + isl + 1500; the gap-analysis vLLM 0.12 rows are "
                 "described by the default (Qwen3-32B TTFT median error -26 % vs -55 %), so "
                 "their launches predate that rule",
-                "vLLM v1 prefix caching on by default (enable_prefix_caching=True)",
+                ("prefix caching off (aiconfigurator vllm.rule and sglang.rule turn "
+                 "disable_prefix_cache off only when the model config asks for a shared prefix, "
+                 "and its TensorRT-LLM template sets enable_block_reuse false; with aiperf's "
+                 "100-prompt pool the Qwen3-32B and Qwen3-235B rows' TPOT and TTFT are those of "
+                 "a full prefill per request, while the 11 Llama-3.1-8B-FP8 rows' TPOT needs "
+                 "the reuse a cache gives)" if aic else
+                 "vLLM v1 prefix caching on by default (enable_prefix_caching=True)"),
                 "vLLM 0.12 schedules synchronously (async scheduling opt-in): the cluster's "
                 "per-iteration host time applies",
             ))
@@ -449,10 +455,12 @@ class BenchmarkProtocol:
     concurrency`` requests are measured and averaged.
 
     The default is aiperf as aiconfigurator's ``bench_run.sh.j2`` runs it (``AIPERF_AIC``);
-    ``INFERENCEX`` is SemiAnalysis InferenceX's ``benchmark_serving.py``. Prompts are treated as
-    distinct: by Little's law the rows' engines do the whole prefill work (the 11 vLLM
-    Llama-3.1-8B-FP8 rows are the exception: they imply prefill at 52-95 % of the FP8 peak,
-    i.e. prompt reuse the protocol does not state).
+    ``INFERENCEX`` is SemiAnalysis InferenceX's ``benchmark_serving.py``. aiperf draws its
+    prompts from a pool of 100 (``prompt_pool``), so an engine launched with prefix caching
+    (vLLM's default) computes each pool prompt once and then serves it from its cache. That is
+    what the gap-analysis vLLM 0.12 rows show: by Little's law the 11 Llama-3.1-8B-FP8 rows
+    would otherwise prefill at 52-95 % of the H200's FP8 peak while decoding. InferenceX's
+    random prompts are all distinct.
 
     Simulated start: all streams at once (ramp 0). Identical requests then stay in waves,
     exactly in a prefill-first engine (nobody decodes until the wave is prefilled, which
@@ -473,6 +481,10 @@ class BenchmarkProtocol:
     """The client waits for every warm-up response before the measured phase, which therefore
     starts on an idle engine with all streams together, like a run without warm-up (the
     warm-up only warms caches and connections): nothing of it is simulated."""
+    prompt_pool: int = 0
+    """Distinct prompts the client draws its requests from, in turn (0 = a new prompt per
+    request). An engine with prefix caching serves a repeated prompt from its cache; the
+    warm-up's draws leave theirs cached (``WorkloadSpec.cached_prefixes``)."""
     sources: tuple[str, ...] = (
         "aiconfigurator generator/config/backend_templates/benchmark/{bench_run.sh,"
         "k8s_bench.yaml}.j2: aiperf --concurrency C --warmup-request-count 2C --num-requests 50C "
@@ -482,11 +494,17 @@ class BenchmarkProtocol:
         "aiperf waits for all warm-up responses before it starts the profiling phase (aiperf "
         "docs/tutorials/warmup.md, 'Grace Period'; the timing manager's phases complete when "
         "every credit of the phase has returned): the measured turns start from an idle "
-        "engine, all C streams together, and the mean holds that first wave",)
+        "engine, all C streams together, and the mean holds that first wave",
+        "prompts come from a pool of 100: aiperf InputDefaults.NUM_DATASET_ENTRIES = 100 "
+        "(genai-perf DEFAULT_NUM_DATASET_ENTRIES = 100 before it), sampled with "
+        "DatasetSamplingStrategy.SHUFFLE (every entry once per pass), and bench_run.sh passes "
+        "no --num-dataset-entries; warm-up and measured requests draw from the same pool",)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.range_ratio <= 1.0:
             raise ConfigError(f"`range_ratio` must be in (0, 1], but got {self.range_ratio}")
+        if self.prompt_pool < 0:
+            raise ConfigError(f"`prompt_pool >= 0` must hold, but got {self.prompt_pool}")
         if self.warmup_turns < 0 or self.measured_turns < 1:
             raise ConfigError("`warmup_turns >= 0` and `measured_turns >= 1` must hold, but got "
                               f"({self.warmup_turns}, {self.measured_turns})")
@@ -498,7 +516,7 @@ class BenchmarkProtocol:
 
 #: aiconfigurator's gap-analysis benchmark (the rows whose source names
 #: ``aic-auto-gap-analysis``).
-AIPERF_AIC = BenchmarkProtocol()
+AIPERF_AIC = BenchmarkProtocol(prompt_pool=100)
 
 #: SemiAnalysis InferenceX (formerly InferenceMAX) fixed-sequence-length benchmark, the client of
 #: the silicon rows from dated dumps (``source_file=<date>.csv; model=...; image=...`` and

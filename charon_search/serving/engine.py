@@ -559,6 +559,22 @@ class ReplicaEngine:
             tree.acquire(r.prefix_keys[:full], now_s)
             r.hit_blocks = full
 
+    def warm_prefix(self, prefix_id: int, tokens: int, now_s: float) -> bool:
+        """Leave the full blocks of ``tokens`` prompt tokens of prefix ``prefix_id`` cached and
+        unpinned, as a finished request that computed them does (a warm-up run before the
+        simulated one). Older cached blocks are evicted LRU-first when the pool is full.
+        Returns False (nothing cached) without prefix caching or room."""
+        tree = self.pool.tree
+        keys = tuple((prefix_id, i) for i in range(tokens // self.pool.block_size))
+        if tree is None or not keys:
+            return False
+        missing = len(keys) - tree.match(keys)
+        if missing and not self.pool.reserve(missing):
+            return False
+        tree.acquire(keys, now_s)
+        tree.release(keys, now_s)
+        return True
+
     def _complete(self, r: Request, now_s: float) -> None:
         self._release_prefix(r, now_s)
         self._unreserve(r)

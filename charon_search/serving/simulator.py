@@ -281,6 +281,20 @@ class ServingSimulation:
             step += dec.draft_s(n, kv)
         return t + max(0.0, o - 1) / dec.e * step
 
+    def warm_prefix_caches(self, prefixes: Sequence[tuple[int, int]]) -> int:
+        """Cache ``(prefix_id, tokens)`` prefixes (oldest first) before the run, as requests
+        that finished before it leave them (``WorkloadSpec.cached_prefixes``). Each one goes to
+        one prefill-capable replica, round-robin (a router spreads a warm-up over them).
+        Returns how many were cached (0 without prefix caching)."""
+        engines = [e for e in self.prefill_pool if e.pool.tree is not None]
+        cached = 0
+        for j, (pid, tokens) in enumerate(prefixes):
+            if engines:
+                # Increasing times before t = 0 keep the draw order for LRU eviction.
+                cached += engines[j % len(engines)].warm_prefix(pid, tokens,
+                                                               -1e-6 * (len(prefixes) - j))
+        return cached
+
     def run(self, requests: Sequence[RequestSpec], *, closed_loop_concurrency: int = 0,
             ramp_up_s: float | None = 0.0, progress: bool = False) -> list[Request]:
         """Simulate ``requests``; closed loop keeps ``closed_loop_concurrency`` in flight
@@ -551,6 +565,8 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     _check_parallel(spec_model, cfg)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
                             record_iterations=record_iterations)
+    if isinstance(workload, WorkloadSpec):
+        sim.warm_prefix_caches(workload.warm_prefixes())
     reqs = sim.run(requests, closed_loop_concurrency=closed, ramp_up_s=ramp, progress=progress)
     report = sim.report(reqs, num_requests=len(requests), closed_loop=bool(closed),
                         keep_requests=keep_requests)

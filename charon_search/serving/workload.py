@@ -141,7 +141,18 @@ class WorkloadSpec:
     shared_prefix_tokens: int = 0
     """Synthetic prefix sharing: the first this-many prompt tokens are shared..."""
     num_prefixes: int = 1
-    """...among this many distinct prefixes (request i uses prefix i mod num_prefixes)."""
+    """...among this many distinct prefixes (request i uses prefix
+    ``(i + prefix_offset) mod num_prefixes``). A benchmark client that draws its prompts from a
+    fixed pool is ``shared_prefix_tokens`` = the prompt length and ``num_prefixes`` = the pool
+    size: a repeated prompt is a whole-prompt prefix hit on an engine with prefix caching."""
+    prefix_offset: int = 0
+    """Pool index of the first request's prefix (requests drawn before it, e.g. a warm-up that
+    is not simulated, used the indices below it)."""
+    cached_prefixes: int = 0
+    """The prefixes of this many requests drawn just before the first one (indices
+    ``prefix_offset - cached_prefixes .. prefix_offset - 1`` mod ``num_prefixes``, oldest
+    first) are in every prefix cache at t = 0, as a finished warm-up leaves them
+    (``warm_prefixes``); 0 = the caches start empty."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -163,6 +174,10 @@ class WorkloadSpec:
                               f"({self.think_time_s=}, {self.ramp_up_s=})")
         if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:
             raise ConfigError("`shared_prefix_tokens >= 0` and `num_prefixes >= 1` must hold")
+        if self.prefix_offset < 0 or not 0 <= self.cached_prefixes <= self.num_prefixes:
+            raise ConfigError(f"`prefix_offset >= 0` and `0 <= cached_prefixes <= num_prefixes` "
+                              f"must hold, but got ({self.prefix_offset=}, "
+                              f"{self.cached_prefixes=}, {self.num_prefixes=})")
 
     @property
     def closed_loop(self) -> bool:
@@ -195,13 +210,22 @@ class WorkloadSpec:
         for i in range(n):
             pid, ptok = -1, 0
             if self.shared_prefix_tokens:
-                pid = i % self.num_prefixes
+                pid = (i + self.prefix_offset) % self.num_prefixes
                 ptok = min(self.shared_prefix_tokens, int(prompts[i]))
             out.append(RequestSpec(request_id=i, arrived_at_s=float(arrivals[i]),
                                    prompt_tokens=int(prompts[i]), output_tokens=int(outputs[i]),
                                    prefix_id=pid, prefix_tokens=ptok,
                                    think_time_s=float(think[i])))
         return out
+
+    def warm_prefixes(self) -> list[tuple[int, int]]:
+        """``(prefix_id, tokens)`` of the prefixes cached at t = 0 (``cached_prefixes``), oldest
+        first; empty without shared prefixes."""
+        if not (self.shared_prefix_tokens and self.cached_prefixes):
+            return []
+        first = self.prefix_offset - self.cached_prefixes
+        return [((first + j) % self.num_prefixes, self.shared_prefix_tokens)
+                for j in range(self.cached_prefixes)]
 
     def replace(self, **changes: Any) -> WorkloadSpec:
         return dataclasses.replace(self, **changes)

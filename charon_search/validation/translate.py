@@ -455,15 +455,29 @@ def _serving_case(record: Record) -> ServingCase:
             lo, hi = bench.length_bounds(nom)
             lengths.append(LengthDistribution(value=nom) if lo == hi else
                            LengthDistribution(kind="uniform", low=lo, high=hi))
+        pool_kw: dict[str, Any] = {}
+        lo_i, hi_i = bench.length_bounds(isl)
+        if bench.prompt_pool and lo_i == hi_i:
+            # Requests draw the pool's prompts in turn; a drained warm-up drew the first ones
+            # (and left them cached), the simulated requests continue after it.
+            drawn = bench.warmup_turns * conc if bench.warmup_drains else 0
+            pool_kw = dict(shared_prefix_tokens=isl, num_prefixes=bench.prompt_pool,
+                           prefix_offset=drawn % bench.prompt_pool,
+                           cached_prefixes=min(drawn, bench.prompt_pool))
+            caching = bool(engine_kw.get("prefix_caching"))
+            notes.append(f"prompt pool of {bench.prompt_pool}: "
+                         + ("the engine caches prefixes, so a repeated prompt is a cache hit "
+                            f"and the {pool_kw['cached_prefixes']} warm-up prompts start "
+                            "cached" if caching else
+                            "no prefix caching in this launch: every prompt is prefilled"))
         workload = WorkloadSpec(arrival="concurrency", concurrency=conc, num_requests=n,
                                 ramp_up_s=0.0, input_len=lengths[0], output_len=lengths[1],
-                                seed=0)
+                                seed=0, **pool_kw)
         extra["warmup_requests"] = warm
         extra["drain_requests"] = drain
         extra["measured_requests"] = nominal
         extra["concurrency"] = conc
         notes.extend(f"client ({bench.name}): {line}" for line in bench.sources)
-        lo_i, hi_i = bench.length_bounds(isl)
         lo_o, hi_o = bench.length_bounds(osl)
         if bench.warmup_drains and bench.warmup_turns:
             notes.append(f"{bench.warmup_turns * conc} warm-up requests drained before the "

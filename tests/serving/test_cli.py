@@ -52,9 +52,23 @@ def test_serve_disagg_and_trace(tmp_path) -> None:
     (["--disagg", "prefill=2"], "disagg"),
     (["--tp", "3"], "tp"),
     (["--workload", "missing.csv"], "does not exist"),
+    (["--prompt-pool", "0"], "--prompt-pool"),
 ])
 def test_serve_bad_input_exits_2(argv, needle, capsys) -> None:
     rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
                "--num-requests", "5", *argv])
     assert rc == 2
     assert needle in capsys.readouterr().err
+
+
+def test_serve_prompt_pool_hits_the_prefix_cache(tmp_path) -> None:
+    """A closed loop of 40 requests over a pool of 8 prompts of 512 tokens: the first 8 miss,
+    the other 32 reuse 31 of their 32 blocks (the last block of a full hit is recomputed)."""
+    out = tmp_path / "pool.json"
+    rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+               "--workload", "concurrency", "--concurrency", "4", "--num-requests", "40",
+               "--input-len", "512", "--output-len", "4", "--prompt-pool", "8",
+               "--prefix-caching", "--no-progress", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["prefix_hit_rate"] == pytest.approx(32 * 496 / (40 * 512))

@@ -37,6 +37,13 @@ def test_config_bad_values(bad) -> None:
         ServingConfig.from_dict(bad)
 
 
+@pytest.mark.parametrize("bad", [{"prefix_offset": -1}, {"cached_prefixes": 5},
+                                 {"cached_prefixes": -1}])
+def test_workload_prompt_pool_bad_values(bad) -> None:
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        WorkloadSpec.from_dict({"shared_prefix_tokens": 64, "num_prefixes": 4, **bad})
+
+
 def test_parse_disagg() -> None:
     d = parse_disagg("prefill=3xTP2PP2,decode=1xTP8EP8", "nvlink")
     assert (d.prefill.num_replicas, d.prefill.tp, d.prefill.pp) == (3, 2, 2)

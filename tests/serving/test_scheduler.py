@@ -259,3 +259,42 @@ def test_stress_prefix_cache_with_preemption_releases_everything(affine, cluster
         assert eng.pool.private_blocks == 0
         assert eng.pool.tree.num_pinned == 0
         assert eng.pool.tree.num_blocks <= eng.pool.num_blocks
+
+
+@pytest.mark.parametrize(("offset", "cached", "misses"), [(0, 0, 8), (0, 8, 0), (3, 3, 5)])
+def test_prompt_pool_client_reuses_cached_prompts(affine, cluster, offset, cached,
+                                                  misses) -> None:
+    """A client drawing 40 requests from a pool of 8 prompts (aiperf's dataset entries): the
+    first draw of a prompt that is not cached misses, every later one is a whole-prompt hit
+    (63 of 64 blocks: the last block is recomputed). ``cached_prefixes`` stands for a warm-up
+    that drew the ``cached`` prompts just before (pool indices ``offset - cached ..
+    offset - 1``): with offset 3 and 3 cached, requests 0..4 draw prompts 3..7 (misses) and
+    request 5 onwards draws cached ones."""
+    wl = WorkloadSpec(arrival="concurrency", concurrency=4, num_requests=40, ramp_up_s=0.0,
+                      input_len=LengthDistribution(value=1024),
+                      output_len=LengthDistribution(value=2), shared_prefix_tokens=1024,
+                      num_prefixes=8, prefix_offset=offset, cached_prefixes=cached)
+    assert [pid for pid, _ in wl.warm_prefixes()] == [(offset - cached + j) % 8
+                                                      for j in range(cached)]
+    rep = simulate_serving("debug-llama", cluster, _cfg(prefix_caching=True), wl,
+                           cost_model=affine)
+    assert rep.num_completed == 40
+    assert rep.prefix_hit_rate == pytest.approx((40 - misses) * 1008 / (40 * 1024))
+    off = simulate_serving("debug-llama", cluster, _cfg(prefix_caching=False), wl,
+                           cost_model=affine)
+    assert off.prefix_hit_rate == 0.0
+
+
+def test_warm_prefixes_respect_the_kv_capacity(affine, cluster) -> None:
+    """A warm-up leaves no more than the KV pool holds, evicting least recently used leaf
+    blocks first: three 64-block prompts into 100 blocks keep the newest whole, the leading
+    100 - 64 = 36 blocks of the one before, and nothing of the first."""
+    from charon_search.catalog import load_model
+    from charon_search.serving.simulator import ServingSimulation
+
+    sim = ServingSimulation(load_model("debug-llama"), cluster,
+                            _cfg(prefix_caching=True, num_kv_blocks=100), cost_model=affine)
+    assert sim.warm_prefix_caches([(0, 1024), (1, 1024), (2, 1024)]) == 3
+    tree = sim.replicas[0].pool.tree
+    assert tree.num_blocks == 100 and tree.num_pinned == 0
+    assert [tree.match([(p, i) for i in range(64)]) for p in (0, 1, 2)] == [0, 36, 64]

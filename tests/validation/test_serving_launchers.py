@@ -9,6 +9,7 @@ from charon_search.validation.translate import to_case
 
 PERF_8B_H200 = "trtllm_llama31_8b_h200_tp1_isl2048_osl2048"
 DS_H100_DISAGG = "dsr1_h100_trtllm_fp8_disagg_1024x1024_c30_cfg494"
+QWEN32_VLLM_GAP = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_1024x128_c16_tp2_epnone_4"
 
 
 def test_perf_overview_row_runs_trtllm_bench_limits(by_id) -> None:
@@ -78,3 +79,19 @@ def test_inferencex_deepseek_trt_attention_dp_recipe(by_id) -> None:
     assert adp.adp_balance_timeout_iters == 60
     plain = to_case(by_id["dsr1_h200_trtllm_fp8_agg_1024x1024_c16_cfg83"]).config
     assert not plain.dp_attention and plain.adp_balance_timeout_iters == 0
+
+
+def test_aiperf_rows_draw_from_a_pool_of_100_prompts(by_id) -> None:
+    """aiperf's default 100 dataset entries: C = 16 drains 2 x 16 = 32 warm-up requests, so
+    the measured ones continue at pool index 32 with those 32 prompts cached. The gap-analysis
+    vLLM launch keeps prefix caching off (aiconfigurator rules), so the pool costs nothing
+    there; an InferenceX row's random prompts are all distinct."""
+    case = to_case(by_id[QWEN32_VLLM_GAP])
+    wl = case.workload
+    assert (wl.shared_prefix_tokens, wl.num_prefixes) == (1024, 100)
+    assert (wl.prefix_offset, wl.cached_prefixes) == (32, 32)
+    assert [p for p, _ in wl.warm_prefixes()] == list(range(32))
+    assert not case.config.prefix_caching
+    assert any("prompt pool of 100" in a for a in case.assumptions)
+    ix = to_case(by_id[DS_H100_DISAGG]).workload
+    assert ix.shared_prefix_tokens == 0
