@@ -93,6 +93,13 @@ class Layout:
     router's, the dispatch's and the combine's local ops is one kernel (``passes.fusion``)."""
     fsdp_prefetch: bool = True
     """ZeRO-3: prefetch the next layer's all-gather during the current layer."""
+    fsdp_backward_prefetch: str = "pre"
+    """ZeRO-3 backward, named like PyTorch FSDP's ``BackwardPrefetch``: ``pre`` issues the next
+    layer's all-gather before this layer's gradient computation (FSDP2, FSDP1's default);
+    ``post`` only after it, ahead of this layer's reduce-scatter on the same process group, so
+    every backward all-gather waits for a layer's compute and for the reduce-scatter issued
+    before it (FSDP1 ``BACKWARD_POST``, Composer's default). With ``post`` the gradient
+    reduce-scatters share the all-gathers' NCCL stream, as FSDP1's single process group does."""
     expert_load_imbalance: float = 1.0
     """max/mean tokens per expert (1.0 = perfectly balanced routing)."""
     rank_order: str = "tp-cp-ep-dp-pp"
@@ -151,6 +158,7 @@ class Layout:
         _choice("optimizer", self.optimizer, ("adam", "sgd"))
         _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
+        _choice("fsdp_backward_prefetch", self.fsdp_backward_prefetch, ("pre", "post"))
         if isinstance(self.recompute_modules, str):  # "mlp moe_act" (CLI / YAML)
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules.split()))
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))

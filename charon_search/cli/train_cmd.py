@@ -20,7 +20,7 @@ _FLAGS = {  # flag dest -> Layout field
     "mbs": "micro_batch_size", "gbs": "global_batch_size", "seq": "seq_len",
     "recompute": "recompute", "precision": "precision", "cp_algo": "cp_algo",
     "attention_kernel": "attention_kernel", "fp8_recipe": "fp8_recipe",
-    "selective_policy": "selective_policy",
+    "selective_policy": "selective_policy", "fsdp_backward_prefetch": "fsdp_backward_prefetch",
 }
 
 
@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensorwise | rowwise | delayed | blockwise")
     p.add_argument("--selective-policy", dest="selective_policy", default=None,
                    help="attention (attention core) | op (torchtitan op-level SAC)")
+    p.add_argument("--fsdp-backward-prefetch", dest="fsdp_backward_prefetch", default=None,
+                   help="ZeRO-3 backward all-gather: pre (before the layer's gradients; FSDP2) "
+                        "| post (after them, queued with the reduce-scatters; FSDP1 "
+                        "BACKWARD_POST, Composer's default)")
     p.add_argument("--layout", default=None, help="layout YAML (Layout fields)")
     p.add_argument("--json", default=None, help="write the StepReport JSON here")
     p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")

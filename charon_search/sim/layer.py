@@ -10,6 +10,7 @@ whatever ``n`` is.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from charon_search.ir import OpGraph, OpKind, Phase
@@ -71,9 +72,16 @@ def _is_wgrad(graph: OpGraph, i: int, outputs: frozenset[int]) -> bool:
             and bool(n.outputs) and all(t in outputs for t in n.outputs))
 
 
-def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True) -> list[Task]:
-    """Tasks for ``copies`` chained instances of the costed graph."""
+def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True,
+                fsdp_backward_prefetch: str = "pre") -> list[Task]:
+    """Tasks for ``copies`` chained instances of the costed graph.
+
+    ``fsdp_backward_prefetch="post"`` (``Layout.fsdp_backward_prefetch``) on a backward graph:
+    each layer's all-gather waits for the previous layer's gradient computation, and the
+    reduce-scatters join the all-gathers' stream in FSDP1's issue order (layer r's all-gather,
+    then layer r - 1's reduce-scatter)."""
     g = cg.graph
+    post = (fsdp_backward_prefetch == "post" and g.meta.get("direction") == "backward")
     producer_idx = {t: i for i, n in enumerate(g.nodes) for t in n.outputs}
     consumed = {t for n in g.nodes for t in n.inputs}
     deps_local: list[tuple[int, ...]] = []
@@ -84,23 +92,51 @@ def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True) -> 
              if not any(t in consumed for t in n.outputs) and n.group != "dp"]
     sources = [i for i, n in enumerate(g.nodes) if not deps_local[i] and n.group != "dp"]
     gathers = [i for i, n in enumerate(g.nodes) if not deps_local[i] and n.group == "dp"]
+    computed = [i for i, n in enumerate(g.nodes) if n.group != "dp"]
     nn = len(g.nodes)
+    gather_stream = next((g.nodes[i].stream for i in gathers
+                          if g.nodes[i].kind == OpKind.ALL_GATHER), "")
+    deferred = {i for i, n in enumerate(g.nodes)
+                if post and n.group == "dp" and n.kind == OpKind.REDUCE_SCATTER}
     tasks: list[Task] = []
+    order: list[int] = []  # task index -> position in the stream queues
+    held: list[int] = []
     for r in range(copies):
         base = r * nn
         for i, n in enumerate(g.nodes):
             deps = [base + d for d in deps_local[i]]
             if r > 0 and i in sources:
                 deps += [(r - 1) * nn + k for k in sinks]
+            if post and i in sources:
+                # FSDP1's pre-backward hook unshards before the layer's first backward op.
+                deps += [base + k for k in gathers if g.nodes[k].kind == OpKind.ALL_GATHER]
             if i in gathers:
-                lag = 2 if fsdp_prefetch else 1
+                lag = 1 if post or not fsdp_prefetch else 2
                 if r >= lag:
-                    deps += [(r - lag) * nn + k for k in sinks]
+                    # BACKWARD_POST fires once the previous layer's gradients (its weight-
+                    # gradient GEMMs, which are no sinks) are all computed.
+                    deps += [(r - lag) * nn + k for k in (computed if post else sinks)]
+            stream = n.stream if n.is_comm else "compute"
+            if i in deferred:
+                stream = gather_stream or stream
             tasks.append(Task(
-                name=n.name, stream=n.stream if n.is_comm else "compute",
+                name=n.name, stream=stream,
                 duration_s=float(cg.durations_s[i]), deps=tuple(deps), is_comm=n.is_comm,
                 group=n.group, tier=cg.tiers[i], label=n.module_path or n.name))
-    return tasks
+            if i in deferred:
+                held.append(base + i)
+            else:
+                order.append(base + i)
+                if i in gathers and held:
+                    # FSDP1 issues layer r's all-gather before layer r - 1's reduce-scatter.
+                    order.extend(held)
+                    held = []
+    order.extend(held)
+    if not deferred:
+        return tasks
+    pos = {v: k for k, v in enumerate(order)}
+    return [dataclasses.replace(tasks[v], deps=tuple(pos[d] for d in tasks[v].deps))
+            for v in order]
 
 
 def _unit(res: EngineResult, wgrad_s: float, flops: float, tasks: list[Task]) -> UnitCost:
@@ -117,14 +153,16 @@ def _unit(res: EngineResult, wgrad_s: float, flops: float, tasks: list[Task]) ->
 
 
 def layer_cost(cg: CostedGraph, *, compute_slowdown: float = 1.0, comm_slowdown: float = 1.0,
-               fsdp_prefetch: bool = True, flops: float = 0.0) -> LayerCost:
+               fsdp_prefetch: bool = True, fsdp_backward_prefetch: str = "pre",
+               flops: float = 0.0) -> LayerCost:
     """First-layer and steady-state costs of the costed block graph."""
     outputs = frozenset(cg.graph.outputs)
     wgrad = float(sum(cg.durations_s[i] for i in range(len(cg.graph.nodes))
                       if _is_wgrad(cg.graph, i, outputs)))
     runs = {}
     for copies in (1, 3):
-        tasks = chain_tasks(cg, copies, fsdp_prefetch=fsdp_prefetch)
+        tasks = chain_tasks(cg, copies, fsdp_prefetch=fsdp_prefetch,
+                            fsdp_backward_prefetch=fsdp_backward_prefetch)
         eng = StreamEngine(compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown)
         res = eng.run(tasks)
         runs[copies] = (res, tasks)

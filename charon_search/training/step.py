@@ -192,7 +192,8 @@ def _layer_costs(pb: ParallelBlock, coster: GraphCoster, b: float, s: float, clu
     cal = cluster.calibration
     kw: dict[str, Any] = dict(compute_slowdown=cal.overlap_compute_slowdown,
                               comm_slowdown=cal.overlap_comm_slowdown,
-                              fsdp_prefetch=layout.fsdp_prefetch)
+                              fsdp_prefetch=layout.fsdp_prefetch,
+                              fsdp_backward_prefetch=layout.fsdp_backward_prefetch)
     cf = coster.cost(pb.forward, b, s)
     fwd = layer_cost(cf, flops=pb.forward.total_flops(b, s), **kw)
     bwd = cb = None
@@ -305,7 +306,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
             break
         for name, pb in bset.items():
             key = (tkey, c_.key(), name, b, s, cl_key, id(cost_model), tuple(
-                sorted(strides.items())), L.fsdp_prefetch)
+                sorted(strides.items())), L.fsdp_prefetch, L.fsdp_backward_prefetch)
             fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key, cost_model)
             target[name] = (fl, bl)
             if target is costs:

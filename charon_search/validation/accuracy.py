@@ -212,8 +212,11 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "(`attention_kernel='eager'`), torchtitan `selective_ac_option: op` "
         "(`selective_policy='op'`), the fp8 scaling recipe (torchao tensorwise/rowwise, "
         "Transformer Engine delayed, block-scaled for MXFP8 and DeepSeek-V3) and DualPipe's "
-        "all-to-all overlap (`moe_a2a_overlap`), and which fused attention kernel it ran "
-        "(`attention_kernel`). On H100/H200/H800 that kernel's forward and backward are priced "
+        "all-to-all overlap (`moe_a2a_overlap`), llm-foundry's Composer FSDP1 backward "
+        "prefetch (`BACKWARD_POST`: each backward all-gather after the layer's gradients, "
+        "queued with the reduce-scatters; `fsdp_backward_prefetch='post'`), and which fused "
+        "attention kernel it ran (`attention_kernel`). On H100/H200/H800 that kernel's "
+        "forward and backward are priced "
         "from dense cuDNN and FlashAttention-2 kernels this project measured on an H200 "
         "(`sim.train_attention`, `data/profiles/measured/README.md`), not from the serving "
         "prefill rows.",

@@ -79,6 +79,15 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["norm_impl"] = "eager"
         notes.append("torchtitan RMSNorm without torch.compile: one eager kernel per op "
                      "(norm_impl='eager')")
+    # llm-foundry trains under Composer's FSDP1 wrapper, whose FSDPConfig defaults are
+    # backward_prefetch 'BACKWARD_POST', forward_prefetch False, limit_all_gathers True (the
+    # benchmark tables' yamls do not override them): a backward all-gather is issued after the
+    # layer's gradient computation, ahead of that layer's reduce-scatter on the one process group.
+    if "llm-foundry" in fw.lower() and int(t.get("zero_stage") or 0) == 3:
+        out["fsdp_backward_prefetch"] = "post"
+        notes.append("Composer FSDP1 backward_prefetch BACKWARD_POST (FSDPConfig default): "
+                     "backward all-gathers wait for the layer's gradients and queue with the "
+                     "reduce-scatters")
     recipe = fp8_recipe(record, t, ex, fw)
     if recipe is not None:
         out["fp8_recipe"] = recipe[0]

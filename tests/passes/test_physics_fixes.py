@@ -269,3 +269,40 @@ def test_fp8_keeps_grouped_gemm_offsets_and_ep_dispatches_the_activations() -> N
     # plus the small exchange of the int32 per-expert counts
     assert sizes[-1] == routed * 2
     assert sizes[:-1] == [spec.num_experts * 4]
+
+
+@pytest.mark.parametrize("mode", ["pre", "post"])
+def test_fsdp_backward_prefetch_post_exposes_each_all_gather(mode: str) -> None:
+    """ZeRO-3 backward of a chain of layers whose compute C outlasts its all-gather a and
+    reduce-scatter r: ``pre`` prefetches the next layer's all-gather, so a layer costs C;
+    ``post`` (FSDP1 BACKWARD_POST) issues it after the layer's gradients, so every layer waits
+    a + C, while the reduce-scatter queued behind that all-gather runs under the next compute."""
+    import numpy as np
+
+    from charon_search.sim.costing import CostedGraph
+    from charon_search.sim.layer import chain_tasks, layer_cost
+
+    ctx = PassContext(dp=8, zero_stage=3)
+    g = parallelize_block(synthetic_block("dense"), ctx).backward
+    comm = {n.kind for n in g.nodes if n.group == "dp"}
+    assert comm == {OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER}
+    a, r, c_node = 2e-3, 3e-3, 1e-3
+    dur = np.array([a if n.kind == OpKind.ALL_GATHER else r if n.group == "dp" else c_node
+                    for n in g.nodes])
+    compute = c_node * sum(1 for n in g.nodes if n.group != "dp")
+    assert compute > a + r
+    cg = CostedGraph(graph=g, durations_s=dur, provenance=("x",) * len(dur),
+                     tiers=tuple("t" if n.is_comm else "" for n in g.nodes))
+    period = layer_cost(cg, fsdp_backward_prefetch=mode).period.duration_s
+    assert period == pytest.approx(compute + (a if mode == "post" else 0.0))
+    streams = {t.stream for t in chain_tasks(cg, 3, fsdp_backward_prefetch=mode)
+               if t.group == "dp"}
+    assert len(streams) == (1 if mode == "post" else 2)
+
+
+def test_layout_rejects_unknown_fsdp_backward_prefetch() -> None:
+    from charon_search.errors import ConfigError
+    from charon_search.layout import Layout
+
+    with pytest.raises(ConfigError, match="fsdp_backward_prefetch"):
+        Layout.from_dict({"dp": 8, "zero_stage": 3, "fsdp_backward_prefetch": "early"})

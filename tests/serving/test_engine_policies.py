@@ -109,8 +109,12 @@ def test_reserve_max_admission_never_preempts(affine, cluster) -> None:
 
 def test_engine_profiles_carry_the_launch_facts() -> None:
     v = engine_profile("vllm", isl=2000, max_batch_size=64)
+    # aiconfigurator's launches disable prefix caching unless the model config states a prefix;
+    # vLLM's own default caches.
     assert (v.prefill_schedule, v.max_num_batched_tokens, v.prefix_caching) == (
-        "mixed", 8192, True)
+        "mixed", 8192, False)
+    assert engine_profile("vllm", isl=2000, max_batch_size=64,
+                          launcher="engine_defaults").prefix_caching
     s_old = engine_profile("sglang", isl=2000, max_batch_size=64, version="0.5.1.post1")
     s_new = engine_profile("sglang", isl=2000, max_batch_size=64, version="0.5.6.post2")
     assert s_old.prefill_schedule == "prefill_first" and s_new.prefill_schedule == "mixed"

@@ -40,7 +40,9 @@ def test_vllm_row_runs_decode_first_mixed_batches(by_id) -> None:
     cfg, wl = case.config, case.workload
     assert cfg.prefill_schedule == "mixed" and cfg.max_num_batched_tokens == 8192
     assert cfg.decode_in_budget and cfg.iteration_overhead_s is None
-    assert wl.shared_prefix_tokens == 0  # distinct prompts
+    # aiperf's 100-prompt pool; the aiconfigurator launch caches no prefixes.
+    assert (wl.shared_prefix_tokens, wl.num_prefixes) == (2000, 100)
+    assert not cfg.prefix_caching
     assert wl.ramp_up_s == 0.0  # aiperf starts every stream together
 
 

@@ -57,3 +57,12 @@ def test_per_tensor_fp8_training_runs_cublaslt_gemms() -> None:
     # DeepSeek-V3 block-scaled fp8 (DeepGEMM) keeps the default
     assert _case("deepseek_v3_pretrain_2048_h800").layout.fp8_gemm_kernel == "cutlass"
     assert _case("megatron_sc21_t1_1.7b").layout.fp8_gemm_kernel == "cutlass"
+
+
+def test_llm_foundry_runs_composer_fsdp1_backward_post_prefetch() -> None:
+    # Composer FSDPConfig default backward_prefetch 'BACKWARD_POST'; torchtitan's FSDP2 keeps
+    # the prefetching default.
+    case = _case("llmfoundry_h100_80gb_mpt13b_64gpu_seq2048")
+    assert case.layout.fsdp_backward_prefetch == "post"
+    assert any("BACKWARD_POST" in a for a in case.assumptions)
+    assert _case("torchtitan_202412_t1_8b_8gpu_fsdp").layout.fsdp_backward_prefetch == "pre"
