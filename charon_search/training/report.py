@@ -61,6 +61,10 @@ class StepReport:
     num_micro_batches: int
     cost_sources: Mapping[str, float]
     """Share of the step's operator time costed by each source (profile/predictor/...)."""
+    layer_times_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Per block type (``dense``, ``moe``, ``embedding``, ``lm_head``): ``forward_s`` and
+    ``backward_s`` of one layer in the middle of a chain of them (steady state: prefetched
+    collectives hidden, exposed ones counted; the backward includes any recompute)."""
     flops_convention: str = FLOPS_CONVENTION
     warnings: tuple[str, ...] = ()
     memory: Mapping[str, Any] | None = None
@@ -77,7 +81,7 @@ class StepReport:
             if dataclasses.is_dataclass(v) and not isinstance(v, type):
                 v = dataclasses.asdict(v)
             elif isinstance(v, Mapping):
-                v = dict(v)
+                v = {k: dict(x) if isinstance(x, Mapping) else x for k, x in v.items()}
             elif isinstance(v, tuple):
                 v = list(v)
             out[f.name] = v

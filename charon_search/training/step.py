@@ -509,4 +509,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         stage_busy_s=tuple(sum(u.end_s - u.start_s for u in pipe.units if u.rank == r)
                            for r in range(p)),
         micro_batches_in_flight=tuple(pipe.max_in_flight), num_micro_batches=m,
-        cost_sources=sources, warnings=tuple(warnings), memory=mem, timeline=timeline)
+        cost_sources=sources,
+        layer_times_s={name: {"forward_s": fl.period.duration_s,
+                              "backward_s": bl.period.duration_s if bl is not None else 0.0}
+                       for name, (fl, bl) in costs.items()},
+        warnings=tuple(warnings), memory=mem, timeline=timeline)

@@ -58,6 +58,7 @@ def _explain_training(case: TrainingCase) -> dict[str, Any]:
         "hfu": rep.hfu, "num_micro_batches": rep.num_micro_batches, "breakdown": parts,
         "exposed_comm_by_kind_s": dict(b.exposed_comm_by_kind_s),
         "cost_sources": dict(rep.cost_sources), "measured": dict(case.record.measured),
+        "layer_times_s": {k: dict(v) for k, v in rep.layer_times_s.items()},
     }
 
 
@@ -145,6 +146,9 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
         lines.append("  operator time by cost source: " + ", ".join(
             f"{k} {100 * v:.1f} %" for k, v in sorted(exp["cost_sources"].items(),
                                                        key=lambda kv: -kv[1])))
+        layers = ", ".join(f"{k} {1e3 * v['forward_s']:.2f} + {1e3 * v['backward_s']:.2f} ms"
+                           for k, v in exp.get("layer_times_s", {}).items())
+        lines.append("  one layer in a chain, forward + backward (with recompute): " + layers)
         return "\n".join(lines)
     eng = exp["engine"]
     lines.append("  engine: " + ", ".join(

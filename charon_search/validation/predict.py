@@ -30,9 +30,6 @@ _NOT_MODELLED = {
     "pretraining_gpu_time_s": "whole-run figure: needs the token count, batch ramp and restarts",
     "time_to_train_s": "time-to-train depends on convergence, not only step time",
     "mfu_relative_to_megatron_lm": "relative to an unstated Megatron-LM baseline run",
-    "layer_forward_time_s": "per-layer times are not reported by the training simulator",
-    "layer_backward_time_s": "per-layer times are not reported by the training simulator",
-    "layer_forward_backward_time_s": "per-layer times are not reported by the training simulator",
     "output_tokens_per_s_per_user_min": "per-user speed range of real traffic",
     "output_tokens_per_s_per_user_max": "per-user speed range of real traffic",
     "prefill_step_time_s": "single prefill step of an unstated batch",
@@ -144,7 +141,8 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
             skipped[metric] = _NOT_MODELLED[metric]
             continue
         try:
-            value = _training_metric(metric, case, step, tokens, n, conv)
+            value = (_layer_metric(metric, case, report) if metric.startswith("layer_") else
+                     _training_metric(metric, case, step, tokens, n, conv))
         except Unexpressible as e:
             skipped[metric] = str(e)
             continue
@@ -165,6 +163,28 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
     if cs:
         info["cost_sources"] = dict(cs)
     return CaseResult(predicted=pred, skipped_metrics=skipped, info=info)
+
+
+#: Per-layer metrics of the schema -> the ``StepReport.layer_times_s`` entries they add up.
+_LAYER_METRICS = {"layer_forward_time_s": ("forward_s",),
+                  "layer_backward_time_s": ("backward_s",),
+                  "layer_forward_backward_time_s": ("forward_s", "backward_s")}
+
+
+def _layer_metric(metric: str, case: TrainingCase, report: Any) -> float | None:
+    """One transformer layer's time (``StepReport.layer_times_s`` of the model's most common
+    block type, steady state in a chain of layers; the backward includes any recompute)."""
+    parts = _LAYER_METRICS.get(metric)
+    if parts is None:
+        return None
+    times = (report.get("layer_times_s") if isinstance(report, Mapping)
+             else getattr(report, "layer_times_s", None)) or {}
+    types = [t for t in (getattr(case.model, "layer_types", None) or ()) if t in times]
+    block = max(set(types), key=types.count) if types else (
+        "dense" if "dense" in times else None)
+    if block is None:
+        raise Unexpressible("the training simulator reported no per-layer times")
+    return sum(float(times[block][p]) for p in parts)
 
 
 def _training_metric(metric: str, case: TrainingCase, step: float, tokens: float, n: int,

@@ -22,6 +22,8 @@ METRIC_GROUPS: dict[str, tuple[str, ...]] = {
         "hardware_tflops_per_gpu", "mfu", "hfu", "model_tflops_total", "hardware_tflops_total",
         "wall_time_per_trillion_tokens_s", "gpu_time_per_trillion_tokens_s",
     ),
+    "training_layer_time": ("layer_forward_backward_time_s", "layer_forward_time_s",
+                            "layer_backward_time_s"),
     "training_memory": ("peak_memory_bytes", "params_grads_optimizer_memory_bytes",
                         "activation_memory_bytes"),
     "serving_ttft": ("ttft_s",),

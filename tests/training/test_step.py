@@ -234,3 +234,17 @@ def test_node_dedup_ep_scaleout_bytes_follow_group_limited_routing() -> None:
     assert _ep_scaleout_scale(spec, cl, Layout(dp=8, ep=8, ep_node_dedup=True,
                                                global_batch_size=8), {"ep": 1}) == 1.0
     assert _ep_scaleout_scale(load_model("llama-3.1-8b"), cl, lay, {"ep": 1}) == 1.0
+
+
+def test_layer_times_full_recompute_adds_one_forward_to_the_backward() -> None:
+    """Per-layer times (steady state, no collectives on one GPU): the forward does not depend
+    on recompute; full recompute's backward is the plain backward plus one forward."""
+    lay = dict(global_batch_size=4, seq_len=256)
+    none = _sim(Layout(recompute="none", **lay)).layer_times_s["dense"]
+    full = _sim(Layout(recompute="full", **lay)).layer_times_s["dense"]
+    assert full["forward_s"] == pytest.approx(none["forward_s"], rel=1e-9)
+    assert full["backward_s"] == pytest.approx(none["backward_s"] + none["forward_s"],
+                                               rel=1e-6)
+    assert none["backward_s"] > none["forward_s"] > 0
+    d = _sim(Layout(recompute="none", **lay)).to_dict()["layer_times_s"]
+    assert set(d["dense"]) == {"forward_s", "backward_s"}

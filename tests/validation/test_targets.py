@@ -83,3 +83,22 @@ def test_h100_llama3_8b_silicon_row(validated):
     # TTFT 190.95 ms, TPOT 7.94 ms; predicted 43.8 ms / 7.10 ms.
     err = _errors(validated, H100_8B_ROW)
     assert abs(err["ttft_s"]) <= 0.20 and abs(err["tpot_s"]) <= 0.20, err
+
+
+KORTHIKANTI_T4 = ("korthikanti_t4_22b_layer_baseline_no_recompute",
+                  "korthikanti_t4_22b_layer_full_recompute",
+                  "korthikanti_t4_22b_layer_selective_recompute",
+                  "korthikanti_t4_22b_layer_selective_plus_sequence_parallel")
+
+
+def test_korthikanti_table4_layer_times(shipped_records):
+    # Korthikanti et al. Table 4: one 22B layer (TP 8, micro-batch 4 x 2048) forward + backward
+    # 19.6 / 27.2 / 20.9 / 20.3 ms with no / full / selective / selective + SP recompute.
+    # Predicted (session 16): +5.1 / +8.3 / +4.5 / -2.2 %.
+    res = run_validation(select_records(shipped_records, ids=list(KORTHIKANTI_T4)))
+    got = {r["id"]: r for r in res.rows if r["metric"] == "layer_forward_backward_time_s"}
+    assert set(got) == set(KORTHIKANTI_T4), res.skipped
+    measured = {rid: got[rid]["measured"] for rid in KORTHIKANTI_T4}
+    assert measured == dict(zip(KORTHIKANTI_T4, (0.0196, 0.0272, 0.0209, 0.0203), strict=True))
+    for rid, r in got.items():
+        assert abs(r["error"]) <= 0.10, (rid, r)
