@@ -457,10 +457,11 @@ class BenchmarkProtocol:
     The default is aiperf as aiconfigurator's ``bench_run.sh.j2`` runs it (``AIPERF_AIC``);
     ``INFERENCEX`` is SemiAnalysis InferenceX's ``benchmark_serving.py``. aiperf draws its
     prompts from a pool of 100 (``prompt_pool``), so an engine launched with prefix caching
-    (vLLM's default) computes each pool prompt once and then serves it from its cache. That is
-    what the gap-analysis vLLM 0.12 rows show: by Little's law the 11 Llama-3.1-8B-FP8 rows
-    would otherwise prefill at 52-95 % of the H200's FP8 peak while decoding. InferenceX's
-    random prompts are all distinct.
+    (vLLM's default) computes each pool prompt once and then serves it from its cache.
+    aiconfigurator's launches turn prefix caching off (``engine_profile``), and the Qwen3 gap
+    rows show a full prefill per request; the 11 vLLM Llama-3.1-8B-FP8 rows are the exception:
+    by Little's law they would otherwise prefill at 52-95 % of the H200's FP8 peak while
+    decoding. InferenceX's random prompts are all distinct.
 
     Simulated start: all streams at once (ramp 0). Identical requests then stay in waves,
     exactly in a prefill-first engine (nobody decodes until the wave is prefilled, which

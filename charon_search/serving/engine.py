@@ -486,14 +486,17 @@ class ReplicaEngine:
         self._batch_wait = 0
         return False
 
+    def _prefix_block_keys(self, prefix_id: int, tokens: int) -> tuple:
+        """Radix-tree keys of the full KV blocks of ``tokens`` tokens of prefix ``prefix_id``."""
+        return tuple((prefix_id, i) for i in range(tokens // self.pool.block_size))
+
     def _match_prefix(self, r: Request, now_s: float) -> None:
         tree = self.pool.tree
         spec = r.spec
         if tree is None or spec.prefix_id < 0 or spec.prefix_tokens < self.pool.block_size:
             return
         if not r.prefix_keys:
-            nblk = spec.prefix_tokens // self.pool.block_size
-            r.prefix_keys = tuple((spec.prefix_id, i) for i in range(nblk))
+            r.prefix_keys = self._prefix_block_keys(spec.prefix_id, spec.prefix_tokens)
         hit = tree.match(r.prefix_keys)
         # Keep at least one token to compute (vLLM recomputes the last token of a full hit).
         hit = min(hit, (r.target - 1) // self.pool.block_size)
@@ -565,7 +568,7 @@ class ReplicaEngine:
         simulated one). Older cached blocks are evicted LRU-first when the pool is full.
         Returns False (nothing cached) without prefix caching or room."""
         tree = self.pool.tree
-        keys = tuple((prefix_id, i) for i in range(tokens // self.pool.block_size))
+        keys = self._prefix_block_keys(prefix_id, tokens)
         if tree is None or not keys:
             return False
         missing = len(keys) - tree.match(keys)

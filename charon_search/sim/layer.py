@@ -93,13 +93,13 @@ def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True,
     sources = [i for i, n in enumerate(g.nodes) if not deps_local[i] and n.group != "dp"]
     gathers = [i for i, n in enumerate(g.nodes) if not deps_local[i] and n.group == "dp"]
     computed = [i for i, n in enumerate(g.nodes) if n.group != "dp"]
+    all_gathers = [i for i in gathers if g.nodes[i].kind == OpKind.ALL_GATHER]
     nn = len(g.nodes)
-    gather_stream = next((g.nodes[i].stream for i in gathers
-                          if g.nodes[i].kind == OpKind.ALL_GATHER), "")
+    gather_stream = g.nodes[all_gathers[0]].stream if all_gathers else ""
     deferred = {i for i, n in enumerate(g.nodes)
                 if post and n.group == "dp" and n.kind == OpKind.REDUCE_SCATTER}
     tasks: list[Task] = []
-    order: list[int] = []  # task index -> position in the stream queues
+    order: list[int] = []  # task indices in stream-queue order (FSDP1 issue order)
     held: list[int] = []
     for r in range(copies):
         base = r * nn
@@ -109,7 +109,7 @@ def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True,
                 deps += [(r - 1) * nn + k for k in sinks]
             if post and i in sources:
                 # FSDP1's pre-backward hook unshards before the layer's first backward op.
-                deps += [base + k for k in gathers if g.nodes[k].kind == OpKind.ALL_GATHER]
+                deps += [base + k for k in all_gathers]
             if i in gathers:
                 lag = 1 if post or not fsdp_prefetch else 2
                 if r >= lag:
