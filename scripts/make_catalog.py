@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,36 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "deepseek-v3": ("deepseek-ai--DeepSeek-V3", "deepseek-ai/DeepSeek-V3",
                     ("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-R1")),
     "gpt-oss-120b": ("openai--gpt-oss-120b", "openai/gpt-oss-120b", ()),
+    "minimax-m2.5": ("MiniMaxAI--MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5", ()),
+}
+
+#: catalog name -> {precision: (peer file stem whose ``quantization_config`` describes the
+#: checkpoint, HF id of the checkpoint, what the source says beyond the config)}. Written as
+#: ``_charon_checkpoints`` (``serving._graphs.checkpoint_quant`` reads it); per-layer
+#: ``modules_to_not_convert`` entries are folded to ``model.layers.*.<module>``.
+CHECKPOINTS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "deepseek-v3": {"fp8": (
+        "deepseek-ai--DeepSeek-V3", "deepseek-ai/DeepSeek-V3",
+        "model_configs/deepseek-ai--DeepSeek-V3_config.json and "
+        "deepseek-ai--DeepSeek-R1_config.json `quantization_config` (Apache-2.0; the native "
+        "checkpoints are 128x128 block-scaled fp8; "
+        "the router gate is a plain parameter, not a quantized Linear)")},
+    "gpt-oss-120b": {"fp4": (
+        "openai--gpt-oss-120b", "openai/gpt-oss-120b",
+        "model_configs/openai--gpt-oss-120b_config.json `quantization_config` (Apache-2.0; HF "
+        "config.json of openai/gpt-oss-120b): MXFP4 MoE experts, attention, router, embeddings "
+        "and LM head bf16")},
+    "qwen3-235b-a22b": {"fp8": (
+        "Qwen--Qwen3-235B-A22B-FP8", "Qwen/Qwen3-235B-A22B-FP8",
+        "model_configs/Qwen--Qwen3-235B-A22B-FP8_config.json `quantization_config` (Apache-2.0; "
+        "HF config.json of Qwen/Qwen3-235B-A22B-FP8; the per-layer modules_to_not_convert "
+        "entries written with `*`): 128x128 block-scaled fp8, router gate, norms and LM head "
+        "bf16")},
+    "minimax-m2.5": {"fp8": (
+        "MiniMaxAI--MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5",
+        "model_configs/MiniMaxAI--MiniMax-M2.5_config.json `quantization_config` (Apache-2.0; "
+        "HF config.json of MiniMaxAI/MiniMax-M2.5, whose released weights are this fp8 "
+        "checkpoint): 128x128 block-scaled fp8, router gate and LM head bf16")},
 }
 
 # Keys that only matter for weight loading / quantized checkpoints; the traced graph is bf16.
@@ -127,6 +158,21 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str)
     }
 
 
+def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
+    """The ``_charon_checkpoints`` block of catalog entry ``name`` (empty: none known)."""
+    out: dict[str, dict[str, object]] = {}
+    for precision, (stem, hf, note) in CHECKPOINTS.get(name, {}).items():
+        qc = dict(json.loads((peers / f"{stem}_config.json").read_text())["quantization_config"])
+        skip = qc.pop("modules_to_not_convert", None)
+        if skip is not None:
+            folded = dict.fromkeys(re.sub(r"^model\.layers\.\d+\.", "model.layers.*.", m)
+                                   for m in skip)  # ordered, deduplicated
+            qc["modules_to_not_convert"] = list(folded)
+        out[precision] = {"hf_id": hf, "quantization_config": qc,
+                          "source": f"aiconfigurator-core 0.12.0 wheel, {note}"}
+    return out
+
+
 def write(name: str, cfg: dict) -> None:
     path = OUT / f"{name}.json"
     path.write_text(json.dumps(cfg, indent=2, sort_keys=False) + "\n")
@@ -145,6 +191,8 @@ def main() -> None:
             cfg.pop(key, None)
         cfg["_charon_source"] = AIC.format(file=f"{stem}_config.json", hf=hf)
         cfg["_charon_aliases"] = [hf, *aliases]
+        if ckpt := checkpoints(name, args.peers):
+            cfg["_charon_checkpoints"] = ckpt
         write(name, cfg)
         sources.append((name, cfg["_charon_source"]))
     # Llama-3.3-70B has exactly the Llama-3.1-70B architecture (HF config.json of

@@ -236,6 +236,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                  "vLLM v1 prefix caching on by default (enable_prefix_caching=True)"),
                 "vLLM 0.12 schedules synchronously (async scheduling opt-in): the cluster's "
                 "per-iteration host time applies",
+                *(("no InferenceX vLLM recipe of this model is modelled: the engine's defaults "
+                   "above stand in for its launch flags",) if launcher == "inferencex" else ()),
             ))
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
         return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)

@@ -33,6 +33,7 @@ def test_required_models_are_shipped() -> None:
         ("Qwen/Qwen3-32B", "qwen3-32b"),
         ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
         ("openai/gpt-oss-120b", "gpt-oss-120b"),
+        ("MiniMaxAI/MiniMax-M2.5", "minimax-m2.5"),
         ("LLAMA-3.1-8B", "llama-3.1-8b"),
     ],
 )
@@ -63,6 +64,20 @@ def test_unknown_name_lists_close_matches() -> None:
 )
 def test_published_param_counts(name: str, params: int) -> None:
     assert load_model(name).num_params == params
+
+
+def test_minimax_m2_5_param_count_closed_form() -> None:
+    # MiniMax-M2.5 config.json: 62 layers, hidden 3072, 48 query / 8 KV heads of 128, per-layer
+    # q/k RMSNorm over all heads, 256 experts (top 8) of intermediate 1536, vocabulary 200,064,
+    # untied embeddings. The router's e_score_correction_bias is a buffer in HF's
+    # MiniMaxM2SparseMoeBlock, not a parameter; the MTP modules are not part of the HF model.
+    h, layers, vocab, experts, inter, q, kv = 3072, 62, 200_064, 256, 1536, 48 * 128, 8 * 128
+    attn = h * q + 2 * h * kv + q * h + q + kv
+    layer = attn + 2 * h + experts * h + experts * 3 * h * inter
+    spec = load_model("minimax-m2.5")
+    assert spec.num_params == 2 * vocab * h + layers * layer + h == 228_689_748_992
+    assert (spec.num_experts, spec.num_experts_per_token, spec.num_shared_experts) == (256, 8, 0)
+    assert spec.attention == "gqa" and set(spec.layer_types) == {"moe"}
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def test_unknown_engine_runs_vllm_kernels(gpt_oss):
 
 
 def test_block_fp8_checkpoints_quantize_attention_not_the_router():
-    for name in ("deepseek-v3", "qwen3-235b-a22b"):
+    for name in ("deepseek-v3", "qwen3-235b-a22b", "minimax-m2.5"):
         q = checkpoint_quant(load_model(name), "fp8")
         assert q.moe_dtype == "fp8_block", name
         assert {"attn.qkv", "attn.out", "moe.expert"} <= q.quantized_roles
