@@ -41,6 +41,16 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                     ("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-R1")),
     "gpt-oss-120b": ("openai--gpt-oss-120b", "openai/gpt-oss-120b", ()),
     "minimax-m2.5": ("MiniMaxAI--MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5", ()),
+    "kimi-k2.5": ("moonshotai--Kimi-K2.5", "moonshotai/Kimi-K2.5", ()),
+}
+
+#: Multimodal configs whose language model is an architecture transformers knows under another
+#: ``model_type``: catalog name -> (the ``text_config`` model_type to use, why). The vision tower
+#: is not modelled (text-only serving and training).
+TEXT_MODELS: dict[str, tuple[str, str]] = {
+    "kimi-k2.5": ("deepseek_v3", "text_config model_type 'kimi_k2' is the DeepSeek-V3 "
+                  "architecture (its auto_map names modeling_deepseek.DeepseekV3ForCausalLM); "
+                  "the MoonViT vision tower is not modelled"),
 }
 
 #: catalog name -> {precision: (peer file stem whose ``quantization_config`` describes the
@@ -65,6 +75,13 @@ CHECKPOINTS: dict[str, dict[str, tuple[str, str, str]]] = {
         "HF config.json of Qwen/Qwen3-235B-A22B-FP8; the per-layer modules_to_not_convert "
         "entries written with `*`): 128x128 block-scaled fp8, router gate, norms and LM head "
         "bf16")},
+    "kimi-k2.5": {"int4": (
+        "moonshotai--Kimi-K2.5", "moonshotai/Kimi-K2.5",
+        "model_configs/moonshotai--Kimi-K2.5_config.json `text_config.quantization_config` "
+        "(Apache-2.0; HF config.json of moonshotai/Kimi-K2.5, whose released weights are this "
+        "checkpoint): compressed-tensors, 4-bit symmetric integer weights in groups of 32, "
+        "16-bit activations; attention, shared experts, the dense layer's MLP and the LM head "
+        "are in its `ignore` list (bf16)")},
     "minimax-m2.5": {"fp8": (
         "MiniMaxAI--MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5",
         "model_configs/MiniMaxAI--MiniMax-M2.5_config.json `quantization_config` (Apache-2.0; "
@@ -162,7 +179,9 @@ def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
     """The ``_charon_checkpoints`` block of catalog entry ``name`` (empty: none known)."""
     out: dict[str, dict[str, object]] = {}
     for precision, (stem, hf, note) in CHECKPOINTS.get(name, {}).items():
-        qc = dict(json.loads((peers / f"{stem}_config.json").read_text())["quantization_config"])
+        raw = json.loads((peers / f"{stem}_config.json").read_text())
+        qc = dict((raw.get("text_config") or raw).get("quantization_config")
+                  or raw["quantization_config"])
         skip = qc.pop("modules_to_not_convert", None)
         if skip is not None:
             folded = dict.fromkeys(re.sub(r"^model\.layers\.\d+\.", "model.layers.*.", m)
@@ -187,9 +206,14 @@ def main() -> None:
     sources: list[tuple[str, str]] = []
     for name, (stem, hf, aliases) in FROM_PEERS.items():
         cfg = json.loads((args.peers / f"{stem}_config.json").read_text())
+        note = ""
+        if name in TEXT_MODELS:
+            model_type, note = TEXT_MODELS[name]
+            cfg = {**cfg["text_config"], "model_type": model_type}
+            note = f"; {note}"
         for key in _DROP_KEYS:
             cfg.pop(key, None)
-        cfg["_charon_source"] = AIC.format(file=f"{stem}_config.json", hf=hf)
+        cfg["_charon_source"] = AIC.format(file=f"{stem}_config.json", hf=hf) + note
         cfg["_charon_aliases"] = [hf, *aliases]
         if ckpt := checkpoints(name, args.peers):
             cfg["_charon_checkpoints"] = ckpt

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.serving.config import PRECISIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--max-batched-tokens", type=int)
     e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    e.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp4"))
+    e.add_argument("--precision", choices=PRECISIONS,
+                   help="weight/GEMM precision; int4 = 4-bit integer weights (W4A16) of a "
+                        "checkpoint the catalog ships (e.g. kimi-k2.5)")
     e.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                    help="cost the kernels inference engines fuse (default on)")
     e.add_argument("--spec-k", type=int, help="speculative draft tokens (MTP)")

@@ -61,8 +61,9 @@ class GpuSpec:
         """Peak dense FLOP/s for ``dtype``; fp32 falls back to tf32 tensor cores."""
         if dtype in self.peak_flops_per_s:
             return self.peak_flops_per_s[dtype]
+        # int4 here is weight-only (W4A16): the kernels dequantize to bf16 and compute there.
         fallback = {"fp32": "tf32", "fp16": "bf16", "bf16": "fp16", "fp4": "fp8", "fp8": "bf16",
-                    "int8": "fp8"}
+                    "int8": "fp8", "int4": "bf16"}
         if dtype in fallback and fallback[dtype] in self.peak_flops_per_s:
             return self.peak_flops(fallback[dtype])
         raise ConfigError(

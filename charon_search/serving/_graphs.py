@@ -77,7 +77,7 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
         share = ep / (tp if dp_attention else 1)
         if share > 1:
             graphs = {k: _expert_rows_per_rank(g, share) for k, g in graphs.items()}
-        if precision in ("fp8", "fp4"):
+        if precision in _PRECISION_BYTES:
             quant = checkpoint_quant(model, precision)
             graphs = {k: _with_gemm_dtype(g, quant, engine, ep, moe_kernel)
                       for k, g in graphs.items()}
@@ -129,7 +129,7 @@ def _str_role(n: object) -> str:
 
 
 #: Bytes per element of the serving GEMM precisions (weights and activations, W8A8 / W4A16).
-_PRECISION_BYTES = {"fp8": 1.0, "fp4": 0.5}
+_PRECISION_BYTES = {"fp8": 1.0, "fp4": 0.5, "int4": 0.5}
 
 #: Engines with measured quantized MoE kernels in the profile DB (``moe_ffn_skew.<engine>``);
 #: the first is the one assumed when a configuration does not name its engine (vLLM: the
@@ -144,6 +144,16 @@ MOE_ENGINES = ("vllm", "sglang", "trtllm")
 _QUANTIZABLE_ROLES = frozenset({Role.ATTN_QKV.value, Role.ATTN_OUT.value, Role.MLP_IN.value,
                                 Role.MLP_OUT.value, Role.MOE_EXPERT.value,
                                 Role.MOE_SHARED.value})
+#: A module name of each quantizable role in the HF layout, to test compressed-tensors ``ignore``
+#: entries written as regular expressions (``re:<pattern>``, matched against whole names).
+_ROLE_MODULES = {
+    Role.ATTN_QKV.value: "model.layers.1.self_attn.q_proj",
+    Role.ATTN_OUT.value: "model.layers.1.self_attn.o_proj",
+    Role.MLP_IN.value: "model.layers.0.mlp.gate_proj",
+    Role.MLP_OUT.value: "model.layers.0.mlp.down_proj",
+    Role.MOE_EXPERT.value: "model.layers.1.mlp.experts.0.gate_proj",
+    Role.MOE_SHARED.value: "model.layers.1.mlp.shared_experts.gate_proj",
+}
 #: HF module-name patterns of ``modules_to_not_convert`` -> the roles they keep in bf16.
 _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
     (r"self_attn", frozenset({Role.ATTN_QKV.value, Role.ATTN_OUT.value})),
@@ -156,7 +166,8 @@ _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
 #: Triton ``matmul_ogs``), TensorRT-LLM and SGLang run the experts as W4A16, dequantizing the
 #: 4-bit weights to bf16 inside the kernel; fp8 with ``weight_block_size`` [128, 128]
 #: (DeepSeek-V3/R1, Qwen3-FP8) is the block-scaled family, plain fp8 the per-tensor one.
-_MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8"}
+_MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8",
+               "int4_wo": "int4_wo"}
 #: ``ServingConfig.moe_kernel`` -> (formats it runs, (engine, DB dtype) of its measured rows).
 #: ``marlin``: the Marlin MoE kernel (``fused_marlin_moe``: 4-bit weights, MXFP4 or int4,
 #: dequantized to bf16 in the kernel), one kernel whichever engine launches it; its rows pool
@@ -190,26 +201,61 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
     Raises:
         ConfigError: a shipped checkpoint entry with an unknown ``quant_method``.
     """
-    entry: Mapping[str, Any] = dict(model.hf_config.get("_charon_checkpoints") or {}).get(
-        precision) or {}
+    shipped: Mapping[str, Any] = dict(model.hf_config.get("_charon_checkpoints") or {})
+    entry: Mapping[str, Any] = shipped.get(precision) or {}
     qc: Mapping[str, Any] = entry.get("quantization_config") or {}
     if not qc:
+        if precision == "int4":
+            raise ConfigError(f"`precision` 'int4' (W4A16) needs a catalog checkpoint that says "
+                              f"which GEMMs are 4-bit; {model.name} ships "
+                              f"{sorted(shipped) or 'none'}")
         return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES,
                                moe_dtype="fp8" if precision == "fp8" else "")
     method = str(qc.get("quant_method", ""))
     if method == "fp8" and qc.get("weight_block_size"):
         method = "fp8_block"
+    if method == "compressed-tensors":
+        method = _compressed_tensors_format(qc, f"model {model.name}: _charon_checkpoints."
+                                                f"{precision}.quantization_config")
     if method not in _MOE_FORMAT:
         raise ConfigError(f"model {model.name}: _charon_checkpoints.{precision}.quant_method "
-                          f"must be one of ['fp8', 'mxfp4'], but got {qc.get('quant_method')!r}")
+                          f"must be one of ['compressed-tensors', 'fp8', 'mxfp4'], but got "
+                          f"{qc.get('quant_method')!r}")
     keep: frozenset[str] = frozenset()
-    for module in qc.get("modules_to_not_convert") or ():
+    for module in (*(qc.get("modules_to_not_convert") or ()), *(qc.get("ignore") or ())):
+        module = str(module)
+        if module.startswith("re:"):
+            keep |= {role for role, name in _ROLE_MODULES.items()
+                     if re.fullmatch(module[3:], name)}
+            continue
         for pattern, roles in _MODULE_ROLES:
-            if re.search(pattern, str(module)):
+            if re.search(pattern, module):
                 keep |= roles
     return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES - keep,
                            moe_dtype=_MOE_FORMAT[method] if Role.MOE_EXPERT.value not in keep
                            else "", source=str(entry.get("source", "")))
+
+
+def _compressed_tensors_format(qc: Mapping[str, Any], where: str) -> str:
+    """The kernel format of a compressed-tensors checkpoint: every config group 4-bit integer
+    weights without activation quantization is W4A16 (``int4_wo``, the format vLLM's
+    ``CompressedTensorsWNA16MarlinMoEMethod`` runs and aiconfigurator's ``int4_wo`` MoE rows
+    measure). Other schemes are not modelled.
+
+    Raises:
+        ConfigError: a scheme other than 4-bit integer weight-only.
+    """
+    groups = list(dict(qc.get("config_groups") or {}).values())
+    for g in groups:
+        w = dict(g.get("weights") or {})
+        if (w.get("num_bits"), w.get("type")) != (4, "int") or g.get("input_activations"):
+            raise ConfigError(f"{where}: only 4-bit integer weight-only compressed-tensors "
+                              f"groups (num_bits 4, type 'int', no input_activations) are "
+                              f"modelled, but got weights {w} with input_activations "
+                              f"{g.get('input_activations')}")
+    if not groups:
+        raise ConfigError(f"{where}: a compressed-tensors config needs `config_groups`")
+    return "int4_wo"
 
 
 def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: int = 1,

@@ -178,6 +178,30 @@ class EngineProfile:
 #: although the agg rule asks for it: ``cli_args.0.5.1.post1.j2`` tests the key
 #: ``enable-mix-chunk`` while the parameter mapping emits ``enable-mixed-chunk``.
 SGLANG_UNMIXED_VERSIONS = ("0.5.1", "0.5.1.post1")
+#: First vLLM release that schedules asynchronously unless a launch turns it off
+#: (``SchedulerConfig.async_scheduling = None`` resolved to on by ``VllmConfig``): the last item
+#: of the async-scheduling plan (vllm-project/vllm#27679: #27614); vllm#31998 of 2026-01-08
+#: already extends the default to speculative decoding. Earlier releases (the aiconfigurator
+#: 0.12 rows) schedule synchronously unless ``--async-scheduling`` is passed.
+VLLM_ASYNC_DEFAULT_VERSION = (0, 14)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``"0.16.0"`` -> ``(0, 16, 0)``: the leading numeric fields of a release string (``()``
+    when it has none, e.g. an empty or a named build)."""
+    out: list[int] = []
+    for part in version.strip().lstrip("v").split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(out)
 
 
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
@@ -215,10 +239,11 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
         if ix is not None:
             return ix
     if backend == "vllm":
+        asynchronous = release(version) >= VLLM_ASYNC_DEFAULT_VERSION
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=True,
             max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-            prefix_caching=not aic, cuda_graph_sizes=graphs,
+            prefix_caching=not aic, cuda_graph_sizes=graphs, overlap_scheduler=asynchronous,
             sources=(*graphs_src,
                 "vLLM v1: decodes first, then chunked prefills in one token budget "
                 "(v1/core/sched/scheduler.py)",
@@ -234,8 +259,13 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                  "a full prefill per request, while the 11 Llama-3.1-8B-FP8 rows' TPOT needs "
                  "the reuse a cache gives)" if aic else
                  "vLLM v1 prefix caching on by default (enable_prefix_caching=True)"),
-                "vLLM 0.12 schedules synchronously (async scheduling opt-in): the cluster's "
-                "per-iteration host time applies",
+                (f"vLLM {version} schedules asynchronously by default (since "
+                 f"{'.'.join(map(str, VLLM_ASYNC_DEFAULT_VERSION))}, vllm-project/vllm#27614): "
+                 "step n + 1 is scheduled while step n runs, so no host time is added per "
+                 "iteration") if asynchronous else
+                (f"vLLM {version or '(version not stated)'} schedules synchronously (async "
+                 "scheduling opt-in before 0.14): the cluster's per-iteration host time "
+                 "applies"),
                 *(("no InferenceX vLLM recipe of this model is modelled: the engine's defaults "
                    "above stand in for its launch flags",) if launcher == "inferencex" else ()),
             ))

@@ -53,7 +53,9 @@ MOE_KERNELS = ("", "marlin")
 #: ``""`` = none.
 ENGINES = ("", *SERVING_ENGINES)
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
-PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+#: ``int4``: 4-bit integer weights with 16-bit activations (W4A16), for checkpoints whose
+#: catalog entry says which GEMMs are 4-bit (``serving._graphs.checkpoint_quant``).
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "int4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 
 #: vLLM's default CUDA-graph capture sizes: 1, 2, 4, then every multiple of 8 up to 512

@@ -359,7 +359,7 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None
 
 # ----------------------------------------------------------------------------- serving
 _PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4",
-              "mxfp8": "fp8"}
+              "mxfp8": "fp8", "int4": "int4"}
 
 
 def _serving_precision(raw: str | None, notes: list[str]) -> str:

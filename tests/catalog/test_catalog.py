@@ -34,6 +34,7 @@ def test_required_models_are_shipped() -> None:
         ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
         ("openai/gpt-oss-120b", "gpt-oss-120b"),
         ("MiniMaxAI/MiniMax-M2.5", "minimax-m2.5"),
+        ("moonshotai/Kimi-K2.5", "kimi-k2.5"),
         ("LLAMA-3.1-8B", "llama-3.1-8b"),
     ],
 )
@@ -78,6 +79,23 @@ def test_minimax_m2_5_param_count_closed_form() -> None:
     assert spec.num_params == 2 * vocab * h + layers * layer + h == 228_689_748_992
     assert (spec.num_experts, spec.num_experts_per_token, spec.num_shared_experts) == (256, 8, 0)
     assert spec.attention == "gqa" and set(spec.layer_types) == {"moe"}
+
+
+def test_kimi_k2_5_param_count_closed_form() -> None:
+    # Kimi-K2.5 text_config (DeepSeek-V3 architecture): 61 layers, hidden 7168, MLA with 64
+    # heads (q_lora_rank 1536, kv_lora_rank 512, qk_nope 128 + qk_rope 64, v 128), layer 0 dense
+    # (intermediate 18432), layers 1-60 with 384 routed experts (top 8) and 1 shared expert of
+    # intermediate 2048, vocabulary 163,840, untied embeddings; the routers'
+    # e_score_correction_bias is a buffer in HF's DeepSeek-V3, not a parameter.
+    h, layers, vocab, heads = 7168, 61, 163_840, 64
+    attn = (h * 1536 + 1536 + 1536 * heads * (128 + 64) + h * (512 + 64) + 512
+            + 512 * heads * (128 + 128) + heads * 128 * h)
+    moe = 384 * h + 384 * 3 * h * 2048 + 3 * h * 2048
+    total = 2 * vocab * h + layers * (attn + 2 * h) + 3 * h * 18432 + (layers - 1) * moe + h
+    spec = load_model("kimi-k2.5")
+    assert spec.num_params == total == 1_026_408_209_408
+    assert spec.attention == "mla" and spec.layer_types[:2] == ("dense", "moe")
+    assert (spec.num_experts, spec.num_experts_per_token, spec.num_shared_experts) == (384, 8, 1)
 
 
 @pytest.mark.parametrize(

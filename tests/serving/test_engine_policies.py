@@ -16,7 +16,7 @@ from charon_search.serving import (
     WorkloadSpec,
     simulate_serving,
 )
-from charon_search.serving.backends import engine_profile
+from charon_search.serving.backends import engine_profile, release
 from charon_search.testing import TOY_CALIBRATION, toy_cluster
 
 OH = 1e-3
@@ -227,7 +227,8 @@ def test_inferencex_recipes_set_launch_facts() -> None:
     assert v.iteration_overhead_s == 0.0 and not v.prefix_caching  # async scheduling
     other = engine_profile("vllm", isl=1024, max_batch_size=8, launcher="inferencex",
                            model="MiniMaxAI/MiniMax-M2.5")
-    assert other.iteration_overhead_s is None  # no recipe known: engine defaults
+    assert other.iteration_overhead_s is None  # no recipe, no version: engine defaults
+    assert any("no InferenceX vLLM recipe" in s for s in other.sources)
     for p in (w, n, g, v):
         ServingConfig(**p.config_kwargs())
 
@@ -379,3 +380,16 @@ def test_launch_profiles_name_their_engine() -> None:
     bench = engine_profile("trtllm", isl=1024, max_batch_size=8, max_num_tokens=2048,
                            launcher="trtllm_bench")
     assert bench.config_kwargs()["engine"] == ""
+
+
+def test_vllm_schedules_asynchronously_by_default_from_0_14() -> None:
+    """vLLM 0.14+ resolves ``async_scheduling=None`` to on (vllm#27614); earlier releases, such
+    as the 0.12 of aiconfigurator's rows, add the cluster's per-iteration host time."""
+    assert release("0.16.0") == (0, 16, 0) and release("v0.14.0rc1") == (0, 14, 0)
+    assert release("") == () and release("gpt-oss-dev") == ()
+    for version, overlap in (("0.12.0", False), ("0.13.0", False), ("0.14.0", True),
+                             ("0.18.0", True), ("", False)):
+        p = engine_profile("vllm", isl=1024, max_batch_size=8, version=version,
+                           launcher="inferencex", model="MiniMaxAI/MiniMax-M2.5")
+        assert p.overlap_scheduler is overlap, version
+        assert (p.config_kwargs().get("iteration_overhead_s") == 0.0) is overlap

@@ -101,3 +101,36 @@ def test_unknown_moe_kernel_is_a_config_error():
 
     with pytest.raises(ConfigError, match=r"`moe_kernel` must be one of \['', 'marlin'\]"):
         ServingConfig(moe_kernel="cutlass")
+
+
+def test_kimi_int4_checkpoint_quantizes_only_the_routed_experts():
+    """Kimi-K2.5's compressed-tensors config: 4-bit integer weights (groups of 32, no
+    activation quantization) on every Linear except its ``ignore`` list (lm_head and the
+    regexes ``re:.*self_attn.*``, ``re:.*shared_experts.*``, ``re:.*mlp\\.(gate|up|gate_up|
+    down)_proj.*``), so only the routed experts are W4A16, priced from the ``int4_wo`` rows."""
+    kimi = load_model("kimi-k2.5")
+    q = checkpoint_quant(kimi, "int4")
+    assert q.moe_dtype == "int4_wo" and q.quantized_roles == frozenset({"moe.expert"})
+    _, decode = serving_graphs(kimi, tp=8, pp=1, ep=1, dp_attention=False, precision="int4",
+                               engine="vllm")
+    gemms = _gemms(decode)
+    experts = [n for _, n in gemms if n.role == "moe.expert"]
+    assert experts and all({"moe_dtype:int4_wo", "moe_engine:vllm"} <= n.tags
+                           and n.params["weight_bytes"](1, 1, 1) == 0.5 for n in experts)
+    others = {n.role: n.dtype for _, n in gemms if n.role != "moe.expert"}
+    assert others["attn.qkv"] == others["moe.shared"] == others["lm_head"] == "bf16"
+    assert "int4" not in others.values()  # the router runs in fp32 (HF DeepSeek-V3)
+
+
+def test_int4_needs_a_checkpoint_and_a_weight_only_scheme():
+    with pytest.raises(ConfigError, match="int4"):
+        checkpoint_quant(load_model("llama-3.1-8b"), "int4")
+    kimi = load_model("kimi-k2.5")
+    cfg = dict(kimi.hf_config)
+    entry = dict(cfg["_charon_checkpoints"]["int4"])
+    qc = dict(entry["quantization_config"])
+    qc["config_groups"] = {"g": {"weights": {"num_bits": 8, "type": "int"},
+                                 "input_activations": {"num_bits": 8}}}
+    cfg["_charon_checkpoints"] = {"int4": {**entry, "quantization_config": qc}}
+    with pytest.raises(ConfigError, match="weight-only"):
+        checkpoint_quant(dataclasses.replace(kimi, hf_config=cfg), "int4")
