@@ -24,6 +24,12 @@ plain TP instead, "all-gather happens in high precision" (torchtitan ``paralleli
 
 MoE blocks: routed experts stay unsharded by TP (expert TP = 1, Megatron's default); with SP the
 routed part runs on the sequence shard (Megatron requires SP with TP + MoE).
+
+A q/k norm over all heads (its weight spans more than one head, e.g. MiniMax-M2's
+``qk_norm_type: per_layer``) is split with the heads, so its per-token statistic needs a TP
+all-reduce before the normalization: one per q/k pair and pass, of both statistics in fp32
+(vLLM ``MiniMaxText01RMSNormTP.forward_qk``: ``tensor_model_parallel_all_reduce`` of the
+concatenated q and k variances). Per-head norms (Qwen3) need none.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from charon_search.ir import Node, OpGraph, OpKind, Phase, Role
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind, scale_node, shard_gemm
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult
 
-__all__ = ["COLUMN_ROLES", "ROW_ROLES", "TensorParallelPass", "is_replicated_gemm"]
+__all__ = ["COLUMN_ROLES", "NORM_STAT_TAG", "ROW_ROLES", "TensorParallelPass",
+           "is_activation_all_reduce", "is_replicated_gemm"]
 
 COLUMN_ROLES = frozenset({Role.ATTN_QKV, Role.MLP_IN, Role.LM_HEAD})
 ROW_ROLES = frozenset({Role.ATTN_OUT, Role.MLP_OUT})
@@ -42,6 +49,17 @@ SHARDED_ROLES = frozenset({Role.ATTN_CORE, Role.ATTN_ROPE, Role.ATTN_QK_NORM, Ro
 _GEMMS = (OpKind.GEMM,)
 _GATE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.RESIDUAL,
                          Role.EMBED})
+
+
+#: Tag of the small all-reduce of an across-heads q/k norm's statistics (not an activation).
+NORM_STAT_TAG = "norm_stat"
+
+
+def is_activation_all_reduce(node: Node) -> bool:
+    """A TP all-reduce of a block's activations (``tokens x hidden`` after a row GEMM), not the
+    statistic all-reduce of an across-heads q/k norm."""
+    return (node.is_comm and node.group == "tp" and node.kind == OpKind.ALL_REDUCE
+            and NORM_STAT_TAG not in node.tags)
 
 
 def is_replicated_gemm(node: Node) -> bool:
@@ -183,10 +201,31 @@ class _TPWalker:
             self.reduced[t] = out
         return (out,)
 
+    def _norm_across_heads(self, node: Node, head_dim: float) -> bool:
+        """A q/k norm whose weight spans more than one head (its statistic is split by TP)."""
+        if node.role != Role.ATTN_QK_NORM or node.kind != OpKind.NORM or not head_dim:
+            return False
+        widths = [self.graph.tensors[t].numel(1, 1, 1) for t in node.inputs if t in self.params]
+        return bool(widths) and max(widths) > head_dim
+
+    def norm_stat_all_reduce(self, node: Node) -> None:
+        """The TP all-reduce of an across-heads q/k norm's per-token statistics (q and k in one
+        message: 2 fp32 values per row), after the first norm of each q/k pair."""
+        out = node.outputs[0]
+        rows = node.params.get("rows")
+        nbytes = rows * 8.0 if rows is not None else 8.0
+        self.gb.add_comm(OpKind.ALL_REDUCE, group="tp", group_size=self.tp, nbytes=nbytes,
+                         reads=(out,), like=out, phase=node.phase,
+                         module_path=node.module_path, name=f"tp_norm_stat_{node.name}",
+                         tags=(NORM_STAT_TAG,))
+
     def walk(self) -> OpGraph:
         tp, sp, gb = self.tp, self.sp, self.gb
         self.consumers = self.graph.consumers
         self.partial_order: list[int] = []
+        head_dim = next((float(n.params["head_dim"](1, 1, 1)) for n in self.graph.nodes
+                         if n.kind == OpKind.ATTENTION and "head_dim" in n.params), 0.0)
+        paired: dict[Phase, int] = {}  # across-heads q/k norms seen per phase
         for node in self.graph.nodes:
             act_in = [t for t in node.inputs if t not in self.params]
             extra: tuple[int, ...] = ()
@@ -218,6 +257,10 @@ class _TPWalker:
                 if out_state == "P":
                     self.partial_order.append(t)
             gb.add(new.replace(inputs=tuple(inputs) + extra))
+            if self._norm_across_heads(node, head_dim):
+                paired[node.phase] = paired.get(node.phase, 0) + 1
+                if paired[node.phase] % 2:
+                    self.norm_stat_all_reduce(node)
         # Partial sums leaving the graph (e.g. the block's input gradient) are reduced at the end.
         if self.graph.nodes:
             self.flush_dangling(self.graph.nodes[-1])

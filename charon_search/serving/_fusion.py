@@ -43,6 +43,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from charon_search.ir import DTYPE_BYTES, Node, OpKind, Poly, Role
+from charon_search.passes.tensor_parallel import is_activation_all_reduce
 
 if TYPE_CHECKING:
     from charon_search.ir.graph import OpGraph
@@ -404,8 +405,7 @@ def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
     if moe_tp <= 1:
         return graph
     params = set(graph.param_tensors)
-    ar = next((n for n in graph.nodes if n.is_comm and n.group == "tp"
-               and n.kind == OpKind.ALL_REDUCE), None)
+    ar = next((n for n in graph.nodes if is_activation_all_reduce(n)), None)
     reduce_new = not shared_expert_allreduce(graph)
     experts = [n for n in graph.nodes if n.kind == OpKind.GROUPED_GEMM
                and _str(n.role) == Role.MOE_EXPERT.value]
@@ -476,9 +476,7 @@ def shared_expert_allreduce(graph: OpGraph) -> bool:
     ``reduce_output=False``, one all-reduce fused with the next RMSNorm)."""
     first = next((i for i, n in enumerate(graph.nodes) if _str(n.role) == Role.MOE_SHARED.value),
                  None)
-    return first is not None and any(
-        n.is_comm and n.group == "tp" and n.kind == OpKind.ALL_REDUCE
-        for n in graph.nodes[first:])
+    return first is not None and any(is_activation_all_reduce(n) for n in graph.nodes[first:])
 
 
 def _fuse_residual_norm(graph: OpGraph) -> OpGraph:
@@ -537,8 +535,7 @@ def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True) -> OpGraph:
                 and not n.is_comm):
             drop.add(n.id)
     if allreduce_norm:
-        def is_tp_ar(n: Node) -> bool:
-            return n.is_comm and n.kind == OpKind.ALL_REDUCE and n.group == "tp"
+        is_tp_ar = is_activation_all_reduce
 
         for a, b in pairwise(nodes):
             if is_tp_ar(a) and b.kind == OpKind.NORM:

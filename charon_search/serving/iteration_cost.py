@@ -253,14 +253,14 @@ def _without_ep_a2a(graph: OpGraph) -> OpGraph:
     all-reduce is the shared experts' when the block has one (``_fusion.shared_expert_allreduce``),
     else a new one with the attention all-reduce's message (tokens x hidden) replaces the
     combine all-to-all."""
+    from charon_search.passes.tensor_parallel import is_activation_all_reduce
     from charon_search.serving._fusion import shared_expert_allreduce
 
     a2a = [n for n in graph.nodes if n.kind == OpKind.ALL_TO_ALL
            and n.name.startswith(("ep_dispatch_", "ep_combine_"))]
     if not a2a:
         return graph
-    ar = next((n for n in graph.nodes if n.is_comm and n.group == "tp"
-               and n.kind == OpKind.ALL_REDUCE), None)
+    ar = next((n for n in graph.nodes if is_activation_all_reduce(n)), None)
     combine = [n for n in a2a if n.name.startswith("ep_combine_")]
     keep_one = ar is not None and combine and not shared_expert_allreduce(graph)
     out = []

@@ -215,3 +215,29 @@ def test_sglang_runs_deepseek_shared_expert_inside_the_routed_moe() -> None:
     assert len(vllm) > 1  # the shared expert's own GEMMs and activation
     # Expert parallelism disables the fusion (SGLang determine_num_fused_shared_experts).
     assert len(_moe_nodes("sglang", ep=8)) > 1
+
+
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+def test_norm_over_all_heads_all_reduces_its_statistics(engine: str) -> None:
+    """MiniMax-M2's q/k RMSNorm spans all heads (weights of 48 x 128 and 8 x 128), so under TP
+    each rank holds part of a row and the statistics need one all-reduce per layer: q's and k's
+    in one message of 2 fp32 values per token (vLLM ``MiniMaxText01RMSNormTP.forward_qk``).
+    Qwen3's per-head norms (weight of head_dim) need none. The MoE-TP all-reduce still copies
+    the attention output's all-reduce (tokens x hidden bf16), and TensorRT-LLM's
+    all-reduce + norm fusion leaves the k norm after the statistics all-reduce alone."""
+    tokens = 16
+    _, decode = serving_graphs(load_model("minimax-m2.5"), tp=8, pp=1, ep=1,
+                               dp_attention=False, precision="fp8", engine=engine)
+    g = decode["moe"]
+    stats = [n for n in g.nodes if "norm_stat" in n.tags]
+    assert len(stats) == 1 and stats[0].kind == OpKind.ALL_REDUCE
+    assert stats[0].params["bytes"](tokens, 1, 1) == 2 * 4 * tokens
+    activations = [n for n in g.nodes if n.is_comm and n.kind == OpKind.ALL_REDUCE
+                   and "norm_stat" not in n.tags]
+    assert {n.params["bytes"](tokens, 1, 1) for n in activations} == {tokens * 3072 * 2}
+    assert len(activations) == 2  # attention output and MoE output
+    qk_norms = [n for n in g.nodes if n.role == "attn.qk_norm" and n.kind == OpKind.NORM]
+    assert len(qk_norms) == 2
+    _, qwen = serving_graphs(load_model("qwen3-8b"), tp=4, pp=1, ep=1, dp_attention=False,
+                             precision="bf16", engine=engine)
+    assert not [n for n in qwen["dense"].nodes if "norm_stat" in n.tags]
