@@ -66,3 +66,5 @@ def test_catalog_lists_models(capsys) -> None:
     assert main(["catalog", "--models-only"]) == 0
     out = capsys.readouterr().out
     assert "llama-3.1-70b" in out and "deepseek-v3" in out and "8/256" in out
+    # the quantized checkpoints whose per-module precision the entry states
+    assert "int4 (moonshotai/Kimi-K2.5)" in out and "fp4 (openai/gpt-oss-120b)" in out
