@@ -18,7 +18,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
   Quantized MoE (``QUANT_MOE_DTYPES``: per-tensor ``fp8``, 128x128 ``fp8_block``,
-  ``w4a16_mxfp4``, ``int4_wo``) is read per engine, since each engine ships its own MoE kernels:
+  ``w4a16_mxfp4``, ``w4a8_mxfp4_mxfp8`` (MXFP4 weights with MXFP8 activations, Blackwell),
+  ``int4_wo``) is read per engine, since each engine ships its own MoE kernels:
   vLLM, TensorRT-LLM and SGLang at their ``current`` slot of ``query_versions.yaml``
   (``BACKEND_VERSION``), power-law 1.01 routing only (the routing aiconfigurator's own SDK
   prices serving with: ``sdk/config.py`` ``workload_distribution = "power_law"``, alpha 1.01 in
@@ -72,7 +73,7 @@ BACKEND_VERSION: dict[str, tuple[str, dict[str, str]]] = {
 }
 #: Quantized MoE kernel dtypes imported (aiconfigurator ``moe_dtype`` names, kept verbatim as
 #: the DB dtype): the formats of the checkpoints the catalog ships (``_charon_checkpoints``).
-QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "int4_wo")
+QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4_wo")
 #: (engine, moe_dtype) -> the kernel family the engine runs by default, where the table holds
 #: several: vLLM's ``Fp8MoEMethod`` takes FlashInfer's CUTLASS MoE for block fp8 only with
 #: ``VLLM_USE_FLASHINFER_MOE_FP8=1`` (default off, ``vllm/envs.py``) and otherwise the Triton

@@ -65,10 +65,12 @@ NUM_SMS: dict[str, int] = {
 #: block, < 0.1 %); MXFP4 4 bits + one E8M0 scale byte per 32 elements (OCP Microscaling spec
 #: v1.0); int4 weight-only 4 bits + one bf16 scale per group of 128 (aiconfigurator's
 #: ``int4_wo`` / GPTQ-style group size). Marlin rows (``w4a16_marlin``) pool MXFP4 and int4
-#: checkpoints and use MXFP4's bytes (int4's are 3 % lower).
+#: checkpoints and use MXFP4's bytes (int4's are 3 % lower). ``w4a8_mxfp4_mxfp8`` stores the
+#: same MXFP4 weights (its MXFP8 activations are not expert weights).
 MOE_WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "fp8_block": 1.0,
                                       "w4a16_mxfp4": 0.5 + 1 / 32, "int4_wo": 0.5 + 2 / 128,
-                                      "w4a16_marlin": 0.5 + 1 / 32}
+                                      "w4a16_marlin": 0.5 + 1 / 32,
+                                      "w4a8_mxfp4_mxfp8": 0.5 + 1 / 32}
 TILE = 128
 """GEMM output tile edge used for the wave-quantization feature."""
 

@@ -298,7 +298,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                 "would remove",
             ))
     if backend == "trtllm" and launcher == "inferencex":
-        trt = _inferencex_trtllm(isl=isl, osl=osl, tp=tp, model=model,
+        trt = _inferencex_trtllm(isl=isl, osl=osl, tp=tp, model=model, gpu=gpu,
                                  max_batch_size=max_batch_size, attention_dp=attention_dp)
         if trt is not None:
             return trt
@@ -327,6 +327,20 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
 #: GPUs whose InferenceX vLLM gpt-oss recipes (``gptoss_fp4_h100.sh``, ``gptoss_fp4_h200.sh``)
 #: export ``VLLM_MXFP4_USE_MARLIN=1``.
 INFERENCEX_MARLIN_GPUS = ("h100-sxm-80gb", "h200-sxm-141gb")
+#: GPUs whose InferenceX vLLM gpt-oss recipe (``gptoss_fp4_b200.sh``) exports
+#: ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``: FlashInfer's TRT-LLM-Gen MoE with MXFP8
+#: activations (W4A8) instead of vLLM's default bf16 activations.
+INFERENCEX_VLLM_MXFP8_GPUS = ("b200-sxm-180gb",)
+
+
+def _fp4_tensor_cores(gpu: str) -> bool:
+    """Whether GPU spec ``gpu`` has FP4 tensor cores (Blackwell: block-scaled MXFP4/MXFP8 MMA)."""
+    from charon_search.hardware import load_gpu
+
+    try:
+        return "fp4" in load_gpu(gpu).peak_flops_per_s
+    except ConfigError:
+        return False
 
 
 def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
@@ -337,16 +351,21 @@ def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
         return None
     gptoss = "gpt-oss" in name
     marlin = gptoss and gpu in INFERENCEX_MARLIN_GPUS
-    script = ("benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh" if gptoss
+    mxfp8 = gptoss and gpu in INFERENCEX_VLLM_MXFP8_GPUS
+    script = ("benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh, gptoss_fp4_b200.sh" if gptoss
               else "benchmarks/70b_fp8_h200_slurm.sh")
     return EngineProfile(
         backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
         max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-        prefix_caching=False, overlap_scheduler=True, moe_kernel="marlin" if marlin else "",
+        prefix_caching=False, overlap_scheduler=True,
+        moe_kernel="marlin" if marlin else "mxfp8" if mxfp8 else "",
         sources=(
             *(("export VLLM_MXFP4_USE_MARLIN=1 (InferenceX gptoss_fp4_h100.sh and "
                "gptoss_fp4_h200.sh, every stored version): the MXFP4 experts run the Marlin "
                "MoE kernel, not vLLM's default OpenAI Triton kernel",) if marlin else ()),
+            *(("export VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 (InferenceX gptoss_fp4_b200.sh): "
+               "the MXFP4 experts run FlashInfer's TRT-LLM-Gen MoE with MXFP8 activations "
+               "(vLLM's w4a8_mxfp4_mxfp8 rows)",) if mxfp8 else ()),
             "vLLM v1: decodes first, then chunked prefills in one token budget "
             "(v1/core/sched/scheduler.py)",
             f"InferenceX {script} config.yaml: max-num-batched-tokens 8192, "
@@ -384,6 +403,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
 
 
 def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_size: int,
+                       gpu: str = "",
                        attention_dp: int = 1) -> EngineProfile | None:
     """TensorRT-LLM as InferenceX's recipes launch it (None: no recipe known for ``model``)."""
     name = model.lower()
@@ -433,12 +453,20 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_siz
                    "iterations (PyExecutor._balance_adp_requests)",) if adp > 1 else ()),
             ))
     if "gpt-oss" in name:
+        blackwell = _fp4_tensor_cores(gpu)
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS, max_prefill_tokens=0,
             prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
+            moe_kernel="mxfp8" if blackwell else "",
             sources=(
                 *common,
+                ("moe_config backend TRTLLM (InferenceX gptoss_fp4_b200_trt.sh): on Blackwell "
+                 "TensorRT-LLM runs the MXFP4 experts with MXFP8 activations (TensorRT-LLM "
+                 "'Deployment Guide for GPT-OSS', MoE backend support matrix: B200/GB200/B300/"
+                 "GB300 MXFP8 x MXFP4 TRTLLM; its w4a8_mxfp4_mxfp8 rows)") if blackwell else
+                ("moe_config backend TRITON (InferenceX gptoss_fp4_h200_trt.sh): BF16 "
+                 "activations with MXFP4 weights on Hopper (the same guide's matrix)"),
                 f"--max_batch_size {max_batch_size} (the concurrency), --max_num_tokens "
                 f"{INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS} (InferenceX "
                 "benchmarks/gptoss_fp4_h200_trt.sh)",

@@ -48,7 +48,7 @@ KV_ADMISSIONS = ("on_demand", "reserve_max")
 TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 #: Kernel running the routed experts of a 4-bit (W4A16) MoE checkpoint; ``""`` = the engine's
 #: default for the checkpoint's format (``serving._graphs``).
-MOE_KERNELS = ("", "marlin")
+MOE_KERNELS = ("", "marlin", "mxfp8")
 #: Serving engines a cluster calibrates times for (HTTP front end, prompt iterations);
 #: ``""`` = none.
 ENGINES = ("", *SERVING_ENGINES)
@@ -318,9 +318,10 @@ class ServingConfig:
     placed at the request's mean token interval after its first token."""
     moe_kernel: str = ""
     """Kernel that runs the routed experts of a 4-bit (W4A16: MXFP4 or int4) checkpoint, when a
-    launch flag chose it: ``marlin`` (the Marlin MoE kernel, e.g. vLLM
-    ``VLLM_MXFP4_USE_MARLIN=1``); ``""`` = the engine's default for the format. Other formats
-    ignore it."""
+    launch flag or the engine's default on the GPU chose it: ``marlin`` (the Marlin MoE kernel,
+    e.g. vLLM ``VLLM_MXFP4_USE_MARLIN=1``), ``mxfp8`` (MXFP4 weights with MXFP8 activations on
+    Blackwell, e.g. TensorRT-LLM's TRTLLM MoE backend); ``""`` = the engine's default for the
+    format. Other formats ignore it."""
     fused_kernels: bool = True
     """Cost the kernels vLLM/SGLang/TRT-LLM launch (fused QKV and gate_up GEMMs, fused
     add+RMSNorm, RoPE, SiLU-and-mul, fused MoE routing; ``serving._fusion``) instead of one

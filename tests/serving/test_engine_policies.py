@@ -393,3 +393,18 @@ def test_vllm_schedules_asynchronously_by_default_from_0_14() -> None:
                            launcher="inferencex", model="MiniMaxAI/MiniMax-M2.5")
         assert p.overlap_scheduler is overlap, version
         assert (p.config_kwargs().get("iteration_overhead_s") == 0.0) is overlap
+
+
+def test_gpt_oss_on_blackwell_runs_mxfp8_activations() -> None:
+    """TensorRT-LLM's GPT-OSS guide: on B200/GB200/B300/GB300 the TRTLLM MoE backend runs MXFP4
+    weights with MXFP8 activations (InferenceX gptoss_fp4_b200_trt.sh sets that backend), on
+    H200 the TRITON backend with BF16 activations; InferenceX's B200 vLLM recipe exports
+    VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, its Hopper ones VLLM_MXFP4_USE_MARLIN=1."""
+    def kernel(backend: str, gpu: str) -> str:
+        return engine_profile(backend, isl=1024, max_batch_size=8, launcher="inferencex",
+                              osl=1024, tp=1, model="openai/gpt-oss-120b", gpu=gpu).moe_kernel
+
+    assert kernel("trtllm", "b200-sxm-180gb") == kernel("trtllm", "gb200") == "mxfp8"
+    assert kernel("trtllm", "h200-sxm-141gb") == ""
+    assert kernel("vllm", "b200-sxm-180gb") == "mxfp8"
+    assert kernel("vllm", "h200-sxm-141gb") == "marlin"

@@ -99,7 +99,8 @@ def test_marlin_launch_prices_4bit_experts_from_the_marlin_rows(gpt_oss):
 def test_unknown_moe_kernel_is_a_config_error():
     from charon_search.serving.config import ServingConfig
 
-    with pytest.raises(ConfigError, match=r"`moe_kernel` must be one of \['', 'marlin'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"`moe_kernel` must be one of \['', 'marlin', 'mxfp8'\]"):
         ServingConfig(moe_kernel="cutlass")
 
 
@@ -134,3 +135,28 @@ def test_int4_needs_a_checkpoint_and_a_weight_only_scheme():
     cfg["_charon_checkpoints"] = {"int4": {**entry, "quantization_config": qc}}
     with pytest.raises(ConfigError, match="weight-only"):
         checkpoint_quant(dataclasses.replace(kimi, hf_config=cfg), "int4")
+
+
+def test_mxfp8_activations_price_mxfp4_experts_from_the_engines_w4a8_rows(gpt_oss):
+    """``moe_kernel='mxfp8'`` (Blackwell: TensorRT-LLM's TRTLLM MoE backend, vLLM
+    ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``) keeps the engine and prices the MXFP4 experts
+    from its ``w4a8_mxfp4_mxfp8`` rows; on a B200 at 16 tokens (gpt-oss-120b's 128 experts,
+    top 4, 2880 x 2880, one GPU) the measured TensorRT-LLM row is 0.114 ms against 0.456 ms
+    for bf16 activations (aiconfigurator-core b200_sxm/moe/trtllm/1.3.0rc20)."""
+    from charon_search.cost.selector import default_cost_model
+    from charon_search.hardware import load_cluster
+
+    cluster = load_cluster("b200-8gpu")
+    model = default_cost_model(cluster)
+    per_layer = {}
+    for kernel in ("", "mxfp8"):
+        _, decode = serving_graphs(gpt_oss, tp=1, pp=1, ep=1, dp_attention=False,
+                                   precision="fp4", engine="trtllm", moe_kernel=kernel)
+        g = decode["moe"]
+        i, node = next((i, n) for i, n in enumerate(g.nodes) if n.role == "moe.expert"
+                       and n.kind == OpKind.GROUPED_GEMM)
+        fmt = "w4a8_mxfp4_mxfp8" if kernel else "w4a16_mxfp4"
+        assert {"moe_engine:trtllm", f"moe_dtype:{fmt}"} <= node.tags
+        per_layer[kernel] = model.cost_graph_detailed(g, 16, 1, 1024).durations_s[i]
+    assert per_layer["mxfp8"] == pytest.approx(0.114e-3, rel=0.1)
+    assert per_layer[""] == pytest.approx(0.456e-3, rel=0.1)
