@@ -14,6 +14,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   ``systems/query_versions.yaml`` (0.24.0; A100 0.14.0) and keep one kernel family per op, dtype
   and GPU (the family with the most rows): GEMM bf16 = ``torch.nn.functional.linear``
   (``vllm_default`` on A100), GEMM fp8 = ``CutlassFP8ScaledMMLinearKernel`` (per-tensor fp8),
+  GEMM fp4 = the NVFP4 linear kernel where the table has one (Blackwell:
+  ``FlashInferCuteDslNvFp4LinearKernel``),
   attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
   sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
@@ -58,7 +60,8 @@ VIDUR = "vidur@7d47513"
 MS = 1e-3
 US = 1e-6
 #: aiconfigurator dtype names -> IR dtype keys (``ir.graph.DTYPE_BYTES``).
-DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8", "int8": "int8"}
+DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8", "int8": "int8",
+         "nvfp4": "fp4"}
 ELEMENT_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "int8": 1, "fp8": 1, "float": 4}
 #: GPUs per node of each aiconfigurator system (NCCL tables are intra-node up to this size).
 GPUS_PER_NODE = {"gb200": 4, "gb300": 4}
@@ -119,10 +122,11 @@ def _vllm_dir(peers: Path, system: str, family: str) -> Path | None:
 
 # ---------------------------------------------------------------------------- aiconfigurator
 def convert_gemm(path: str, gpu: str, source: str) -> pd.DataFrame:
-    """GEMM rows: bf16 (one kernel) + per-tensor fp8 (one kernel); ms -> s."""
+    """GEMM rows: bf16, per-tensor fp8 and, where measured (Blackwell), NVFP4 (one kernel
+    each, stored as dtype ``fp4``); ms -> s."""
     df = _read(path)
     parts = []
-    for dt in ("bfloat16", "fp8"):
+    for dt in ("bfloat16", "fp8", "nvfp4"):
         sub = _most_rows(df[df.gemm_dtype == dt])
         if sub.empty:
             continue

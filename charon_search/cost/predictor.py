@@ -506,9 +506,10 @@ def synthetic_nodes(op_kind: str, cols: Mapping[str, np.ndarray], dtype: str) ->
 
 
 #: Profile dtype of a quantized MoE kernel -> the tensor-core dtype it computes in (the roofline's
-#: peak): block-scaled fp8 runs fp8 MMAs; W4A16 kernels dequantize 4-bit weights to bf16.
+#: peak): block-scaled fp8 runs fp8 MMAs; W4A16 kernels dequantize 4-bit weights to bf16; MXFP4
+#: weights with MXFP8 activations run Blackwell's mixed-precision MMAs at the fp8 rate.
 ROOFLINE_COMPUTE_DTYPE = {"fp8_block": "fp8", "w4a16_mxfp4": "bf16", "int4_wo": "bf16",
-                          "w4a16_marlin": "bf16"}
+                          "w4a16_marlin": "bf16", "w4a8_mxfp4_mxfp8": "fp8"}
 
 
 def roofline_seconds(op_kind: str, cols: Mapping[str, np.ndarray], gpu_key: str, dtype: str

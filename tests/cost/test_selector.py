@@ -18,6 +18,7 @@ from charon_search.cost.selector import (
     ProfileCostBackend,
     default_cost_model,
 )
+from charon_search.hardware import load_cluster
 from charon_search.ir import Node, OpGraph, OpKind, Phase
 from charon_search.ir.graph import poly_params
 from charon_search.ir.symbolic import Poly, sym
@@ -178,3 +179,16 @@ def test_mla_decode_is_priced_from_the_measured_mla_kernel():
     assert cost.duration_s == pytest.approx(0.05442e-3, rel=1e-3)
     l40s = FusedCostModel(toy_cluster(gpu="l40s-48gb"), db=db).cost(_mla_decode(32, 4096), P1)
     assert l40s.provenance == "predictor" and math.isfinite(l40s.duration_s)
+
+
+def test_blackwell_fp4_gemm_is_priced_from_the_measured_nvfp4_rows():
+    """An fp4 GEMM on a B200 is the measured NVFP4 linear kernel (aiconfigurator-core
+    b200_sxm/gemm/vllm/0.24.0, ``FlashInferCuteDslNvFp4LinearKernel``: 16 x 8192 x 8192 in
+    13.2 us), not the bf16 kernel (22.6 us) it fell back to before the NVFP4 rows were
+    imported."""
+    m = default_cost_model(load_cluster("b200-8gpu"))
+    fp4 = m.cost(gemm_node(16, 8192, 8192, dtype="fp4"), P1)
+    bf16 = m.cost(gemm_node(16, 8192, 8192), P1)
+    assert fp4.provenance == bf16.provenance == "profile"
+    assert fp4.duration_s == pytest.approx(13.2e-6, rel=0.01)
+    assert bf16.duration_s == pytest.approx(22.6e-6, rel=0.01)
