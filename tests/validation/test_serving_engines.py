@@ -106,7 +106,8 @@ def test_inferencex_row_runs_its_client_and_recipe(by_id) -> None:
 
 def test_inferencex_vllm_gpt_oss_on_hopper_runs_marlin_experts() -> None:
     """InferenceX gptoss_fp4_h100.sh / gptoss_fp4_h200.sh export VLLM_MXFP4_USE_MARLIN=1; other
-    GPUs' recipes do not, and the Llama-3-70B recipe has no MXFP4 experts."""
+    GPUs' recipes do not (B200's exports VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 instead), and
+    the Llama-3-70B recipe has no MXFP4 experts."""
     from charon_search.serving.backends import engine_profile
 
     kw = dict(isl=1024, max_batch_size=8, launcher="inferencex", model="openai/gpt-oss-120b")
@@ -114,7 +115,9 @@ def test_inferencex_vllm_gpt_oss_on_hopper_runs_marlin_experts() -> None:
         prof = engine_profile("vllm", gpu=gpu, **kw)
         assert prof.config_kwargs()["moe_kernel"] == "marlin"
         assert any("VLLM_MXFP4_USE_MARLIN=1" in s for s in prof.sources)
-    assert "moe_kernel" not in engine_profile("vllm", gpu="b200-sxm-180gb", **kw).config_kwargs()
+    assert engine_profile("vllm", gpu="b200-sxm-180gb", **kw).config_kwargs()["moe_kernel"] == (
+        "mxfp8")
+    assert "moe_kernel" not in engine_profile("vllm", gpu="l40s-48gb", **kw).config_kwargs()
     kw["model"] = "meta-llama/Llama-3.1-70B"
     assert "moe_kernel" not in engine_profile("vllm", gpu="h200-sxm-141gb", **kw).config_kwargs()
 
