@@ -535,13 +535,11 @@ def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True) -> OpGraph:
                 and not n.is_comm):
             drop.add(n.id)
     if allreduce_norm:
-        is_tp_ar = is_activation_all_reduce
-
         for a, b in pairwise(nodes):
-            if is_tp_ar(a) and b.kind == OpKind.NORM:
+            if is_activation_all_reduce(a) and b.kind == OpKind.NORM:
                 drop.add(b.id)
         comp = [n for n in nodes if not n.is_comm]
-        if (nodes and is_tp_ar(nodes[-1]) and comp and comp[0].kind == OpKind.NORM
+        if (nodes and is_activation_all_reduce(nodes[-1]) and comp and comp[0].kind == OpKind.NORM
                 and _str(comp[0].role) == Role.ATTN_NORM.value):
             drop.add(comp[0].id)
     return graph.with_nodes(n for n in nodes if n.id not in drop) if drop else graph

@@ -32,6 +32,7 @@ Sources (read, not copied):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,19 +190,8 @@ VLLM_ASYNC_DEFAULT_VERSION = (0, 14)
 def release(version: str) -> tuple[int, ...]:
     """``"0.16.0"`` -> ``(0, 16, 0)``: the leading numeric fields of a release string (``()``
     when it has none, e.g. an empty or a named build)."""
-    out: list[int] = []
-    for part in version.strip().lstrip("v").split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        out.append(int(digits))
-        if len(digits) < len(part):
-            break
-    return tuple(out)
+    m = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
