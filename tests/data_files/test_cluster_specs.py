@@ -38,7 +38,7 @@ def test_gpu_file(path: Path) -> None:
     expected = 2 * 8192**3 / (gpu.peak_flops("bf16") * gpu.compute_efficiency)
     assert cost.duration_s == pytest.approx(expected + gpu.launch_overhead_s)
     # Sanity ranges (catch unit slips such as GB vs GiB or TB vs GB).
-    assert 16 * 2**30 <= gpu.hbm_capacity_bytes <= 256 * 2**30
+    assert 16 * 2**30 <= gpu.hbm_capacity_bytes <= 320 * 2**30  # B300/GB300: 288 GB
     assert 0.5e12 <= gpu.hbm_bandwidth_bytes_per_s <= 10e12
     assert 50e12 <= gpu.peak_flops("bf16") <= 5e15
 
