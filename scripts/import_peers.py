@@ -19,6 +19,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
   sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
+  Gated DeltaNet (linear attention, ``linear_attention/sglang``): the chunked and recurrent
+  delta-rule kernels and the causal convolutions, per TP rank's heads (``convert_gdn``).
   Quantized MoE (``QUANT_MOE_DTYPES``: per-tensor ``fp8``, 128x128 ``fp8_block``,
   ``w4a16_mxfp4``, ``w4a8_mxfp4_mxfp8`` (MXFP4 weights with MXFP8 activations, Blackwell),
   ``int4_wo``) is read per engine, since each engine ships its own MoE kernels:
@@ -274,6 +276,32 @@ def convert_deepep_ll(path: str, gpu: str, source: str, gpus_per_node: int) -> p
     return pd.concat(parts, ignore_index=True)
 
 
+#: aiconfigurator ``gdn_perf`` kernel -> our variant (``cost.selector`` linear attention).
+GDN_KERNELS = {"chunk_gated_delta_rule": "prefill",
+               "fused_recurrent_gated_delta_rule_packed_decode": "decode",
+               "causal_conv1d_fn": "conv_prefill", "causal_conv1d_update": "conv_decode"}
+#: Engine whose Gated DeltaNet tables are imported: SGLang, the engine of every Qwen3.5 silicon
+#: row (its kernels are flash-linear-attention's Triton ones, which vLLM also runs for decode).
+GDN_ENGINE = "sglang"
+
+
+def convert_gdn(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """Gated DeltaNet kernels (``linear_attention/<engine>/<ver>/gdn_perf``): per-TP-rank key and
+    value heads, ``batch_size`` sequences of ``seq_len`` tokens each (decode: ``seq_len`` 1);
+    ms -> s. ``kv_heads`` holds the key heads, ``heads`` the value heads."""
+    df = _read(path)
+    df = df[df.kernel_source.isin(list(GDN_KERNELS))]
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "linear_attention",
+        "variant": df.kernel_source.map(GDN_KERNELS).values, "dtype": "bf16",
+        "kernel": df.kernel_source.values, "source": source,
+        "batch": df.batch_size.values, "q_len": df.seq_len.values,
+        "heads": df.num_v_heads.values, "kv_heads": df.num_k_heads.values,
+        "head_dim": df.head_k_dim.values, "tokens": df.num_tokens.values,
+        "latency_s": df.latency.values * MS,
+    })
+
+
 def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
     out = []
     data = peers / "aiconfigurator-core" / "systems" / "data"
@@ -299,6 +327,10 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
             p = str(data / system / "moe" / engine / _slot(engine, system) / "moe_perf.parquet")
             if os.path.exists(p):
                 out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
+        p = str(data / system / "linear_attention" / GDN_ENGINE / _slot(GDN_ENGINE, system)
+                / "gdn_perf.parquet")
+        if os.path.exists(p):
+            out.append(convert_gdn(p, gpu, f"{AIC} {_rel(p, peers)}"))
         p = str(data / system / "mla" / "trtllm" / _slot("trtllm", system)
                 / "generation_mla_perf.parquet")
         if os.path.exists(p):

@@ -42,12 +42,17 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpt-oss-120b": ("openai--gpt-oss-120b", "openai/gpt-oss-120b", ()),
     "minimax-m2.5": ("MiniMaxAI--MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5", ()),
     "kimi-k2.5": ("moonshotai--Kimi-K2.5", "moonshotai/Kimi-K2.5", ()),
+    "qwen3.5-397b-a17b": ("Qwen--Qwen3.5-397B-A17B", "Qwen/Qwen3.5-397B-A17B",
+                          ("Qwen/Qwen3.5-397B-A17B-FP8", "qwen3.5-397b")),
 }
 
 #: Multimodal configs whose language model is an architecture transformers knows under another
 #: ``model_type``: catalog name -> (the ``text_config`` model_type to use, why). The vision tower
 #: is not modelled (text-only serving and training).
 TEXT_MODELS: dict[str, tuple[str, str]] = {
+    "qwen3.5-397b-a17b": ("qwen3_5_moe_text", "the language model of Qwen3_5MoeForConditional"
+                          "Generation (its `text_config`, transformers `qwen3_5_moe_text`); the "
+                          "vision tower is not modelled"),
     "kimi-k2.5": ("deepseek_v3", "text_config model_type 'kimi_k2' is the DeepSeek-V3 "
                   "architecture (its auto_map names modeling_deepseek.DeepseekV3ForCausalLM); "
                   "the MoonViT vision tower is not modelled"),
@@ -87,6 +92,22 @@ CHECKPOINTS: dict[str, dict[str, tuple[str, str, str]]] = {
         "model_configs/MiniMaxAI--MiniMax-M2.5_config.json `quantization_config` (Apache-2.0; "
         "HF config.json of MiniMaxAI/MiniMax-M2.5, whose released weights are this fp8 "
         "checkpoint): 128x128 block-scaled fp8, router gate and LM head bf16")},
+}
+
+#: Checkpoints whose ``quantization_config`` is not among the peer files but whose format a
+#: measurement states: catalog name -> {precision: (HF id, quantization_config, source)}.
+STATED_CHECKPOINTS: dict[str, dict[str, tuple[str, dict[str, object], str]]] = {
+    "qwen3.5-397b-a17b": {"fp8": (
+        "Qwen/Qwen3.5-397B-A17B-FP8",
+        {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+         "weight_block_size": [128, 128],
+         "modules_to_not_convert": ["lm_head", "model.layers.*.mlp.gate",
+                                    "model.layers.*.mlp.shared_expert_gate"]},
+        "aiconfigurator-core 0.12.0 systems/silicon_sample.csv rows of Qwen/Qwen3.5-397B-A17B "
+        "(precision fp8, gemm_quant_mode fp8, moe_quant_mode fp8_block: 128x128 block-scaled "
+        "fp8, the format of Qwen's FP8 releases, e.g. Qwen3-235B-A22B-FP8); the bf16 modules "
+        "(LM head, router gates) are ASSUMED as in Qwen3-235B-A22B-FP8's "
+        "modules_to_not_convert")},
 }
 
 # Keys that only matter for weight loading / quantized checkpoints; the traced graph is bf16.
@@ -137,6 +158,23 @@ DEBUG = {
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
         "_charon_source": "tiny Llama for tests (torchtitan 'debugmodel' style); not a real model",
+    },
+    "debug-hybrid": {
+        "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+        "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+                        "full_attention"], "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_value_head_dim": 16, "num_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "hidden_act": "silu",
+        "attn_output_gate": True, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                            "partial_rotary_factor": 0.25},
+        "tie_word_embeddings": False, "eos_token_id": 1,
+        "_charon_source": "tiny Qwen3.5-MoE for tests (three Gated DeltaNet layers, then one "
+                          "full-attention layer, all MoE); not a real model",
     },
     "debug-moe": {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
@@ -189,6 +227,8 @@ def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
             qc["modules_to_not_convert"] = list(folded)
         out[precision] = {"hf_id": hf, "quantization_config": qc,
                           "source": f"aiconfigurator-core 0.12.0 wheel, {note}"}
+    for precision, (hf, qc, note) in STATED_CHECKPOINTS.get(name, {}).items():
+        out[precision] = {"hf_id": hf, "quantization_config": dict(qc), "source": note}
     return out
 
 

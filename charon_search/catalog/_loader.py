@@ -193,7 +193,8 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     if num_experts:
         moe_inter = int(_get(hf, "moe_intermediate_size", default=intermediate))
         shared = int(_get(hf, "n_shared_experts", default=0) or 0)
-        if mt == "qwen2_moe" and getattr(hf, "shared_expert_intermediate_size", 0):
+        if mt in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text") and _get(
+                hf, "shared_expert_intermediate_size", default=0):
             shared = 1
     layer_types = _layer_types(mt, hf, layers, num_experts)
     sw = getattr(hf, "sliding_window", None)
@@ -202,6 +203,12 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     attn_types = getattr(hf, "layer_types", None)
     if attn_types and isinstance(attn_types, (list, tuple)):
         extra["attention_layer_types"] = tuple(attn_types)
+    if any(t.endswith("_linear") for t in layer_types):
+        # Gated DeltaNet shapes (Qwen3-Next / Qwen3.5 config keys).
+        extra["linear_attention"] = {
+            "k_heads": int(hf.linear_num_key_heads), "v_heads": int(hf.linear_num_value_heads),
+            "k_head_dim": int(hf.linear_key_head_dim), "v_head_dim": int(hf.linear_value_head_dim),
+            "conv_kernel": int(hf.linear_conv_kernel_dim)}
     if mt == "gpt2":
         extra["max_position_embeddings"] = int(hf.n_positions)
     else:
@@ -218,14 +225,30 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     )
 
 
+#: ``layer_types`` entries of HF configs whose token mixer is linear attention (Gated DeltaNet).
+LINEAR_ATTENTION_LAYER_TYPES = frozenset({"linear_attention"})
+
+
 def _layer_types(mt: str, hf: Any, layers: int, num_experts: int) -> tuple[str, ...]:
+    """Block type of each layer: ``dense`` / ``moe`` by the MLP, with ``_linear`` appended for
+    layers whose token mixer is linear attention (Qwen3-Next, Qwen3.5: ``layer_types``)."""
+    base = _mlp_layer_types(mt, hf, layers, num_experts)
+    mixers = getattr(hf, "layer_types", None)
+    if isinstance(mixers, (list, tuple)) and len(mixers) == layers and any(
+            m in LINEAR_ATTENTION_LAYER_TYPES for m in mixers):
+        return tuple(f"{t}_linear" if m in LINEAR_ATTENTION_LAYER_TYPES else t
+                     for t, m in zip(base, mixers, strict=True))
+    return base
+
+
+def _mlp_layer_types(mt: str, hf: Any, layers: int, num_experts: int) -> tuple[str, ...]:
     if not num_experts:
         return ("dense",) * layers
     if mt in ("deepseek_v3", "deepseek_v2", "kimi_k2"):
         k = int(getattr(hf, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf, "moe_layer_freq", 1) or 1)
         return tuple("moe" if i >= k and i % freq == 0 else "dense" for i in range(layers))
-    if mt in ("qwen3_moe", "qwen2_moe"):
+    if mt in ("qwen3_moe", "qwen2_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"):
         step = int(getattr(hf, "decoder_sparse_step", 1) or 1)
         only = set(getattr(hf, "mlp_only_layers", None) or ())
         return tuple(

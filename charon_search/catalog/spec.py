@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModelSpec"]
+__all__ = ["ModelSpec", "is_linear_block", "is_moe_block"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +46,8 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     layer_types: tuple[str, ...] = ()
-    """Block type of each decoder layer, e.g. ``("dense",) * 3 + ("moe",) * 58``."""
+    """Block type of each decoder layer, e.g. ``("dense",) * 3 + ("moe",) * 58``; a
+    linear-attention (Gated DeltaNet) layer's type ends in ``_linear`` (``moe_linear``)."""
     num_params: int = 0
     """Exact parameter count of the HF model class (counted on the meta device); 0 = unknown."""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -63,3 +64,20 @@ class ModelSpec:
 
     def num_layers_of(self, block_type: str) -> int:
         return sum(1 for t in self.layer_types if t == block_type)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers holding a KV cache: all but the linear-attention ones (``*_linear``)."""
+        if not self.layer_types:
+            return self.num_layers
+        return sum(1 for t in self.layer_types if not is_linear_block(t))
+
+
+def is_moe_block(block_type: str) -> bool:
+    """``moe`` and ``moe_linear`` blocks route tokens to experts."""
+    return block_type == "moe" or block_type.startswith("moe_")
+
+
+def is_linear_block(block_type: str) -> bool:
+    """Blocks whose token mixer is linear attention (Gated DeltaNet): ``*_linear``."""
+    return block_type.endswith("_linear")

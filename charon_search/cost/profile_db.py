@@ -11,7 +11,9 @@ on first use per (gpu, op_kind, variant, dtype).
 
 Columns (``COLUMNS``): ``gpu`` (normalized GPU key, ``GPU_KEYS``), ``op_kind`` (``ir.ops.OpKind``
 value), ``variant`` (``prefill``/``decode`` for attention — decode rows have ``q_len == 1`` —,
-``moe_ffn`` for a whole MoE expert FFN, ``dispatch``/``combine`` for EP all-to-all, ``""``
+``moe_ffn`` for a whole MoE expert FFN, ``prefill``/``decode``/``conv_prefill``/``conv_decode``
+for Gated DeltaNet kernels (``linear_attention``: ``heads`` = value heads, ``kv_heads`` = key
+heads), ``dispatch``/``combine`` for EP all-to-all, ``""``
 otherwise), ``dtype`` (IR dtype key: ``bf16``, ``fp8``...), ``kernel`` (kernel/implementation
 measured), ``source`` (which table it was converted from), ``latency_s`` (SI seconds) and the
 shape columns named as in ``ir.ops.PARAMS_BY_KIND`` (NaN where a kind lacks the parameter).
@@ -60,6 +62,7 @@ COLUMNS: tuple[str, ...] = (*STRING_COLUMNS, *SHAPE_COLUMNS, "latency_s")
 SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
+    "linear_attention": ("batch", "heads", "kv_heads", "q_len", "head_dim"),
     "norm": ("rows", "cols"),
     "elementwise": ("numel", "bytes"),
     "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k", "group_size"),

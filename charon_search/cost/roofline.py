@@ -5,10 +5,10 @@ time = max(FLOPs / (peak(dtype) Â· compute_efficiency), bytes / (HBM bandwidth Â
 
 ``compute_efficiency`` may be overridden per dtype (``compute_efficiency_by_dtype``, e.g. FP8).
 Peaks and efficiencies come from the ``GpuSpec`` (``cluster_specs/gpus/*.yaml``). Matmul-like
-kinds (GEMM, batched GEMM, attention, grouped GEMM) run on tensor cores at the node's dtype;
-every other kind (norms, elementwise, softmax, reductions...) runs on the CUDA cores at the
-non-tensor ``fp32`` rate. NB: not modelled here: wave quantization, tile padding, L2 reuse,
-small-shape inefficiency (the profile and predictor backends cover those).
+kinds (GEMM, batched GEMM, attention, linear attention, grouped GEMM) run on tensor cores at
+the node's dtype; every other kind (norms, elementwise, softmax, reductions...) runs on the CUDA
+cores at the non-tensor ``fp32`` rate. NB: not modelled here: wave quantization, tile padding,
+L2 reuse, small-shape inefficiency (the profile and predictor backends cover those).
 
 Communication nodes are not priced here (``cost`` returns None; ``roofline_times`` gives 0 for
 them): collectives are priced by ``cost.collectives`` from the cluster topology.
@@ -39,7 +39,7 @@ __all__ = [
 #: Kinds whose FLOPs run on tensor cores at the node's dtype.
 TENSOR_CORE_KINDS = frozenset(
     {OpKind.GEMM, OpKind.BATCHED_GEMM, OpKind.ATTENTION, OpKind.ATTENTION_BWD,
-     OpKind.GROUPED_GEMM}
+     OpKind.GROUPED_GEMM, OpKind.LINEAR_ATTENTION, OpKind.LINEAR_ATTENTION_BWD}
 )
 #: dtype used for the CUDA-core (non-tensor) rate of every other kind.
 VECTOR_DTYPE = "fp32"

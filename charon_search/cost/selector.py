@@ -17,6 +17,8 @@
    aiconfigurator prices serving with), else of the same format on another engine (vLLM,
    SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes. A
    launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``.
+   Gated DeltaNet (``linear_attention``) nodes interpolate the measured kernel rows at their
+   heads in tokens (prefill) or sequences (decode), the layer's causal convolution included.
 3. **roofline** — the ``roofline`` backend (``cost/roofline.py``).
 
 Communication nodes are not priced here (``NaN`` / ``None``): the engine prices them with
@@ -194,6 +196,7 @@ class FusedCostModel:
         self._memo: OrderedDict[tuple[Any, ...], tuple[OpGraph, GraphCost]] = OrderedDict()
         self._lock = threading.Lock()
         self._shape_cache: dict[tuple[str, str, str], dict[tuple[Any, ...], float]] = {}
+        self._gdn_curves: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray] | None] = {}
 
     # ------------------------------------------------------------------ single node
     def cost(self, node: Node, point: ShapePoint) -> NodeCost | None:
@@ -258,6 +261,13 @@ class FusedCostModel:
                 if moe is not None:
                     fam, dtype = moe[0], moe[1]
                     _global_moe_shape(params, moe[2])
+            if (self.gpu_key is not None and self.db is not None and self.use_profile
+                    and (kind in ("linear_attention", "linear_attention_bwd")
+                         or "causal_conv1d" in node.tags)):
+                gdn = self._linear_attention_hit(kind, params, node.tags)
+                if gdn is not None:
+                    dur[i], prov[i], detail[i] = gdn[0], "profile", gdn[1]
+                    continue
             if self.gpu_key is not None and self.db is not None and self.use_profile:
                 hit = self._profile_hit(kind, fam, dtype, params)
                 if hit is not None:
@@ -345,6 +355,60 @@ class FusedCostModel:
         except ImportError:
             return None
         return roofline_times(graph, self.gpu, b, s, c)
+
+    def _linear_attention_hit(self, kind: str, params: dict[str, float],
+                              tags: frozenset[str]) -> tuple[float, str] | None:
+        """Gated DeltaNet time from the measured kernel rows (``linear_attention`` table).
+
+        A delta-rule node costs its kernel plus the layer's causal convolution, both at the
+        node's heads and tokens: chunked prefill at ``b x q_len`` tokens (one sequence's rows,
+        log-log interpolated in tokens, linear beyond the last row), recurrent decode at ``b``
+        sequences; the backward is the forward times ``ATTENTION_BWD_FLOP_RATIO``. The
+        convolution node itself then costs nothing here (detail ``in-delta-rule``). None when
+        this GPU has no rows for the node's heads (roofline prices it)."""
+        assert self.db is not None and self.gpu_key is not None
+        if "causal_conv1d" in tags:
+            if not self.db.has(self.gpu_key, "linear_attention"):
+                return None
+            return 0.0, "in-delta-rule"
+        decode = params.get("q_len") == 1.0 and kind == "linear_attention"
+        heads = (params.get("heads"), params.get("k_heads"), params.get("head_dim"))
+        x = params.get("batch", 1.0) * (1.0 if decode else params.get("q_len", 1.0))
+        total = 0.0
+        for variant in (("decode", "conv_decode") if decode else ("prefill", "conv_prefill")):
+            curve = self._gdn_curve(variant, heads)
+            if curve is None:
+                return None
+            xs, ys = curve
+            if x >= xs[-1]:
+                total += float(ys[-1] * x / xs[-1])
+            else:
+                total += float(np.exp(np.interp(np.log(max(x, xs[0])), np.log(xs),
+                                                np.log(ys))))
+        if kind == "linear_attention_bwd":
+            return total * ATTENTION_BWD_FLOP_RATIO, "fwd-scaled"
+        return total, "interp"
+
+    def _gdn_curve(self, variant: str, heads: tuple[float | None, ...]
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(tokens or sequences, seconds) of one Gated DeltaNet kernel at these heads, sorted."""
+        key = (variant, heads)
+        if key in self._gdn_curves:
+            return self._gdn_curves[key]
+        assert self.db is not None and self.gpu_key is not None
+        tbl = self.db.table(self.gpu_key, "linear_attention")
+        curve = None
+        if tbl is not None:
+            cols = tbl.select(variant=variant, dtype="bf16").columns
+            ok = ((cols["heads"] == heads[0]) & (cols["kv_heads"] == heads[1])
+                  & (cols["head_dim"] == heads[2]))
+            ok &= (cols["q_len"] == 1.0) if variant.endswith("decode") else (cols["batch"] == 1.0)
+            x = cols["batch" if variant.endswith("decode") else "q_len"][ok]
+            if x.size:
+                order = np.argsort(x)
+                curve = (x[order], cols["latency_s"][ok][order])
+        self._gdn_curves[key] = curve
+        return curve
 
     def _profile_hit(self, kind: str, fam: str, dtype: str, params: dict[str, float]
                      ) -> float | None:

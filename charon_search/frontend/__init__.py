@@ -34,6 +34,10 @@ Modelling choices (what the graphs mean):
   absorbed formulation serving engines use (``_mla``): one 1-KV-head attention over the
   576-wide latent cache instead of HF's per-step re-expansion of all ``c`` tokens.
 * Sliding-window layers (gpt-oss) are traced with their window mask over all ``c`` keys.
+* Linear attention (Gated DeltaNet layers of Qwen3-Next / Qwen3.5, block types ``*_linear``)
+  traces as the two kernels engines run (``_linear_attn``): one causal-convolution node and one
+  ``LINEAR_ATTENTION`` delta-rule node, linear in the tokens; decode reads and writes each
+  sequence's fixed-size state instead of attending over ``c`` cached keys.
 * MoE: transformers' ``grouped_mm`` experts; ``GROUPED_GEMM`` nodes carry ``tokens = b*s``
   (before top-k duplication), ``top_k`` and ``num_experts``; balanced routing is the cost
   side's assumption. Router top-k/sort/histc/scatter ops are ``MOE_ROUTING``.
@@ -58,7 +62,7 @@ from charon_search.ir import TracedBlock
 __all__ = ["FRONTEND_VERSION", "PHASES", "TracedModel", "clear_memory_cache", "trace_model"]
 
 #: Bump when the traced graph format or the op mapping changes (invalidates disk caches).
-FRONTEND_VERSION = "3"
+FRONTEND_VERSION = "4"
 PHASES = ("train", "prefill", "decode")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ATTN_IMPLS = ("sdpa", "eager")

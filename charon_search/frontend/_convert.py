@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from charon_search.catalog.spec import ModelSpec
+from charon_search.catalog.spec import ModelSpec, is_moe_block
 from charon_search.errors import PassError
 from charon_search.frontend import _ops
 from charon_search.frontend._roles import RoleTracker, block_of_path
@@ -24,7 +24,11 @@ from charon_search.ir import (
     sym,
 )
 
-__all__ = ["Converter"]
+__all__ = ["CAUSAL_CONV_TAG", "Converter"]
+
+#: Tag of a Gated DeltaNet layer's causal convolution node (``cost.selector`` charges its
+#: measured time to the layer's delta-rule node).
+CAUSAL_CONV_TAG = "causal_conv1d"
 
 
 _TORCH_DTYPES = {
@@ -304,7 +308,7 @@ class Converter:
             outputs.append(self.new_tensor(key, self.vals(g, a)))
         elif not isinstance(v1, (list, tuple)):
             return None  # symbolic scalars, None
-        in_moe = block == "moe" and _in_moe_module(local)
+        in_moe = is_moe_block(block) and _in_moe_module(local)
         kind = _ops.classify(base, in_moe=in_moe)
         inputs: list[int] = []
         reads: dict[int, Poly] = {}
@@ -384,6 +388,8 @@ class Converter:
             self._grouped(op, shp, out_shape)
         elif k in (OpKind.ATTENTION, OpKind.ATTENTION_BWD):
             self._attention(op, a, shp)
+        elif k in (OpKind.LINEAR_ATTENTION, OpKind.LINEAR_ATTENTION_BWD):
+            self._linear_attention(op, a, shp)
         elif k == OpKind.NORM:
             cols = shp[0][-1] if shp and shp[0] else Poly.const(1)
             op.params = poly_params(rows=_numel(shp[0][:-1]) if shp else 1, cols=cols)
@@ -411,6 +417,12 @@ class Converter:
             op.flops = in_numel
         elif k == OpKind.COPY:
             op.params = poly_params(numel=out_numel)
+        elif base in _ops.CAUSAL_CONV_OPS:
+            # Depthwise causal conv over [b, channels, s]: width MACs per output element.
+            width = shp[1][-1] if len(shp) > 1 and shp[1] else Poly.const(1)
+            op.params = poly_params(numel=out_numel)
+            op.tags.add(CAUSAL_CONV_TAG)
+            op.flops = 2 * width * (out_numel if base == "causal_conv1d" else in_numel * 2)
         else:  # elementwise
             op.params = poly_params(numel=out_numel)
             if base not in _ops.CAST_OPS and base not in _ops.CREATION_OPS and base not in (
@@ -454,6 +466,36 @@ class Converter:
                                 kv_len=kv_len, head_dim=q[3], v_head_dim=v[3], causal=causal)
         fwd = 2 * q[0] * q[1] * q[2] * kv_len * (q[3] + v[3])
         op.flops = fwd if op.kind == OpKind.ATTENTION else fwd * ATTENTION_BWD_FLOP_RATIO
+
+
+    def _linear_attention(self, op: _Op, a: Any, shp: list[tuple[Poly, ...]]) -> None:
+        """Gated delta rule (``frontend._linear_attn``): q/k ``[b, s, h_k, d_k]``, v
+        ``[b, s, h_v, d_v]``, per value head. FLOPs per token and value head: chunked
+        (prefill, training; fla ``chunk_gated_delta_rule``) ``6 d_k d_v`` for the state's
+        contributions and updates plus ``2 C (2 d_k + d_v)`` inside a chunk of ``C`` tokens;
+        recurrent (decode) ``7 d_k d_v`` (decay, two state-vector products, update, output).
+        Inference writes each sequence's final fp32 state (an extra output here); decode also
+        reads it (its ``state`` input)."""
+        from charon_search.frontend._linear_attn import GDN_CHUNK
+
+        q, v = shp[0], shp[2]
+        batch, q_len, k_heads, dk = q
+        heads, dv = v[2], v[3]
+        fwd = op.kind == OpKind.LINEAR_ATTENTION
+        reads_state = int(fwd and len(a.args) > 5 and a.args[5] is not None)
+        op.params = poly_params(batch=batch, q_len=q_len, heads=heads, k_heads=k_heads,
+                                head_dim=dk, v_head_dim=dv, state=reads_state)
+        tokens = batch * q_len * heads
+        if self.phase == "decode":
+            op.flops = tokens * 7 * dk * dv
+        else:
+            op.flops = tokens * (6 * dk * dv + 2 * GDN_CHUNK * (2 * dk + dv))
+        if not fwd:
+            op.flops = op.flops * ATTENTION_BWD_FLOP_RATIO
+        elif self.phase != "train":
+            g = op.key[0]
+            vals = [val[1] for val in self.vals(g, a)]
+            op.outputs.append(self.new_tensor((g, f"{a.name}.final_state"), vals))
 
 
 def _numel(shape: Iterable[Poly]) -> Poly:

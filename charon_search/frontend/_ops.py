@@ -44,6 +44,12 @@ ATTENTION_BWD_OPS = frozenset({
     "_efficient_attention_backward",
 })
 
+#: ``charon::`` stand-ins of the Gated DeltaNet kernels (``frontend._linear_attn``).
+LINEAR_ATTENTION_FWD_OPS = frozenset({"gated_delta_rule"})
+LINEAR_ATTENTION_BWD_OPS = frozenset({"gated_delta_rule_backward"})
+#: Depthwise causal convolutions (elementwise-like: ``2 x width`` FLOPs per output element).
+CAUSAL_CONV_OPS = frozenset({"causal_conv1d", "causal_conv1d_backward"})
+
 GEMM_OPS = frozenset({"mm", "addmm", "linear", "_addmm_activation"})
 BGEMM_OPS = frozenset({"bmm", "baddbmm"})
 GROUPED_OPS = frozenset({"_grouped_mm", "grouped_mm", "_scaled_grouped_mm"})
@@ -105,6 +111,10 @@ def classify(base: str, *, in_moe: bool) -> OpKind:
         return OpKind.ATTENTION
     if base in ATTENTION_BWD_OPS:
         return OpKind.ATTENTION_BWD
+    if base in LINEAR_ATTENTION_FWD_OPS:
+        return OpKind.LINEAR_ATTENTION
+    if base in LINEAR_ATTENTION_BWD_OPS:
+        return OpKind.LINEAR_ATTENTION_BWD
     if base in NORM_OPS:
         return OpKind.NORM
     if base in SOFTMAX_OPS:

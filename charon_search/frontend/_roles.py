@@ -7,15 +7,17 @@ autograd ``seq_nr``).
 
 from __future__ import annotations
 
-from charon_search.catalog.spec import ModelSpec
+from charon_search.catalog.spec import ModelSpec, is_moe_block
 from charon_search.ir import OpKind, Role
 
 __all__ = ["RoleTracker", "block_of_path"]
 
-_ATTN = ("self_attn", "attn", "attention", "self_attention")
+_ATTN = ("self_attn", "attn", "attention", "self_attention", "linear_attn")
 _QKV = ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "q_a_proj",
         "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "wq", "wk", "wv", "q_a_layernorm",
-        "kv_a_layernorm", "wqkv", "Wqkv")
+        "kv_a_layernorm", "wqkv", "Wqkv",
+        # Gated DeltaNet input projections (Qwen3.5; Qwen3-Next fuses them as qkvz / ba).
+        "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba")
 _OUT = ("o_proj", "c_proj", "dense", "out_proj", "wo", "resid_dropout")
 _QK_NORM = ("q_norm", "k_norm")
 _MLP = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
@@ -77,7 +79,8 @@ class RoleTracker:
                 return Role.ATTN_OUT.value
             if sub == "rotary_emb":
                 return Role.ATTN_ROPE.value
-            if kind in (OpKind.ATTENTION, OpKind.BATCHED_GEMM, OpKind.SOFTMAX):
+            if kind in (OpKind.ATTENTION, OpKind.BATCHED_GEMM, OpKind.SOFTMAX,
+                        OpKind.LINEAR_ATTENTION):
                 st["core"] = 1
                 return Role.ATTN_CORE.value
             if not st["core"] and (base in _ROPE_OPS or base == "slice"):
@@ -102,7 +105,7 @@ class RoleTracker:
             return Role.MLP_OUT.value
         if top in _MLP:
             st["attn"] = 1
-            if block == "moe" or self._is_moe_path(parts):
+            if is_moe_block(block) or self._is_moe_path(parts):
                 return self._moe_role(st, parts, kind)
             if sub in _MLP_IN:
                 return Role.MLP_IN.value

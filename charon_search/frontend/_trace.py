@@ -22,6 +22,7 @@ from typing import Any
 
 from charon_search.catalog._hf import ReducedModel
 from charon_search.errors import ConfigError
+from charon_search.frontend._linear_attn import linear_attention_patches
 from charon_search.frontend._mla import absorbed_mla_decode
 
 __all__ = ["Capture", "capture"]
@@ -189,8 +190,9 @@ def _fuse_eager(model: Any, enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _hf_patches() -> Iterator[None]:
-    """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data)
-    and route SDPA to one fused op (``_fused_sdpa``)."""
+    """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data),
+    route SDPA to one fused op (``_fused_sdpa``) and Gated DeltaNet layers to their two kernels
+    (``_linear_attn``)."""
     import torch.nn.functional as F
     import transformers.masking_utils as mu
 
@@ -198,7 +200,8 @@ def _hf_patches() -> Iterator[None]:
     mu.find_packed_sequence_indices = lambda *a, **k: None
     F.scaled_dot_product_attention = _fused_sdpa
     try:
-        yield
+        with linear_attention_patches():
+            yield
     finally:
         mu.find_packed_sequence_indices, F.scaled_dot_product_attention = saved
 
@@ -314,6 +317,8 @@ def _past_kv(model: Any, params: list[Any], bufs: list[Any], pnames: tuple[str, 
         cache = out.past_key_values
     past: list[Any] = []
     for layer in cache.layers:
+        if not _is_kv_layer(layer):
+            continue  # linear attention: its state is made inside the traced layer
         for t in (layer.keys, layer.values):
             shape = list(t.shape)
             shape[-2] = past_len
@@ -321,12 +326,20 @@ def _past_kv(model: Any, params: list[Any], bufs: list[Any], pnames: tuple[str, 
     return past
 
 
+def _is_kv_layer(layer: Any) -> bool:
+    """A cache layer holding keys and values (not a linear-attention state layer)."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return not isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
 def _cache_from(model: Any, past: tuple[Any, ...]) -> Any:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
     layer: Any
-    for j, layer in enumerate(cache.layers):
+    kv_layers = [layer for layer in cache.layers if _is_kv_layer(layer)]
+    for j, layer in enumerate(kv_layers):
         k, v = past[2 * j], past[2 * j + 1]
         layer.keys, layer.values = k, v
         layer.is_initialized = True

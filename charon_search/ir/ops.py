@@ -29,6 +29,11 @@ class OpKind(StrEnum):
     """Fused scaled-dot-product / flash attention forward (prefill, decode, training)."""
     ATTENTION_BWD = "attention_bwd"
     """Fused attention backward."""
+    LINEAR_ATTENTION = "linear_attention"
+    """Gated DeltaNet core (chunked in prefill and training, recurrent in decode): cost linear in
+    the tokens, plus one ``d_k x d_v`` fp32 state per value head and sequence."""
+    LINEAR_ATTENTION_BWD = "linear_attention_bwd"
+    """Gated DeltaNet core backward."""
     NORM = "norm"
     """RMSNorm / LayerNorm (forward or backward)."""
     ELEMENTWISE = "elementwise"
@@ -127,6 +132,11 @@ PARAMS_BY_KIND: dict[OpKind, tuple[str, ...]] = {
                        "v_head_dim", "causal"),
     OpKind.ATTENTION_BWD: ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim",
                            "v_head_dim", "causal"),
+    # heads / k_heads: value and query-key heads; state is 1 when the op reads a recurrent state.
+    OpKind.LINEAR_ATTENTION: ("batch", "heads", "k_heads", "q_len", "head_dim", "v_head_dim",
+                              "state"),
+    OpKind.LINEAR_ATTENTION_BWD: ("batch", "heads", "k_heads", "q_len", "head_dim",
+                                  "v_head_dim", "state"),
     OpKind.NORM: ("rows", "cols"),
     OpKind.SOFTMAX: ("rows", "cols"),
     OpKind.ELEMENTWISE: ("numel",),

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from charon_search.catalog.spec import ModelSpec
+from charon_search.catalog.spec import ModelSpec, is_linear_block
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir.graph import DTYPE_BYTES
@@ -52,6 +52,11 @@ class KvCacheCapacity:
     block_size: int
     device_memory_bytes: float
     gpu_memory_utilization: float
+    linear_state_bytes: float = 0.0
+    """Bytes reserved on this GPU for linear-attention (Gated DeltaNet) request states."""
+    linear_state_slots: int = 0
+    """Requests whose linear-attention state fits in ``linear_state_bytes`` (0: no such
+    layers)."""
 
     @property
     def fits(self) -> bool:
@@ -65,6 +70,8 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
                        kv_dtype: str = "bf16") -> float:
     """KV-cache bytes per token per GPU.
 
+    ``layers`` defaults to the layers that hold a KV cache (``ModelSpec.num_kv_layers``: linear
+    attention layers keep a fixed-size state instead, ``linear_state_bytes``).
     GQA/MHA: ``2 * layers * ceil(kv_heads / tp) * head_dim * dtype_bytes`` (K and V; a KV head is
     replicated when ``tp`` exceeds the KV heads). MLA: ``layers * (kv_lora_rank +
     qk_rope_head_dim) * dtype_bytes``, the compressed latent, replicated over TP
@@ -72,7 +79,7 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
     """
     if kv_dtype not in DTYPE_BYTES:
         raise ConfigError(f"`kv_dtype` must be one of {sorted(DTYPE_BYTES)}, but got {kv_dtype!r}")
-    layers = spec.num_layers if num_layers is None else num_layers
+    layers = spec.num_kv_layers if num_layers is None else num_layers
     nbytes = DTYPE_BYTES[kv_dtype]
     if spec.attention == "mla":
         cfg = spec.hf_config
@@ -85,13 +92,33 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
     return 2 * layers * heads * spec.head_dim * nbytes
 
 
+def linear_state_bytes_per_request(spec: ModelSpec, *, tp: int,
+                                   num_layers: int | None = None) -> float:
+    """Bytes one request's linear-attention state takes on one GPU (0 without such layers).
+
+    Per Gated DeltaNet layer: the recurrent state, ``ceil(v_heads / tp) x d_k x d_v`` in fp32
+    (SGLang and vLLM keep it in float32 by default: ``--mamba-ssm-dtype``), and the causal
+    convolution's last ``kernel - 1`` inputs of its ``(2 k_heads d_k + v_heads d_v) / tp``
+    channels in bf16. ``num_layers`` defaults to the model's linear-attention layers."""
+    la = spec.extra.get("linear_attention")
+    if not la:
+        return 0.0
+    layers = (sum(1 for t in spec.layer_types if is_linear_block(t)) if num_layers is None
+              else num_layers)
+    state = math.ceil(la["v_heads"] / tp) * la["k_head_dim"] * la["v_head_dim"] * 4
+    channels = (2 * la["k_heads"] * la["k_head_dim"] + la["v_heads"] * la["v_head_dim"]) / tp
+    return layers * (state + channels * (la["conv_kernel"] - 1) * 2)
+
+
 def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp: int,
                       pp: int = 1, ep: int = 1, gpu_memory_utilization: float = 0.9,
                       max_batched_tokens: int = 8192, block_size: int = 16,
                       kv_dtype: str = "bf16", weight_dtype: str = "bf16",
                       cuda_graph_pool_bytes: float | None = None,
                       activation_bytes: float | None = None,
-                      profile: ModelMemoryProfile | None = None) -> KvCacheCapacity:
+                      profile: ModelMemoryProfile | None = None,
+                      linear_state_ratio: float = 0.0,
+                      linear_state_requests: int = 0) -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
@@ -108,6 +135,11 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
         activation_bytes: Override of the activation workspace (else liveness of the traced
             prefill blocks).
         profile: A precomputed ``prefill`` profile (else traced and cached).
+        linear_state_ratio: Models with linear-attention layers: linear-state memory over KV
+            memory (SGLang ``--mamba-full-memory-ratio``, 0.9 by default): the memory left
+            after weights and workspaces is split in that ratio.
+        linear_state_requests: Without a ratio, room for this many requests' linear states
+            (one per running request, as vLLM allocates them) is reserved first.
     """
     from charon_search.memory.report import _resolve
 
@@ -149,8 +181,16 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             prof, names, tokens=max_batched_tokens, tp=tp)
         graphs = cuda_graph_pool_bytes if cuda_graph_pool_bytes is not None else _forward_peak(
             prof, names, tokens=min(CUDA_GRAPH_MAX_BATCH, max_batched_tokens), tp=tp, decode=True)
-        per_token = kv_bytes_per_token(spec, tp=tp, num_layers=len(layers), kv_dtype=kv_dtype)
+        kv_layers = sum(1 for t in layers if not is_linear_block(t))
+        per_token = kv_bytes_per_token(spec, tp=tp, num_layers=kv_layers, kv_dtype=kv_dtype)
         avail = max(0.0, budget - weights - act - graphs - non_torch)
+        per_state = linear_state_bytes_per_request(
+            spec, tp=tp, num_layers=sum(1 for t in layers if is_linear_block(t)))
+        states = 0.0
+        if per_state > 0:
+            states = (avail * linear_state_ratio / (1.0 + linear_state_ratio)
+                      if linear_state_ratio > 0 else min(avail, linear_state_requests * per_state))
+            avail -= states
         tokens = int(avail // per_token) if per_token > 0 else 0
         blocks = tokens // block_size
         cap = KvCacheCapacity(
@@ -159,6 +199,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             num_tokens=blocks * block_size, num_blocks=blocks, block_size=block_size,
             device_memory_bytes=cl.gpu.hbm_capacity_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
+            linear_state_bytes=states,
+            linear_state_slots=int(states // per_state) if per_state > 0 else 0,
         )
         if best is None or cap.num_blocks < best.num_blocks:
             best = cap

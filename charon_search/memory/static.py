@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from charon_search.catalog.spec import ModelSpec
+from charon_search.catalog.spec import ModelSpec, is_moe_block
 from charon_search.errors import ConfigError
 from charon_search.ir.graph import TracedBlock
 from charon_search.ir.ops import Role
@@ -125,7 +125,7 @@ def analytic_param_groups(spec: ModelSpec, block_name: str) -> ParamGroups:
         return ParamGroups(tp=0 if tied else spec.vocab_size * h, rep=h,
                            source="analytic")
     attn = h * heads * d + 2 * h * kv * d + heads * v_d * h
-    if block_name == "moe":
+    if is_moe_block(block_name):
         e, ffn = spec.num_experts, spec.moe_intermediate_size
         shared = spec.num_shared_experts * mats * h * ffn
         return ParamGroups(tp=attn + shared, rep=2 * h + e * h, expert=e * mats * h * ffn,

@@ -28,6 +28,8 @@ COUNT_PARAMS: dict[OpKind, tuple[str, ...]] = {
     OpKind.BATCHED_GEMM: ("batch",),
     OpKind.ATTENTION: ("heads", "kv_heads"),
     OpKind.ATTENTION_BWD: ("heads", "kv_heads"),
+    OpKind.LINEAR_ATTENTION: ("heads", "k_heads"),
+    OpKind.LINEAR_ATTENTION_BWD: ("heads", "k_heads"),
     OpKind.EMBEDDING: ("tokens",),
     OpKind.MOE_ROUTING: ("tokens",),
     OpKind.GROUPED_GEMM: ("tokens",),

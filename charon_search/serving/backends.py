@@ -56,6 +56,12 @@ SGLANG_CHUNKED_PREFILL_SIZE = 8192
 #: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
 #: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).
 AIC_PREFILL_HEADROOM_TOKENS = 1500
+#: Why SGLang runs hybrid linear-attention models without its overlap scheduler.
+SGLANG_HYBRID_NO_OVERLAP = (
+    "SGLang overlap scheduler off: hybrid linear-attention models (Qwen3-Next, Qwen3.5) keep "
+    "their prefix cache in MambaRadixCache, whose default 'no_buffer' strategy 'will "
+    "automatically close overlap schedule' (SGLang docs/basic_usage/qwen3.md, Mamba Radix "
+    "Cache); the cluster's per-iteration host time applies")
 #: SGLang's ``max_prefill_tokens`` when nobody sets it: 16384 (``ServerArgs``).
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384
 LAUNCHERS = ("aiconfigurator", "inferencex", "engine_defaults", "trtllm_bench")
@@ -197,7 +203,7 @@ def release(version: str) -> tuple[int, ...]:
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
                    model: str = "", max_num_tokens: int = 0, gpu: str = "",
-                   attention_dp: int = 1) -> EngineProfile:
+                   attention_dp: int = 1, linear_attention: bool = False) -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
     generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
@@ -207,6 +213,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     defaults (``"engine_defaults"``: measurements whose launch flags are not known), or by
     ``trtllm-bench throughput`` (``"trtllm_bench"``, TensorRT-LLM only: ``max_batch_size`` and
     ``max_num_tokens`` are the limits it picked, ``serving.trtllm_bench.bench_limits``).
+    ``linear_attention``: the model has linear-attention (Gated DeltaNet) layers, whose state
+    cache changes SGLang's scheduler (``SGLANG_HYBRID_NO_OVERLAP``).
 
     Raises:
         ConfigError: unknown backend or launcher, or a launcher the backend has no profile for.
@@ -262,6 +270,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
         return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)
     if backend == "sglang":
+        overlap = not linear_attention
         mixed = aic and version not in SGLANG_UNMIXED_VERSIONS
         why = ("the aiconfigurator agg rule asks for it" if mixed else
                "the 0.5.1.post1 template misspells the flag" if aic else "SGLang default")
@@ -270,11 +279,11 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             chunked_prefill=True, max_num_batched_tokens=SGLANG_CHUNKED_PREFILL_SIZE,
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
-            prefix_caching=False, decode_in_budget=False, overlap_scheduler=True,
+            prefix_caching=False, decode_in_budget=False, overlap_scheduler=overlap,
             cuda_graph_sizes=graphs,
             sources=(*graphs_src,
                 "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
-                "host work hidden behind the GPU",
+                "host work hidden behind the GPU" if overlap else SGLANG_HYBRID_NO_OVERLAP,
                 "SGLang: a new prefill batch runs before decoding; with --enable-mixed-chunk "
                 "the running decodes ride along, else they wait (managers/scheduler.py); "
                 f"mixed chunk {'on' if mixed else 'off'} ({why})",

@@ -360,7 +360,7 @@ class GraphIterationCostModel(IterationCostModel):
         from charon_search.memory.serving import kv_bytes_per_token
 
         self._kv_token_bytes = kv_bytes_per_token(
-            model, tp=1 if dp_attention else tp, num_layers=math.ceil(model.num_layers / pp),
+            model, tp=1 if dp_attention else tp, num_layers=math.ceil(model.num_kv_layers / pp),
             kv_dtype=kv_dtype)
         self._pp_hop = self._pp_send_recv_fn()
         # Decode attention is bound by its KV reads; the profile rows time a bf16 cache (FA3).

@@ -38,6 +38,9 @@ __all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "run_s
            "simulate_serving"]
 
 _ARRIVE, _KV, _ITER = 0, 0, 1
+#: SGLang ``--mamba-full-memory-ratio`` default: linear-attention state memory over full KV
+#: memory of hybrid models (SGLang docs/basic_usage/qwen3.md, Qwen3-Next configuration tips).
+SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
 def _resolve(model: ModelSpec | str, cluster: ClusterSpec | str) -> tuple[ModelSpec, ClusterSpec]:
@@ -98,7 +101,9 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
         # Under attention DP each rank runs its share of the replica's tokens.
         max_batched_tokens=-(-config.max_num_batched_tokens // tp) if dpa
         else config.max_num_batched_tokens, block_size=config.block_size,
-        kv_dtype=config.kv_dtype, weight_dtype=weight_dtype)
+        kv_dtype=config.kv_dtype, weight_dtype=weight_dtype,
+        linear_state_ratio=SGLANG_MAMBA_FULL_MEMORY_RATIO if config.engine == "sglang" else 0.0,
+        linear_state_requests=config.max_num_seqs)
     blocks = cap.num_blocks
     if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from charon_search.catalog.spec import is_linear_block, is_moe_block
 from charon_search.errors import CharonError
 from charon_search.validation import translate_training as _tt
 from charon_search.validation.flops import ArchFacts
@@ -216,7 +217,7 @@ def arch_facts(record: Record, spec: ModelSpec) -> ArchFacts:
         num_experts_per_token=int(pick("num_experts_per_token", spec.num_experts_per_token) or 0),
         moe_intermediate_size=int(x.get("moe_intermediate_size") or spec.moe_intermediate_size),
         num_shared_experts=int(x.get("n_shared_experts") or spec.num_shared_experts),
-        num_dense_layers=sum(1 for t in spec.layer_types if t != "moe") if spec.is_moe
+        num_dense_layers=sum(1 for t in spec.layer_types if not is_moe_block(t)) if spec.is_moe
         else int(pick("num_layers", spec.num_layers)),
         mla=mla, q_lora_rank=int(x.get("q_lora_rank") or ex.get("q_lora_rank") or 0),
         kv_lora_rank=int(x.get("kv_lora_rank") or ex.get("kv_lora_rank") or 0),
@@ -427,7 +428,9 @@ def _serving_case(record: Record) -> ServingCase:
                                   model=str(record.model.get("name") or ""),
                                   gpu=resolve_gpu(str(record.hardware.get("gpu"))).name,
                                   attention_dp=(int(c.get("dp") or 1)
-                                                if c.get("mode", "agg") != "disagg" else 1))
+                                                if c.get("mode", "agg") != "disagg" else 1),
+                                  linear_attention=any(is_linear_block(t)
+                                                       for t in model.layer_types))
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "

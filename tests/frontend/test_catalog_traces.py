@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 
 from charon_search.catalog import list_models, load_model
+from charon_search.catalog.spec import is_linear_block, is_moe_block
 from charon_search.frontend import trace_model
 from charon_search.ir import OpKind, check
 
 #: Traced in the fast test run (one per architecture family); the rest are `slow`.
-FAST = {"debug-llama", "debug-moe", "gpt-1.7b", "qwen3-30b-a3b", "deepseek-v3"}
-INFERENCE = ["debug-llama", "debug-moe", "gpt-1.7b", "deepseek-v3", "gpt-oss-120b",
-             "mixtral-8x7b", "mpt-1b"]
+FAST = {"debug-llama", "debug-moe", "debug-hybrid", "gpt-1.7b", "qwen3-30b-a3b",
+        "deepseek-v3"}
+INFERENCE = ["debug-llama", "debug-moe", "debug-hybrid", "gpt-1.7b", "deepseek-v3",
+             "gpt-oss-120b", "mixtral-8x7b", "mpt-1b"]
 
 
 def _check_traced(name: str, phase: str) -> None:
@@ -31,8 +33,11 @@ def _check_traced(name: str, phase: str) -> None:
         fwd = tm.blocks[t].forward
         kinds = {n.kind for n in fwd.nodes}
         assert OpKind.GEMM in kinds
-        assert OpKind.ATTENTION in kinds or OpKind.BATCHED_GEMM in kinds
-        if t == "moe":
+        if is_linear_block(t):
+            assert OpKind.LINEAR_ATTENTION in kinds and OpKind.ATTENTION not in kinds
+        else:
+            assert OpKind.ATTENTION in kinds or OpKind.BATCHED_GEMM in kinds
+        if is_moe_block(t):
             assert OpKind.GROUPED_GEMM in kinds
         if phase == "train":
             assert tm.blocks[t].backward is not None and tm.blocks[t].saved

@@ -102,3 +102,30 @@ def test_korthikanti_table4_layer_times(shipped_records):
     assert measured == dict(zip(KORTHIKANTI_T4, (0.0196, 0.0272, 0.0209, 0.0203), strict=True))
     for rid, r in got.items():
         assert abs(r["error"]) <= 0.10, (rid, r)
+
+
+QWEN35_ROW = "2026_04_06_qwen3_5_397b_h200_sxm_sglang_fp8_agg_1024x8192_c8_tp8_ep8_1500"
+
+
+@pytest.fixture(scope="module")
+def qwen35(shipped_records):
+    return run_validation(select_records(shipped_records, ids=[QWEN35_ROW]))
+
+
+def test_qwen35_hybrid_tpot_h200(qwen35):
+    # InferenceX, SGLang 0.5.9, Qwen3.5-397B-A17B FP8 on 8 H200 (TP 8, EP 8), 1024/8192 tokens
+    # at concurrency 8: TPOT 10.5 ms. 45 of its 60 layers are Gated DeltaNet, priced from
+    # SGLang's measured kernels; SGLang runs the model without its overlap scheduler
+    # (MambaRadixCache). +9.8 % (session 18); -18 % with the overlap scheduler assumed.
+    err = _errors(qwen35, QWEN35_ROW)
+    assert abs(err["tpot_s"]) <= 0.20, err
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "session 18: TTFT -78 % (304 ms measured, 67 ms predicted). Every Qwen3.5 silicon row, on "
+    "H200 and B200 alike, measures ~200-280 ms more TTFT than the simulated prefill at any "
+    "concurrency and prompt length (1k and 8k), a near-constant offset, not prefill work; "
+    "unexplained"))
+def test_qwen35_hybrid_ttft_h200(qwen35):
+    err = _errors(qwen35, QWEN35_ROW)
+    assert abs(err["ttft_s"]) <= 0.20, err

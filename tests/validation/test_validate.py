@@ -11,15 +11,15 @@ from charon_search.cli import main
 from charon_search.validation import run_validation, select_records
 from charon_search.validation.flops import hardware_flops_per_step
 
-#: A silicon row of a model outside the catalog (Qwen3.5-397B-A17B, hybrid linear attention).
-QWEN35_ROW = "2026_03_25_qwen3_5_397b_h200_sxm_sglang_fp8_agg_1024x8192_c4_tp8_0_ep8_0_583"
+#: A silicon row of a model outside the catalog (GLM-5: DeepSeek sparse attention).
+GLM5_ROW = "2026_03_25_glm_5_h200_sxm_sglang_fp8_agg_1024x1024_c4_tp8_0_ep1_0_500"
 SLICE = [
     "megatron_sc21_t1_1.7b", "korthikanti_t5_22b_seqsel", "torchtitan_202412_t1_8b_8gpu_fsdp",
     "palm_540b_6144_tpuv4", "mcore_h100_weak_1.7b",
     "trtllm_llama31_8b_h100_tp1_isl128_osl128", "deepseek_v3r1_prod_decode_per_node",
     "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_"
     "1024x128_c8_tp1_epnone_1",
-    QWEN35_ROW,
+    GLM5_ROW,
 ]
 
 SUSTAINED_FLOPS_PER_S = 150e12
@@ -59,7 +59,7 @@ def test_every_record_predicted_or_skipped(result):
     reasons = {s["id"]: s["reason"] for s in res.skipped}
     assert "not a GPU" in reasons["palm_540b_6144_tpuv4"]
     assert "real traffic" in reasons["deepseek_v3r1_prod_decode_per_node"]
-    assert "unknown model" in reasons[QWEN35_ROW]
+    assert "unknown model" in reasons[GLM5_ROW]
 
 
 def test_json_schema(result):
