@@ -41,7 +41,7 @@ import numpy as np
 from charon_search.cost.base import COST_BACKENDS, CostBackend, NodeCost, ShapePoint
 from charon_search.cost.predictor import NUM_SMS, PREDICTED_KINDS, PredictorStore
 from charon_search.cost.profile_db import SHAPE_KEYS, ProfileDB, default_profile_db
-from charon_search.ir.ops import ATTENTION_BWD_FLOP_RATIO
+from charon_search.ir.ops import ATTENTION_BWD_FLOP_RATIO, CAUSAL_CONV_TAG
 
 if TYPE_CHECKING:
     from charon_search.hardware.spec import ClusterSpec, GpuSpec
@@ -263,7 +263,7 @@ class FusedCostModel:
                     _global_moe_shape(params, moe[2])
             if (self.gpu_key is not None and self.db is not None and self.use_profile
                     and (kind in ("linear_attention", "linear_attention_bwd")
-                         or "causal_conv1d" in node.tags)):
+                         or CAUSAL_CONV_TAG in node.tags)):
                 gdn = self._linear_attention_hit(kind, params, node.tags)
                 if gdn is not None:
                     dur[i], prov[i], detail[i] = gdn[0], "profile", gdn[1]
@@ -367,7 +367,7 @@ class FusedCostModel:
         convolution node itself then costs nothing here (detail ``in-delta-rule``). None when
         this GPU has no rows for the node's heads (roofline prices it)."""
         assert self.db is not None and self.gpu_key is not None
-        if "causal_conv1d" in tags:
+        if CAUSAL_CONV_TAG in tags:
             if not self.db.has(self.gpu_key, "linear_attention"):
                 return None
             return 0.0, "in-delta-rule"

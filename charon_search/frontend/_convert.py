@@ -23,12 +23,9 @@ from charon_search.ir import (
     poly_params,
     sym,
 )
+from charon_search.ir.ops import CAUSAL_CONV_TAG
 
-__all__ = ["CAUSAL_CONV_TAG", "Converter"]
-
-#: Tag of a Gated DeltaNet layer's causal convolution node (``cost.selector`` charges its
-#: measured time to the layer's delta-rule node).
-CAUSAL_CONV_TAG = "causal_conv1d"
+__all__ = ["Converter"]
 
 
 _TORCH_DTYPES = {
@@ -466,7 +463,6 @@ class Converter:
                                 kv_len=kv_len, head_dim=q[3], v_head_dim=v[3], causal=causal)
         fwd = 2 * q[0] * q[1] * q[2] * kv_len * (q[3] + v[3])
         op.flops = fwd if op.kind == OpKind.ATTENTION else fwd * ATTENTION_BWD_FLOP_RATIO
-
 
     def _linear_attention(self, op: _Op, a: Any, shp: list[tuple[Poly, ...]]) -> None:
         """Gated delta rule (``frontend._linear_attn``): q/k ``[b, s, h_k, d_k]``, v

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["ATTENTION_BWD_FLOP_RATIO", "COMM_KINDS", "COMPUTE_KINDS", "PARAMS_BY_KIND", "OpKind",
-           "Phase", "Role"]
+__all__ = ["ATTENTION_BWD_FLOP_RATIO", "CAUSAL_CONV_TAG", "COMM_KINDS", "COMPUTE_KINDS",
+           "PARAMS_BY_KIND", "OpKind", "Phase", "Role"]
 
 #: FLOPs of a fused attention backward over its forward's matmul FLOPs: the backward runs
 #: the matmuls for dV, dP, dQ and dK plus the recomputed scores P (5 matmuls against the
@@ -122,6 +122,10 @@ COMM_KINDS = frozenset(
      OpKind.SEND_RECV}
 )
 COMPUTE_KINDS = frozenset(k for k in OpKind if k not in COMM_KINDS)
+
+#: Tag of a Gated DeltaNet layer's causal-convolution node: ``cost.selector`` charges its
+#: measured time to the layer's delta-rule node (``LINEAR_ATTENTION``).
+CAUSAL_CONV_TAG = "causal_conv1d"
 
 #: Shape parameters per kind (keys of ``Node.params``). All values are ``Poly``.
 PARAMS_BY_KIND: dict[OpKind, tuple[str, ...]] = {
