@@ -209,6 +209,32 @@ def test_custom_allreduce_uses_the_engine_measurement() -> None:
         ServingConfig(tp_allreduce="mpi")
 
 
+def test_custom_allreduce_covers_blackwell() -> None:
+    from charon_search.catalog import load_model
+    from charon_search.hardware.loader import load_cluster
+    from charon_search.serving._graphs import serving_graphs
+    from charon_search.serving.custom_allreduce import custom_allreduce_s, table_gpus
+    from charon_search.serving.iteration_cost import collective_s, graph_cost_fn
+
+    cluster = load_cluster("b200-8gpu")
+    gpu = cluster.gpu.name
+    assert {gpu, "b300-sxm-288gb", "gb200", "gb300"} <= table_gpus()
+    # aiconfigurator-core b200_sxm/comm/trtllm/1.2.0rc5: 65536 bf16 elements (131072 B) over
+    # 8 GPUs take 0.006579 ms (the table row); NCCL's model charges about 27 us for the same.
+    assert custom_allreduce_s("trtllm", gpu, 8, 131072) == pytest.approx(6.579e-6, rel=1e-9)
+    assert collective_s("all_reduce", 131072, 8, cluster) > 3 * 6.579e-6
+    # b200_sxm/comm/vllm/0.19.0: 4096 elements (8192 B) over 4 GPUs, vLLM_custom_graph
+    # 0.007387 ms (vLLM_custom_eager 0.020921 ms; the graph kernel is kept). A TP-4 decode
+    # step's all-reduces on the B200 cluster cost exactly that.
+    _, decode = serving_graphs(load_model("debug-llama"), tp=4, pp=1, ep=1, dp_attention=False,
+                               precision="bf16", engine="vllm")
+    graph = decode["dense"]
+    cost = graph_cost_fn(cluster, tp_allreduce="vllm")(graph, 64, 1, 300)
+    reduces = [i for i, n in enumerate(graph.nodes) if n.kind.value == "all_reduce"]
+    assert reduces and all(graph.nodes[i].param("bytes")(64, 1, 300) == 8192 for i in reduces)
+    assert cost[reduces] == pytest.approx(7.387e-6, rel=1e-9)
+
+
 def test_inferencex_recipes_set_launch_facts() -> None:
     # 70b_fp8_h200_trt_slurm.sh: --max_num_tokens 16384; batch waiting 0.9 x 16384 / 20
     # iterations only at 1k/1k below TP 8.
