@@ -21,7 +21,8 @@ from charon_search.memory.liveness import ShardingPoint
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
 from charon_search.memory.report import stage_layers
 
-__all__ = ["WEIGHT_DTYPE_BYTES", "KvCacheCapacity", "kv_bytes_per_token", "kv_cache_capacity"]
+__all__ = ["WEIGHT_DTYPE_BYTES", "KvCacheCapacity", "kv_bytes_per_token", "kv_cache_capacity",
+           "moe_tp_degree"]
 
 #: Bytes per weight of the serving precisions (int4/nvfp4: 4-bit values; scales neglected).
 WEIGHT_DTYPE_BYTES: dict[str, float] = {
@@ -110,6 +111,15 @@ def linear_state_bytes_per_request(spec: ModelSpec, *, tp: int,
     return layers * (state + channels * (la["conv_kernel"] - 1) * 2)
 
 
+def moe_tp_degree(tp: int, ep: int) -> int:
+    """Ranks each routed expert is split over in a replica of ``tp`` GPUs (attention TP or
+    attention-DP ranks) with expert-parallel degree ``ep``: the ``tp / ep`` ranks expert
+    parallelism leaves (vLLM ``FusedMoEParallelConfig``: MoE TP = DP x TP / EP; TRT-LLM
+    ``moe_tp_size x moe_ep_size = tp_size``; SGLang ``moe_tp = tp / ep``); 1 when ``ep`` does
+    not divide ``tp`` or covers it."""
+    return 1 if ep >= tp or tp % ep else tp // ep
+
+
 def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp: int,
                       pp: int = 1, ep: int = 1, gpu_memory_utilization: float = 0.9,
                       max_batched_tokens: int = 8192, block_size: int = 16,
@@ -118,14 +128,17 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                       activation_bytes: float | None = None,
                       profile: ModelMemoryProfile | None = None,
                       linear_state_ratio: float = 0.0,
-                      linear_state_requests: int = 0) -> KvCacheCapacity:
+                      linear_state_requests: int = 0,
+                      moe_tp: int | None = None) -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
         model: ``ModelSpec`` or catalog name.
         cluster: ``ClusterSpec`` or name (device capacity, non-torch calibration).
-        tp, pp, ep: Parallel degrees of one replica; experts divide by ``ep`` (by ``tp`` when
-            ``ep == 1``, as vLLM's fused-MoE TP does).
+        tp, pp, ep: Parallel degrees of one replica; routed experts divide by ``ep x moe_tp``.
+        moe_tp: Ranks each expert is split over; None = ``moe_tp_degree(tp, ep)`` (the
+            ``tp / ep`` ranks expert parallelism leaves). Attention-DP replicas pass ``tp=1``
+            (attention and dense layers whole on each rank) and their ``moe_tp``.
         gpu_memory_utilization: Share of device memory the engine may use, in (0, 1].
         max_batched_tokens: Tokens of the largest forward pass (chunked-prefill budget).
         block_size: Tokens per KV block.
@@ -165,6 +178,9 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
     layer_types = spec.layer_types or ("dense",) * spec.num_layers
     stages = stage_layers(layer_types, pp)
     wbytes = WEIGHT_DTYPE_BYTES[weight_dtype]
+    expert_tp = moe_tp_degree(tp, ep) if moe_tp is None else moe_tp
+    if expert_tp < 1:
+        raise ConfigError(f"`moe_tp` must be a positive integer, but got {moe_tp!r}")
     cal = cl.calibration
     non_torch = cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes * (tp > 1 or pp > 1)
     budget = cl.gpu.hbm_capacity_bytes * gpu_memory_utilization
@@ -176,7 +192,7 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
         for name in names:
             groups = _param_groups(prof, spec, name)
             dense = groups.tp / tp + groups.rep
-            weights += (dense + groups.expert / (ep if ep > 1 else tp)) * wbytes
+            weights += (dense + groups.expert / (ep * expert_tp)) * wbytes
         act = activation_bytes if activation_bytes is not None else _forward_peak(
             prof, names, tokens=max_batched_tokens, tp=tp)
         graphs = cuda_graph_pool_bytes if cuda_graph_pool_bytes is not None else _forward_peak(

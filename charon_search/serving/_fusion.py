@@ -48,7 +48,8 @@ from charon_search.passes.tensor_parallel import is_activation_all_reduce
 if TYPE_CHECKING:
     from charon_search.ir.graph import OpGraph
 
-__all__ = ["fuse_for_inference", "fuse_shared_experts", "fuse_trtllm", "shard_experts_tp"]
+__all__ = ["fuse_for_inference", "fuse_shared_experts", "fuse_trtllm", "gather_experts_tp",
+           "shard_experts_tp"]
 
 _GEMMS = (OpKind.GEMM, OpKind.GROUPED_GEMM)
 _MOE_GLUE_ROLES = frozenset({Role.MOE_ROUTER.value, Role.MOE_DISPATCH.value,
@@ -392,7 +393,8 @@ def _fused_expert_ffn(graph: OpGraph) -> OpGraph:
     return graph
 
 
-def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
+def shard_experts_tp(graph: OpGraph, moe_tp: int, *, rows: int = 1,
+                     reduce: bool = True) -> OpGraph:
     """Expert tensor parallelism of inference engines (vLLM ``FusedMoE`` without expert
     parallelism, TRT-LLM ``moe_tp_size``): each routed expert's w13 is split column-wise and
     w2 row-wise over ``moe_tp`` ranks, and the MoE output is all-reduced over them.
@@ -400,16 +402,19 @@ def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
     ``passes.tensor_parallel`` leaves routed experts unsharded (expert TP = 1, Megatron's
     training default); serving engines shard them whenever expert parallelism does not cover
     the TP group (``moe_tp = tp / ep``). The all-reduce copies the block's attention TP
-    all-reduce (same ``tokens x hidden`` message).
+    all-reduce (same ``tokens x hidden`` message); ``reduce=False`` adds none (the caller
+    reduces, ``gather_experts_tp``). ``rows``: each rank computes ``rows`` times the traced
+    token rows (the tokens of the attention-DP ranks gathered to it), at ``1 / moe_tp`` of
+    every expert's width.
     """
     if moe_tp <= 1:
         return graph
     params = set(graph.param_tensors)
     ar = next((n for n in graph.nodes if is_activation_all_reduce(n)), None)
-    reduce_new = not shared_expert_allreduce(graph)
+    reduce_new = reduce and not shared_expert_allreduce(graph)
     experts = [n for n in graph.nodes if n.kind == OpKind.GROUPED_GEMM
                and _str(n.role) == Role.MOE_EXPERT.value]
-    if not experts or ar is None:
+    if not experts or (ar is None and reduce):
         return graph
     out: list[Node] = []
     next_id = max(n.id for n in graph.nodes) + 1
@@ -424,19 +429,75 @@ def shard_experts_tp(graph: OpGraph, moe_tp: int) -> OpGraph:
             column = n is experts[0] or len(experts) == 1
             dim = "n" if column else "k"
             p[dim] = p[dim] / moe_tp
-            n = n.replace(flops=n.flops / moe_tp,
-                          bytes_read=act + (n.bytes_read - act) / moe_tp,
-                          bytes_written=n.bytes_written / moe_tp if column
-                          else n.bytes_written, params=p, tags=n.tags | {"moe_tp"})
+            if "tokens" in p:
+                p["tokens"] = p["tokens"] * rows
+            n = n.replace(flops=n.flops * rows / moe_tp,
+                          bytes_read=act * rows + (n.bytes_read - act) / moe_tp,
+                          bytes_written=n.bytes_written * rows / (moe_tp if column else 1),
+                          params=p, tags=n.tags | {"moe_tp"})
         elif _str(n.role) == Role.MOE_EXPERT.value and n.kind == OpKind.ELEMENTWISE:
-            n = n.replace(flops=n.flops / moe_tp, bytes_read=n.bytes_read / moe_tp,
-                          bytes_written=n.bytes_written / moe_tp,
-                          params={k: v / moe_tp for k, v in n.params.items()})
+            f = rows / moe_tp
+            n = n.replace(flops=n.flops * f, bytes_read=n.bytes_read * f,
+                          bytes_written=n.bytes_written * f,
+                          params={k: v * f for k, v in n.params.items()})
         out.append(n)
-        if i == last_combine and reduce_new:
+        if i == last_combine and reduce_new and ar is not None:
             out.append(ar.replace(id=next_id, name=f"moe_tp_all_reduce_{ar.name}",
                                   inputs=(), outputs=()))
     return graph.with_nodes(out)
+
+
+def gather_experts_tp(graph: OpGraph, dp: int, moe_tp: int) -> OpGraph:
+    """Expert tensor parallelism under attention data parallelism (one graph per DP rank,
+    traced at that rank's own tokens): the ``dp`` ranks all-gather their hidden states before
+    the experts, every rank runs its ``1 / ep`` of the experts at ``1 / moe_tp`` of their width
+    on the rows of all ``dp`` ranks routed to them (``moe_tp`` times its own rows, since
+    ``dp = moe_tp x ep``), and a reduce-scatter returns each rank its tokens' summed outputs.
+
+    That is the attention-DP MoE path of the engines: TensorRT-LLM ``FusedMoE`` all-gathers
+    and reduce-scatters over the attention-DP ranks when its all-to-all is not enabled (it is
+    only for ``moe_tp_size == 1``); vLLM's data-parallel MoE without expert parallelism shards
+    each expert over ``dp x tp`` ranks (``FusedMoEParallelConfig``) behind its naive
+    all-gather dispatch / reduce-scatter combine; SGLang's DP attention gathers the DP ranks'
+    tokens for its tensor-parallel MoE. The expert-parallel all-to-alls the graph carries are
+    replaced by these two collectives; each moves ``dp x tokens x hidden`` activations (bf16,
+    the router's input), ``bytes`` in ``cost.collectives``' convention (all-gather output,
+    reduce-scatter input).
+    """
+    if moe_tp <= 1 or dp <= 1:
+        return graph
+    router = next((n for n in graph.nodes if n.kind == OpKind.GEMM
+                   and _str(n.role) == Role.MOE_ROUTER.value), None)
+    moe = [i for i, n in enumerate(graph.nodes)
+           if _str(n.role) in (Role.MOE_DISPATCH.value, Role.MOE_EXPERT.value,
+                               Role.MOE_COMBINE.value)]
+    if router is None or not moe:
+        return graph
+    params = set(graph.param_tensors)
+    act = next(t for t in router.inputs if t not in params and t in graph.tensors)
+    message = _tensor_bytes(graph, act) * dp
+    g = shard_experts_tp(graph, moe_tp, rows=moe_tp, reduce=False)
+    nodes = g.nodes
+    first = next(i for i, n in enumerate(nodes) if _str(n.role) in (
+        Role.MOE_DISPATCH.value, Role.MOE_EXPERT.value, Role.MOE_COMBINE.value))
+    last = max(i for i, n in enumerate(nodes) if _str(n.role) in (
+        Role.MOE_EXPERT.value, Role.MOE_COMBINE.value))
+    next_id = max(n.id for n in nodes) + 1
+
+    def collective(kind: OpKind, offset: int, name: str) -> Node:
+        return Node(id=next_id + offset, name=name, kind=kind, target="pass:dp_attention",
+                    role="comm", params={"bytes": message, "group_size": Poly.const(dp)},
+                    stream="comm_dp", group="dp")
+
+    out: list[Node] = []
+    for i, n in enumerate(nodes):
+        if i == first:
+            out.append(collective(OpKind.ALL_GATHER, 0, "dp_all_gather_moe"))
+        if not (n.kind == OpKind.ALL_TO_ALL and n.group == "ep"):
+            out.append(n)
+        if i == last:
+            out.append(collective(OpKind.REDUCE_SCATTER, 1, "dp_reduce_scatter_moe"))
+    return g.with_nodes(out)
 
 
 def fuse_shared_experts(graph: OpGraph, num_shared: int) -> OpGraph:

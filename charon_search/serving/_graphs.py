@@ -9,9 +9,11 @@ routed-expert grouped GEMMs carry the MoE kernel format and the engine whose ker
 quantized MoE rows of that engine (``cost.selector``). A launch that picks another kernel for a
 4-bit checkpoint (``moe_kernel``: Marlin) tags the rows of that kernel instead
 (``MOE_KERNEL_ROWS``).
-DP-attention (MoE) keeps attention and dense layers whole on each rank (``tp = 1`` for them) and
-shards experts over ``ep``. Without DP-attention, routed experts are tensor-parallel over the
-``tp / ep`` ranks that expert parallelism leaves (vLLM ``FusedMoE``, TRT-LLM ``moe_tp_size``).
+Routed experts are tensor-parallel over the ``tp / ep`` ranks that expert parallelism leaves
+(``moe_tp_degree``: vLLM ``FusedMoE``, TRT-LLM ``moe_tp_size``). DP-attention (MoE) keeps
+attention and dense layers whole on each rank (``tp = 1`` for them); its experts are sharded
+over ``ep`` and, when ``ep < tp``, split ``tp / ep`` ways behind an all-gather and a
+reduce-scatter of the DP ranks' tokens (``_fusion.gather_experts_tp``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 from charon_search.errors import ConfigError
 from charon_search.ir.ops import OpKind, Role
 from charon_search.ir.symbolic import Poly
+from charon_search.memory.serving import moe_tp_degree
 
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.ir.graph import Node, OpGraph
 
-__all__ = ["MOE_ENGINES", "CheckpointQuant", "checkpoint_quant", "serving_graphs"]
+__all__ = ["MOE_ENGINES", "CheckpointQuant", "checkpoint_quant", "moe_tp_degree",
+           "serving_graphs"]
 
 Graphs = tuple[dict[str, "OpGraph"], dict[str, "OpGraph"]]
 _CACHE: dict[tuple, Graphs] = {}
@@ -65,6 +69,7 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
     from charon_search.serving._fusion import (
         fuse_for_inference,
         fuse_shared_experts,
+        gather_experts_tp,
         shard_experts_tp,
     )
 
@@ -81,8 +86,10 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
             quant = checkpoint_quant(model, precision)
             graphs = {k: _with_gemm_dtype(g, quant, engine, ep, moe_kernel)
                       for k, g in graphs.items()}
-        moe_tp = 1 if dp_attention or ep >= tp or tp % ep else tp // ep
-        if moe_tp > 1:
+        moe_tp = moe_tp_degree(tp, ep)
+        if moe_tp > 1 and dp_attention:
+            graphs = {k: gather_experts_tp(g, tp, moe_tp) for k, g in graphs.items()}
+        elif moe_tp > 1:
             graphs = {k: shard_experts_tp(g, moe_tp) for k, g in graphs.items()}
         if fused_kernels:
             attn_tp = 1 if dp_attention else tp

@@ -91,12 +91,12 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     (``dp_attention`` None = ``config.dp_attention``)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
-    from charon_search.memory.serving import kv_cache_capacity
+    from charon_search.memory.serving import kv_cache_capacity, moe_tp_degree
 
     dpa = config.dp_attention if dp_attention is None else dp_attention
     weight_dtype = {"fp4": "nvfp4"}.get(config.precision, config.precision)
     cap = kv_cache_capacity(
-        model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep,
+        model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep, moe_tp=moe_tp_degree(tp, ep),
         gpu_memory_utilization=config.gpu_memory_utilization,
         # Under attention DP each rank runs its share of the replica's tokens.
         max_batched_tokens=-(-config.max_num_batched_tokens // tp) if dpa

@@ -529,7 +529,7 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 pool = {k: _opt_int(row, k, where) for k in
                         ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
                          "moe_ep_size")}
-                layout_note = _degrees_from_id(rid, pool)
+                layout_note = _degrees_from_id(rid, pool) or _implied_attention_dp(pool)
                 if not pool["batch_size"] or not pool["tp_size"]:
                     raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
                 adp = pool["attention_dp_size"] or 1
@@ -593,6 +593,24 @@ def _degrees_from_id(rid: str, pool: dict[str, int | None]) -> str:
     return (f"{field} column {x * y} = TP x EP of the row id (tp{x}_ep{y}): simulated as the "
             f"launch's {'TP' if adp == 1 else 'attention DP'} {x}, EP {y}, MoE TP {x // y} on "
             f"{x} GPUs")
+
+
+def _implied_attention_dp(pool: dict[str, int | None]) -> str:
+    """Fill an empty ``attention_dp_size`` (in place) that the MoE columns imply; returns a
+    note ("" when the row is kept as read).
+
+    aiconfigurator's layout has ``moe_tp_size x moe_ep_size = tp_size x attention_dp_size``
+    (the MoE spans the worker's GPUs). Its vLLM gap-analysis rows leave ``attention_dp_size``
+    empty where the launch was data-parallel (``--data-parallel-size``): e.g. Qwen3-235B-FP8
+    with ``tp_size`` 1 and ``moe_tp_size`` 2, which one H200 cannot hold (219 GiB of FP8
+    weights). The attention-DP degree is ``moe_tp x moe_ep / tp``."""
+    tp, moe = pool.get("tp_size") or 1, (pool.get("moe_tp_size") or 1) * (
+        pool.get("moe_ep_size") or 1)
+    if pool.get("attention_dp_size") or moe <= tp or moe % tp:
+        return ""
+    pool["attention_dp_size"] = moe // tp
+    return (f"attention_dp_size empty, moe_tp_size x moe_ep_size = {moe} over tp_size {tp}: "
+            f"simulated as {moe // tp} attention-DP ranks of TP {tp} on {moe} GPUs")
 
 
 def _pool_gpus(pool: Mapping[str, int | None]) -> int:

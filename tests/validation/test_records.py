@@ -69,6 +69,20 @@ def test_silicon_row_degrees_follow_the_row_id(by_id):
     assert ok.hardware["num_gpus"] == 8 and "layout_note" not in ok.extra
 
 
+def test_silicon_row_attention_dp_implied_by_the_moe_columns(by_id):
+    """aiconfigurator's vLLM rows leave attention_dp_size empty for data-parallel launches;
+    moe_tp x moe_ep = tp x attention_dp gives it (Qwen3-235B-FP8 at TP 1 cannot fit one
+    H200: 219 GiB of FP8 weights)."""
+    r = by_id["qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h200_sxm_vllm_agg_2000x500_"
+              "c9_tp1_epnone_14"]
+    assert (r.config["tp"], r.config["dp"], r.config["moe_tp"], r.config["ep"]) == (1, 2, 2, 1)
+    assert r.hardware["num_gpus"] == 2
+    assert "2 attention-DP ranks" in r.extra["layout_note"]
+    ok = by_id["qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h200_sxm_vllm_agg_2000x500_"
+               "c16_tp2_epnone_15"]
+    assert (ok.config["tp"], ok.config["dp"], ok.hardware["num_gpus"]) == (2, 1, 2)
+
+
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
