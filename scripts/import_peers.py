@@ -21,6 +21,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
   Gated DeltaNet (linear attention, ``linear_attention/sglang``): the chunked and recurrent
   delta-rule kernels and the causal convolutions, per TP rank's heads (``convert_gdn``).
+  DeepSeek Sparse Attention of GLM-5 (``sparse_attention/sglang``): the indexer's logits and
+  top-k and the sparse MLA kernel (``convert_dsa``).
   Quantized MoE (``QUANT_MOE_DTYPES``: per-tensor ``fp8``, 128x128 ``fp8_block``,
   ``w4a16_mxfp4``, ``w4a8_mxfp4_mxfp8`` (MXFP4 weights with MXFP8 activations, Blackwell),
   ``int4_wo``) is read per engine, since each engine ships its own MoE kernels:
@@ -302,6 +304,39 @@ def convert_gdn(path: str, gpu: str, source: str) -> pd.DataFrame:
     })
 
 
+#: aiconfigurator ``sparse_attention/sglang`` GLM-5 tables -> our ``sparse_attention`` variant:
+#: the DSA lightning indexer's logits (DeepGEMM ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``)
+#: and top-k (``fast_topk_transform_fused``), and the sparse MLA (FlashMLA
+#: ``flash_mla_sparse_fwd``) of GLM-5 (zai-org/GLM-5: 64 MLA heads, 32 indexer heads of 128
+#: dims, top-2048), SGLang's kernels (``cost.selector`` DSA lookup).
+DSA_TABLES = {"glm5_mqa_logits_module_perf": "logits", "glm5_topk_module_perf": "topk",
+              "glm5_dsa_attn_module_perf": "attn"}
+#: The top-k table's ``score_mode`` imported: ``flat`` (every query's logits over all its keys).
+DSA_TOPK_SCORE_MODE = "flat"
+
+
+def convert_dsa(path: str, gpu: str, source: str, variant: str) -> pd.DataFrame:
+    """GLM-5 DSA kernels (``sparse_attention/sglang/<ver>/glm5_*_module_perf``): ``batch_size``
+    sequences of ``isl`` new tokens each after ``step`` cached tokens (decode rows: ``isl`` 1,
+    ``step`` = the context), at ``num_heads`` MLA heads (64: TP 1); ms -> s. Stored as
+    ``q_len`` = isl, ``kv_len`` = step + isl (keys after appending the new tokens, the traced
+    ``kv_len``), ``heads`` = num_heads."""
+    df = _read(path)
+    if "score_mode" in df.columns:
+        df = df[df.score_mode == DSA_TOPK_SCORE_MODE]
+    # The top-k rows read 0 ms where a query has at most ``index_topk`` keys (all are kept,
+    # no selection runs); the selector prices those as 0 instead of storing them.
+    df = df[df.latency > 0]
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "sparse_attention", "variant": variant,
+        "dtype": df.kv_cache_dtype.map({"fp8_e4m3": "fp8"}).fillna("bf16").values,
+        "kernel": df.kernel_source.values, "source": source,
+        "batch": df.batch_size.values, "q_len": df.isl.values,
+        "kv_len": (df.step + df.isl).values, "heads": df.num_heads.values,
+        "latency_s": df.latency.values * MS,
+    })
+
+
 def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
     out = []
     data = peers / "aiconfigurator-core" / "systems" / "data"
@@ -331,6 +366,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 / "gdn_perf.parquet")
         if os.path.exists(p):
             out.append(convert_gdn(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        for table, variant in DSA_TABLES.items():
+            p = str(data / system / "sparse_attention" / "sglang" / _slot("sglang", system)
+                    / f"{table}.parquet")
+            if os.path.exists(p):
+                out.append(convert_dsa(p, gpu, f"{AIC} {_rel(p, peers)}", variant))
         p = str(data / system / "mla" / "trtllm" / _slot("trtllm", system)
                 / "generation_mla_perf.parquet")
         if os.path.exists(p):

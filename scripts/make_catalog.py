@@ -44,6 +44,8 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kimi-k2.5": ("moonshotai--Kimi-K2.5", "moonshotai/Kimi-K2.5", ()),
     "qwen3.5-397b-a17b": ("Qwen--Qwen3.5-397B-A17B", "Qwen/Qwen3.5-397B-A17B",
                           ("Qwen/Qwen3.5-397B-A17B-FP8", "qwen3.5-397b")),
+    "glm-5": ("zai-org--GLM-5", "zai-org/GLM-5",
+              ("zai-org/GLM-5-FP8", "nvidia/GLM-5-NVFP4")),
 }
 
 #: Multimodal configs whose language model is an architecture transformers knows under another
@@ -87,6 +89,12 @@ CHECKPOINTS: dict[str, dict[str, tuple[str, str, str]]] = {
         "checkpoint): compressed-tensors, 4-bit symmetric integer weights in groups of 32, "
         "16-bit activations; attention, shared experts, the dense layer's MLP and the LM head "
         "are in its `ignore` list (bf16)")},
+    "glm-5": {"fp8": (
+        "zai-org--GLM-5-FP8", "zai-org/GLM-5-FP8",
+        "model_configs/zai-org--GLM-5-FP8_config.json `quantization_config` (Apache-2.0; HF "
+        "config.json of zai-org/GLM-5-FP8; the per-layer modules_to_not_convert entries written "
+        "with `*`): 128x128 block-scaled fp8; norms, router gate, the indexer's k_norm and "
+        "head-weight projection, embeddings and LM head bf16")},
     "minimax-m2.5": {"fp8": (
         "MiniMaxAI--MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5",
         "model_configs/MiniMaxAI--MiniMax-M2.5_config.json `quantization_config` (Apache-2.0; "

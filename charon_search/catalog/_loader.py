@@ -177,6 +177,8 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
         v_head_dim = int(hf.v_head_dim)
         extra.update(kv_lora_rank=hf.kv_lora_rank, q_lora_rank=hf.q_lora_rank,
                      qk_rope_head_dim=hf.qk_rope_head_dim, qk_nope_head_dim=hf.qk_nope_head_dim)
+        if getattr(hf, "index_topk", None):
+            extra["dsa"] = _dsa_fields(hf, layers)
     else:
         head_dim = int(_get(hf, "head_dim", default=hidden // heads))
     if mt == "gpt2":
@@ -225,6 +227,18 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     )
 
 
+def _dsa_fields(hf: Any, layers: int) -> dict[str, int]:
+    """DeepSeek Sparse Attention (GLM-5 ``glm_moe_dsa``, DeepSeek-V3.2) indexer shapes.
+
+    ``indexer_layers``: layers running their own lightning indexer (transformers
+    ``GlmMoeDsaConfig.indexer_types`` entry ``"full"``; ``"shared"`` layers reuse the previous
+    full layer's top-k). GLM-5's config.json sets no pattern, so all 78 layers index."""
+    kinds = list(getattr(hf, "indexer_types", None) or ["full"] * layers)
+    return {"index_heads": int(hf.index_n_heads), "index_head_dim": int(hf.index_head_dim),
+            "index_topk": int(hf.index_topk),
+            "indexer_layers": sum(1 for k in kinds if k == "full")}
+
+
 #: ``layer_types`` entries of HF configs whose token mixer is linear attention (Gated DeltaNet).
 LINEAR_ATTENTION_LAYER_TYPES = frozenset({"linear_attention"})
 
@@ -244,7 +258,7 @@ def _layer_types(mt: str, hf: Any, layers: int, num_experts: int) -> tuple[str, 
 def _mlp_layer_types(mt: str, hf: Any, layers: int, num_experts: int) -> tuple[str, ...]:
     if not num_experts:
         return ("dense",) * layers
-    if mt in ("deepseek_v3", "deepseek_v2", "kimi_k2"):
+    if mt in ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm_moe_dsa"):
         k = int(getattr(hf, "first_k_dense_replace", 0) or 0)
         freq = int(getattr(hf, "moe_layer_freq", 1) or 1)
         return tuple("moe" if i >= k and i % freq == 0 else "dense" for i in range(layers))

@@ -13,7 +13,9 @@ Columns (``COLUMNS``): ``gpu`` (normalized GPU key, ``GPU_KEYS``), ``op_kind`` (
 value), ``variant`` (``prefill``/``decode`` for attention — decode rows have ``q_len == 1`` —,
 ``moe_ffn`` for a whole MoE expert FFN, ``prefill``/``decode``/``conv_prefill``/``conv_decode``
 for Gated DeltaNet kernels (``linear_attention``: ``heads`` = value heads, ``kv_heads`` = key
-heads), ``dispatch``/``combine`` for EP all-to-all, ``""``
+heads), ``logits``/``topk``/``attn`` for DeepSeek Sparse Attention kernels
+(``sparse_attention``: the indexer's logits and top-k, the sparse MLA; ``heads`` = MLA heads,
+``kv_len`` = keys after the new tokens), ``dispatch``/``combine`` for EP all-to-all, ``""``
 otherwise), ``dtype`` (IR dtype key: ``bf16``, ``fp8``...), ``kernel`` (kernel/implementation
 measured), ``source`` (which table it was converted from), ``latency_s`` (SI seconds) and the
 shape columns named as in ``ir.ops.PARAMS_BY_KIND`` (NaN where a kind lacks the parameter).
@@ -63,6 +65,7 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"),
     "linear_attention": ("batch", "heads", "kv_heads", "q_len", "head_dim"),
+    "sparse_attention": ("batch", "heads", "q_len", "kv_len"),
     "norm": ("rows", "cols"),
     "elementwise": ("numel", "bytes"),
     "grouped_gemm": ("tokens", "top_k", "num_experts", "n", "k", "group_size"),

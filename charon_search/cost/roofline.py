@@ -39,7 +39,8 @@ __all__ = [
 #: Kinds whose FLOPs run on tensor cores at the node's dtype.
 TENSOR_CORE_KINDS = frozenset(
     {OpKind.GEMM, OpKind.BATCHED_GEMM, OpKind.ATTENTION, OpKind.ATTENTION_BWD,
-     OpKind.GROUPED_GEMM, OpKind.LINEAR_ATTENTION, OpKind.LINEAR_ATTENTION_BWD}
+     OpKind.GROUPED_GEMM, OpKind.LINEAR_ATTENTION, OpKind.LINEAR_ATTENTION_BWD,
+     OpKind.SPARSE_INDEXER}
 )
 #: dtype used for the CUDA-core (non-tensor) rate of every other kind.
 VECTOR_DTYPE = "fp32"
@@ -88,10 +89,9 @@ class RooflineCostBackend(CostBackend):
     def cost(self, node: Node, point: ShapePoint, gpu: GpuSpec) -> NodeCost | None:
         if node.is_comm:
             return None
-        flops = node.flops(point.b, point.s, point.c)
-        nbytes = node.bytes_read(point.b, point.s, point.c) + node.bytes_written(
-            point.b, point.s, point.c
-        )
+        c = node.attended_c(point.c)  # sparse attention: its top-k keys
+        flops = node.flops(point.b, point.s, c)
+        nbytes = node.bytes_read(point.b, point.s, c) + node.bytes_written(point.b, point.s, c)
         peak = node_peak_flops_per_s(node, gpu) * node_compute_efficiency(node, gpu)
         duration_s, bound = _roofline_s(flops, nbytes, peak, gpu)
         return NodeCost(duration_s=duration_s, provenance="roofline", detail=bound)

@@ -19,6 +19,10 @@
    launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``.
    Gated DeltaNet (``linear_attention``) nodes interpolate the measured kernel rows at their
    heads in tokens (prefill) or sequences (decode), the layer's causal convolution included.
+   DeepSeek Sparse Attention nodes (the ``sparse_indexer`` and a sparse ``attention`` node,
+   ``Node.sparse_topk``) interpolate SGLang's measured GLM-5 kernel rows (``sparse_attention``:
+   logits + top-k, sparse MLA) in (batch, keys) for decode and (new tokens, keys) for prefill;
+   the decode logits are the node's roofline (the measured decode rows time another kernel).
 3. **roofline** — the ``roofline`` backend (``cost/roofline.py``).
 
 Communication nodes are not priced here (``NaN`` / ``None``): the engine prices them with
@@ -57,6 +61,8 @@ __all__ = [
     "provenance_shares",
 ]
 
+#: MLA heads of SGLang's measured GLM-5 sparse-attention rows (TP 1: all 64 heads).
+DSA_ROW_HEADS = 64.0
 # ATTENTION_BWD_FLOP_RATIO (charon_search.ir): backward/forward FLOP ratio of fused attention,
 # used when no backward rows exist; the training coster adds the backward's lower FLOP rate
 # (``cost.attention_kernels.BWD_THROUGHPUT_VS_FWD``).
@@ -197,6 +203,7 @@ class FusedCostModel:
         self._lock = threading.Lock()
         self._shape_cache: dict[tuple[str, str, str], dict[tuple[Any, ...], float]] = {}
         self._gdn_curves: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray] | None] = {}
+        self._dsa_curves: dict[tuple[str, bool], dict[float, tuple[np.ndarray, np.ndarray]]] = {}
 
     # ------------------------------------------------------------------ single node
     def cost(self, node: Node, point: ShapePoint) -> NodeCost | None:
@@ -248,7 +255,8 @@ class FusedCostModel:
             if node.is_comm:
                 continue
             kind = str(node.kind)
-            params = {k: float(v(b, s, c)) for k, v in node.params.items()}
+            cn = node.attended_c(c)  # sparse attention: its top-k keys
+            params = {k: float(v(b, s, cn)) for k, v in node.params.items()}
             if kind == "elementwise":
                 # Bytes moved distinguish fp32 from bf16 and 2-input from 1-input ops.
                 nbytes = float(node.bytes(b, s, c))
@@ -267,6 +275,15 @@ class FusedCostModel:
                 gdn = self._linear_attention_hit(kind, params, node.tags)
                 if gdn is not None:
                     dur[i], prov[i], detail[i] = gdn[0], "profile", gdn[1]
+                    continue
+            if (self.gpu_key is not None and self.db is not None and self.use_profile
+                    and (kind == "sparse_indexer" or node.sparse_topk is not None)):
+                dsa = self._sparse_attention_hit(kind, params)
+                if dsa is not None:
+                    if kind == "sparse_indexer" and s <= 1.0:
+                        # Decode logits: the paged kernel at its roofline (see the method doc).
+                        dsa += self._roofline(node, b, s, c)[0]
+                    dur[i], prov[i], detail[i] = dsa, "profile", "interp"
                     continue
             if self.gpu_key is not None and self.db is not None and self.use_profile:
                 hit = self._profile_hit(kind, fam, dtype, params)
@@ -388,6 +405,91 @@ class FusedCostModel:
         if kind == "linear_attention_bwd":
             return total * ATTENTION_BWD_FLOP_RATIO, "fwd-scaled"
         return total, "interp"
+
+    def _sparse_attention_hit(self, kind: str, params: dict[str, float]) -> float | None:
+        """DeepSeek Sparse Attention time from SGLang's measured GLM-5 kernels.
+
+        The indexer (``sparse_indexer``) is the logits kernel over all ``kv_len`` keys plus the
+        top-k, which runs only where a query has more than ``topk`` keys (the measured top-k
+        rows are 0 ms otherwise: every key is kept). The sparse MLA (``attention`` with a
+        ``topk`` param; ``kv_len`` already ``min(c, topk)``) is the ``attn`` rows at the node's
+        keys. Those rows are timed at GLM-5's 64 MLA heads (TP 1); fewer heads per rank cost
+        the same (ASSUMED: FlashMLA's sparse kernels work on 64-head blocks, SGLang pads a TP
+        rank's heads up to them, FlashMLA README / SGLang ``nsa_backend.py``), more scale in
+        proportion. The indexer is replicated (all its heads on every rank). None: no rows."""
+        b, q, kv = params.get("batch", 1.0), params.get("q_len", 1.0), params.get("kv_len", 1.0)
+        if kind == "sparse_indexer":
+            t = self._dsa_time("logits", b, q, kv)
+            if t is None:
+                return None
+            if q <= 1.0:
+                # Decode: SGLang runs DeepGEMM's paged logits kernel (``fp8_paged_mqa_logits``,
+                # split over the SMs by ``get_paged_mqa_logits_metadata``); the measured decode
+                # rows time the prefill kernel (``fp8_mqa_logits``, aiconfigurator collector
+                # ``glm5_dsa_sparse_modules._bench_glm5_mqa``), whose time grows with one
+                # query's keys whatever the batch (64 us at 4,097 keys for 4 and 64 sequences
+                # on H200). The caller adds the node's roofline (it reads b x c fp8 keys) instead.
+                t = 0.0
+            if kv > params.get("topk", 0.0):
+                t += self._dsa_time("topk", b, q, kv) or 0.0
+            return t
+        t = self._dsa_time("attn", b, q, kv)
+        if t is None:
+            return None
+        return t * max(params.get("heads", DSA_ROW_HEADS), DSA_ROW_HEADS) / DSA_ROW_HEADS
+
+    def _dsa_time(self, variant: str, b: float, q: float, kv: float) -> float | None:
+        """Seconds of one DSA kernel: decode (``q`` 1) rows of ``b`` sequences, prefill rows of
+        one sequence of ``q`` new tokens times ``b``; linear in the outer coordinate (batch or
+        new tokens; in proportion beyond the last row) and in the keys (beyond the last row,
+        along the last two rows' slope)."""
+        decode = q <= 1.0
+        curves = self._dsa_curve(variant, decode)
+        if not curves:
+            return None
+        xs = sorted(curves)
+        x = b if decode else q
+
+        def at(xv: float) -> float:
+            keys, secs = curves[xv]
+            if kv >= keys[-1] and keys.size > 1:
+                slope = max(float((secs[-1] - secs[-2]) / (keys[-1] - keys[-2])), 0.0)
+                return float(secs[-1] + slope * (kv - keys[-1]))
+            return float(np.interp(kv, keys, secs))
+
+        if x >= xs[-1]:
+            t = at(xs[-1]) * x / xs[-1]
+        elif x <= xs[0]:
+            t = at(xs[0])
+        else:
+            hi = int(np.searchsorted(xs, x))
+            x0, x1 = xs[hi - 1], xs[hi]
+            w = (x - x0) / (x1 - x0)
+            t = (1 - w) * at(x0) + w * at(x1)
+        return t if decode else t * b
+
+    def _dsa_curve(self, variant: str, decode: bool
+                   ) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        """Outer coordinate (decode: batch; prefill: new tokens, batch-1 rows) -> (keys,
+        seconds) sorted, of one ``sparse_attention`` variant on this GPU ({} without rows)."""
+        key = (variant, decode)
+        if key in self._dsa_curves:
+            return self._dsa_curves[key]
+        assert self.db is not None and self.gpu_key is not None
+        tbl = self.db.table(self.gpu_key, "sparse_attention")
+        out: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        if tbl is not None:
+            cols = tbl.select(variant=variant, dtype="fp8").columns
+            ok = (cols["q_len"] == 1.0) if decode else ((cols["q_len"] > 1.0)
+                                                        & (cols["batch"] == 1.0))
+            outer = cols["batch" if decode else "q_len"][ok]
+            keys, secs = cols["kv_len"][ok], cols["latency_s"][ok]
+            for xv in np.unique(outer):
+                m = outer == xv
+                order = np.argsort(keys[m])
+                out[float(xv)] = (keys[m][order], secs[m][order])
+        self._dsa_curves[key] = out
+        return out
 
     def _gdn_curve(self, variant: str, heads: tuple[float | None, ...]
                    ) -> tuple[np.ndarray, np.ndarray] | None:

@@ -62,7 +62,7 @@ from charon_search.ir import TracedBlock
 __all__ = ["FRONTEND_VERSION", "PHASES", "TracedModel", "clear_memory_cache", "trace_model"]
 
 #: Bump when the traced graph format or the op mapping changes (invalidates disk caches).
-FRONTEND_VERSION = "4"
+FRONTEND_VERSION = "5"
 PHASES = ("train", "prefill", "decode")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ATTN_IMPLS = ("sdpa", "eager")

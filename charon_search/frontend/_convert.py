@@ -23,7 +23,7 @@ from charon_search.ir import (
     poly_params,
     sym,
 )
-from charon_search.ir.ops import CAUSAL_CONV_TAG
+from charon_search.ir.ops import CAUSAL_CONV_TAG, DSA_SCALE_BLOCK, DSA_SCALE_BYTES
 
 __all__ = ["Converter"]
 
@@ -383,6 +383,10 @@ class Converter:
             op.flops = 2 * bt * m * n * kk
         elif k == OpKind.GROUPED_GEMM:
             self._grouped(op, shp, out_shape)
+        elif base in _ops.SPARSE_ATTENTION_OPS:
+            self._sparse_attention(op, shp)
+        elif k == OpKind.SPARSE_INDEXER:
+            self._sparse_indexer(op, shp)
         elif k in (OpKind.ATTENTION, OpKind.ATTENTION_BWD):
             self._attention(op, a, shp)
         elif k in (OpKind.LINEAR_ATTENTION, OpKind.LINEAR_ATTENTION_BWD):
@@ -463,6 +467,47 @@ class Converter:
                                 kv_len=kv_len, head_dim=q[3], v_head_dim=v[3], causal=causal)
         fwd = 2 * q[0] * q[1] * q[2] * kv_len * (q[3] + v[3])
         op.flops = fwd if op.kind == OpKind.ATTENTION else fwd * ATTENTION_BWD_FLOP_RATIO
+
+    def _context(self, keys: Poly) -> Poly:
+        """A key count in ``c``: prefill traces ``c = s`` keys as ``s``."""
+        return keys if self.phase == "decode" else keys.subs(s=sym("c"))
+
+    def _sparse_attention(self, op: _Op, shp: list[tuple[Poly, ...]]) -> None:
+        """Sparse MLA (``frontend._dsa``): absorbed query ``[b, h, s, 576]``, latent cache
+        ``[b, 1, c, 576]``, top-k indices ``[b, s, topk]``; value = the latent's first
+        ``v_head_dim`` (512) columns. FLOPs ``2 b h s c (576 + 512)`` as dense MLA over ``c``
+        keys, carrying ``topk``: cost models and ``OpGraph.evaluate`` take ``min(c, topk)``
+        keys (``Node.attended_c``)."""
+        q, kv, idx = shp[0], shp[1], shp[2]
+        kv_len = self._context(kv[2])
+        d_v = Poly.const(int(self.spec.extra["kv_lora_rank"]))
+        op.params = poly_params(batch=q[0], heads=q[1], kv_heads=kv[1], q_len=q[2],
+                                kv_len=kv_len, head_dim=q[3], v_head_dim=d_v,
+                                causal=int(self.phase != "decode"), topk=idx[2])
+        op.flops = 2 * q[0] * q[1] * q[2] * kv_len * (q[3] + d_v)
+
+    def _sparse_indexer(self, op: _Op, shp: list[tuple[Poly, ...]]) -> None:
+        """Lightning indexer (``frontend._dsa``): queries ``[b, s, H, d]``, the one-head key
+        cache ``[b, c, d]``, head weights ``[b, s, H]``. FLOPs ``2 H d`` per (query, key) pair
+        over all ``c`` keys (the ``q . k`` products; the ReLU and head-weighted sum are
+        ``O(H)`` per pair), counted over the full ``s x c`` product like attention (the node is
+        causal in prefill). The kernel runs in fp8 (DeepGEMM ``fp8_mqa_logits``)."""
+        q, k = shp[0], shp[1]
+        kv_len = self._context(k[1])
+        topk = Poly.const((self.spec.extra.get("dsa") or {}).get("index_topk", 0))
+        op.params = poly_params(batch=q[0], heads=q[2], q_len=q[1], kv_len=kv_len,
+                                head_dim=q[3], topk=topk)
+        op.flops = 2 * q[0] * q[1] * kv_len * q[2] * q[3]
+        op.dtype = "fp8"
+        # What the kernel reads: fp8 queries, the fp8 key cache with one fp32 scale per key
+        # (``memory.serving.dsa_indexer_bytes_per_token``: 132 B at d = 128) and fp32 head
+        # weights, not the bf16 tensors HF's code traces.
+        if len(op.inputs) == 3:
+            tq, tk, tw = op.inputs
+            d = int(k[2].const_value())
+            op.reads = {tq: q[0] * q[1] * q[2] * q[3],
+                        tk: q[0] * kv_len * (d + d // DSA_SCALE_BLOCK * DSA_SCALE_BYTES),
+                        tw: q[0] * q[1] * q[2] * 4}
 
     def _linear_attention(self, op: _Op, a: Any, shp: list[tuple[Poly, ...]]) -> None:
         """Gated delta rule (``frontend._linear_attn``): q/k ``[b, s, h_k, d_k]``, v

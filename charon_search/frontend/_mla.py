@@ -22,6 +22,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from charon_search.frontend._dsa import is_dsa_attention
+
 __all__ = ["absorbed_mla_decode"]
 
 
@@ -70,11 +72,12 @@ def _absorbed_forward(self: Any, hidden_states: Any, position_embeddings: Any,
 
 
 def _mla_classes(model: Any) -> list[Any]:
+    """Dense MLA attention classes (DSA ones are traced by ``frontend._dsa``)."""
     classes: list[Any] = []
     for mod in model.modules():
         if hasattr(mod, "kv_b_proj") and hasattr(mod, "kv_a_proj_with_mqa") and hasattr(
             mod, "kv_lora_rank"
-        ) and type(mod) not in classes:
+        ) and not is_dsa_attention(mod) and type(mod) not in classes:
             classes.append(type(mod))
     return classes
 

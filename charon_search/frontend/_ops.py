@@ -47,6 +47,10 @@ ATTENTION_BWD_OPS = frozenset({
 #: ``charon::`` stand-ins of the Gated DeltaNet kernels (``frontend._linear_attn``).
 LINEAR_ATTENTION_FWD_OPS = frozenset({"gated_delta_rule"})
 LINEAR_ATTENTION_BWD_OPS = frozenset({"gated_delta_rule_backward"})
+#: ``charon::`` stand-ins of DeepSeek Sparse Attention's kernels (``frontend._dsa``): the
+#: lightning indexer (logits + top-k) and the sparse MLA over the selected keys.
+SPARSE_INDEXER_OPS = frozenset({"dsa_indexer"})
+SPARSE_ATTENTION_OPS = frozenset({"sparse_mla"})
 #: Depthwise causal convolutions (elementwise-like: ``2 x width`` FLOPs per output element).
 CAUSAL_CONV_OPS = frozenset({"causal_conv1d", "causal_conv1d_backward"})
 
@@ -107,8 +111,10 @@ def classify(base: str, *, in_moe: bool) -> OpKind:
         return OpKind.BATCHED_GEMM
     if base in GROUPED_OPS:
         return OpKind.GROUPED_GEMM
-    if base in ATTENTION_FWD_OPS:
+    if base in ATTENTION_FWD_OPS or base in SPARSE_ATTENTION_OPS:
         return OpKind.ATTENTION
+    if base in SPARSE_INDEXER_OPS:
+        return OpKind.SPARSE_INDEXER
     if base in ATTENTION_BWD_OPS:
         return OpKind.ATTENTION_BWD
     if base in LINEAR_ATTENTION_FWD_OPS:

@@ -71,6 +71,8 @@ class RoleTracker:
             return Role.ATTN_NORM.value if not st["attn"] else Role.MLP_NORM.value
         if top in _ATTN:
             st["attn"] = 1
+            if sub == "indexer":  # DSA lightning indexer (frontend._dsa)
+                return Role.ATTN_INDEXER.value
             if sub in _QK_NORM:
                 return Role.ATTN_QK_NORM.value
             if sub in _QKV:

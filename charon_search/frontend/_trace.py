@@ -22,6 +22,7 @@ from typing import Any
 
 from charon_search.catalog._hf import ReducedModel
 from charon_search.errors import ConfigError
+from charon_search.frontend._dsa import dsa_patches
 from charon_search.frontend._linear_attn import linear_attention_patches
 from charon_search.frontend._mla import absorbed_mla_decode
 
@@ -191,8 +192,8 @@ def _fuse_eager(model: Any, enabled: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _hf_patches() -> Iterator[None]:
     """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data),
-    route SDPA to one fused op (``_fused_sdpa``) and Gated DeltaNet layers to their two kernels
-    (``_linear_attn``)."""
+    route SDPA to one fused op (``_fused_sdpa``), Gated DeltaNet layers to their two kernels
+    (``_linear_attn``) and DeepSeek Sparse Attention to its indexer and sparse MLA (``_dsa``)."""
     import torch.nn.functional as F
     import transformers.masking_utils as mu
 
@@ -200,7 +201,7 @@ def _hf_patches() -> Iterator[None]:
     mu.find_packed_sequence_indices = lambda *a, **k: None
     F.scaled_dot_product_attention = _fused_sdpa
     try:
-        with linear_attention_patches():
+        with linear_attention_patches(), dsa_patches():
             yield
     finally:
         mu.find_packed_sequence_indices, F.scaled_dot_product_attention = saved
@@ -319,11 +320,18 @@ def _past_kv(model: Any, params: list[Any], bufs: list[Any], pnames: tuple[str, 
     for layer in cache.layers:
         if not _is_kv_layer(layer):
             continue  # linear attention: its state is made inside the traced layer
-        for t in (layer.keys, layer.values):
+        for t in _cached_tensors(layer):
             shape = list(t.shape)
             shape[-2] = past_len
             past.append(torch.empty(shape, dtype=t.dtype, device="cpu"))
     return past
+
+
+def _cached_tensors(layer: Any) -> tuple[Any, ...]:
+    """A KV layer's per-token cache tensors (tokens on dim -2): keys, values and, for DeepSeek
+    Sparse Attention (``DynamicIndexedLayer``), the indexer keys ``[b, tokens, d]``."""
+    extra = getattr(layer, "indexer_keys", None)
+    return (layer.keys, layer.values) + (() if extra is None else (extra,))
 
 
 def _is_kv_layer(layer: Any) -> bool:
@@ -339,9 +347,14 @@ def _cache_from(model: Any, past: tuple[Any, ...]) -> Any:
     cache = DynamicCache(config=model.config)
     layer: Any
     kv_layers = [layer for layer in cache.layers if _is_kv_layer(layer)]
-    for j, layer in enumerate(kv_layers):
-        k, v = past[2 * j], past[2 * j + 1]
+    rest = list(past)
+    for layer in kv_layers:
+        k, v = rest.pop(0), rest.pop(0)
         layer.keys, layer.values = k, v
+        if hasattr(layer, "update_indexer"):  # DSA: the indexer key cache follows K and V
+            layer.indexer_keys = rest.pop(0)
+            layer.is_indexer_initialized = True
+            layer.indexer_dtype, layer.indexer_device = k.dtype, k.device
         layer.is_initialized = True
         layer.device = k.device
         layer.dtype = k.dtype

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from charon_search.ir.ops import COMM_KINDS, OpKind, Phase
+from charon_search.ir.ops import COMM_KINDS, SPARSE_TOPK_PARAM, OpKind, Phase
 from charon_search.ir.symbolic import SYMBOLS, Poly, PolyLike, as_poly
 
 __all__ = ["DTYPE_BYTES", "EvaluatedGraph", "Node", "OpGraph", "TensorSpec", "TracedBlock"]
@@ -91,6 +91,19 @@ class Node:
     @property
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
+
+    @property
+    def sparse_topk(self) -> float | None:
+        """Keys per query of a sparse (top-k) attention node (``SPARSE_TOPK_PARAM``), else None."""
+        p = self.params.get(SPARSE_TOPK_PARAM) if self.kind == OpKind.ATTENTION else None
+        return None if p is None else p.const_value()
+
+    def attended_c(self, c: float) -> float:
+        """The context length the node's cost sees at context ``c``: ``min(c, topk)`` for sparse
+        attention (its FLOPs and bytes are linear in ``c``, one term per attended key), else
+        ``c``."""
+        k = self.sparse_topk
+        return c if k is None else min(c, k)
 
     @property
     def bytes(self) -> Poly:
@@ -186,7 +199,18 @@ class OpGraph:
         flops, nbytes, exps = self._coeff_matrices
         point = np.array([b, s, cc], dtype=float)
         monomials = np.prod(point[None, :] ** exps, axis=1) if len(exps) else np.zeros(0)
-        return EvaluatedGraph(flops=flops @ monomials, bytes=nbytes @ monomials, b=b, s=s, c=cc)
+        f, by = flops @ monomials, nbytes @ monomials
+        for i, topk in self._sparse_rows:
+            if cc > topk:  # sparse attention: evaluated at its attended keys, min(c, topk)
+                capped = np.prod(np.array([b, s, topk], dtype=float)[None, :] ** exps, axis=1)
+                f[i], by[i] = flops[i] @ capped, nbytes[i] @ capped
+        return EvaluatedGraph(flops=f, bytes=by, b=b, s=s, c=cc)
+
+    @cached_property
+    def _sparse_rows(self) -> tuple[tuple[int, float], ...]:
+        """(row, topk) of the sparse-attention nodes (``Node.attended_c``)."""
+        return tuple((i, k) for i, n in enumerate(self.nodes)
+                     if (k := n.sparse_topk) is not None)
 
     def total_flops(self, b: float = 1, s: float = 1, c: float | None = None) -> float:
         return float(self.evaluate(b, s, c).flops.sum())

@@ -10,7 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = ["ATTENTION_BWD_FLOP_RATIO", "CAUSAL_CONV_TAG", "COMM_KINDS", "COMPUTE_KINDS",
-           "PARAMS_BY_KIND", "OpKind", "Phase", "Role"]
+           "DSA_SCALE_BLOCK", "DSA_SCALE_BYTES", "PARAMS_BY_KIND",
+           "SPARSE_TOPK_PARAM", "OpKind", "Phase", "Role"]
 
 #: FLOPs of a fused attention backward over its forward's matmul FLOPs: the backward runs
 #: the matmuls for dV, dP, dQ and dK plus the recomputed scores P (5 matmuls against the
@@ -34,6 +35,11 @@ class OpKind(StrEnum):
     the tokens, plus one ``d_k x d_v`` fp32 state per value head and sequence."""
     LINEAR_ATTENTION_BWD = "linear_attention_bwd"
     """Gated DeltaNet core backward."""
+    SPARSE_INDEXER = "sparse_indexer"
+    """DeepSeek Sparse Attention lightning indexer: per (query, key) pair the ReLU'd dot
+    products of ``heads`` indexer query heads with one key head, head-weighted and summed
+    (DeepGEMM ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``), then the top-``topk`` keys per
+    query (SGLang ``fast_topk_transform_fused``). Inference only."""
     NORM = "norm"
     """RMSNorm / LayerNorm (forward or backward)."""
     ELEMENTWISE = "elementwise"
@@ -84,6 +90,10 @@ class Role(StrEnum):
     ATTN_ROPE = "attn.rope"
     ATTN_CORE = "attn.core"
     """Scores, softmax, context: the part selective recompute recomputes."""
+    ATTN_INDEXER = "attn.indexer"
+    """DeepSeek Sparse Attention's lightning indexer (projections, key norm, RoPE, logits and
+    top-k): replicated on every TP rank, as SGLang and vLLM run it (``ReplicatedLinear``
+    projections, all indexer heads on each rank: SGLang ``nsa/nsa_indexer.py``)."""
     ATTN_OUT = "attn.out"
     """Output projection (row parallel)."""
     MLP_NORM = "mlp.norm"
@@ -127,6 +137,20 @@ COMPUTE_KINDS = frozenset(k for k in OpKind if k not in COMM_KINDS)
 #: measured time to the layer's delta-rule node (``LINEAR_ATTENTION``).
 CAUSAL_CONV_TAG = "causal_conv1d"
 
+#: Param of an ``ATTENTION`` node that attends only the top-``topk`` keys of each query
+#: (DeepSeek Sparse Attention): the node costs ``min(kv_len, topk)`` keys per query
+#: (``Node.attended_c``), its FLOPs and bytes are traced linear in ``c``.
+SPARSE_TOPK_PARAM = "topk"
+
+#: DeepSeek Sparse Attention's fp8 caches (the indexer keys, an fp8 latent) carry one fp32
+#: scale (``DSA_SCALE_BYTES``) per ``DSA_SCALE_BLOCK`` fp8 values. The indexer key cache holds
+#: per token and layer one ``index_head_dim`` (128) key so: ``index_head_dim + index_head_dim
+#: // quant_block_size * 4`` = 132 bytes (SGLang ``NSATokenToKVPool.index_k_with_scale_buffer``,
+#: ``python/sglang/srt/mem_cache/memory_pool.py``; TensorRT-LLM's DSA cache manager sizes it the
+#: same way).
+DSA_SCALE_BYTES = 4
+DSA_SCALE_BLOCK = 128
+
 #: Shape parameters per kind (keys of ``Node.params``). All values are ``Poly``.
 PARAMS_BY_KIND: dict[OpKind, tuple[str, ...]] = {
     OpKind.GEMM: ("m", "n", "k"),
@@ -141,6 +165,8 @@ PARAMS_BY_KIND: dict[OpKind, tuple[str, ...]] = {
                               "state"),
     OpKind.LINEAR_ATTENTION_BWD: ("batch", "heads", "k_heads", "q_len", "head_dim",
                                   "v_head_dim", "state"),
+    # heads / head_dim: the indexer's query heads and head dim (one key head); topk: keys kept.
+    OpKind.SPARSE_INDEXER: ("batch", "heads", "q_len", "kv_len", "head_dim", "topk"),
     OpKind.NORM: ("rows", "cols"),
     OpKind.SOFTMAX: ("rows", "cols"),
     OpKind.ELEMENTWISE: ("numel",),

@@ -17,12 +17,13 @@ from charon_search.catalog.spec import ModelSpec, is_linear_block
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir.graph import DTYPE_BYTES
+from charon_search.ir.ops import DSA_SCALE_BLOCK, DSA_SCALE_BYTES
 from charon_search.memory.liveness import ShardingPoint
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
 from charon_search.memory.report import stage_layers
 
-__all__ = ["WEIGHT_DTYPE_BYTES", "KvCacheCapacity", "kv_bytes_per_token", "kv_cache_capacity",
-           "moe_tp_degree"]
+__all__ = ["WEIGHT_DTYPE_BYTES", "KvCacheCapacity", "dsa_indexer_bytes_per_token",
+           "kv_bytes_per_token", "kv_cache_capacity", "moe_tp_degree"]
 
 #: Bytes per weight of the serving precisions (int4/nvfp4: 4-bit values; scales neglected).
 WEIGHT_DTYPE_BYTES: dict[str, float] = {
@@ -76,7 +77,9 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
     GQA/MHA: ``2 * layers * ceil(kv_heads / tp) * head_dim * dtype_bytes`` (K and V; a KV head is
     replicated when ``tp`` exceeds the KV heads). MLA: ``layers * (kv_lora_rank +
     qk_rope_head_dim) * dtype_bytes``, the compressed latent, replicated over TP
-    (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1).
+    (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1). DeepSeek Sparse Attention (``extra["dsa"]``,
+    GLM-5) adds ``dsa_indexer_bytes_per_token`` and, with an fp8 cache, stores the latent in
+    FlashMLA's sparse fp8 layout (``dsa_fp8_latent_bytes``).
     """
     if kv_dtype not in DTYPE_BYTES:
         raise ConfigError(f"`kv_dtype` must be one of {sorted(DTYPE_BYTES)}, but got {kv_dtype!r}")
@@ -88,9 +91,36 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
         rope = int(cfg.get("qk_rope_head_dim") or spec.extra.get("qk_rope_head_dim") or 0)
         if rank <= 0:
             raise ConfigError(f"MLA model {spec.name} needs `kv_lora_rank` in its config")
+        if spec.extra.get("dsa"):
+            latent = dsa_fp8_latent_bytes(rank, rope) if nbytes == 1 else (rank + rope) * nbytes
+            return layers * latent + dsa_indexer_bytes_per_token(spec, num_layers=layers)
         return layers * (rank + rope) * nbytes
     heads = math.ceil(spec.num_key_value_heads / tp)
     return 2 * layers * heads * spec.head_dim * nbytes
+
+
+
+
+def dsa_fp8_latent_bytes(rank: int, rope: int) -> int:
+    """Bytes per token and layer of an fp8 MLA latent in FlashMLA's sparse-attention layout (the
+    format SGLang's DSA backend stores with ``--kv-cache-dtype fp8_e4m3``): ``rank`` fp8 values,
+    one fp32 scale per 128 of them and the ``rope`` RoPE values in bf16 (FlashMLA, "A Deep Dive
+    Into The Flash MLA FP8 Decoding Kernel on Hopper": 656 bytes for 512 + 64)."""
+    return rank + rank // DSA_SCALE_BLOCK * DSA_SCALE_BYTES + rope * 2
+
+
+def dsa_indexer_bytes_per_token(spec: ModelSpec, *, num_layers: int | None = None) -> float:
+    """Indexer key-cache bytes per token on one GPU of a DeepSeek Sparse Attention model (0
+    otherwise): ``indexer layers x (d + d / 128 x 4)`` (132 B per layer for d = 128), every TP
+    rank holding all of it (the indexer is replicated). ``num_layers`` (a pipeline stage's
+    layers) takes their share of the model's indexer layers."""
+    dsa = spec.extra.get("dsa")
+    if not dsa:
+        return 0.0
+    d = int(dsa["index_head_dim"])
+    layers = dsa["indexer_layers"] if num_layers is None else (
+        num_layers * dsa["indexer_layers"] / spec.num_layers)
+    return layers * (d + d // DSA_SCALE_BLOCK * DSA_SCALE_BYTES)
 
 
 def linear_state_bytes_per_request(spec: ModelSpec, *, tp: int,

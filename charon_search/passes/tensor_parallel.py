@@ -22,6 +22,9 @@ plain TP instead, "all-gather happens in high precision" (torchtitan ``paralleli
 ``enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise``): with
 ``fp8_recipe == "rowwise"`` the bf16 input is gathered and then quantized whole on every rank.
 
+DeepSeek Sparse Attention's lightning indexer (role ``attn.indexer``) is replicated: every rank
+runs all its heads over the whole key cache (SGLang ``nsa_indexer.py``: ``ReplicatedLinear``).
+
 MoE blocks: routed experts stay unsharded by TP (expert TP = 1, Megatron's default); with SP the
 routed part runs on the sequence shard (Megatron requires SP with TP + MoE).
 
@@ -245,6 +248,8 @@ class _TPWalker:
                     out_state, new = "S", scale_node(node, tp)  # grad of the vocab shard
                 elif "P" in states:
                     out_state, new = "P", node
+                elif node.role == Role.ATTN_INDEXER:
+                    out_state, new = "R", node  # DSA indexer: replicated on every TP rank
                 elif "S" in states or node.role in SHARDED_ROLES or node.role in (
                         Role.LOSS, Role.LM_HEAD):
                     out_state, new = "S", scale_node(node, tp)

@@ -145,6 +145,7 @@ class EngineProfile:
     cuda_graph_sizes: tuple[int, ...] = ()
     moe_kernel: str = ""
     stream_interval: int = 0
+    gpu_memory_utilization: float = 0.0
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
@@ -164,7 +165,8 @@ class EngineProfile:
         own: dict[str, Any] = {k: v for k, v in (
             ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
             ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel),
-            ("stream_interval", self.stream_interval)) if v}
+            ("stream_interval", self.stream_interval),
+            ("gpu_memory_utilization", self.gpu_memory_utilization)) if v}
         return {**own, "prefill_schedule": self.prefill_schedule,
                 "chunked_prefill": self.chunked_prefill,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -269,6 +271,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
             ))
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
         return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)
+    if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
+        return _inferencex_sglang_glm5()
     if backend == "sglang":
         overlap = not linear_attention
         mixed = aic and version not in SGLANG_UNMIXED_VERSIONS
@@ -398,6 +402,36 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
             f"--max-prefill-tokens {INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS} --disable-radix-cache,"
             f" --max-running-requests / --cuda-graph-max-bs {cap} (InferenceX "
             "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256)",
+        ))
+
+
+#: InferenceX GLM-5 FP8 SGLang recipes (``benchmarks/single_node/glm5_fp8_{h200,b200,b300}.sh``):
+#: ``--mem-fraction-static 0.85`` on every GPU. The stored Blackwell versions also raise the
+#: chunked-prefill size to 32768 and stream every 30 tokens; neither fits the rows (the stream
+#: interval puts TTFT +100-450 %, the larger chunks move B200 TTFT toward and B300 TTFT away from
+#: the measurements), so those versions postdate the rows and only the memory fraction, common
+#: to all, is taken.
+INFERENCEX_GLM5_SGLANG_MEM_FRACTION = 0.85
+
+
+def _inferencex_sglang_glm5() -> EngineProfile:
+    """SGLang as InferenceX's GLM-5 recipes launch it (see the constant above)."""
+    return EngineProfile(
+        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
+        max_num_batched_tokens=SGLANG_CHUNKED_PREFILL_SIZE,
+        max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS,
+        prefix_caching=False, decode_in_budget=False, overlap_scheduler=True,
+        gpu_memory_utilization=INFERENCEX_GLM5_SGLANG_MEM_FRACTION,
+        sources=(
+            f"--mem-fraction-static {INFERENCEX_GLM5_SGLANG_MEM_FRACTION} (InferenceX "
+            "benchmarks/single_node/glm5_fp8_*.sh)",
+            "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
+            "host work hidden behind the GPU",
+            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
+            "decode tokens outside the chunked-prefill size",
+            f"chunked_prefill_size {SGLANG_CHUNKED_PREFILL_SIZE}, max_prefill_tokens "
+            f"{SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs defaults)",
+            "no prefix reuse: random prompts",
         ))
 
 

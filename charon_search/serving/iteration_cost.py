@@ -275,9 +275,10 @@ def _without_ep_a2a(graph: OpGraph) -> OpGraph:
 
 
 def _is_attention(node: object) -> bool:
-    """Ops whose cost depends on (q_len, kv_len) per request, not on the token count."""
-    return getattr(node, "kind", None) == OpKind.ATTENTION or getattr(node, "role", "") in (
-        Role.ATTN_CORE, Role.ATTN_CORE.value)
+    """Ops whose cost depends on (q_len, kv_len) per request, not on the token count (the DSA
+    indexer's logits and top-k included)."""
+    return getattr(node, "kind", None) in (OpKind.ATTENTION, OpKind.SPARSE_INDEXER) or getattr(
+        node, "role", "") in (Role.ATTN_CORE, Role.ATTN_CORE.value)
 
 
 class _Part:

@@ -23,8 +23,8 @@ def test_model_names(name, catalog):
 
 
 def test_unknown_model_reason():
-    with pytest.raises(Unexpressible, match=r"unknown model: 'zai-org/GLM-5'"):
-        resolve_model_name("zai-org/GLM-5")
+    with pytest.raises(Unexpressible, match=r"unknown model: 'example-org/NotAModel-7B'"):
+        resolve_model_name("example-org/NotAModel-7B")
 
 
 @pytest.mark.parametrize(("key", "gpu"), [

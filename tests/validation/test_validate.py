@@ -11,8 +11,10 @@ from charon_search.cli import main
 from charon_search.validation import run_validation, select_records
 from charon_search.validation.flops import hardware_flops_per_step
 
-#: A silicon row of a model outside the catalog (GLM-5: DeepSeek sparse attention).
+#: A GLM-5 silicon row (DeepSeek sparse attention); the fixture also adds a copy of it whose
+#: model is outside the catalog.
 GLM5_ROW = "2026_03_25_glm_5_h200_sxm_sglang_fp8_agg_1024x1024_c4_tp8_0_ep1_0_500"
+UNKNOWN_ROW = "unknown-model-copy"
 SLICE = [
     "megatron_sc21_t1_1.7b", "korthikanti_t5_22b_seqsel", "torchtitan_202412_t1_8b_8gpu_fsdp",
     "palm_540b_6144_tpuv4", "mcore_h100_weak_1.7b",
@@ -41,8 +43,10 @@ def fake_serving(model, cluster, config, workload, **_):
 
 
 @pytest.fixture(scope="module")
-def result(shipped_records):
-    recs = select_records(shipped_records, ids=SLICE)
+def result(shipped_records, by_id):
+    unknown = dataclasses.replace(by_id[GLM5_ROW], id=UNKNOWN_ROW,
+                                  model={"name": "example-org/NotAModel-7B", "catalog": None})
+    recs = [*select_records(shipped_records, ids=SLICE), unknown]
     return recs, run_validation(recs, simulate_training=fake_training,
                                 simulate_serving=fake_serving)
 
@@ -59,7 +63,8 @@ def test_every_record_predicted_or_skipped(result):
     reasons = {s["id"]: s["reason"] for s in res.skipped}
     assert "not a GPU" in reasons["palm_540b_6144_tpuv4"]
     assert "real traffic" in reasons["deepseek_v3r1_prod_decode_per_node"]
-    assert "unknown model" in reasons[GLM5_ROW]
+    assert "unknown model" in reasons[UNKNOWN_ROW]
+    assert GLM5_ROW in predicted
 
 
 def test_json_schema(result):
