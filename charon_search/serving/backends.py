@@ -273,6 +273,10 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
         return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
         return _inferencex_sglang_glm5()
+    if backend == "sglang" and launcher == "inferencex" and "qwen3.5" in model.lower():
+        q35 = _inferencex_sglang_qwen35(gpu=gpu, overlap=not linear_attention)
+        if q35 is not None:
+            return q35
     if backend == "sglang":
         overlap = not linear_attention
         mixed = aic and version not in SGLANG_UNMIXED_VERSIONS
@@ -432,6 +436,46 @@ def _inferencex_sglang_glm5() -> EngineProfile:
             f"chunked_prefill_size {SGLANG_CHUNKED_PREFILL_SIZE}, max_prefill_tokens "
             f"{SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs defaults)",
             "no prefix reuse: random prompts",
+        ))
+
+
+#: InferenceX Qwen3.5-397B-A17B SGLang recipe on B200 (``benchmarks/single_node/
+#: qwen3.5_{fp8,bf16}_b200.sh``): ``--stream-interval 30``, ``--chunked-prefill-size`` and
+#: ``--max-prefill-tokens`` 32768, ``--mem-fraction-static 0.82``, ``--disable-radix-cache``.
+#: Its ``--max-running-requests 128`` is not taken: the concurrency-256 rows measure no queue
+#: (``qwen3.5_fp4_b200.sh`` raises the cap to the concurrency). The B200 rows measure TTFT
+#: 25-35 x TPOT above the simulated prefill (TP 8), as a first chunk carrying the 30th token
+#: does. The stored H200 and B300 recipes stream every 50 tokens, but their rows measure
+#: 13-22 x TPOT: those versions postdate the measurements, and no recipe is assumed there.
+#: ``--scheduler-recv-interval`` (10 or 30 decode steps between polls) is not modelled.
+INFERENCEX_QWEN35_B200_STREAM_INTERVAL = 30
+INFERENCEX_QWEN35_B200_PREFILL_TOKENS = 32768
+INFERENCEX_QWEN35_B200_MEM_FRACTION = 0.82
+
+
+def _inferencex_sglang_qwen35(*, gpu: str, overlap: bool) -> EngineProfile | None:
+    """SGLang as InferenceX's Qwen3.5 recipe launches it on B200 (None on other GPUs: see the
+    constants above)."""
+    if not gpu.startswith("b200"):
+        return None
+    stream, tokens = INFERENCEX_QWEN35_B200_STREAM_INTERVAL, INFERENCEX_QWEN35_B200_PREFILL_TOKENS
+    mem = INFERENCEX_QWEN35_B200_MEM_FRACTION
+    return EngineProfile(
+        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
+        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
+        decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
+        gpu_memory_utilization=mem,
+        sources=(
+            f"--stream-interval {stream} --chunked-prefill-size {tokens} --max-prefill-tokens "
+            f"{tokens} --mem-fraction-static {mem} --disable-radix-cache (InferenceX "
+            "benchmarks/single_node/qwen3.5_fp8_b200.sh)",
+            f"--stream-interval {stream}: the client's first chunk carries the {stream}th token",
+            "host work hidden behind the GPU (SGLang overlap scheduler)" if overlap else
+            SGLANG_HYBRID_NO_OVERLAP,
+            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
+            "decode tokens outside the chunked-prefill size",
+            "--scheduler-recv-interval (10 or 30 decode steps between polls for new requests) "
+            "is not modelled",
         ))
 
 

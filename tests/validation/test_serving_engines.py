@@ -178,3 +178,21 @@ def test_inferencex_deepseek_rows_of_unknown_speculation_are_skipped(by_id) -> N
         with pytest.raises(Unexpressible, match=f"speculative decoding unknown: measured {day}"):
             to_case(rec)
     assert to_case(by_id[DSR1_BEFORE_MTP]).config.speculative is None
+
+
+def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
+    """GLM-5 (glm5_fp8_*.sh): --mem-fraction-static 0.85 on every GPU. Qwen3.5 on B200
+    (qwen3.5_fp8_b200.sh): --stream-interval 30, 32768-token chunks, memory fraction 0.82; on
+    other GPUs SGLang's defaults (the stored H200/B300 versions do not fit the rows)."""
+    from charon_search.serving.backends import engine_profile
+
+    glm = to_case(by_id["2026_03_25_glm_5_b200_sxm_sglang_fp8_agg_8192x1024_c8_tp8_0_ep1_0_497"])
+    assert glm.config.gpu_memory_utilization == 0.85 and glm.config.stream_interval == 1
+    kw = dict(isl=1024, max_batch_size=16, launcher="inferencex",
+              model="Qwen/Qwen3.5-397B-A17B", linear_attention=True)
+    b200 = engine_profile("sglang", gpu="b200-sxm-180gb", **kw).config_kwargs()
+    assert (b200["stream_interval"], b200["max_num_batched_tokens"],
+            b200["gpu_memory_utilization"]) == (30, 32768, 0.82)
+    assert b200["overlap_scheduler"] is False  # hybrid model: no overlap scheduler
+    h200 = engine_profile("sglang", gpu="h200-sxm-141gb", **kw).config_kwargs()
+    assert "stream_interval" not in h200 and "gpu_memory_utilization" not in h200
