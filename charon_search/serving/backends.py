@@ -205,7 +205,8 @@ def release(version: str) -> tuple[int, ...]:
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
                    model: str = "", max_num_tokens: int = 0, gpu: str = "",
-                   attention_dp: int = 1, linear_attention: bool = False) -> EngineProfile:
+                   attention_dp: int = 1, linear_attention: bool = False,
+                   precision: str = "") -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
     generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
@@ -216,7 +217,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     ``trtllm-bench throughput`` (``"trtllm_bench"``, TensorRT-LLM only: ``max_batch_size`` and
     ``max_num_tokens`` are the limits it picked, ``serving.trtllm_bench.bench_limits``).
     ``linear_attention``: the model has linear-attention (Gated DeltaNet) layers, whose state
-    cache changes SGLang's scheduler (``SGLANG_HYBRID_NO_OVERLAP``).
+    cache changes SGLang's scheduler (``SGLANG_HYBRID_NO_OVERLAP``). ``precision``: the
+    checkpoint's (``fp8``, ``fp4``, ...), for recipes kept per precision.
 
     Raises:
         ConfigError: unknown backend or launcher, or a launcher the backend has no profile for.
@@ -269,6 +271,9 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                 *(("no InferenceX vLLM recipe of this model is modelled: the engine's defaults "
                    "above stand in for its launch flags",) if launcher == "inferencex" else ()),
             ))
+    if (backend == "sglang" and launcher == "inferencex" and "deepseek-r1" in model.lower()
+            and precision == "fp8" and gpu.startswith("b200") and tp == 8 and attention_dp == 1):
+        return _inferencex_sglang_dsr1_b200()
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
         return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
@@ -406,6 +411,38 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
             f"--max-prefill-tokens {INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS} --disable-radix-cache,"
             f" --max-running-requests / --cuda-graph-max-bs {cap} (InferenceX "
             "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256)",
+        ))
+
+
+#: InferenceX ``benchmarks/single_node/dsr1_fp8_b200.sh`` at TP 8: ``--stream-interval 30``,
+#: ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = 32768, ``--mem-fraction-static 0.82``,
+#: ``--disable-radix-cache``. Its ``--max-running-requests 128`` is not taken: the
+#: concurrency-256 and -512 rows measure no queue behind such a cap (their TTFT would be 12-120x
+#: the measured one). ``--scheduler-recv-interval`` is not modelled.
+INFERENCEX_DSR1_B200_SGLANG_STREAM_INTERVAL = 30
+INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION = 0.82
+
+
+def _inferencex_sglang_dsr1_b200() -> EngineProfile:
+    """SGLang as InferenceX's DeepSeek-R1 FP8 B200 recipe launches it at TP 8."""
+    stream = INFERENCEX_DSR1_B200_SGLANG_STREAM_INTERVAL
+    tokens = INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS
+    mem = INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION
+    return EngineProfile(
+        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
+        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
+        decode_in_budget=False, overlap_scheduler=True, stream_interval=stream,
+        gpu_memory_utilization=mem,
+        sources=(
+            f"--stream-interval {stream} --chunked-prefill-size {tokens} --max-prefill-tokens "
+            f"{tokens} --mem-fraction-static {mem} --disable-radix-cache (InferenceX "
+            "benchmarks/single_node/dsr1_fp8_b200.sh, TP 8)",
+            f"--stream-interval {stream}: the client's first chunk carries the {stream}th token",
+            "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
+            "host work hidden behind the GPU",
+            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
+            "decode tokens outside the chunked-prefill size",
+            "--max-running-requests 128 and --scheduler-recv-interval are not modelled",
         ))
 
 

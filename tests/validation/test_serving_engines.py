@@ -196,3 +196,11 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
     assert b200["overlap_scheduler"] is False  # hybrid model: no overlap scheduler
     h200 = engine_profile("sglang", gpu="h200-sxm-141gb", **kw).config_kwargs()
     assert "stream_interval" not in h200 and "gpu_memory_utilization" not in h200
+    # DeepSeek-R1 FP8 on B200 at TP 8 (dsr1_fp8_b200.sh): every 30 tokens, 0.82; elsewhere
+    # (and for the FP4 checkpoint) the H200 recipe's interval of 10.
+    kw.update(model="deepseek-ai/DeepSeek-R1", linear_attention=False, tp=8)
+    b200 = engine_profile("sglang", gpu="b200-sxm-180gb", precision="fp8", **kw).config_kwargs()
+    assert (b200["stream_interval"], b200["gpu_memory_utilization"]) == (30, 0.82)
+    for gpu, prec in (("b200-sxm-180gb", "fp4"), ("h200-sxm-141gb", "fp8")):
+        other = engine_profile("sglang", gpu=gpu, precision=prec, **kw).config_kwargs()
+        assert other["stream_interval"] == 10
