@@ -414,6 +414,32 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
         ))
 
 
+def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
+                   overlap: bool = True, notes: tuple[str, ...] = ()) -> EngineProfile:
+    """SGLang as an InferenceX recipe (``benchmarks/single_node/<recipe>``) launches it:
+    ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = ``tokens``,
+    ``--mem-fraction-static mem``, ``--stream-interval stream`` (0: not passed), no radix-cache
+    reuse (random prompts), no ``--enable-mixed-chunk``."""
+    flags = (f"--chunked-prefill-size {tokens} --max-prefill-tokens {tokens} "
+             f"--mem-fraction-static {mem}" + (f" --stream-interval {stream}" if stream else ""))
+    return EngineProfile(
+        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
+        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
+        decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
+        gpu_memory_utilization=mem,
+        sources=(
+            f"{flags} (InferenceX benchmarks/single_node/{recipe})",
+            *((f"--stream-interval {stream}: the client's first chunk carries the {stream}th "
+               "token",) if stream else ()),
+            "host work hidden behind the GPU (SGLang overlap scheduler, on by default)"
+            if overlap else SGLANG_HYBRID_NO_OVERLAP,
+            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
+            "decode tokens outside the chunked-prefill size",
+            "no prefix reuse: random prompts",
+            *notes,
+        ))
+
+
 #: InferenceX ``benchmarks/single_node/dsr1_fp8_b200.sh`` at TP 8: ``--stream-interval 30``,
 #: ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = 32768, ``--mem-fraction-static 0.82``,
 #: ``--disable-radix-cache``. Its ``--max-running-requests 128`` is not taken: the
@@ -425,25 +451,11 @@ INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION = 0.82
 
 def _inferencex_sglang_dsr1_b200() -> EngineProfile:
     """SGLang as InferenceX's DeepSeek-R1 FP8 B200 recipe launches it at TP 8."""
-    stream = INFERENCEX_DSR1_B200_SGLANG_STREAM_INTERVAL
-    tokens = INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS
-    mem = INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION
-    return EngineProfile(
-        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
-        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
-        decode_in_budget=False, overlap_scheduler=True, stream_interval=stream,
-        gpu_memory_utilization=mem,
-        sources=(
-            f"--stream-interval {stream} --chunked-prefill-size {tokens} --max-prefill-tokens "
-            f"{tokens} --mem-fraction-static {mem} --disable-radix-cache (InferenceX "
-            "benchmarks/single_node/dsr1_fp8_b200.sh, TP 8)",
-            f"--stream-interval {stream}: the client's first chunk carries the {stream}th token",
-            "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
-            "host work hidden behind the GPU",
-            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
-            "decode tokens outside the chunked-prefill size",
-            "--max-running-requests 128 and --scheduler-recv-interval are not modelled",
-        ))
+    return _sglang_recipe(
+        "dsr1_fp8_b200.sh (TP 8)", tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
+        mem=INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION,
+        stream=INFERENCEX_DSR1_B200_SGLANG_STREAM_INTERVAL,
+        notes=("--max-running-requests 128 and --scheduler-recv-interval are not modelled",))
 
 
 #: InferenceX GLM-5 FP8 SGLang recipes (``benchmarks/single_node/glm5_fp8_{h200,b200,b300}.sh``):
@@ -451,29 +463,14 @@ def _inferencex_sglang_dsr1_b200() -> EngineProfile:
 #: chunked-prefill size to 32768 and stream every 30 tokens; neither fits the rows (the stream
 #: interval puts TTFT +100-450 %, the larger chunks move B200 TTFT toward and B300 TTFT away from
 #: the measurements), so those versions postdate the rows and only the memory fraction, common
-#: to all, is taken.
+#: to all, is taken (SGLang's default 8192-token chunks otherwise).
 INFERENCEX_GLM5_SGLANG_MEM_FRACTION = 0.85
 
 
 def _inferencex_sglang_glm5() -> EngineProfile:
     """SGLang as InferenceX's GLM-5 recipes launch it (see the constant above)."""
-    return EngineProfile(
-        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
-        max_num_batched_tokens=SGLANG_CHUNKED_PREFILL_SIZE,
-        max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS,
-        prefix_caching=False, decode_in_budget=False, overlap_scheduler=True,
-        gpu_memory_utilization=INFERENCEX_GLM5_SGLANG_MEM_FRACTION,
-        sources=(
-            f"--mem-fraction-static {INFERENCEX_GLM5_SGLANG_MEM_FRACTION} (InferenceX "
-            "benchmarks/single_node/glm5_fp8_*.sh)",
-            "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
-            "host work hidden behind the GPU",
-            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
-            "decode tokens outside the chunked-prefill size",
-            f"chunked_prefill_size {SGLANG_CHUNKED_PREFILL_SIZE}, max_prefill_tokens "
-            f"{SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs defaults)",
-            "no prefix reuse: random prompts",
-        ))
+    return _sglang_recipe("glm5_fp8_*.sh", tokens=SGLANG_CHUNKED_PREFILL_SIZE,
+                          mem=INFERENCEX_GLM5_SGLANG_MEM_FRACTION)
 
 
 #: InferenceX Qwen3.5-397B-A17B SGLang recipe on B200 (``benchmarks/single_node/
@@ -495,25 +492,12 @@ def _inferencex_sglang_qwen35(*, gpu: str, overlap: bool) -> EngineProfile | Non
     constants above)."""
     if not gpu.startswith("b200"):
         return None
-    stream, tokens = INFERENCEX_QWEN35_B200_STREAM_INTERVAL, INFERENCEX_QWEN35_B200_PREFILL_TOKENS
-    mem = INFERENCEX_QWEN35_B200_MEM_FRACTION
-    return EngineProfile(
-        backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
-        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
-        decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
-        gpu_memory_utilization=mem,
-        sources=(
-            f"--stream-interval {stream} --chunked-prefill-size {tokens} --max-prefill-tokens "
-            f"{tokens} --mem-fraction-static {mem} --disable-radix-cache (InferenceX "
-            "benchmarks/single_node/qwen3.5_fp8_b200.sh)",
-            f"--stream-interval {stream}: the client's first chunk carries the {stream}th token",
-            "host work hidden behind the GPU (SGLang overlap scheduler)" if overlap else
-            SGLANG_HYBRID_NO_OVERLAP,
-            "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
-            "decode tokens outside the chunked-prefill size",
-            "--scheduler-recv-interval (10 or 30 decode steps between polls for new requests) "
-            "is not modelled",
-        ))
+    return _sglang_recipe(
+        "qwen3.5_fp8_b200.sh", tokens=INFERENCEX_QWEN35_B200_PREFILL_TOKENS,
+        mem=INFERENCEX_QWEN35_B200_MEM_FRACTION, stream=INFERENCEX_QWEN35_B200_STREAM_INTERVAL,
+        overlap=overlap,
+        notes=("--scheduler-recv-interval (10 or 30 decode steps between polls for new "
+               "requests) is not modelled",))
 
 
 def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_size: int,
