@@ -22,7 +22,8 @@
    DeepSeek Sparse Attention nodes (the ``sparse_indexer`` and a sparse ``attention`` node,
    ``Node.sparse_topk``) interpolate SGLang's measured GLM-5 kernel rows (``sparse_attention``:
    logits + top-k, sparse MLA) in (batch, keys) for decode and (new tokens, keys) for prefill;
-   the decode logits are the node's roofline (the measured decode rows time another kernel).
+   the decode logits are the node's roofline and the decode sparse MLA an MLA decode over its
+   kept keys (the measured decode rows time the prefill kernels).
 3. **roofline** — the ``roofline`` backend (``cost/roofline.py``).
 
 Communication nodes are not priced here (``NaN`` / ``None``): the engine prices them with
@@ -412,11 +413,21 @@ class FusedCostModel:
         The indexer (``sparse_indexer``) is the logits kernel over all ``kv_len`` keys plus the
         top-k, which runs only where a query has more than ``topk`` keys (the measured top-k
         rows are 0 ms otherwise: every key is kept). The sparse MLA (``attention`` with a
-        ``topk`` param; ``kv_len`` already ``min(c, topk)``) is the ``attn`` rows at the node's
-        keys. Those rows are timed at GLM-5's 64 MLA heads (TP 1); fewer heads per rank cost
-        the same (ASSUMED: FlashMLA's sparse kernels work on 64-head blocks, SGLang pads a TP
-        rank's heads up to them, FlashMLA README / SGLang ``nsa_backend.py``), more scale in
-        proportion. The indexer is replicated (all its heads on every rank). None: no rows."""
+        ``topk`` param; ``kv_len`` already ``min(c, topk)``) of a prefill is the ``attn`` rows
+        at the node's keys. Those rows are timed at GLM-5's 64 MLA heads (TP 1); fewer heads per
+        rank cost the same (ASSUMED: FlashMLA's sparse kernels work on 64-head blocks, SGLang
+        pads a TP rank's heads up to them, FlashMLA README / SGLang ``nsa_backend.py``), more
+        scale in proportion. The indexer is replicated (all its heads on every rank).
+
+        None (the caller's profile -> predictor -> roofline path) without rows, and for the
+        decode sparse MLA: the ``attn`` rows time the prefill kernel (``flash_mla_sparse_fwd``
+        with the heads padded to 128, aiconfigurator collector ``_bench_glm5_dsa_attn``), while
+        SGLang decodes with FlashMLA's decode kernel (``flashmla_kv``), priced as the MLA decode
+        attention it is over the ``min(c, topk)`` kept keys. Check against aiconfigurator's
+        whole-module GLM-5-FP8 decode rows (``dsa_generation_module``, TP 8, H200, fp8 KV): the
+        module grows by 21.9 us from 1 to 8,192 cached tokens at batch 4 and by 37.3 us from 1
+        to 4,096 at batch 64; indexer + sparse MLA priced so grow by 19.3 and 55.8 us (with the
+        ``attn`` rows: -2.3 and 16.1 us, on a 75 us offset that the module does not show)."""
         b, q, kv = params.get("batch", 1.0), params.get("q_len", 1.0), params.get("kv_len", 1.0)
         if kind == "sparse_indexer":
             t = self._dsa_time("logits", b, q, kv)
@@ -433,6 +444,8 @@ class FusedCostModel:
             if kv > params.get("topk", 0.0):
                 t += self._dsa_time("topk", b, q, kv) or 0.0
             return t
+        if q <= 1.0:
+            return None  # decode: see the docstring
         t = self._dsa_time("attn", b, q, kv)
         if t is None:
             return None

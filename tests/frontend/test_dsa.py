@@ -102,23 +102,43 @@ def test_decode_kernels_priced_from_the_measured_rows(traced):
     from charon_search.hardware import load_cluster
     from charon_search.passes import parallelize_inference
 
-    cluster = load_cluster("h200-sxm-8gpu")
-    model = FusedCostModel(cluster)
+    model = FusedCostModel(load_cluster("h200-sxm-8gpu"))
     g = parallelize_inference(traced["decode"], tp=8, ep=1)["moe"]
-    cost = model.cost_graph_detailed(g, 64, 1, 4097)
     idx, mla = g.nodes.index(_indexer(g)), g.nodes.index(_sparse_mla(g))
-    assert cost.provenance[idx] == cost.provenance[mla] == "profile"
-    # SGLang 0.5.14 H200 rows at batch 64: the top-k over 4,097 keys 11.8 us, the sparse MLA
-    # at its 2,048 kept keys between the 1,025-key (69.9 us) and 2,049-key (67.4 us) rows.
-    # Decode logits: the paged kernel reading 64 x 4,097 fp8 keys with their scales (132 B
-    # each), at the node's roofline.
+    cost = model.cost_graph_detailed(g, 64, 1, 4097)
+    # SGLang 0.5.14 H200 top-k over 4,097 keys at batch 64: 11.8 us. Decode logits: the paged
+    # kernel reading 64 x 4,097 fp8 keys with their scales (132 B each), at the roofline.
     roof = model._roofline(_indexer(g), 64, 1, 4097)[0]
     assert _indexer(g).bytes_read(64, 1, 4097) == pytest.approx(64 * 4097 * 132, rel=0.01)
+    assert cost.provenance[idx] == "profile"
     assert cost.durations_s[idx] == pytest.approx(11.8e-6 + roof, rel=0.01)
-    assert cost.durations_s[mla] == pytest.approx(67.4e-6, rel=0.01)
     # At 2,048 keys every key is kept: no top-k kernel, the logits only.
     assert model.cost_graph_detailed(g, 64, 1, 2048).durations_s[idx] == pytest.approx(
         model._roofline(_indexer(g), 64, 1, 2048)[0], rel=0.01)
+    # The decode sparse MLA is an MLA decode over its 2,048 kept keys (not the measured rows of
+    # the prefill kernel): beyond the top-k it costs the same.
+    assert cost.provenance[mla] != "profile"
+    assert cost.durations_s[mla] == pytest.approx(
+        model.cost_graph_detailed(g, 64, 1, 2048).durations_s[mla], rel=1e-9)
+
+
+def test_decode_sparse_attention_grows_like_the_measured_module(traced):
+    """aiconfigurator's whole-module GLM-5-FP8 decode rows (SGLang 0.5.14, H200, TP 8, fp8 KV,
+    ``dsa_generation_module_perf``: projections, indexer, sparse attention, o_proj) at batch 4:
+    79.4 us with 1 cached token, 101.3 us with 8,192. The projections do not depend on the
+    context, so the indexer and the sparse MLA account for the 21.9 us of growth."""
+    from charon_search.cost.selector import FusedCostModel
+    from charon_search.hardware import load_cluster
+    from charon_search.passes import parallelize_inference
+
+    model = FusedCostModel(load_cluster("h200-sxm-8gpu"))
+    g = parallelize_inference(traced["decode"], tp=8, ep=1)["moe"]
+    rows = [g.nodes.index(_indexer(g)), g.nodes.index(_sparse_mla(g))]
+
+    def core(c: float) -> float:
+        return sum(model.cost_graph_detailed(g, 4, 1, c).durations_s[i] for i in rows)
+
+    assert core(8193) - core(2) == pytest.approx(21.9e-6, rel=0.25)
 
 
 def test_prefill_indexer_priced_from_the_measured_rows(traced):
