@@ -252,6 +252,7 @@ class FusedCostModel:
         detail = [""] * n
         # Group compute nodes by (kind, family, dtype) for one batched predict per group.
         groups: dict[tuple[str, str, str], list[tuple[int, dict[str, float]]]] = {}
+        profiled = self.gpu_key is not None and self.db is not None and self.use_profile
         for i, node in enumerate(nodes):
             if node.is_comm:
                 continue
@@ -270,23 +271,18 @@ class FusedCostModel:
                 if moe is not None:
                     fam, dtype = moe[0], moe[1]
                     _global_moe_shape(params, moe[2])
-            if (self.gpu_key is not None and self.db is not None and self.use_profile
-                    and (kind in ("linear_attention", "linear_attention_bwd")
-                         or CAUSAL_CONV_TAG in node.tags)):
+            if profiled and (kind in ("linear_attention", "linear_attention_bwd")
+                             or CAUSAL_CONV_TAG in node.tags):
                 gdn = self._linear_attention_hit(kind, params, node.tags)
                 if gdn is not None:
                     dur[i], prov[i], detail[i] = gdn[0], "profile", gdn[1]
                     continue
-            if (self.gpu_key is not None and self.db is not None and self.use_profile
-                    and (kind == "sparse_indexer" or node.sparse_topk is not None)):
-                dsa = self._sparse_attention_hit(kind, params)
+            if profiled and (kind == "sparse_indexer" or node.sparse_topk is not None):
+                dsa = self._sparse_attention_hit(node, params, b, s, c)
                 if dsa is not None:
-                    if kind == "sparse_indexer" and s <= 1.0:
-                        # Decode logits: the paged kernel at its roofline (see the method doc).
-                        dsa += self._roofline(node, b, s, c)[0]
                     dur[i], prov[i], detail[i] = dsa, "profile", "interp"
                     continue
-            if self.gpu_key is not None and self.db is not None and self.use_profile:
+            if profiled:
                 hit = self._profile_hit(kind, fam, dtype, params)
                 if hit is not None:
                     dur[i], prov[i], detail[i] = hit, "profile", "exact"
@@ -407,7 +403,8 @@ class FusedCostModel:
             return total * ATTENTION_BWD_FLOP_RATIO, "fwd-scaled"
         return total, "interp"
 
-    def _sparse_attention_hit(self, kind: str, params: dict[str, float]) -> float | None:
+    def _sparse_attention_hit(self, node: Node, params: dict[str, float], b: float, s: float,
+                              c: float) -> float | None:
         """DeepSeek Sparse Attention time from SGLang's measured GLM-5 kernels.
 
         The indexer (``sparse_indexer``) is the logits kernel over all ``kv_len`` keys plus the
@@ -428,28 +425,30 @@ class FusedCostModel:
         module grows by 21.9 us from 1 to 8,192 cached tokens at batch 4 and by 37.3 us from 1
         to 4,096 at batch 64; indexer + sparse MLA priced so grow by 19.3 and 55.8 us (with the
         ``attn`` rows: -2.3 and 16.1 us, on a 75 us offset that the module does not show)."""
-        b, q, kv = params.get("batch", 1.0), params.get("q_len", 1.0), params.get("kv_len", 1.0)
-        if kind == "sparse_indexer":
-            t = self._dsa_time("logits", b, q, kv)
-            if t is None:
+        rows, q, kv = params.get("batch", 1.0), params.get("q_len", 1.0), params.get("kv_len", 1.0)
+        decode = q <= 1.0
+        if str(node.kind) == "sparse_indexer":
+            if not self._dsa_curve("logits", decode):
                 return None
-            if q <= 1.0:
-                # Decode: SGLang runs DeepGEMM's paged logits kernel (``fp8_paged_mqa_logits``,
+            if decode:
+                # SGLang decodes with DeepGEMM's paged logits kernel (``fp8_paged_mqa_logits``,
                 # split over the SMs by ``get_paged_mqa_logits_metadata``); the measured decode
                 # rows time the prefill kernel (``fp8_mqa_logits``, aiconfigurator collector
                 # ``glm5_dsa_sparse_modules._bench_glm5_mqa``), whose time grows with one
                 # query's keys whatever the batch (64 us at 4,097 keys for 4 and 64 sequences
-                # on H200). The caller adds the node's roofline (it reads b x c fp8 keys) instead.
-                t = 0.0
+                # on H200). The node's roofline (it reads b x c fp8 keys) stands in instead.
+                t = self._roofline(node, b, s, c)[0]
+            else:
+                t = self._dsa_time("logits", rows, q, kv) or 0.0
             if kv > params.get("topk", 0.0):
-                t += self._dsa_time("topk", b, q, kv) or 0.0
+                t += self._dsa_time("topk", rows, q, kv) or 0.0
             return t
-        if q <= 1.0:
-            return None  # decode: see the docstring
-        t = self._dsa_time("attn", b, q, kv)
-        if t is None:
+        if decode:
+            return None  # see the docstring
+        attn = self._dsa_time("attn", rows, q, kv)
+        if attn is None:
             return None
-        return t * max(params.get("heads", DSA_ROW_HEADS), DSA_ROW_HEADS) / DSA_ROW_HEADS
+        return attn * max(params.get("heads", DSA_ROW_HEADS), DSA_ROW_HEADS) / DSA_ROW_HEADS
 
     def _dsa_time(self, variant: str, b: float, q: float, kv: float) -> float | None:
         """Seconds of one DSA kernel: decode (``q`` 1) rows of ``b`` sequences, prefill rows of
