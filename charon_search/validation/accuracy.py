@@ -244,7 +244,9 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "(`attention_dp_config` balance, at most `timeout_iters` steps). A served "
         "TensorRT-LLM iteration that carries prompt tokens adds the cluster's calibrated "
         "host time (`prefill_iteration_overhead`, fitted; its leave-one-source-out check is "
-        "below). Disaggregated rows use the row's prefill/decode pools. Published TRT-LLM rows: "
+        "below). Disaggregated rows use the row's prefill/decode pools; an aggregated row "
+        "whose client concurrency is k times its batch (per attention-DP rank) ran k workers "
+        "behind the router, and one of them is simulated at its share. Published TRT-LLM rows: "
         "trtllm-bench's own limits and request counts, all submitted at t = 0 (offline "
         "throughput).",
         "- Calibration: `charon-search calibrate` fits only unpublished physical parameters, "

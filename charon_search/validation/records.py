@@ -472,7 +472,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
     Each row becomes a serving ``Record`` with ``measured = {"ttft_s", "tpot_s"}`` (the CSV holds
     milliseconds), ``config`` holding ``input_len``/``output_len`` (isl/osl), ``concurrency``
     (the closed-loop client concurrency: ``silicon_concurrency`` of the provenance column, else
-    ``batch_size`` × attention-DP ranks), the degrees and, for
+    ``batch_size`` × attention-DP ranks), ``workers`` (agg rows whose concurrency is k > 1
+    times ``batch_size`` × attention-DP ranks: k workers behind the router), the degrees and, for
     ``mode == "disagg"``, the prefill/decode worker pools under ``config["prefill"]`` /
     ``config["decode"]``. Rows without an ``id`` get ``silicon_row_<n>`` (1-based line number).
     ``extra`` holds the row's system, backend and mode, and ``measured_date`` (``YYYY-MM-DD``)
@@ -533,10 +534,19 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 if not pool["batch_size"] or not pool["tp_size"]:
                     raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
                 adp = pool["attention_dp_size"] or 1
-                cfg.update(concurrency=conc or pool["batch_size"] * adp, tp=pool["tp_size"],
+                # ``batch_size`` is one worker's batch (per attention-DP rank): aiconfigurator
+                # predicts an agg row as one worker at that batch. A client concurrency that is
+                # k times it ran k such workers behind the router (e.g. a GB200 row of 448
+                # streams over 32 TP-2 workers of 14, 64 GPUs like the disagg row of its run).
+                # A row whose degrees were corrected wrote its batch for the columns' layout.
+                share = pool["batch_size"] * adp
+                workers = (conc // share if conc and conc > share and not conc % share
+                           and not layout_note else 1)
+                cfg.update(concurrency=conc or share, tp=pool["tp_size"],
                            pp=pool["pp_size"] or 1, dp=pool["attention_dp_size"] or 1,
-                           moe_tp=pool["moe_tp_size"] or 1, ep=pool["moe_ep_size"] or 1)
-                num_gpus = _pool_gpus(pool)
+                           moe_tp=pool["moe_tp_size"] or 1, ep=pool["moe_ep_size"] or 1,
+                           **({"workers": workers} if workers > 1 else {}))
+                num_gpus = workers * _pool_gpus(pool)
             else:
                 pre, dec = _pool(row, "prefill_", where), _pool(row, "decode_", where)
                 for name, p in (("prefill", pre), ("decode", dec)):

@@ -406,6 +406,14 @@ def _serving_case(record: Record) -> ServingCase:
         if not conc:
             raise Unexpressible("closed-loop concurrency not in the row")
         conc = int(conc)
+        workers = int(c.get("workers") or 1)
+        if workers > 1:
+            # A closed loop of identical streams spreads evenly over the router's workers:
+            # each runs its share, and every request sees one worker.
+            notes.append(f"{workers} aggregated workers behind the router (client concurrency "
+                         f"{conc} = {workers} x the row's per-worker batch): one worker "
+                         f"simulated at its {conc // workers} streams")
+            conc //= workers
         max_seqs = max(conc, 1)
         backend = str((record.extra or {}).get("backend") or "")
         aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
@@ -542,7 +550,7 @@ def _serving_case(record: Record) -> ServingCase:
         else:  # schema serving: dp = replicas
             kw.update(tp=tp, pp=int(c.get("pp") or 1), ep=int(c.get("ep") or 1), dp=adp)
         num_gpus = int(record.hardware["num_gpus"])
-        per_node = num_gpus
+        per_node = num_gpus // int(c.get("workers") or 1)
     try:
         config = ServingConfig(**kw)
     except ConfigError as e:

@@ -83,6 +83,18 @@ def test_silicon_row_attention_dp_implied_by_the_moe_columns(by_id):
     assert (ok.config["tp"], ok.config["dp"], ok.hardware["num_gpus"]) == (2, 1, 2)
 
 
+def test_silicon_agg_row_concurrency_over_several_workers(by_id):
+    """``batch_size`` is one worker's batch; a client concurrency k times it ran k workers
+    (GB200: 448 streams = 32 TP-2 workers of 14, the 64 GPUs of the disagg row of that run)."""
+    r = by_id["nvidia_qwen3_32b_nvfp4_nvidia_qwen3_32b_nvfp4_gb200_trtllm_agg_15000x500_c448_"
+              "tp2_0_epnone_2"]
+    assert (r.config["concurrency"], r.config["workers"], r.config["tp"]) == (448, 32, 2)
+    assert r.hardware["num_gpus"] == 64
+    one = by_id["meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_"
+                "trtllm_agg_1024x128_c8_tp1_epnone_1"]
+    assert "workers" not in one.config and one.config["concurrency"] == 8
+
+
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
