@@ -95,18 +95,25 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
                                     / max(sum(r.duration_s for r in iters), 1e-30)),
             }
     decode_batch = max(1, round(groups["decode"]["mean_decodes"])) if "decode" in groups else 1
-    cost = sim.replicas[0].cost
+    # Disaggregated: the decode step is a decode-pool replica's (replica 0 is a prefill one).
+    decoder = next((e for e in sim.replicas if getattr(e, "role", "") == "decode"),
+                   sim.replicas[0])
+    cost = decoder.cost
     ops = (cost.linear_breakdown(decode_batch) if hasattr(cost, "linear_breakdown") else [])
     fin = ttft[keep & np.isfinite(ttft)]
+    layout: dict[str, Any] = {"tp": cfg.tp, "pp": cfg.pp, "ep": cfg.ep}
+    if cfg.disagg is not None:
+        layout = {name: _pool_summary(pool, cfg.dp_attention) for name, pool in
+                  (("prefill_pool", cfg.disagg.prefill), ("decode_pool", cfg.disagg.decode))}
     return {
         "kind": "serving", "id": case.record.id, "cluster": case.cluster.name,
         "engine": {
-            "engine": cfg.engine, "tp": cfg.tp, "pp": cfg.pp, "ep": cfg.ep,
+            "engine": cfg.engine, **layout,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_num_seqs": cfg.max_num_seqs, "chunked_prefill": cfg.chunked_prefill,
             "prefill_schedule": cfg.prefill_schedule,
             "overlap_scheduler": cfg.overlap_scheduler,
-            "iteration_overhead_s": sim.replicas[0].overhead_s,
+            "iteration_overhead_s": decoder.overhead_s,
             "prefill_iteration_overhead_s": sim.replicas[0].prefill_overhead_s,
             "frontend_latency_s": sim.frontend_s,
         },
@@ -122,6 +129,14 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
                         "linear_total_s": float(sum(t for *_, t in ops))},
         "measured": dict(case.record.measured),
     }
+
+
+def _pool_summary(pool: Any, dp_attention: bool) -> str:
+    """``<replicas> x tp<t> pp<p> ep<e>`` (+ ``attention-DP``) of a disaggregated pool
+    (``dp_attention``: the configuration's, for a pool that does not set its own)."""
+    adp = " attention-DP" if (pool.dp_attention if pool.dp_attention is not None
+                              else dp_attention) else ""
+    return f"{pool.num_replicas} x tp{pool.tp} pp{pool.pp} ep{pool.ep}{adp}"
 
 
 def _ms(x: float | None) -> str:

@@ -65,3 +65,20 @@ def test_cli_explain_writes_json_and_rejects_unknown_ids(tmp_path, capsys):
     assert "step breakdown" in capsys.readouterr().out
     assert main(["validate", "--explain", "--ids", "no_such_record"]) == 2
     assert "--ids" in capsys.readouterr().err
+
+
+#: InferenceX, Dynamo + TensorRT-LLM, DeepSeek-R1 NVFP4 on GB200: one TP-4 prefill worker and
+#: four TP-8 (EP 8) decode workers, 1024/1024 tokens at concurrency 8.
+DISAGG_ROW = "dsr1_gb200_trtllm_fp4_disagg_1024x1024_c8_cfg237"
+
+
+def test_disaggregated_explanation_shows_the_pools_and_a_decode_step(by_id):
+    exp = explain_case(to_case(by_id[DISAGG_ROW]))
+    eng = exp["engine"]
+    assert eng["prefill_pool"] == "1 x tp4 pp1 ep4" and eng["decode_pool"] == "4 x tp8 pp1 ep8"
+    assert "tp" not in eng
+    # The operators listed are a decode-pool replica's (the prefill replica's TP-4 GEMMs would
+    # cost more than the whole decode iteration).
+    decode = exp["iterations"]["decode"]
+    assert 0 < exp["decode_step"]["linear_total_s"] < decode["mean_duration_s"]
+    assert "decode_pool 4 x tp8 pp1 ep8" in render_explanation(exp)
