@@ -204,17 +204,22 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
     Compute nodes: the fused cost model (profile -> predictor -> roofline); communication
     nodes: ``collective_s`` with the group's ranks adjacent (TP/EP inside a replica), except
     all-reduces inside one node when ``tp_allreduce`` names an engine with a measured custom
-    all-reduce (``serving.custom_allreduce``).
+    all-reduce, and TensorRT-LLM's across the trays of an NVL72 NVLink domain
+    (``serving.custom_allreduce``).
     """
     from charon_search.cost.selector import default_cost_model
-    from charon_search.serving.custom_allreduce import custom_allreduce_s
+    from charon_search.serving.custom_allreduce import custom_allreduce_s, mnnvl_allreduce_s
 
     model = default_cost_model(cluster)
+    inner = cluster.tiers[0]
+    nvlink_domain = inner.num_devices if inner.name == "nvlink" else cluster.gpus_per_node
 
     def _comm(kind: str, nbytes: float, group: int) -> float:
-        if (tp_allreduce != "nccl" and kind == "all_reduce"
-                and 1 < group <= cluster.gpus_per_node):
-            t = custom_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
+        if tp_allreduce != "nccl" and kind == "all_reduce" and group > 1:
+            t = (custom_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
+                 if group <= cluster.gpus_per_node else
+                 mnnvl_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
+                 if group <= nvlink_domain else None)
             if t is not None:
                 return t
         return collective_s(kind, nbytes, group, cluster)

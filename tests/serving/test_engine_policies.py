@@ -235,6 +235,45 @@ def test_custom_allreduce_covers_blackwell() -> None:
     assert cost[reduces] == pytest.approx(7.387e-6, rel=1e-9)
 
 
+def test_trtllm_allreduce_across_nvl72_trays() -> None:
+    """A TP-8 group on GB200 NVL72 spans two 4-GPU trays of one NVLink domain: TensorRT-LLM
+    runs its NVLink all-reduce there, priced from the HGX B200 8-GPU table (same GPU and NVLink
+    generation, whose 2- and 4-GPU rows match GB200's own); vLLM falls back to NCCL."""
+    from charon_search.catalog import load_model
+    from charon_search.hardware.loader import load_cluster
+    from charon_search.serving._graphs import serving_graphs
+    from charon_search.serving.custom_allreduce import (
+        MNNVL_PROXY,
+        custom_allreduce_s,
+        mnnvl_allreduce_s,
+    )
+    from charon_search.serving.iteration_cost import collective_s, graph_cost_fn
+
+    for gpu, proxy in MNNVL_PROXY.items():
+        for n in (2, 4):
+            for nbytes in (256, 8192, 131072, 1 << 20):
+                own = custom_allreduce_s("trtllm", gpu, n, nbytes)
+                assert own == pytest.approx(custom_allreduce_s("trtllm", proxy, n, nbytes),
+                                            rel=0.15), (gpu, n, nbytes)
+    # aiconfigurator-core b200_sxm/comm/trtllm: 65536 bf16 elements over 8 GPUs, 0.006579 ms.
+    assert mnnvl_allreduce_s("trtllm", "gb200", 8, 131072) == pytest.approx(6.579e-6, rel=1e-9)
+    assert mnnvl_allreduce_s("vllm", "gb200", 8, 131072) is None
+    assert mnnvl_allreduce_s("trtllm", "h200-sxm-141gb", 8, 131072) is None
+
+    cluster = load_cluster("gb200-nvl72")
+    assert cluster.gpus_per_node == 4 and cluster.tiers[0].num_devices == 72
+    _, decode = serving_graphs(load_model("llama-3.1-8b"), tp=8, pp=1, ep=1, dp_attention=False,
+                               precision="bf16", engine="trtllm")
+    graph = decode["dense"]
+    reduces = [i for i, n in enumerate(graph.nodes) if n.kind.value == "all_reduce"]
+    nbytes = graph.nodes[reduces[0]].param("bytes")(64, 1, 300)
+    trt = graph_cost_fn(cluster, tp_allreduce="trtllm")(graph, 64, 1, 300)
+    vllm = graph_cost_fn(cluster, tp_allreduce="vllm")(graph, 64, 1, 300)
+    assert trt[reduces] == pytest.approx(mnnvl_allreduce_s("trtllm", "gb200", 8, nbytes))
+    assert vllm[reduces] == pytest.approx(collective_s("all_reduce", nbytes, 8, cluster))
+    assert (trt[reduces] < vllm[reduces] / 2).all()
+
+
 def test_inferencex_recipes_set_launch_facts() -> None:
     # 70b_fp8_h200_trt_slurm.sh: --max_num_tokens 16384; batch waiting 0.9 x 16384 / 20
     # iterations only at 1k/1k below TP 8.
