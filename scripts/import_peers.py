@@ -32,6 +32,10 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   ``sdk/models/deepseek.py``; balanced rows would double the size), one kernel family per
   (engine, dtype, GPU) (the engine's default kernel, ``PREFERRED_MOE_KERNEL``, else the most
   rows), stored as variant ``moe_ffn_skew.<engine>`` with the table's ``moe_dtype`` as dtype.
+  SGLang's wide-EP decode MoE (DeepEP low-latency dispatch into DeepGEMM's masked grouped GEMM,
+  ``moe/sglang/<DEEPEP_SGLANG_VERSION>/wideep_generation_moe_perf.parquet``, kernel
+  ``deepepmoe``, up to 128 tokens per EP rank, global token counts): variant
+  ``moe_ffn_skew.sglang_deepep``, power-law 1.01 routing (``convert_moe_deepep``).
 * vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
   per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
   quantized to the 1 µs timer resolution, a 10-20 % error on 5 µs norms) for norms and
@@ -87,6 +91,9 @@ QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4
 #: fused-MoE experts (DeepGEMM for large batches); the FlashInfer rows also cover only part of
 #: the shapes (H200 0.24.0: no EP=1 rows of Qwen3-235B's experts).
 PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts"}
+#: SGLang version folder of the wide-EP (DeepEP) generation MoE tables (the only one holding
+#: them on Blackwell; Hopper also has 0.5.6.post2).
+DEEPEP_SGLANG_VERSION = "0.5.10"
 #: (engine, version or None = the engine's ``BACKEND_VERSION`` slot) of the Marlin MoE rows.
 MARLIN_TABLES = (("vllm", None), ("sglang", None), ("sglang", "0.5.10"))
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300", "l40s",
@@ -244,6 +251,16 @@ def convert_moe_quant(path: str, gpu: str, source: str, engine: str) -> pd.DataF
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def convert_moe_deepep(path: str, gpu: str, source: str) -> pd.DataFrame:
+    """SGLang wide-EP decode MoE rows (power-law 1.01 routing), columns as ``convert_moe``;
+    variant ``moe_ffn_skew.sglang_deepep``, dtype the table's ``moe_dtype``."""
+    df = _read(path)
+    df = df[df.distribution == "power_law_1.01"]
+    parts = [_moe_frame(df[df.moe_dtype == dt], gpu, source, "moe_ffn_skew.sglang_deepep", dt)
+             for dt in sorted(set(df.moe_dtype))]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def convert_moe_marlin(paths: list[str], gpu: str, peers: Path) -> pd.DataFrame:
     """Marlin MoE rows of several tables (power-law 1.01 routing), columns as ``convert_moe``;
     variant ``moe_ffn_skew.marlin``, dtype ``w4a16_marlin``, each row's own table as source."""
@@ -362,6 +379,10 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
             p = str(data / system / "moe" / engine / _slot(engine, system) / "moe_perf.parquet")
             if os.path.exists(p):
                 out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
+        p = str(data / system / "moe" / "sglang" / DEEPEP_SGLANG_VERSION
+                / "wideep_generation_moe_perf.parquet")
+        if os.path.exists(p):
+            out.append(convert_moe_deepep(p, gpu, f"{AIC} {_rel(p, peers)}"))
         p = str(data / system / "linear_attention" / GDN_ENGINE / _slot(GDN_ENGINE, system)
                 / "gdn_perf.parquet")
         if os.path.exists(p):

@@ -85,7 +85,8 @@ PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     # Balanced routing; power-law-skewed routing where no balanced rows exist (A100); each
     # engine's quantized MoE kernels and the Marlin MoE kernel (power-law routing).
     "grouped_gemm": ("moe_ffn", "moe_ffn_skew", "moe_ffn_skew.vllm", "moe_ffn_skew.sglang",
-                     "moe_ffn_skew.trtllm", "moe_ffn_skew.marlin"),
+                     "moe_ffn_skew.trtllm", "moe_ffn_skew.marlin",
+                     "moe_ffn_skew.sglang_deepep"),
 }
 
 HYPERPARAMS: dict[str, Any] = {

@@ -16,7 +16,9 @@
    on that engine under power-law routing (``moe_ffn_skew.<engine>``: the routing
    aiconfigurator prices serving with), else of the same format on another engine (vLLM,
    SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes. A
-   launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``.
+   launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``;
+   SGLang's wide-EP decode (tag ``moe_engine:sglang_deepep``) the DeepEP low-latency rows up
+   to ``DEEPEP_LL_MAX_TOKENS`` tokens per EP rank and SGLang's fused-MoE rows beyond.
    Gated DeltaNet (``linear_attention``) nodes interpolate the measured kernel rows at their
    heads in tokens (prefill) or sequences (decode), the layer's causal convolution included.
    DeepSeek Sparse Attention nodes (the ``sparse_indexer`` and a sparse ``attention`` node,
@@ -122,6 +124,14 @@ _FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "decode_mla": "decode", "add": ""
                     "rope": ""}
 #: Engines with quantized MoE rows (``moe_ffn_skew.<engine>``), in fallback order.
 _MOE_ENGINES = ("vllm", "sglang", "trtllm")
+#: SGLang's wide-EP decode kernel (DeepEP low-latency dispatch into DeepGEMM's masked grouped
+#: GEMM) and the engine whose rows price the batches it does not take.
+DEEPEP_FAMILY, DEEPEP_FALLBACK = "moe_ffn_skew.sglang_deepep", "moe_ffn_skew.sglang"
+#: Tokens per EP rank DeepEP's low-latency mode dispatches at most (SGLang
+#: ``SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK``, default 128; aiconfigurator's
+#: ``wideep_generation_moe_perf`` rows stop there). Larger batches (prefill) run DeepEP's normal
+#: mode, priced from SGLang's fused-MoE rows.
+DEEPEP_LL_MAX_TOKENS = 128
 
 
 def _moe_kernel(tags: frozenset[str]) -> tuple[str, str, int] | None:
@@ -147,10 +157,13 @@ def _global_moe_shape(params: dict[str, float], ep: int) -> None:
 
 
 def _moe_candidates(fam: str, dtype: str) -> list[tuple[str, str]]:
-    """Quantized-MoE models to try after ``(fam, dtype)``: other engines' rows of the format,
-    then the bf16 balanced-routing model (today's pricing, at the node's weight bytes)."""
-    return [(f"moe_ffn_skew.{e}", dtype) for e in _MOE_ENGINES
-            if f"moe_ffn_skew.{e}" != fam] + [
+    """Quantized-MoE models to try after ``(fam, dtype)``: other engines' rows of the format
+    (SGLang's own first for its DeepEP kernel), then the bf16 balanced-routing model (today's
+    pricing, at the node's weight bytes)."""
+    engines = [f"moe_ffn_skew.{e}" for e in _MOE_ENGINES]
+    if fam == DEEPEP_FAMILY:
+        engines = [DEEPEP_FALLBACK] + [e for e in engines if e != DEEPEP_FALLBACK]
+    return [(e, dtype) for e in engines if e != fam] + [
         ("moe_ffn", "bf16"), ("moe_ffn_skew", "bf16")]
 
 
@@ -270,6 +283,8 @@ class FusedCostModel:
                 moe = _moe_kernel(node.tags)
                 if moe is not None:
                     fam, dtype = moe[0], moe[1]
+                    if fam == DEEPEP_FAMILY and params.get("tokens", 0.0) > DEEPEP_LL_MAX_TOKENS:
+                        fam = DEEPEP_FALLBACK  # a prefill batch: DeepEP's normal mode
                     _global_moe_shape(params, moe[2])
             if profiled and (kind in ("linear_attention", "linear_attention_bwd")
                              or CAUSAL_CONV_TAG in node.tags):

@@ -84,7 +84,8 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
             graphs = {k: _expert_rows_per_rank(g, share) for k, g in graphs.items()}
         if precision in _PRECISION_BYTES:
             quant = checkpoint_quant(model, precision)
-            graphs = {k: _with_gemm_dtype(g, quant, engine, ep, moe_kernel)
+            rows_engine = _moe_rows_engine(engine, quant, ep, dp_attention)
+            graphs = {k: _with_gemm_dtype(g, quant, rows_engine, ep, moe_kernel)
                       for k, g in graphs.items()}
         moe_tp = moe_tp_degree(tp, ep)
         if moe_tp > 1 and dp_attention:
@@ -186,6 +187,24 @@ MOE_KERNEL_ROWS: dict[str, tuple[frozenset[str], tuple[str, str]]] = {
     "marlin": (frozenset({"w4a16_mxfp4", "int4_wo"}), ("marlin", "w4a16_marlin")),
     "mxfp8": (frozenset({"w4a16_mxfp4"}), ("", "w4a8_mxfp4_mxfp8")),
 }
+
+
+#: Expert formats of SGLang's wide-EP DeepEP decode rows (``moe_ffn_skew.sglang_deepep``).
+SGLANG_DEEPEP_FORMATS = frozenset({"fp8_block"})
+
+
+def _moe_rows_engine(engine: str, quant: CheckpointQuant, ep: int, dp_attention: bool) -> str:
+    """Whose measured MoE rows price the routed experts: SGLang with attention DP and expert
+    parallelism runs wide EP, DeepEP's low-latency dispatch into DeepGEMM's masked grouped GEMM
+    for decode batches (SGLang's large-scale EP deployment of DeepSeek, ``--moe-a2a-backend
+    deepep``; aiconfigurator prices such workers with its ``wideep`` tables), where its rows
+    cover the format (``cost.selector`` takes them for batches of at most
+    ``DEEPEP_LL_MAX_TOKENS`` tokens per rank; larger ones run DeepEP's normal mode); the
+    engine's own rows otherwise."""
+    if (engine == "sglang" and dp_attention and ep > 1
+            and quant.moe_dtype in SGLANG_DEEPEP_FORMATS):
+        return "sglang_deepep"
+    return engine
 
 
 @dataclass(frozen=True, kw_only=True)

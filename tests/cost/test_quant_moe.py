@@ -279,3 +279,53 @@ def test_convert_mla_decode_keeps_bf16_kv_generation_rows(tmp_path):
     assert (r.variant, r["dtype"], r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim) == (
         "decode_mla", "bf16", 16, 1, 1, 4096, 576)
     assert r.latency_s == pytest.approx(0.0544e-3)
+
+
+#: DeepSeek-V3's routed experts on one of 32 wide-EP ranks (8 of 256 experts, top-8, expert FFN
+#: 2048 over hidden 7168), per-rank shape as ``serving._graphs`` writes it.
+DSV3_EP32 = {"top_k": 8, "num_experts": 8, "n": 2048, "k": 7168}
+DEEPEP_TAGS = ("moe_dtype:fp8_block", "moe_engine:sglang_deepep", "moe_ep:32")
+
+
+@pytest.fixture(scope="module")
+def gb200_model(tmp_path_factory):
+    """GB200's SGLang fp8_block rows: DeepEP low-latency decode and fused-MoE (Triton)."""
+    df = default_profile_db().table("gb200", "grouped_gemm").to_pandas()
+    keep = (df.dtype == "fp8_block") & df.variant.isin(
+        ["moe_ffn_skew.sglang", "moe_ffn_skew.sglang_deepep"])
+    root = tmp_path_factory.mktemp("deepep")
+    write_profile_db(df[keep], root)
+    db = ProfileDB(root)
+    return FusedCostModel(toy_cluster(gpu="gb200"), db=db, store=P.PredictorStore(
+        db, hyperparams=SMALL_HP, use_disk_cache=False))
+
+
+def test_sglang_wide_ep_decode_uses_the_deepep_rows(gb200_model):
+    """aiconfigurator-core gb200/moe/sglang/0.5.10/wideep_generation_moe_perf.parquet: 2,048
+    tokens over EP 32 (64 per rank), power-law 1.01, take 0.1202 ms in DeepEP's low-latency
+    path; SGLang's fused-MoE rows (0.5.14 moe_perf) measure 0.4415 ms for the same shape. A
+    prefill batch (1,024 tokens per rank, past DeepEP's 128-token low-latency limit) is priced
+    from the fused-MoE rows, exactly as a node without the DeepEP tag."""
+    dur, prov, detail = gb200_model._cost_nodes([_node(64, DSV3_EP32, DEEPEP_TAGS)], 1, 1, 1)
+    assert (prov[0], detail[0]) == ("predictor", "moe-ffn-rate")
+    assert dur[0] == pytest.approx(0.1202e-3, rel=0.15)
+    fused = gb200_model._cost_nodes([_node(64, DSV3_EP32, (
+        "moe_dtype:fp8_block", "moe_engine:sglang", "moe_ep:32"))], 1, 1, 1)[0][0]
+    assert fused == pytest.approx(0.4415e-3, rel=0.15) and fused > 3 * dur[0]
+    big = [gb200_model._cost_nodes([_node(1024, DSV3_EP32, (
+        "moe_dtype:fp8_block", f"moe_engine:{e}", "moe_ep:32"))], 1, 1, 1)[0][0]
+        for e in ("sglang_deepep", "sglang")]
+    assert big[0] == big[1] > fused
+
+
+def test_sglang_attention_dp_with_ep_tags_the_deepep_rows():
+    from charon_search.serving._graphs import CheckpointQuant, _moe_rows_engine
+
+    block = CheckpointQuant(precision="fp8", quantized_roles=frozenset(), moe_dtype="fp8_block")
+    assert _moe_rows_engine("sglang", block, 32, True) == "sglang_deepep"
+    assert _moe_rows_engine("sglang", block, 32, False) == "sglang"  # TP attention
+    assert _moe_rows_engine("sglang", block, 1, True) == "sglang"  # experts not spread
+    assert _moe_rows_engine("trtllm", block, 32, True) == "trtllm"
+    mxfp4 = CheckpointQuant(precision="fp4", quantized_roles=frozenset(),
+                            moe_dtype="w4a16_mxfp4")
+    assert _moe_rows_engine("sglang", mxfp4, 8, True) == "sglang"  # no DeepEP rows of it
