@@ -382,6 +382,7 @@ def _serving_case(record: Record) -> ServingCase:
         inferencex_spec_decoding_unknown,
     )
     from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
+    from charon_search.serving.custom_allreduce import MNNVL_ENGINES
     from charon_search.serving.workload import LengthDistribution, WorkloadSpec
 
     c = dict(record.config)
@@ -443,7 +444,10 @@ def _serving_case(record: Record) -> ServingCase:
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "
-                         "kernel (measured latency, serving.custom_allreduce)")
+                         "kernel (measured latency, serving.custom_allreduce)"
+                         + ("; across the trays of an NVL72 domain by its MNNVL kernel, priced "
+                            "from the HGX 8-GPU table of the same NVLink generation"
+                            if backend in MNNVL_ENGINES else ""))
         # Waves from a synchronized start: see ``serving.backends.BenchmarkProtocol``.
         bench = AIPERF_AIC if aic else INFERENCEX
         # A drained warm-up leaves an idle engine: the measured phase is simulated from there.
