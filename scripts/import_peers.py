@@ -35,7 +35,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   SGLang's wide-EP decode MoE (DeepEP low-latency dispatch into DeepGEMM's masked grouped GEMM,
   ``moe/sglang/<DEEPEP_SGLANG_VERSION>/wideep_generation_moe_perf.parquet``, kernel
   ``deepepmoe``, up to 128 tokens per EP rank, global token counts): variant
-  ``moe_ffn_skew.sglang_deepep``, power-law 1.01 routing (``convert_moe_deepep``).
+  ``moe_ffn_skew.sglang_deepep``, power-law 1.01 routing (``convert_moe_quant`` with engine
+  ``sglang_deepep``).
 * vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
   per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
   quantized to the 1 µs timer resolution, a 10-20 % error on 5 µs norms) for norms and
@@ -251,16 +252,6 @@ def convert_moe_quant(path: str, gpu: str, source: str, engine: str) -> pd.DataF
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def convert_moe_deepep(path: str, gpu: str, source: str) -> pd.DataFrame:
-    """SGLang wide-EP decode MoE rows (power-law 1.01 routing), columns as ``convert_moe``;
-    variant ``moe_ffn_skew.sglang_deepep``, dtype the table's ``moe_dtype``."""
-    df = _read(path)
-    df = df[df.distribution == "power_law_1.01"]
-    parts = [_moe_frame(df[df.moe_dtype == dt], gpu, source, "moe_ffn_skew.sglang_deepep", dt)
-             for dt in sorted(set(df.moe_dtype))]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
 def convert_moe_marlin(paths: list[str], gpu: str, peers: Path) -> pd.DataFrame:
     """Marlin MoE rows of several tables (power-law 1.01 routing), columns as ``convert_moe``;
     variant ``moe_ffn_skew.marlin``, dtype ``w4a16_marlin``, each row's own table as source."""
@@ -382,7 +373,7 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
         p = str(data / system / "moe" / "sglang" / DEEPEP_SGLANG_VERSION
                 / "wideep_generation_moe_perf.parquet")
         if os.path.exists(p):
-            out.append(convert_moe_deepep(p, gpu, f"{AIC} {_rel(p, peers)}"))
+            out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", "sglang_deepep"))
         p = str(data / system / "linear_attention" / GDN_ENGINE / _slot(GDN_ENGINE, system)
                 / "gdn_perf.parquet")
         if os.path.exists(p):

@@ -215,14 +215,13 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
     nvlink_domain = inner.num_devices if inner.name == "nvlink" else cluster.gpus_per_node
 
     def _comm(kind: str, nbytes: float, group: int) -> float:
+        t = None
         if tp_allreduce != "nccl" and kind == "all_reduce" and group > 1:
-            t = (custom_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
-                 if group <= cluster.gpus_per_node else
-                 mnnvl_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
-                 if group <= nvlink_domain else None)
-            if t is not None:
-                return t
-        return collective_s(kind, nbytes, group, cluster)
+            if group <= cluster.gpus_per_node:
+                t = custom_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
+            elif group <= nvlink_domain:
+                t = mnnvl_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
+        return t if t is not None else collective_s(kind, nbytes, group, cluster)
 
     launch_s = float(cluster.gpu.launch_overhead_s)
 

@@ -96,8 +96,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             }
     decode_batch = max(1, round(groups["decode"]["mean_decodes"])) if "decode" in groups else 1
     # Disaggregated: the decode step is a decode-pool replica's (replica 0 is a prefill one).
-    decoder = next((e for e in sim.replicas if getattr(e, "role", "") == "decode"),
-                   sim.replicas[0])
+    decoder = next((e for e in sim.replicas if e.role == "decode"), sim.replicas[0])
     cost = decoder.cost
     ops = (cost.linear_breakdown(decode_batch) if hasattr(cost, "linear_breakdown") else [])
     fin = ttft[keep & np.isfinite(ttft)]
