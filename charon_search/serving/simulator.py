@@ -344,8 +344,10 @@ class ServingSimulation:
         else:
             for spec in requests:
                 self._push(spec.arrived_at_s + front, 0, _ARRIVE, spec)
+        # Replicas with new work at this instant, by their place in ``self.replicas``: they
+        # start in that order (not by ``id()``, a memory address that differs between runs).
         dirty: set[int] = set()
-        by_id = {id(r): r for r in self.replicas}
+        index = {id(r): i for i, r in enumerate(self.replicas)}
         heap = self._heap
         last_done = 0
         while heap:
@@ -355,20 +357,20 @@ class ServingSimulation:
                 reqs.append(req)
                 target = self._least_loaded(self.prefill_pool)
                 target.enqueue(req)
-                dirty.add(id(target))
+                dirty.add(index[id(target)])
             elif kind == _KV and isinstance(payload, Request):
                 payload.prefilled = payload.target
                 target = self._least_loaded(self.decode_pool)
                 target.enqueue(payload)
-                dirty.add(id(target))
+                dirty.add(index[id(target)])
             else:
                 engine: ReplicaEngine = payload
                 engine.finish_iteration(now)
-                dirty.add(id(engine))
+                dirty.add(index[id(engine)])
             if heap and heap[0][0] == now:
                 continue  # start iterations once every event of this instant is in
-            for rid in sorted(dirty):
-                engine = by_id[rid]
+            for i in sorted(dirty):
+                engine = self.replicas[i]
                 if not engine.busy and engine.has_work():
                     d = engine.start_iteration(now)
                     if d > 0:

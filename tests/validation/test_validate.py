@@ -211,3 +211,27 @@ def test_shipped_repeats_are_reported_not_dropped(shipped_records):
     assert (t["repeated_measurements"], t["repeated_other_setup"]) == (1, 1)
     assert {r["id"] for r in res.rows} == {first, again}  # both still predicted
     assert "repeated measurements: 1 records" in render_text(res)
+
+
+def test_validate_predicts_the_same_numbers_in_every_process(tmp_path) -> None:
+    """A disaggregated row (1 prefill and 3 decode replicas of TRT-LLM on GB200, 552 streams)
+    whose replicas start iterations at the same instant: they start in pool order, so the
+    prediction does not depend on the process (string-hash seed, memory addresses). Ordered by
+    ``id()`` its TPOT moved by ~1.5e-5 between hash seeds 1 and 2."""
+    import os
+    import subprocess
+    import sys
+
+    row = ("nvidia_qwen3_32b_nvfp4_nvidia_qwen3_32b_nvfp4_gb200_trtllm_disagg_15000x500_c552_"
+           "tp_epnone_4")
+    got = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"seed{seed}.json"
+        argv = ["validate", "--ids", row, "--json", str(out), "--rows", "0", "--quiet"]
+        code = f"import sys; from charon_search.cli import main; sys.exit(main({argv!r}))"
+        subprocess.run([sys.executable, "-c", code], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True)
+        recs = json.loads(out.read_text())["records"]
+        got.append({r["metric"]: r["predicted"] for r in recs})
+    assert set(got[0]) == {"ttft_s", "tpot_s"}
+    assert got[0] == got[1]
