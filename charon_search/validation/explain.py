@@ -116,6 +116,13 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "prefill_iteration_overhead_s": sim.replicas[0].prefill_overhead_s,
             "frontend_latency_s": sim.frontend_s,
         },
+        "kv_cache": {
+            "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
+            "block_size": cfg.block_size, "utilization": rep.kv_utilization,
+            "preemptions": rep.num_preemptions,
+            # What the streams would hold at once at their full lengths, per (decode) replica.
+            "full_length_demand_tokens": _full_length_demand(case, decoder, sim),
+        },
         "window": {"start_s": t0, "end_s": t1, "requests": int(keep.sum()),
                    "iterations": len(iters)},
         "iterations": groups,
@@ -128,6 +135,26 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
                         "linear_total_s": float(sum(t for *_, t in ops))},
         "measured": dict(case.record.measured),
     }
+
+
+def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None:
+    """Tokens a (decode) replica would hold if its share of the closed-loop streams were all at
+    their longest prompt + output at once (None: an open-loop workload, or lengths without a
+    bound)."""
+    wl = case.workload
+    if not getattr(wl, "closed_loop", False):
+        return None
+    longest = [_longest(d) for d in (wl.input_len, wl.output_len)]
+    if None in longest:
+        return None
+    replicas = sum(1 for e in sim.replicas if e.role == decoder.role)
+    return -(-wl.concurrency // max(replicas, 1)) * sum(longest)  # type: ignore[arg-type]
+
+
+def _longest(dist: Any) -> int | None:
+    """The longest length ``LengthDistribution`` draws (None: unbounded, lognormal)."""
+    return {"fixed": dist.value, "uniform": dist.high,
+            "empirical": max(dist.values, default=0) or None}.get(dist.kind)
 
 
 def _pool_summary(pool: Any, dp_attention: bool) -> str:
@@ -173,6 +200,12 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
     if exp["ttft_percentiles_s"]:
         lines.append("  measured-window TTFT spread: " + ", ".join(
             f"{k} {_ms(v)}" for k, v in exp["ttft_percentiles_s"].items()))
+    kv = exp["kv_cache"]
+    demand = kv["full_length_demand_tokens"]
+    lines.append(f"  KV cache: {kv['capacity_tokens']:,} tokens per replica ({kv['kv_dtype']}, "
+                 f"blocks of {kv['block_size']}), {100 * kv['utilization']:.1f} % used on "
+                 f"average, {kv['preemptions']} preemptions"
+                 + (f"; streams at full length would hold {demand:,}" if demand else ""))
     w = exp["window"]
     lines.append(f"  window {w['start_s']:.3f}-{w['end_s']:.3f} s: {w['requests']} requests, "
                  f"{w['iterations']} iterations")

@@ -55,6 +55,17 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert ds["ops"] and all(op["source"] in ("profile", "predictor", "roofline", "collective")
                              for op in ds["ops"])
     assert math.isfinite(exp["ttft_percentiles_s"]["p50"])
+    # The KV cache: the memory model's capacity, and 8 streams of 1024 + 512 tokens at most.
+    from charon_search.serving.simulator import kv_capacity_blocks
+
+    kv = exp["kv_cache"]
+    cfg = case.config
+    blocks = kv_capacity_blocks(case.model, case.cluster, cfg, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)
+    assert kv["capacity_tokens"] == blocks * cfg.block_size
+    assert kv["full_length_demand_tokens"] == c * (isl + 512)
+    assert 0 < kv["utilization"] <= c * (isl + 512) / kv["capacity_tokens"]
+    assert kv["preemptions"] == 0
+    assert f"{kv['capacity_tokens']:,} tokens per replica" in render_explanation(exp)
 
 
 def test_cli_explain_writes_json_and_rejects_unknown_ids(tmp_path, capsys):
