@@ -154,6 +154,15 @@ class EngineProfile:
     applies, ``ServingConfig.engine``); False for an offline benchmark that feeds the executor
     in process (``trtllm-bench``)."""
 
+    def __post_init__(self) -> None:
+        if self.backend == "trtllm" and not self.block_size:
+            # TensorRT-LLM pages its KV cache in blocks of 32 tokens unless a launch says
+            # otherwise; none of the recipes modelled here does.
+            object.__setattr__(self, "block_size", TRTLLM_TOKENS_PER_BLOCK)
+            object.__setattr__(self, "sources", (
+                *self.sources, f"KV blocks of {TRTLLM_TOKENS_PER_BLOCK} tokens "
+                "(KvCacheConfig.tokens_per_block default)"))
+
     @property
     def iteration_overhead_s(self) -> float | None:
         """Host time per iteration the GPU waits for: 0 under an overlap scheduler, else None

@@ -51,6 +51,8 @@ def test_trtllm_row_reserves_and_does_not_chunk(by_id) -> None:
     assert cfg.kv_admission == "reserve_max" and not cfg.chunked_prefill
     assert cfg.max_num_batched_tokens == 8 + 1024 + 1500
     assert cfg.iteration_overhead_s == 0.0 and cfg.max_num_seqs == 8
+    # KvCacheConfig.tokens_per_block: the KV cache is paged 32 tokens at a time.
+    assert cfg.block_size == 32
 
 
 #: Well-understood silicon rows: SGLang 0.5.1 runs each closed-loop wave in lock-step (every
