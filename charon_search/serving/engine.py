@@ -163,6 +163,14 @@ class ReplicaEngine:
         self.draft_s = draft_s
         self.on_prefilled = on_prefilled
         self.on_finished = on_finished
+        # Disaggregated: the client's first token comes from the decode replica, once the KV
+        # has arrived. SGLang's decode server streams the prefill's token when the request
+        # joins (a "prebuilt" batch, scheduler_output_processor_mixin
+        # process_batch_result_prebuilt); vLLM's (NixlConnector: the decode instance computes
+        # the next token itself) and TensorRT-LLM's generation servers return it with the
+        # first decode step they run for it.
+        self.first_token_at_join = role == "decode" and config.engine == "sglang"
+        self._first_pending: list[Request] = []
         self.static = config.scheduler == "static"
         self.graph_sizes = config.cuda_graph_sizes if config.cuda_graph else ()
         self.waiting: deque[Request] = deque()
@@ -321,6 +329,11 @@ class ReplicaEngine:
                 break
             self.waiting.popleft()
             self._join_decode(r)
+            if math.isnan(r.first_token_s):
+                if self.first_token_at_join:
+                    r.first_token_s = now_s
+                else:
+                    self._first_pending.append(r)
         # prefill_first (SGLang): a batch of prefills runs alone whenever one can start; the
         # decode set keeps its KV but does not step (grow by 0 tokens) in that iteration.
         prefill_only = (allow_prefill_only and cfg.prefill_schedule == "prefill_first"
@@ -518,6 +531,10 @@ class ReplicaEngine:
         self.in_flight = None
         if n_dec:
             self.dstep += 1
+            for r in self._first_pending:
+                if self.decoding.get(id(r)) is r:  # not preempted since it joined
+                    r.first_token_s = now_s
+            self._first_pending.clear()
             heap = self._finish_heap
             while heap and heap[0][0] <= self.dstep:
                 step, _, r = heapq.heappop(heap)
@@ -534,12 +551,14 @@ class ReplicaEngine:
             self.prefilling.remove(r)
             self.pool.private_blocks -= self._prefill_private(r, r.prefilled)
             self._insert_prefix(r, now_s)
-            if math.isnan(r.first_token_s):
-                r.first_token_s = now_s
             r.gen0 += 1
+            handed_off = (r.gen0 < r.output_tokens and self.role == "prefill"
+                          and self.on_prefilled is not None)
+            if math.isnan(r.first_token_s) and not handed_off:
+                r.first_token_s = now_s
             if r.gen0 >= r.output_tokens:
                 self._complete(r, now_s)
-            elif self.role == "prefill" and self.on_prefilled is not None:
+            elif handed_off:
                 self._release_prefix(r, now_s)
                 self._unreserve(r)
                 self.on_prefilled(r, now_s)
