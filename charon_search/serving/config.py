@@ -178,7 +178,9 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DisaggConfig:
-    """Prefill/decode disaggregation (xPyD): two pools and how KV moves between them."""
+    """Prefill/decode disaggregation (xPyD): two pools and how KV moves between them. The
+    client's first token comes from the decode pool once the KV has arrived: as the request
+    joins under ``engine="sglang"``, with the first decode step run for it otherwise."""
 
     prefill: PoolConfig
     decode: PoolConfig
