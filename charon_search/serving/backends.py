@@ -597,7 +597,7 @@ def _trtllm_bench(*, max_batch_size: int, max_num_tokens: int) -> EngineProfile:
         backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
         max_num_batched_tokens=max_num_tokens, max_prefill_tokens=0, prefix_caching=False,
         kv_admission="reserve_max", overlap_scheduler=True, max_num_seqs=max_batch_size,
-        block_size=TRTLLM_TOKENS_PER_BLOCK, cuda_graph_sizes=graphs, http_frontend=False,
+        cuda_graph_sizes=graphs, http_frontend=False,
         sources=(
             f"trtllm-bench tuning heuristics: max_batch_size {max_batch_size}, max_num_tokens "
             f"{max_num_tokens} (bench/build/tuning.py; raised to isl + max_batch_size without "
@@ -608,7 +608,6 @@ def _trtllm_bench(*, max_batch_size: int, max_num_tokens: int) -> EngineProfile:
             f"CUDA graphs with padding for generation-only batches, captured sizes {graphs[0]}.."
             f"{graphs[-1]} (perf-overview llm_options.yml batch_sizes, filtered to the largest "
             "decode batch: model_engine._filter_cuda_graph_batch_sizes)",
-            f"KV blocks of {TRTLLM_TOKENS_PER_BLOCK} tokens (KvCacheConfig.tokens_per_block)",
         ))
 
 

@@ -78,6 +78,16 @@ class LengthDistribution:
         if self.kind == "empirical" and not self.values:
             raise ConfigError("empirical length distribution needs non-empty `values`")
 
+    @property
+    def longest(self) -> int | None:
+        """The longest length ``sample`` draws (clipped to ``maximum``); None for ``lognormal``,
+        whose tail only ``maximum`` bounds."""
+        if self.kind == "lognormal":
+            return None
+        top = (self.value if self.kind == "fixed" else self.high if self.kind == "uniform"
+               else max(self.values))
+        return min(top, self.maximum)
+
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "fixed":
             out = np.full(n, self.value, dtype=np.int64)

@@ -139,22 +139,16 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
 
 def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None:
     """Tokens a (decode) replica would hold if its share of the closed-loop streams were all at
-    their longest prompt + output at once (None: an open-loop workload, or lengths without a
-    bound)."""
+    their longest prompt + output at once (None: an open-loop workload, or lognormal lengths,
+    ``LengthDistribution.longest``)."""
     wl = case.workload
     if not getattr(wl, "closed_loop", False):
         return None
-    longest = [_longest(d) for d in (wl.input_len, wl.output_len)]
+    longest = [wl.input_len.longest, wl.output_len.longest]
     if None in longest:
         return None
     replicas = sum(1 for e in sim.replicas if e.role == decoder.role)
     return -(-wl.concurrency // max(replicas, 1)) * sum(longest)  # type: ignore[arg-type]
-
-
-def _longest(dist: Any) -> int | None:
-    """The longest length ``LengthDistribution`` draws (None: unbounded, lognormal)."""
-    return {"fixed": dist.value, "uniform": dist.high,
-            "empirical": max(dist.values, default=0) or None}.get(dist.kind)
 
 
 def _pool_summary(pool: Any, dp_attention: bool) -> str:

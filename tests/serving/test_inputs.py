@@ -75,6 +75,11 @@ def test_length_distributions() -> None:
     assert set(emp) == {5, 7}
     with pytest.raises(ConfigError):
         LengthDistribution(kind="zipf")
+    # The longest length each draws: the sampled maxima above, clipped to `maximum`.
+    assert un.max() == LengthDistribution(kind="uniform", low=10, high=20).longest == 20
+    assert emp.max() == LengthDistribution(kind="empirical", values=(5, 7)).longest == 7
+    assert LengthDistribution(value=1024, maximum=500).longest == 500
+    assert LengthDistribution(kind="lognormal", mean=1000).longest is None
 
 
 def test_trace_csv(tmp_path) -> None:
