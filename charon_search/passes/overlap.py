@@ -5,6 +5,10 @@ the hidden communication against the overlap slowdown the engine charges).
   next to its TP collective is split into ``tp`` chunks pipelined with ``tp`` collective chunks
   (all-gather chunk i feeds GEMM chunk i; GEMM chunk i feeds reduce-scatter chunk i), so all but
   one chunk of the collective runs under GEMM work. A zero-cost join restores the full tensor.
+  An all-gather read by several GEMMs (q, k and v; gate and up) pipelines with all of them,
+  chunk c of each running on gathered chunk c (``torch.ops.symm_mem.fused_all_gather_matmul``
+  takes a list of weights); a weight-gradient GEMM, which contracts over the gathered tokens,
+  is not split.
 * ``moe_overlap`` - DeepSeek-style two-micro-batch overlap: the block runs as two half
   micro-batches whose ops are interleaved at the expert-parallel all-to-all boundaries, so one
   half's dispatch/combine overlaps the other half's attention / expert compute.
@@ -16,7 +20,7 @@ bidirectional overlap is applied by the pipeline executor (``pair_overlap``).
 from __future__ import annotations
 
 from charon_search.ir import Node, OpGraph, OpKind, sym
-from charon_search.passes._rewrite import GraphBuilder, subs_node
+from charon_search.passes._rewrite import GraphBuilder, gemm_kind, subs_node
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
 __all__ = ["AsyncTensorParallelPass", "MoEOverlapPass"]
@@ -54,21 +58,23 @@ class AsyncTensorParallelPass(Pass):
         nodes = graph.nodes
         producer = {t: i for i, n in enumerate(nodes) for t in n.outputs}
         consumers = graph.consumers
-        pairs: dict[int, int] = {}  # comm index -> gemm index it pipelines with
+        pairs: dict[int, int] = {}  # RS/AR index -> the GEMM producing its input
+        gathers: dict[int, list[int]] = {}  # AG index -> the GEMMs consuming its output
         for i, n in enumerate(nodes):
             if n.group != "tp" or n.kind not in _CHUNKABLE or len(n.inputs) != 1:
                 continue
             if n.kind == OpKind.ALL_GATHER:
-                users = [graph.node_index[c] for c in consumers.get(n.outputs[0], ())]
-                gemms = [j for j in users if nodes[j].kind == OpKind.GEMM]
-                if len(gemms) == 1 and len(users) == 1:
-                    pairs[i] = gemms[0]
+                users = sorted(graph.node_index[c] for c in consumers.get(n.outputs[0], ()))
+                if users and all(nodes[j].kind == OpKind.GEMM and gemm_kind(nodes[j]) != "wgrad"
+                                 and all(producer.get(t, -1) < i for t in nodes[j].inputs
+                                         if t != n.outputs[0]) for j in users):
+                    gathers[i] = users
             else:
                 j = producer.get(n.inputs[0])
                 if j is not None and nodes[j].kind == OpKind.GEMM and len(
                         consumers.get(n.inputs[0], ())) == 1:
                     pairs[i] = j
-        if not pairs:
+        if not pairs and not gathers:
             return PassResult(graph, False)
         partner = {g: c for c, g in pairs.items()}
         gb = GraphBuilder(graph)
@@ -76,21 +82,26 @@ class AsyncTensorParallelPass(Pass):
         for i, n in enumerate(nodes):
             if i in done:
                 continue
-            if i in pairs and n.kind == OpKind.ALL_GATHER:  # AG chunk i -> GEMM chunk i
-                g = nodes[pairs[i]]
+            if i in gathers:  # AG chunk c -> chunk c of every GEMM reading the gathered tensor
                 comm_parts = [_chunk(n, k, c, gb, gb.mapped(n.inputs)) for c in range(k)]
-                for p in comm_parts:
-                    gb.nodes.append(p)
+                gb.nodes.extend(comm_parts)
+                gemms = [nodes[j] for j in gathers[i]]
+                parts: list[list[Node]] = [[] for _ in gemms]
+                for c in range(k):
+                    for g, gp in zip(gemms, parts, strict=True):
+                        a = gb.mapped(g.inputs)
+                        gp.append(_chunk(g, k, c, gb, tuple(
+                            comm_parts[c].outputs[0] if t == n.outputs[0] else m
+                            for t, m in zip(g.inputs, a, strict=True))))
+                        gb.nodes.append(gp[-1])
+                for g, gp in zip(gemms, parts, strict=True):
+                    _join(g, gp, gb)
+                # After the GEMM chunks: a join is a compute-stream task, and one placed before
+                # them would hold the stream until the whole all-gather had landed.
                 _join(n, comm_parts, gb)
-                other = tuple(t for t in gb.mapped(g.inputs) if t not in n.outputs)
-                gemm_parts = [_chunk(g, k, c, gb, (comm_parts[c].outputs[0], *other))
-                              for c in range(k)]
-                done.add(pairs[i])
-                pending = (g, gemm_parts)
-                gb.nodes.extend(pending[1])
-                _join(g, gemm_parts, gb)
+                done.update(gathers[i])
                 continue
-            if i in partner and nodes[partner[i]].kind != OpKind.ALL_GATHER:
+            if i in partner:
                 c_node = nodes[partner[i]]  # GEMM chunk i -> RS/AR chunk i
                 gemm_parts = [_chunk(n, k, c, gb, gb.mapped(n.inputs)) for c in range(k)]
                 gb.nodes.extend(gemm_parts)

@@ -80,6 +80,33 @@ def test_async_tp_keeps_bytes_and_hides_comm() -> None:
     assert layer_cost(cg).first.duration_s < t_base
 
 
+def test_async_tp_pipelines_an_all_gather_read_by_several_gemms() -> None:
+    """q, k and v (and gate and up) read one sequence-parallel all-gather. PyTorch's async TP
+    (``fused_all_gather_matmul`` with a list of weights) runs every GEMM on gathered chunk c
+    while chunk c + 1 is in flight, so only the first chunk of the all-gather is exposed."""
+    tp = 4
+    blk = synthetic_block("dense")
+    asy = parallelize_block(blk, PassContext(tp=tp, sequence_parallel=True, async_tp=True,
+                                             debug=True))
+    g = asy.forward
+    ag_chunks = [i for i, n in enumerate(g.nodes)
+                 if n.kind == OpKind.ALL_GATHER and n.group == "tp" and "async_tp" in n.tags]
+    assert len(ag_chunks) == 2 * tp  # attention input and MLP input, tp chunks each
+    first = g.nodes[ag_chunks[0]]
+    readers = [n for n in g.nodes if first.outputs[0] in n.inputs and n.kind == OpKind.GEMM]
+    assert len(readers) == 3  # q, k, v chunk 0
+    comm_s, gemm_s = 1e-3, 2e-3  # per chunk; every GEMM chunk longer than a comm chunk
+    dur = np.array([comm_s if n.is_comm else gemm_s if n.kind == OpKind.GEMM else 0.0
+                    for n in g.nodes])
+    cg = CostedGraph(graph=g, durations_s=dur, provenance=("x",) * len(dur),
+                     tiers=tuple("t" if n.is_comm else "" for n in g.nodes))
+    lc = layer_cost(cg)
+    start = {t.name: s for t, s in zip(lc.tasks, lc.timeline.start_s, strict=True)}
+    end = {t.name: e for t, e in zip(lc.tasks, lc.timeline.end_s, strict=True)}
+    # the first GEMM on chunk 0 starts when chunk 0 lands, not when the whole gather has
+    assert start[readers[0].name] == pytest.approx(end[first.name])
+
+
 def test_moe_overlap_preserves_flops_and_helps() -> None:
     blk = synthetic_block("moe")
     base = parallelize_block(blk, PassContext(ep=4, dp=4, debug=True))
