@@ -7,7 +7,9 @@ An iteration runs prefill chunks (``q`` new tokens over ``kv`` context each) and
   total token count ``T``: costed at ``(b=1, s=T)`` from the sharded block graphs;
 * attention depends on each request's ``(q_len, kv_len)``: prefill chunks are costed one by one,
   decode requests together at their mean context length (decode attention is memory bound and
-  linear in total KV bytes, so batch ``n`` at the mean equals the sum);
+  linear in total KV bytes, so batch ``n`` at the mean equals the sum); layers with
+  sliding-window attention (gpt-oss: every other layer, 128 keys) attend over at most the
+  window;
 * the LM head runs only on the positions that sample a token.
 
 Every piece is memoized on a geometric grid (8 points per octave; 4 for the 2-D prefill
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from charon_search.errors import ConfigError
+from charon_search.ir import Poly
 from charon_search.ir.ops import OpKind, Role
 
 if TYPE_CHECKING:
@@ -286,17 +289,43 @@ def _is_attention(node: object) -> bool:
 
 
 class _Part:
-    """Nodes of one block split into attention and token-linear sub-graphs."""
+    """Nodes of one block split into attention and token-linear sub-graphs.
 
-    __slots__ = ("attention", "count", "linear", "num_nodes")
+    ``sliding`` of the block's ``count`` layers attend over a sliding window of ``window``
+    keys (gpt-oss: every other layer, 128 keys); their attention kernels read and score only
+    the window. ``attention_windowed`` is the attention graph with the causal mask dropped: a
+    prompt chunk past the window's length sees exactly ``window`` keys per query."""
 
-    def __init__(self, graph: OpGraph, count: int) -> None:
+    __slots__ = ("attention", "attention_windowed", "count", "linear", "num_nodes", "sliding",
+                 "window")
+
+    def __init__(self, graph: OpGraph, count: int, *, sliding: int = 0, window: int = 0) -> None:
         attn = [n for n in graph.nodes if _is_attention(n)]
         lin = [n for n in graph.nodes if not _is_attention(n)]
         self.attention = graph.with_nodes(attn)
         self.linear = graph.with_nodes(lin)
         self.count = count
         self.num_nodes = len(graph.nodes)
+        self.sliding = sliding if window > 0 else 0
+        self.window = window
+        self.attention_windowed = graph.with_nodes([
+            n.replace(params={**n.params, "causal": Poly.const(0.0)})
+            if "causal" in n.params else n for n in attn])
+
+    def attention_s(self, sum_fn: Callable[[OpGraph, float, float, float], float], b: float,
+                    q: float, kv: float, *, prefill: bool) -> float:
+        """The attention of all ``count`` layers: full layers over ``kv`` keys, sliding ones
+        over at most ``window`` (``sum_fn`` prices one layer's graph at ``(b, q, kv)``)."""
+        full = self.count - self.sliding
+        t = full * sum_fn(self.attention, b, q, kv) if full else 0.0
+        if self.sliding:
+            if kv <= self.window:
+                t += self.sliding * sum_fn(self.attention, b, q, kv)
+            elif prefill:  # every query of the chunk sees (about) the window: no mask
+                t += self.sliding * sum_fn(self.attention_windowed, b, q, self.window)
+            else:
+                t += self.sliding * sum_fn(self.attention, b, q, self.window)
+        return t
 
 
 class GraphIterationCostModel(IterationCostModel):
@@ -349,6 +378,7 @@ class GraphIterationCostModel(IterationCostModel):
         self._decode_parts: list[_Part] = []
         self._head: _Part | None = None
         self._embed: _Part | None = None
+        window = int(model.extra.get("sliding_window") or 0)
         for name, graph in prefill.items():
             count = self._count(name)
             if name == "lm_head":
@@ -356,8 +386,10 @@ class GraphIterationCostModel(IterationCostModel):
             elif name == "embedding":
                 self._embed = _Part(graph, 1)
             else:
-                self._prefill_parts.append(_Part(graph, count))
-                self._decode_parts.append(_Part(decode[name], count))
+                sliding = self._sliding_layers(name, count)
+                self._prefill_parts.append(_Part(graph, count, sliding=sliding, window=window))
+                self._decode_parts.append(_Part(decode[name], count, sliding=sliding,
+                                                window=window))
         if not self._prefill_parts:
             raise ConfigError(f"model {model.name}: the traced graph has no decoder blocks")
         self.num_kernels = sum(p.num_nodes * p.count for p in self._prefill_parts) + sum(
@@ -385,6 +417,20 @@ class GraphIterationCostModel(IterationCostModel):
         if not self.model.layer_types:
             return self.model.num_layers
         return self.model.num_layers_of(name)
+
+    def _sliding_layers(self, name: str, count: int) -> int:
+        """How many of block type ``name``'s ``count`` layers use sliding-window attention
+        (the HF config's per-layer ``layer_types``: ``sliding_attention`` / ``full_attention``,
+        kept by the catalog as ``extra["attention_layer_types"]``)."""
+        kinds = tuple(self.model.extra.get("attention_layer_types") or ())
+        if not kinds or not self.model.extra.get("sliding_window"):
+            return 0
+        blocks = tuple(self.model.layer_types) or (name,) * self.model.num_layers
+        sliding = sum(1 for b, k in zip(blocks, kinds, strict=False)
+                      if b == name and str(k).startswith("sliding"))
+        # A pipeline stage holds its share of the block's layers (``count``).
+        total = sum(1 for b in blocks if b == name) or 1
+        return round(sliding * count / total)
 
     def _pp_send_recv_fn(self) -> Callable[[int], float]:
         if self.pp == 1:
@@ -470,7 +516,7 @@ class GraphIterationCostModel(IterationCostModel):
         key = (q, kv)
         hit = self._memo_prefill_attn.get(key)
         if hit is None:
-            hit = sum(p.count * self._sum(p.attention, 1, q, max(kv, q))
+            hit = sum(p.attention_s(self._sum, 1, q, max(kv, q), prefill=True)
                       for p in self._prefill_parts)
             self._memo_prefill_attn[key] = hit
         return hit
@@ -492,8 +538,12 @@ class GraphIterationCostModel(IterationCostModel):
         key = (n, kv, q)
         hit = self._memo_decode_attn.get(key)
         if hit is None:
-            kv_eq = max(1.0, kv * self._decode_kv_scale)
-            hit = sum(p.count * self._sum(p.attention, n, q, kv_eq)
+            scale = self._decode_kv_scale
+
+            def priced(g: OpGraph, b: float, s: float, c: float) -> float:
+                return self._sum(g, b, s, max(1.0, c * scale))
+
+            hit = sum(p.attention_s(priced, n, q, kv, prefill=False)
                       for p in self._decode_parts)
             self._memo_decode_attn[key] = hit
         return hit

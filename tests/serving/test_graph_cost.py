@@ -93,3 +93,42 @@ def test_trtllm_decode_attention_reads_an_fp8_cache_at_half_the_bytes() -> None:
     # Other engines keep the measured (bf16-cache) rows at the actual context.
     assert cm("fp8", "nccl").decode_attention_s(8, 8 * 1024) == pytest.approx(
         cm("bf16", "nccl").decode_attention_s(8, 8 * 1024))
+
+
+def test_sliding_window_layers_attend_over_the_window_only() -> None:
+    """gpt-oss alternates full and 128-key sliding-window attention layers: a sliding layer's
+    kernels read and score at most the window, whatever the context."""
+    import dataclasses
+
+    from charon_search.serving.iteration_cost import GraphIterationCostModel
+    from charon_search.testing import toy_cluster
+
+    plain_model = load_model("debug-llama")  # 2 layers
+    windowed_model = dataclasses.replace(plain_model, extra={
+        **plain_model.extra, "sliding_window": 128,
+        "attention_layer_types": ("sliding_attention", "full_attention")})
+    cluster = toy_cluster()
+    plain = GraphIterationCostModel(plain_model, cluster)
+    sw = GraphIterationCostModel(windowed_model, cluster)
+    # Decode at 1024 keys: one layer at 1024, one at the 128-key window (grid points).
+    assert sw.decode_attention_s(8, 8 * 1024) == pytest.approx(
+        0.5 * (plain.decode_attention_s(8, 8 * 1024) + plain.decode_attention_s(8, 8 * 128)))
+    # Inside the window both layer kinds see the whole context.
+    assert sw.decode_attention_s(8, 8 * 64) == pytest.approx(plain.decode_attention_s(8, 8 * 64))
+    assert sw.prefill_attention_s(64, 64) == pytest.approx(plain.prefill_attention_s(64, 64))
+    # A 1024-token prompt: the sliding layer scores 1024 x 128 query-key pairs, unmasked.
+    part = sw._prefill_parts[0]
+    assert (part.count, part.sliding) == (2, 1)
+    windowed = sw._sum(part.attention_windowed, 1, 1024, 128)
+    assert sw.prefill_attention_s(1024, 1024) == pytest.approx(
+        0.5 * plain.prefill_attention_s(1024, 1024) + windowed)
+    assert windowed < 0.5 * plain.prefill_attention_s(1024, 1024)
+
+
+def test_gpt_oss_has_half_of_its_layers_sliding() -> None:
+    from charon_search.hardware import load_cluster
+    from charon_search.serving.iteration_cost import GraphIterationCostModel
+
+    model = load_model("gpt-oss-120b")  # HF config: layer_types alternate, sliding_window 128
+    cost = GraphIterationCostModel(model, load_cluster("h200-sxm-8gpu"))
+    assert [(p.count, p.sliding, p.window) for p in cost._decode_parts] == [(36, 18, 128)]
