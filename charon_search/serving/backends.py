@@ -146,6 +146,7 @@ class EngineProfile:
     moe_kernel: str = ""
     stream_interval: int = 0
     gpu_memory_utilization: float = 0.0
+    kv_dtype: str = ""
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
@@ -175,7 +176,8 @@ class EngineProfile:
             ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
             ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel),
             ("stream_interval", self.stream_interval),
-            ("gpu_memory_utilization", self.gpu_memory_utilization)) if v}
+            ("gpu_memory_utilization", self.gpu_memory_utilization),
+            ("kv_dtype", self.kv_dtype)) if v}
         return {**own, "prefill_schedule": self.prefill_schedule,
                 "chunked_prefill": self.chunked_prefill,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -352,6 +354,8 @@ INFERENCEX_MARLIN_GPUS = ("h100-sxm-80gb", "h200-sxm-141gb")
 #: ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``: FlashInfer's TRT-LLM-Gen MoE with MXFP8
 #: activations (W4A8) instead of vLLM's default bf16 activations.
 INFERENCEX_VLLM_MXFP8_GPUS = ("b200-sxm-180gb",)
+#: GPUs whose InferenceX vLLM gpt-oss recipe sets ``kv-cache-dtype: fp8`` (``gptoss_fp4_b200.sh``).
+INFERENCEX_VLLM_FP8_KV_GPUS = ("b200-sxm-180gb",)
 
 
 def _fp4_tensor_cores(gpu: str) -> bool:
@@ -375,12 +379,21 @@ def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
     mxfp8 = gptoss and gpu in INFERENCEX_VLLM_MXFP8_GPUS
     script = ("benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh, gptoss_fp4_b200.sh" if gptoss
               else "benchmarks/70b_fp8_h200_slurm.sh")
+    # The B200 recipe's config.yaml sets kv-cache-dtype fp8; the H100 and H200 ones set none,
+    # so vLLM's "auto" keeps the checkpoint's bf16 attention dtype (gpt-oss quantizes only
+    # its experts, MXFP4, and declares no KV-cache scheme).
+    kv = ("fp8" if gpu in INFERENCEX_VLLM_FP8_KV_GPUS else "bf16") if gptoss else ""
     return EngineProfile(
         backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
         max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
         prefix_caching=False, overlap_scheduler=True,
-        moe_kernel="marlin" if marlin else "mxfp8" if mxfp8 else "",
+        moe_kernel="marlin" if marlin else "mxfp8" if mxfp8 else "", kv_dtype=kv,
         sources=(
+            *((f"KV cache {kv}: " + ("kv-cache-dtype: fp8 (InferenceX gptoss_fp4_b200.sh "
+                                     "config.yaml)" if kv == "fp8" else
+                                     "no kv-cache-dtype in InferenceX gptoss_fp4_h100.sh / "
+                                     "gptoss_fp4_h200.sh, so vLLM's auto = the checkpoint's "
+                                     "bf16"),) if kv else ()),
             *(("export VLLM_MXFP4_USE_MARLIN=1 (InferenceX gptoss_fp4_h100.sh and "
                "gptoss_fp4_h200.sh, every stored version): the MXFP4 experts run the Marlin "
                "MoE kernel, not vLLM's default OpenAI Triton kernel",) if marlin else ()),
@@ -565,9 +578,12 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_siz
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS, max_prefill_tokens=0,
             prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
-            moe_kernel="mxfp8" if blackwell else "",
+            moe_kernel="mxfp8" if blackwell else "", kv_dtype="fp8" if blackwell else "bf16",
             sources=(
                 *common,
+                ("kv_cache_config dtype: fp8 (InferenceX gptoss_fp4_b200_trt.sh)" if blackwell
+                 else "kv_cache_config dtype: auto (InferenceX gptoss_fp4_h200_trt.sh): the "
+                 "checkpoint's bf16 attention dtype (gpt-oss declares no KV-cache scheme)"),
                 ("moe_config backend TRTLLM (InferenceX gptoss_fp4_b200_trt.sh): on Blackwell "
                  "TensorRT-LLM runs the MXFP4 experts with MXFP8 activations (TensorRT-LLM "
                  "'Deployment Guide for GPT-OSS', MoE backend support matrix: B200/GB200/B300/"

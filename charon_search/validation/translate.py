@@ -519,6 +519,9 @@ def _serving_case(record: Record) -> ServingCase:
     kw: dict[str, Any] = dict(precision=precision, kv_dtype=kv_dtype, max_num_seqs=max_seqs,
                               max_num_batched_tokens=max(8192, isl))
     kw.update(engine_kw)
+    if engine_kw.get("kv_dtype") and engine_kw["kv_dtype"] != kv_dtype:
+        notes.append(f"KV cache {engine_kw['kv_dtype']} as the launch sets it, not the "
+                     f"{kv_dtype} the checkpoint precision suggests")
     if mode == "disagg":
         pre, dec = c["prefill"], c["decode"]
         if not pre.get("num_workers") or not dec.get("num_workers"):

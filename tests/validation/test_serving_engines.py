@@ -92,6 +92,7 @@ def test_silicon_rows_within_target(shipped_records) -> None:
 
 TRT_70B_TP2 = "2026_04_06_llama_3_1_70b_h200_sxm_trtllm_fp8_agg_1024x1024_c8_tp2_ep1_627"
 TRT_70B_TP8 = "2026_04_06_llama_3_1_70b_h200_sxm_trtllm_fp8_agg_1024x1024_c8_tp8_ep1_584"
+GPTOSS_H100_C512 = "2026_04_06_gpt_oss_120b_h100_sxm_vllm_fp4_agg_8192x1024_c512_tp2_ep1_1129"
 
 
 def test_inferencex_row_runs_its_client_and_recipe(by_id) -> None:
@@ -126,6 +127,27 @@ def test_inferencex_vllm_gpt_oss_on_hopper_runs_marlin_experts() -> None:
     assert "moe_kernel" not in engine_profile("vllm", gpu="l40s-48gb", **kw).config_kwargs()
     kw["model"] = "meta-llama/Llama-3.1-70B"
     assert "moe_kernel" not in engine_profile("vllm", gpu="h200-sxm-141gb", **kw).config_kwargs()
+
+
+def test_inferencex_gpt_oss_kv_cache_dtype_follows_the_recipe(by_id) -> None:
+    """The B200 recipes set an fp8 KV cache (vLLM ``kv-cache-dtype: fp8``, TensorRT-LLM
+    ``kv_cache_config dtype: fp8``); the Hopper ones leave it to ``auto``, the checkpoint's
+    bf16. On the H100 TP 2 rows at concurrency 512 that halves the cache to the ~1 M tokens the
+    measured queueing implies (113 s TTFT at 8k/1k: predicted 105 s with bf16, 52 s with fp8)."""
+    from charon_search.serving.backends import engine_profile
+
+    kw = dict(isl=1024, max_batch_size=8, launcher="inferencex", model="openai/gpt-oss-120b")
+    for backend in ("vllm", "trtllm"):
+        assert engine_profile(backend, gpu="b200-sxm-180gb", **kw).config_kwargs()[
+            "kv_dtype"] == "fp8"
+        assert engine_profile(backend, gpu="h200-sxm-141gb", **kw).config_kwargs()[
+            "kv_dtype"] == "bf16"
+    assert "kv_dtype" not in engine_profile(
+        "vllm", gpu="h200-sxm-141gb", **{**kw, "model": "meta-llama/Llama-3.1-70B"}
+    ).config_kwargs()
+    case = to_case(by_id[GPTOSS_H100_C512])
+    assert case.config.kv_dtype == "bf16"
+    assert any("as the launch sets it" in n for n in case.assumptions)
 
 
 def test_gap_rows_keep_the_aiperf_protocol(by_id) -> None:
