@@ -16,7 +16,8 @@ from charon_search.errors import ConfigError
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
-__all__ = ["PRECISIONS", "RECOMPUTE_MODES", "RECOMPUTE_MODULES", "SCHEDULES", "Layout"]
+__all__ = ["PP_LAYOUT_TOKENS", "PRECISIONS", "RECOMPUTE_MODES", "RECOMPUTE_MODULES", "SCHEDULES",
+           "Layout", "pp_layout_stages"]
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -128,6 +129,13 @@ class Layout:
     norms, or torch.compile) or ``eager`` (torchtitan's ``RMSNorm`` without torch.compile: one
     eager kernel per op of ``_norm(x.float()).type_as(x) * weight`` and one per autograd
     formula in the backward; see ``passes.eager_norm``)."""
+    pp_layout: str = ""
+    """Megatron-Core ``--pipeline-model-parallel-layout``: what each virtual pipeline stage holds,
+    stages in order separated by ``|`` (stage ``i`` is chunk ``i // pp`` of rank ``i % pp``):
+    ``t`` one decoder layer, ``E`` the embedding (first stage), ``L`` the LM head and loss (last
+    stage); ``(...)*n`` repeats. ``"Et|(tt|)*30L"``: 32 stages, a 61-layer model with the
+    embedding beside one layer and the LM head alone. Empty = an even split
+    (``training.step.stage_layers``)."""
     attention_kernel: str = "flash"
     """``flash`` (the GPU's best fused attention kernel), ``flash2`` (FlashAttention-2, PyTorch
     SDPA's flash backend), ``flash_triton`` (the 2022/23 Triton FlashAttention kernel) or
@@ -199,6 +207,15 @@ class Layout:
                 f"`hsdp_shard` must divide dp and needs zero_stage >= 1, but got "
                 f"(hsdp_shard={self.hsdp_shard}, dp={self.dp}, zero_stage={self.zero_stage})"
             )
+        if self.pp_layout:
+            stages = pp_layout_stages(self.pp_layout)
+            if self.schedule == "dualpipe":
+                raise ConfigError("`pp_layout` needs a schedule other than 'dualpipe' (whose "
+                                  "ranks hold two mirrored stages), but got 'dualpipe'")
+            if len(stages) != self.pp * self.vpp:
+                raise ConfigError(
+                    f"`pp_layout` must list pp * vpp = {self.pp * self.vpp} stages, but got "
+                    f"{len(stages)} in {self.pp_layout!r}")
         if self.expert_load_imbalance < 1.0:
             raise ConfigError(
                 f"`expert_load_imbalance >= 1` must hold, but got {self.expert_load_imbalance}"
@@ -242,6 +259,12 @@ class Layout:
                 f"`ep` must divide num_experts, but got "
                 f"(ep={self.ep}, num_experts={model.num_experts})"
             )
+        if self.pp_layout:
+            layers = sum(st.count("t") for st in pp_layout_stages(self.pp_layout))
+            if layers != model.num_layers:
+                raise ConfigError(
+                    f"`pp_layout` must place every decoder layer (num_layers="
+                    f"{model.num_layers}), but {self.pp_layout!r} places {layers}")
         if self.seq_len % (2 * self.cp) and self.cp > 1:
             raise ConfigError(
                 f"`seq_len` must be divisible by 2*cp (zigzag chunks), but got "
@@ -263,6 +286,60 @@ class Layout:
 
     def replace(self, **changes: Any) -> Layout:
         return dataclasses.replace(self, **changes)
+
+
+#: Tokens of ``Layout.pp_layout`` (Megatron-Core's ``PipelineParallelLayerLayout`` symbols this
+#: simulator places; its ``m``, an MTP layer, is not simulated).
+PP_LAYOUT_TOKENS = ("E", "t", "L")
+
+
+def pp_layout_stages(text: str) -> list[list[str]]:
+    """The stages of a ``Layout.pp_layout`` string, each a list of ``E`` / ``t`` / ``L``.
+
+    ``(...)*n`` repeats its contents ``n`` times (nesting allowed); spaces are ignored.
+
+    >>> [len(s) for s in pp_layout_stages("Et|(tt|)*2L")]
+    [2, 2, 2, 1]
+    """
+    def expand(src: str) -> str:
+        out, i = [], 0
+        while i < len(src):
+            ch = src[i]
+            if ch == "(":
+                depth, j = 1, i + 1
+                while j < len(src) and depth:
+                    depth += {"(": 1, ")": -1}.get(src[j], 0)
+                    j += 1
+                if depth or not src[j:j + 1] == "*":
+                    raise ConfigError(f"`pp_layout`: '(' must close and be followed by '*n', "
+                                      f"but got {text!r}")
+                k = j + 1
+                while k < len(src) and src[k].isdigit():
+                    k += 1
+                if k == j + 1:
+                    raise ConfigError(f"`pp_layout`: '*' must be followed by a count, but got "
+                                      f"{text!r}")
+                out.append(expand(src[i + 1:j - 1]) * int(src[j + 1:k]))
+                i = k
+            else:
+                out.append(ch)
+                i += 1
+        return "".join(out)
+
+    flat = expand("".join(str(text).split()))
+    stages = [list(part) for part in flat.split("|")]
+    bad = sorted({tok for st in stages for tok in st if tok not in PP_LAYOUT_TOKENS})
+    if bad:
+        raise ConfigError(f"`pp_layout` symbols must be one of {list(PP_LAYOUT_TOKENS)} (and "
+                          f"'|', '(...)*n'), but got {bad} in {text!r}")
+    for i, st in enumerate(stages):
+        if "E" in st and (i != 0 or st.index("E") != 0 or st.count("E") > 1):
+            raise ConfigError(f"`pp_layout`: 'E' (embedding) must open the first stage, but "
+                              f"got {text!r}")
+        if "L" in st and (i != len(stages) - 1 or st[-1] != "L" or st.count("L") > 1):
+            raise ConfigError(f"`pp_layout`: 'L' (LM head) must close the last stage, but got "
+                              f"{text!r}")
+    return stages
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -21,6 +21,7 @@ _FLAGS = {  # flag dest -> Layout field
     "recompute": "recompute", "precision": "precision", "cp_algo": "cp_algo",
     "attention_kernel": "attention_kernel", "fp8_recipe": "fp8_recipe",
     "selective_policy": "selective_policy", "fsdp_backward_prefetch": "fsdp_backward_prefetch",
+    "pp_layout": "pp_layout",
 }
 
 
@@ -46,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ZeRO-3 backward all-gather: pre (before the layer's gradients; FSDP2) "
                         "| post (after them, queued with the reduce-scatters; FSDP1 "
                         "BACKWARD_POST, Composer's default)")
+    p.add_argument("--pp-layout", dest="pp_layout", default=None,
+                   help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
+                        "virtual stage's layers (t), embedding (E, first) and LM head (L, last)")
     p.add_argument("--layout", default=None, help="layout YAML (Layout fields)")
     p.add_argument("--json", default=None, help="write the StepReport JSON here")
     p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")

@@ -256,7 +256,15 @@ class MemoryReport:
 
 # ---------------------------------------------------------------------------- layout helpers
 @functools.lru_cache(maxsize=256)
-def _stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int) -> tuple[tuple[str, ...], ...]:
+def _stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int,
+                  pp_layout: str = "") -> tuple[tuple[str, ...], ...]:
+    if pp_layout:  # Megatron's explicit layout: virtual stage j on rank j % pp
+        from charon_search.training.step import layout_stage_layers
+
+        ranks: list[list[str]] = [[] for _ in range(pp)]
+        for j, part in enumerate(layout_stage_layers(layer_types, pp_layout)):
+            ranks[j % pp].extend(part)
+        return tuple(tuple(x) for x in ranks)
     return tuple(tuple(x) for x in stage_layers(layer_types, pp, vpp))
 
 
@@ -321,7 +329,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
     recipe = _recipe(opts, layout)
     cal = cl.calibration
 
-    per_stage = _stage_layers(_layer_types(spec), layout.pp, layout.vpp)
+    per_stage = _stage_layers(_layer_types(spec), layout.pp, layout.vpp, layout.pp_layout)
     m = layout.num_micro_batches
     point = ShardingPoint(
         b=layout.micro_batch_size, s=layout.seq_len / layout.cp,

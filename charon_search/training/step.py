@@ -133,6 +133,23 @@ def stage_layers(layer_types: tuple[str, ...], num_chunks: int) -> list[list[str
     return out
 
 
+def layout_stage_layers(layer_types: tuple[str, ...], pp_layout: str) -> list[list[str]]:
+    """Split the decoder layers over the virtual stages of a ``Layout.pp_layout``: each ``t``
+    takes the next layer in order (the embedding and LM head go where ``stage_layers``'s
+    callers put them, the first and last stage, as the layout requires)."""
+    from charon_search.layout import pp_layout_stages
+
+    out, k = [], 0
+    for stage in pp_layout_stages(pp_layout):
+        cnt = stage.count("t")
+        out.append(list(layer_types[k:k + cnt]))
+        k += cnt
+    if k != len(layer_types):
+        raise ConfigError(f"`pp_layout` must place every decoder layer ({len(layer_types)}), "
+                          f"but {pp_layout!r} places {k}")
+    return out
+
+
 def _ep_scaleout_scale(spec: Any, cluster: ClusterSpec, layout: Layout,
                        strides: dict[str, int]) -> float:
     """Scale-out bytes of a node-deduplicated EP all-to-all over the routed bytes.
@@ -318,7 +335,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     if missing:
         raise ConfigError(f"traced model lacks blocks {missing}; has {sorted(blocks)}")
     nvs = p * v if not dual else p
-    parts = stage_layers(layer_types, nvs)
+    parts = (layout_stage_layers(layer_types, L.pp_layout) if L.pp_layout
+             else stage_layers(layer_types, nvs))
     if dual:
         # rank r: chunk 0 = stage r, chunk 1 = stage p-1-r (parameters held twice).
         stage_blocks = [[list(parts[r]), list(parts[p - 1 - r])] for r in range(p)]

@@ -71,6 +71,13 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     if mods and set(mods) <= set(RECOMPUTE_MODULES) and t.get("recompute") == "selective":
         out["recompute_modules"] = mods
         notes.append(f"selective recompute of Megatron-Core modules {' '.join(mods)}")
+    # Megatron-Core ``--pipeline-model-parallel-layout`` (the record's ``pp_layout``; a trailing
+    # "(32 stages)" is the record's own comment): which decoder layers, embedding and LM head
+    # each virtual pipeline stage holds, instead of an even split.
+    if ex.get("pp_layout") and int(t.get("pp") or 1) > 1:
+        text = re.sub(r"\(\s*\d+\s+stages\s*\)\s*$", "", str(ex["pp_layout"])).strip()
+        out["pp_layout"] = text
+        notes.append(f"pipeline layout {text!r} (--pipeline-model-parallel-layout)")
     # torchtitan without torch.compile runs its own eager ``RMSNorm`` (torchtitan
     # models/norms.py: ``_norm(x.float()).type_as(x) * weight``; ``norm_type = "rmsnorm"`` in
     # train_configs/llama3_8b.toml of the Dec-2024 benchmark commit 9dec370): one kernel per

@@ -159,6 +159,22 @@ def test_interleaved_and_dualpipe_in_report(gpt3_profile) -> None:
     assert dual.stages[1].in_flight == 5
 
 
+def test_pp_layout_moves_layers_between_ranks(gpt3_profile) -> None:
+    """An explicit Megatron pipeline layout: rank 0 keeps the embedding and 40 of the 96
+    layers instead of 48, rank 1 the other 56 and the LM head; each moved layer carries one
+    layer's weights (and their gradients and optimizer state) from rank 0 to rank 1."""
+    kw = {"tp": 8, "pp": 2, "schedule": "1f1b", "sequence_parallel": True,
+          "micro_batch_size": 1, "global_batch_size": 8, "seq_len": S}
+    even = memory_report(gpt_spec(), Layout(**kw), toy_cluster(), profile=gpt3_profile)
+    moved = memory_report(gpt_spec(), Layout(**kw, pp_layout="E(t)*40|(t)*56L"),
+                          toy_cluster(), profile=gpt3_profile)
+    per_layer = 12 * GPT3_H * GPT3_H / 8 * 2  # fp16 weights of one GPT layer over tp 8
+    assert even.stages[0].params_bytes - moved.stages[0].params_bytes == pytest.approx(
+        8 * per_layer, rel=0.01)
+    assert moved.stages[1].params_bytes - even.stages[1].params_bytes == pytest.approx(
+        8 * per_layer, rel=0.01)
+
+
 def test_hsdp_shards_inside_groups(gpt3_profile) -> None:
     kw = {"dp": 8, "zero_stage": 3, "micro_batch_size": 1, "global_batch_size": 8}
     full = memory_report(gpt_spec(), Layout(**kw), toy_cluster(), profile=gpt3_profile)

@@ -248,3 +248,34 @@ def test_layer_times_full_recompute_adds_one_forward_to_the_backward() -> None:
     assert none["backward_s"] > none["forward_s"] > 0
     d = _sim(Layout(recompute="none", **lay)).to_dict()["layer_times_s"]
     assert set(d["dense"]) == {"forward_s", "backward_s"}
+
+
+def test_pp_layout_parses_megatron_notation() -> None:
+    from charon_search.layout import pp_layout_stages
+
+    assert pp_layout_stages("Et|(tt|)*2L") == [["E", "t"], ["t", "t"], ["t", "t"], ["L"]]
+    assert sum(s.count("t") for s in pp_layout_stages("Et|(tt|)*30L")) == 61  # DeepSeek-V3
+    for bad, rule in (("Et|tm|L", "symbols must be one of"), ("tE|ttL", "'E'"),
+                      ("Et|Lt", "'L'"), ("E(tt|*2L", "'\\(' must close")):
+        with pytest.raises(ConfigError, match=rule):
+            pp_layout_stages(bad)
+    with pytest.raises(ConfigError, match="pp \\* vpp = 2 stages"):
+        Layout(pp=2, schedule="1f1b", global_batch_size=4, pp_layout="Et|tt|ttL")
+    with pytest.raises(ConfigError, match="place every decoder layer"):
+        _sim(Layout(pp=2, schedule="1f1b", global_batch_size=4, pp_layout="Ettt|tttL"))
+
+
+def test_pp_layout_sets_each_ranks_layers() -> None:
+    """Megatron's --pipeline-model-parallel-layout: rank 0 holds the embedding and 6 of the 8
+    layers, rank 1 the other 2 and the LM head; each rank is busy for m micro-batches of its
+    blocks' forward + backward (no collectives at pp=2, tp=dp=1)."""
+    m = 4
+    r = _sim(Layout(pp=2, schedule="1f1b", global_batch_size=m, seq_len=128,
+                    pp_layout="Etttttt|ttL"))
+    lt = {k: v["forward_s"] + v["backward_s"] for k, v in r.layer_times_s.items()}
+    assert r.stage_busy_s[0] == pytest.approx(m * (lt["embedding"] + 6 * lt["dense"]), rel=1e-6)
+    assert r.stage_busy_s[1] == pytest.approx(m * (2 * lt["dense"] + lt["lm_head"]), rel=1e-6)
+    even = _sim(Layout(pp=2, schedule="1f1b", global_batch_size=m, seq_len=128))
+    assert even.stage_busy_s[0] == pytest.approx(m * (lt["embedding"] + 4 * lt["dense"]),
+                                                 rel=1e-6)
+    assert r.step_time_s > even.step_time_s  # the 6-layer rank is the bottleneck

@@ -66,3 +66,12 @@ def test_llm_foundry_runs_composer_fsdp1_backward_post_prefetch() -> None:
     assert case.layout.fsdp_backward_prefetch == "post"
     assert any("BACKWARD_POST" in a for a in case.assumptions)
     assert _case("torchtitan_202412_t1_8b_8gpu_fsdp").layout.fsdp_backward_prefetch == "pre"
+
+
+def test_gb200_record_keeps_its_pipeline_layout() -> None:
+    # NVIDIA's GB200 DeepSeek-V3 doc: --pipeline-model-parallel-layout "Et|(tt|)*30L" (the
+    # record's "(32 stages)" is its own comment): 61 layers, the LM head alone in stage 32
+    case = _case("deepseek_v3_gb200_mcore_final_hybridep")
+    assert case.layout.pp_layout == "Et|(tt|)*30L"
+    assert any("--pipeline-model-parallel-layout" in n for n in case.assumptions)
+    assert _case("deepseek_v3_pretrain_2048_h800").layout.pp_layout == ""
