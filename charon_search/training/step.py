@@ -133,6 +133,57 @@ def stage_layers(layer_types: tuple[str, ...], num_chunks: int) -> list[list[str
     return out
 
 
+#: Block-type suffix of the sliding-window variant of a block (``sliding_layer_types``).
+SLIDING_SUFFIX = "@sliding"
+
+
+def sliding_layer_types(spec: Any, layout: Layout) -> tuple[str, ...]:
+    """The model's per-layer block types, ``<type>@sliding`` for the layers whose attention
+    uses a sliding window (HF ``layer_types`` entries ``sliding_attention``, kept by the
+    catalog as ``extra["attention_layer_types"]``, with ``extra["sliding_window"]`` keys).
+
+    Only when the window is shorter than the sequence and without context parallelism (whose
+    ring would move only the window's keys; not modelled): otherwise the plain types. The step
+    time and hardware FLOPs (HFU) follow the windows; model FLOPs (MFU) keep the PaLM
+    convention's full causal attention in every layer."""
+    types = tuple(spec.layer_types) or ("dense",) * spec.num_layers
+    window = int(spec.extra.get("sliding_window") or 0)
+    kinds = tuple(spec.extra.get("attention_layer_types") or ())
+    if not window or len(kinds) != len(types) or layout.cp > 1 or layout.seq_len <= window:
+        return types
+    return tuple(f"{t}{SLIDING_SUFFIX}" if str(k).startswith("sliding") else t
+                 for t, k in zip(types, kinds, strict=True))
+
+
+def _with_sliding(blocks: dict[str, ParallelBlock], layer_types: tuple[str, ...],
+                  window: int) -> dict[str, ParallelBlock]:
+    """``blocks`` plus the ``@sliding`` variants ``layer_types`` names: every attention node
+    (forward, recomputed forward, backward) scores each query against ``window`` keys with no
+    causal mask (a query past the first ``window`` positions sees exactly the window; the
+    first ``window`` queries of a sequence, fewer, are a rounding at training lengths)."""
+    wanted = {t for t in layer_types if t.endswith(SLIDING_SUFFIX)} - set(blocks)
+    if not wanted:
+        return blocks
+    from charon_search.passes._rewrite import subs_node
+
+    def window_node(n: Node) -> Node:
+        n = subs_node(n, c=float(window))  # kv_len, FLOPs and bytes at the window's keys
+        return n.replace(params={**n.params, "causal": Poly.const(0.0)})
+
+    def windowed(g: OpGraph | None) -> OpGraph | None:
+        if g is None:
+            return None
+        return g.with_nodes([window_node(n) if n.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD)
+                             else n for n in g.nodes])
+
+    out = dict(blocks)
+    for name in sorted(wanted):
+        base = blocks[name.removesuffix(SLIDING_SUFFIX)]
+        out[name] = ParallelBlock(name=name, forward=windowed(base.forward),
+                                  backward=windowed(base.backward))
+    return out
+
+
 def layout_stage_layers(layer_types: tuple[str, ...], pp_layout: str) -> list[list[str]]:
     """Split the decoder layers over the virtual stages of a ``Layout.pp_layout``: each ``t``
     takes the next layer in order (the embedding and LM head go where ``stage_layers``'s
@@ -299,6 +350,12 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     plain_ctx = ctx if not partial_rc else PassContext.from_layout(L, recompute="none")
     plain_blocks = blocks if not partial_rc else _parallel_blocks(
         traced, plain_ctx, (tkey, plain_ctx.key()))
+    # Sliding-window attention layers (gpt-oss: every other layer, 128 keys) run their own
+    # block variant whose attention scores each query against the window only.
+    layer_types = sliding_layer_types(spec, L)
+    window = int(spec.extra.get("sliding_window") or 0)
+    blocks = _with_sliding(blocks, layer_types, window)
+    plain_blocks = _with_sliding(plain_blocks, layer_types, window)
     sizes = {"tp": L.tp, "cp": L.cp, "dp": L.dp, "pp": L.pp, "ep": L.ep}
     strides = axis_strides(L.rank_order, sizes)
     # Gradients of dense weights are reduced over the dp·cp ranks holding the same shard.
@@ -330,7 +387,6 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
                 costed[name] = (cf, cb)
 
     # ---------------------------------------------------------------- stage partition
-    layer_types = tuple(spec.layer_types) or ("dense",) * spec.num_layers
     missing = sorted(set(layer_types) - set(blocks))
     if missing:
         raise ConfigError(f"traced model lacks blocks {missing}; has {sorted(blocks)}")
@@ -404,7 +460,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
 
     def lp(name: str) -> Any:
         if name not in lp_cache:
-            lp_cache[name] = local_params(traced.blocks[name].forward, tp=L.tp, ep=L.ep)
+            base = name.removesuffix(SLIDING_SUFFIX)
+            lp_cache[name] = local_params(traced.blocks[base].forward, tp=L.tp, ep=L.ep)
         return lp_cache[name]
 
     dense_group = L.hsdp_shard or dp_cp

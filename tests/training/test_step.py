@@ -279,3 +279,40 @@ def test_pp_layout_sets_each_ranks_layers() -> None:
     assert even.stage_busy_s[0] == pytest.approx(m * (lt["embedding"] + 4 * lt["dense"]),
                                                  rel=1e-6)
     assert r.step_time_s > even.step_time_s  # the 6-layer rank is the bottleneck
+
+
+def test_sliding_window_layers_attend_over_the_window() -> None:
+    """gpt-oss alternates 128-key sliding-window and full attention layers (HF
+    ``layer_types``): a sliding layer's attention scores each query against the window only,
+    unmasked: its attention nodes (forward, recomputed forward, backward) carry w / s of the
+    full layer's FLOPs at kv_len = w; full layers are unchanged."""
+    import dataclasses
+
+    from charon_search.ir import OpKind
+    from charon_search.passes import PassContext, parallelize_block
+    from charon_search.training.step import _with_sliding, sliding_layer_types
+
+    w, s = 64, 512
+    windowed = dataclasses.replace(SPEC, extra={
+        "sliding_window": w, "attention_layer_types": ("sliding_attention", "full_attention") * 4})
+    lay = Layout(global_batch_size=2, seq_len=s, recompute="full")
+    types = sliding_layer_types(windowed, lay)
+    assert types == ("dense@sliding", "dense") * 4
+    with_cp = lay.replace(cp=2, global_batch_size=1)
+    assert sliding_layer_types(windowed, with_cp) == SPEC.layer_types  # CP keeps full layers
+    blocks = {"dense": parallelize_block(TRACED.blocks["dense"], PassContext.from_layout(lay))}
+    both = _with_sliding(blocks, types, w)
+    for g_full, g_win in ((both["dense"].forward, both["dense@sliding"].forward),
+                          (both["dense"].backward, both["dense@sliding"].backward)):
+        full = [n for n in g_full.nodes if n.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD)]
+        win = [n for n in g_win.nodes if n.kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD)]
+        assert len(full) == len(win) > 0
+        for f, x in zip(full, win, strict=True):
+            assert x.flops(1, s, s) == pytest.approx(f.flops(1, s, s) * w / s)
+            assert (x.params["kv_len"](1, s, s), x.params["causal"](1, s, s)) == (w, 0)
+    kw = dict(cost_model=FlopsCostModel(), traced=TRACED, memory=False)
+    plain = simulate_training(SPEC, toy_cluster(), lay, **kw)
+    r = simulate_training(windowed, toy_cluster(), lay, **kw)
+    assert r.layer_times_s["dense"] == plain.layer_times_s["dense"]
+    assert sum(r.layer_times_s["dense@sliding"].values()) < sum(r.layer_times_s["dense"].values())
+    assert r.step_time_s < plain.step_time_s
