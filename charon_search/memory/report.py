@@ -269,17 +269,16 @@ def _stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int,
 
 
 def stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int = 1) -> list[list[str]]:
-    """Layer types held by each pipeline rank: ``pp * vpp`` contiguous chunks as even as
-    possible (earlier chunks take the remainder), chunk ``j`` on rank ``j % pp``."""
-    chunks = pp * vpp
-    n = len(layer_types)
-    base, extra = divmod(n, chunks)
+    """Layer types held by each pipeline rank: the ``pp * vpp`` contiguous chunks of the step
+    simulator's split (``training.step.stage_layers``: as even as possible, the first and last
+    chunk taking one layer fewer when it is uneven: torchtitan's ``generate_split_points`` gives
+    the first stage the base count and the extra layers to the middle stages, the Llama 3 405B
+    run put one layer fewer on the first and last stage), chunk ``j`` on rank ``j % pp``."""
+    from charon_search.training.step import stage_layers as chunk_layers
+
     out: list[list[str]] = [[] for _ in range(pp)]
-    start = 0
-    for j in range(chunks):
-        size = base + (1 if j < extra else 0)
-        out[j % pp].extend(layer_types[start:start + size])
-        start += size
+    for j, part in enumerate(chunk_layers(tuple(layer_types), pp * vpp)):
+        out[j % pp].extend(part)
     return out
 
 

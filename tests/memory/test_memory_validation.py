@@ -30,7 +30,6 @@ MODELLED = {
     ("torchtitan_202412_t3_8b_128gpu_fsdp_compile", "peak_memory_bytes"): 0.05,
     ("torchtitan_202412_t4_70b_256gpu_fsdp32_tp8_asynctp", "peak_memory_bytes"): 0.05,
     ("torchtitan_202412_t6_405b_fsdp8_cp1_32k", "peak_memory_bytes"): 0.05,
-    ("torchtitan_202412_t6_405b_fsdp2_cp4_128k", "peak_memory_bytes"): 0.05,
     ("torchtitan_trainy_h200_8b_4nodes", "peak_memory_bytes"): 0.05,
     ("korthikanti_fig1_22b_memory", "activation_memory_bytes"): 0.05,
     ("korthikanti_fig1_22b_memory", "params_grads_optimizer_memory_bytes"): 0.05,
@@ -44,8 +43,12 @@ MODELLED = {
 #   1 + (p - 1) / (p v) = 1.324 with v = 3 (Calculon's reproduction config), while the record
 #   leaves the schedule unstated and the translation assumes plain 1F1B;
 # * the Figure 1 parameter bars count only the transformer layers (18 B x 12 h^2 L / (t p));
-#   stage 0 also holds the embedding.
+#   stage 0 also holds the embedding;
+# * the 405B PP 8 runs: with torchtitan's own split (generate_split_points: 15 of the 126
+#   layers on stage 0, the peak stage of 1F1B) the peaks are predicted 4-6 % low (CP 4 at
+#   128k: -6.3 %); an earlier split that put 16 layers on stage 0 had hidden it.
 KNOWN_GAPS = {
+    ("torchtitan_202412_t6_405b_fsdp2_cp4_128k", "peak_memory_bytes"): (-1, 0.10),
     ("torchtitan_202412_t4_70b_256gpu_fsdp32_tp8", "peak_memory_bytes"): (-1, 0.10),
     ("korthikanti_fig1_530b_memory", "activation_memory_bytes"): (-1, 0.30),
     ("korthikanti_fig1_530b_memory#1", "activation_memory_bytes"): (-1, 0.30),
