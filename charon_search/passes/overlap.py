@@ -65,9 +65,16 @@ class AsyncTensorParallelPass(Pass):
                 continue
             if n.kind == OpKind.ALL_GATHER:
                 users = sorted(graph.node_index[c] for c in consumers.get(n.outputs[0], ()))
-                if users and all(nodes[j].kind == OpKind.GEMM and gemm_kind(nodes[j]) != "wgrad"
-                                 and all(producer.get(t, -1) < i for t in nodes[j].inputs
-                                         if t != n.outputs[0]) for j in users):
+
+                def splits_with_gather(j: int, i: int = i, n: Node = n) -> bool:
+                    # A GEMM over the gathered tokens (not a wgrad, which contracts over them)
+                    # whose other inputs exist before the gather starts.
+                    g = nodes[j]
+                    return (g.kind == OpKind.GEMM and gemm_kind(g) != "wgrad"
+                            and all(producer.get(t, -1) < i for t in g.inputs
+                                    if t != n.outputs[0]))
+
+                if users and all(splits_with_gather(j) for j in users):
                     gathers[i] = users
             else:
                 j = producer.get(n.inputs[0])
