@@ -190,11 +190,15 @@ def _layout_summary(case: TrainingCase) -> str:
     if lay.precision == "fp8":
         parts.append(f"fp8:{lay.fp8_recipe}")
     if lay.recompute == "selective":
-        parts.append(f"sel:{lay.selective_policy}")
+        # Megatron-Core --recompute-modules, when given, decide what is re-run
+        parts.append("sel:" + ("+".join(lay.recompute_modules) if lay.recompute_modules
+                               else lay.selective_policy))
     if lay.attention_kernel != "flash":
         parts.append(f"attn:{lay.attention_kernel}")
     if lay.moe_a2a_overlap:
         parts.append("a2a-overlap")
+    if lay.pp_layout:
+        parts.append(f"pp-layout:{lay.pp_layout}")
     return " ".join(parts)
 
 
