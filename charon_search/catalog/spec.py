@@ -66,6 +66,21 @@ class ModelSpec:
         return sum(1 for t in self.layer_types if t == block_type)
 
     @property
+    def sliding_window(self) -> int:
+        """Keys a sliding-window attention layer sees (HF ``sliding_window``); 0 = none."""
+        return int(self.extra.get("sliding_window") or 0)
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per decoder layer: whether its attention uses the sliding window (HF per-layer
+        ``layer_types`` ``sliding_attention`` / ``full_attention``, kept by the catalog as
+        ``extra["attention_layer_types"]``); ``()`` when the model has no such layers."""
+        kinds = tuple(self.extra.get("attention_layer_types") or ())
+        if not self.sliding_window or len(kinds) != self.num_layers:
+            return ()
+        return tuple(str(k).startswith("sliding") for k in kinds)
+
+    @property
     def num_kv_layers(self) -> int:
         """Layers holding a KV cache: all but the linear-attention ones (``*_linear``)."""
         if not self.layer_types:

@@ -258,26 +258,25 @@ class MemoryReport:
 @functools.lru_cache(maxsize=256)
 def _stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int,
                   pp_layout: str = "") -> tuple[tuple[str, ...], ...]:
-    if pp_layout:  # Megatron's explicit layout: virtual stage j on rank j % pp
-        from charon_search.training.step import layout_stage_layers
-
-        ranks: list[list[str]] = [[] for _ in range(pp)]
-        for j, part in enumerate(layout_stage_layers(layer_types, pp_layout)):
-            ranks[j % pp].extend(part)
-        return tuple(tuple(x) for x in ranks)
-    return tuple(tuple(x) for x in stage_layers(layer_types, pp, vpp))
+    return tuple(tuple(x) for x in stage_layers(layer_types, pp, vpp, pp_layout))
 
 
-def stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int = 1) -> list[list[str]]:
+def stage_layers(layer_types: tuple[str, ...], pp: int, vpp: int = 1,
+                 pp_layout: str = "") -> list[list[str]]:
     """Layer types held by each pipeline rank: the ``pp * vpp`` contiguous chunks of the step
-    simulator's split (``training.step.stage_layers``: as even as possible, the first and last
-    chunk taking one layer fewer when it is uneven: torchtitan's ``generate_split_points`` gives
-    the first stage the base count and the extra layers to the middle stages, the Llama 3 405B
-    run put one layer fewer on the first and last stage), chunk ``j`` on rank ``j % pp``."""
-    from charon_search.training.step import stage_layers as chunk_layers
+    simulator's split, chunk ``j`` on rank ``j % pp``. With ``pp_layout`` (Megatron's explicit
+    layout) the chunks are its stages (``training.step.layout_stage_layers``); else
+    ``training.step.stage_layers``: as even as possible, the first and last chunk taking one
+    layer fewer when it is uneven (torchtitan's ``generate_split_points`` gives the first stage
+    the base count and the extra layers to the middle stages; the Llama 3 405B run put one layer
+    fewer on the first and last stage)."""
+    from charon_search.training.step import layout_stage_layers
+    from charon_search.training.step import stage_layers as even_chunks
 
+    chunks = (layout_stage_layers(tuple(layer_types), pp_layout) if pp_layout
+              else even_chunks(tuple(layer_types), pp * vpp))
     out: list[list[str]] = [[] for _ in range(pp)]
-    for j, part in enumerate(chunk_layers(tuple(layer_types), pp * vpp)):
+    for j, part in enumerate(chunks):
         out[j % pp].extend(part)
     return out
 

@@ -389,11 +389,11 @@ def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
         prefix_caching=False, overlap_scheduler=True,
         moe_kernel="marlin" if marlin else "mxfp8" if mxfp8 else "", kv_dtype=kv,
         sources=(
-            *((f"KV cache {kv}: " + ("kv-cache-dtype: fp8 (InferenceX gptoss_fp4_b200.sh "
-                                     "config.yaml)" if kv == "fp8" else
-                                     "no kv-cache-dtype in InferenceX gptoss_fp4_h100.sh / "
-                                     "gptoss_fp4_h200.sh, so vLLM's auto = the checkpoint's "
-                                     "bf16"),) if kv else ()),
+            *({"fp8": ("KV cache fp8: kv-cache-dtype: fp8 (InferenceX gptoss_fp4_b200.sh "
+                       "config.yaml)",),
+               "bf16": ("KV cache bf16: no kv-cache-dtype in InferenceX gptoss_fp4_h100.sh / "
+                        "gptoss_fp4_h200.sh, so vLLM's auto = the checkpoint's bf16",),
+               }.get(kv, ())),
             *(("export VLLM_MXFP4_USE_MARLIN=1 (InferenceX gptoss_fp4_h100.sh and "
                "gptoss_fp4_h200.sh, every stored version): the MXFP4 experts run the Marlin "
                "MoE kernel, not vLLM's default OpenAI Triton kernel",) if marlin else ()),

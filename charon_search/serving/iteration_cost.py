@@ -310,7 +310,7 @@ class _Part:
         self.window = window
         self.attention_windowed = graph.with_nodes([
             n.replace(params={**n.params, "causal": Poly.const(0.0)})
-            if "causal" in n.params else n for n in attn])
+            if "causal" in n.params else n for n in attn]) if self.sliding else self.attention
 
     def attention_s(self, sum_fn: Callable[[OpGraph, float, float, float], float], b: float,
                     q: float, kv: float, *, prefill: bool) -> float:
@@ -378,7 +378,7 @@ class GraphIterationCostModel(IterationCostModel):
         self._decode_parts: list[_Part] = []
         self._head: _Part | None = None
         self._embed: _Part | None = None
-        window = int(model.extra.get("sliding_window") or 0)
+        window = model.sliding_window
         for name, graph in prefill.items():
             count = self._count(name)
             if name == "lm_head":
@@ -420,14 +420,13 @@ class GraphIterationCostModel(IterationCostModel):
 
     def _sliding_layers(self, name: str, count: int) -> int:
         """How many of block type ``name``'s ``count`` layers use sliding-window attention
-        (the HF config's per-layer ``layer_types``: ``sliding_attention`` / ``full_attention``,
-        kept by the catalog as ``extra["attention_layer_types"]``)."""
-        kinds = tuple(self.model.extra.get("attention_layer_types") or ())
-        if not kinds or not self.model.extra.get("sliding_window"):
+        (``ModelSpec.sliding_layers``)."""
+        flags = self.model.sliding_layers
+        if not flags:
             return 0
         blocks = tuple(self.model.layer_types) or (name,) * self.model.num_layers
-        sliding = sum(1 for b, k in zip(blocks, kinds, strict=False)
-                      if b == name and str(k).startswith("sliding"))
+        sliding = sum(1 for b, slides in zip(blocks, flags, strict=True)
+                      if b == name and slides)
         # A pipeline stage holds its share of the block's layers (``count``).
         total = sum(1 for b in blocks if b == name) or 1
         return round(sliding * count / total)

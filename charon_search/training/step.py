@@ -139,20 +139,18 @@ SLIDING_SUFFIX = "@sliding"
 
 def sliding_layer_types(spec: Any, layout: Layout) -> tuple[str, ...]:
     """The model's per-layer block types, ``<type>@sliding`` for the layers whose attention
-    uses a sliding window (HF ``layer_types`` entries ``sliding_attention``, kept by the
-    catalog as ``extra["attention_layer_types"]``, with ``extra["sliding_window"]`` keys).
+    uses a sliding window of ``spec.sliding_window`` keys (``ModelSpec.sliding_layers``).
 
     Only when the window is shorter than the sequence and without context parallelism (whose
     ring would move only the window's keys; not modelled): otherwise the plain types. The step
     time and hardware FLOPs (HFU) follow the windows; model FLOPs (MFU) keep the PaLM
     convention's full causal attention in every layer."""
     types = tuple(spec.layer_types) or ("dense",) * spec.num_layers
-    window = int(spec.extra.get("sliding_window") or 0)
-    kinds = tuple(spec.extra.get("attention_layer_types") or ())
-    if not window or len(kinds) != len(types) or layout.cp > 1 or layout.seq_len <= window:
+    flags = spec.sliding_layers
+    if not flags or layout.cp > 1 or layout.seq_len <= spec.sliding_window:
         return types
-    return tuple(f"{t}{SLIDING_SUFFIX}" if str(k).startswith("sliding") else t
-                 for t, k in zip(types, kinds, strict=True))
+    return tuple(f"{t}{SLIDING_SUFFIX}" if slides else t
+                 for t, slides in zip(types, flags, strict=True))
 
 
 def _with_sliding(blocks: dict[str, ParallelBlock], layer_types: tuple[str, ...],
@@ -353,9 +351,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     # Sliding-window attention layers (gpt-oss: every other layer, 128 keys) run their own
     # block variant whose attention scores each query against the window only.
     layer_types = sliding_layer_types(spec, L)
-    window = int(spec.extra.get("sliding_window") or 0)
-    blocks = _with_sliding(blocks, layer_types, window)
-    plain_blocks = _with_sliding(plain_blocks, layer_types, window)
+    blocks = _with_sliding(blocks, layer_types, spec.sliding_window)
+    plain_blocks = _with_sliding(plain_blocks, layer_types, spec.sliding_window)
     sizes = {"tp": L.tp, "cp": L.cp, "dp": L.dp, "pp": L.pp, "ep": L.ep}
     strides = axis_strides(L.rank_order, sizes)
     # Gradients of dense weights are reduced over the dp·cp ranks holding the same shard.
