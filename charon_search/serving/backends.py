@@ -145,6 +145,7 @@ class EngineProfile:
     cuda_graph_sizes: tuple[int, ...] = ()
     moe_kernel: str = ""
     stream_interval: int = 0
+    scheduler_recv_interval: int = 0
     gpu_memory_utilization: float = 0.0
     kv_dtype: str = ""
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
@@ -176,6 +177,7 @@ class EngineProfile:
             ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
             ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel),
             ("stream_interval", self.stream_interval),
+            ("scheduler_recv_interval", self.scheduler_recv_interval),
             ("gpu_memory_utilization", self.gpu_memory_utilization),
             ("kv_dtype", self.kv_dtype)) if v}
         return {**own, "prefill_schedule": self.prefill_schedule,
@@ -282,11 +284,10 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
                 *(("no InferenceX vLLM recipe of this model is modelled: the engine's defaults "
                    "above stand in for its launch flags",) if launcher == "inferencex" else ()),
             ))
-    if (backend == "sglang" and launcher == "inferencex" and "deepseek-r1" in model.lower()
-            and precision == "fp8" and gpu.startswith("b200") and tp == 8 and attention_dp == 1):
-        return _inferencex_sglang_dsr1_b200()
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
-        return _inferencex_sglang_dsr1(isl=isl, osl=osl, max_batch_size=max_batch_size)
+        return _inferencex_sglang_dsr1(
+            isl=isl, osl=osl, max_batch_size=max_batch_size,
+            recv=inferencex_b200_recv_interval(max_batch_size) if gpu.startswith("b200") else 0)
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
         return _inferencex_sglang_glm5()
     if backend == "sglang" and launcher == "inferencex" and "qwen3.5" in model.lower():
@@ -409,8 +410,10 @@ def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
         ))
 
 
-def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> EngineProfile:
-    """SGLang as InferenceX's DeepSeek-R1 FP8 H200 recipe launches it."""
+def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int,
+                            recv: int = 0) -> EngineProfile:
+    """SGLang as InferenceX's DeepSeek-R1 FP8 H200 recipe launches it (``recv``: the
+    ``--scheduler-recv-interval`` that ``dsr1_fp4_b200.sh`` adds on B200; 0: not passed)."""
     cap = INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024]
     return EngineProfile(
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
@@ -419,8 +422,11 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
         decode_in_budget=False, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
-        stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL,
+        stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
         sources=(
+            *((f"--scheduler-recv-interval {recv} (InferenceX dsr1_fp4_b200.sh): new requests "
+               f"are received every {recv} decode batches, at once after a prefill batch or "
+               "when idle (SchedulerRecvSkipper)",) if recv else ()),
             f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} (same recipe): SGLang "
             "streams a request's output when its length is a multiple of the interval "
             "(scheduler stream_output_generation), so the client's first token arrives with the "
@@ -437,22 +443,28 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int) -> Engin
 
 
 def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
-                   overlap: bool = True, notes: tuple[str, ...] = ()) -> EngineProfile:
+                   overlap: bool = True, recv: int = 0,
+                   notes: tuple[str, ...] = ()) -> EngineProfile:
     """SGLang as an InferenceX recipe (``benchmarks/single_node/<recipe>``) launches it:
     ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = ``tokens``,
-    ``--mem-fraction-static mem``, ``--stream-interval stream`` (0: not passed), no radix-cache
-    reuse (random prompts), no ``--enable-mixed-chunk``."""
+    ``--mem-fraction-static mem``, ``--stream-interval stream`` and
+    ``--scheduler-recv-interval recv`` (0: not passed), no radix-cache reuse (random prompts),
+    no ``--enable-mixed-chunk``."""
     flags = (f"--chunked-prefill-size {tokens} --max-prefill-tokens {tokens} "
-             f"--mem-fraction-static {mem}" + (f" --stream-interval {stream}" if stream else ""))
+             f"--mem-fraction-static {mem}" + (f" --stream-interval {stream}" if stream else "")
+             + (f" --scheduler-recv-interval {recv}" if recv else ""))
     return EngineProfile(
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
         max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
         decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
-        gpu_memory_utilization=mem,
+        scheduler_recv_interval=recv, gpu_memory_utilization=mem,
         sources=(
             f"{flags} (InferenceX benchmarks/single_node/{recipe})",
             *((f"--stream-interval {stream}: the client's first chunk carries the {stream}th "
                "token",) if stream else ()),
+            *((f"--scheduler-recv-interval {recv}: new requests are received every {recv} "
+               "decode batches, at once after a prefill batch or when idle "
+               "(SchedulerRecvSkipper)",) if recv else ()),
             "host work hidden behind the GPU (SGLang overlap scheduler, on by default)"
             if overlap else SGLANG_HYBRID_NO_OVERLAP,
             "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "
@@ -462,22 +474,25 @@ def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
         ))
 
 
-#: InferenceX ``benchmarks/single_node/dsr1_fp8_b200.sh`` at TP 8: ``--stream-interval 30``,
-#: ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = 32768, ``--mem-fraction-static 0.82``,
-#: ``--disable-radix-cache``. Its ``--max-running-requests 128`` is not taken: the
-#: concurrency-256 and -512 rows measure no queue behind such a cap (their TTFT would be 12-120x
-#: the measured one). ``--scheduler-recv-interval`` is not modelled.
-INFERENCEX_DSR1_B200_SGLANG_STREAM_INTERVAL = 30
-INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION = 0.82
+#: InferenceX's SGLang DeepSeek-R1 B200 recipes (``dsr1_fp4_b200.sh``; ``dsr1_fp8_b200.sh`` at
+#: TP 8): ``--scheduler-recv-interval`` 10, or 30 "if CONC >= 16" (the scripts' comment: "recv
+#: every ~10 requests; if CONC >= 16, relax to ~30"). The recv interval explains what the
+#: stream interval alone left: on the 2026-03-25 B200 rows measured TTFT exceeds the simulated
+#: prefill plus 9 decode steps (``--stream-interval 10``) by ~4 decode steps below concurrency 16
+#: and ~13 from 16 on, the mean wait for a poll every 10 or 30 decode batches (4.5 and 14.5).
+#: The FP8 recipe's stored version streams every 30 tokens, but its rows are the FP4 recipe's
+#: and the H200 recipe's 10 (the same measurements appear under DeepSeek-V3 and DeepSeek-R1
+#: names; at 30 the FP8 rows below concurrency 16 come out +52 % instead of -12 %), so one
+#: DeepSeek profile serves both names and precisions.
+INFERENCEX_B200_SGLANG_RECV_INTERVALS = (10, 30)
+INFERENCEX_B200_SGLANG_RECV_RELAX_CONC = 16
 
 
-def _inferencex_sglang_dsr1_b200() -> EngineProfile:
-    """SGLang as InferenceX's DeepSeek-R1 FP8 B200 recipe launches it at TP 8."""
-    return _sglang_recipe(
-        "dsr1_fp8_b200.sh (TP 8)", tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
-        mem=INFERENCEX_DSR1_B200_SGLANG_MEM_FRACTION,
-        stream=INFERENCEX_DSR1_B200_SGLANG_STREAM_INTERVAL,
-        notes=("--max-running-requests 128 and --scheduler-recv-interval are not modelled",))
+def inferencex_b200_recv_interval(concurrency: int) -> int:
+    """``--scheduler-recv-interval`` of InferenceX's SGLang DeepSeek-R1 B200 recipes at
+    ``concurrency`` streams."""
+    low, high = INFERENCEX_B200_SGLANG_RECV_INTERVALS
+    return high if concurrency >= INFERENCEX_B200_SGLANG_RECV_RELAX_CONC else low
 
 
 #: InferenceX GLM-5 FP8 SGLang recipes (``benchmarks/single_node/glm5_fp8_{h200,b200,b300}.sh``):
@@ -503,7 +518,10 @@ def _inferencex_sglang_glm5() -> EngineProfile:
 #: 25-35 x TPOT above the simulated prefill (TP 8), as a first chunk carrying the 30th token
 #: does. The stored H200 and B300 recipes stream every 50 tokens, but their rows measure
 #: 13-22 x TPOT: those versions postdate the measurements, and no recipe is assumed there.
-#: ``--scheduler-recv-interval`` (10 or 30 decode steps between polls) is not modelled.
+#: The stored B200 recipes also pass ``--scheduler-recv-interval`` 10/30 (30 for FP4), which
+#: the rows do not carry on top of the stream interval: with both, Qwen3.5 B200 TTFT moves from
+#: a -0.4 % to a +21.6 % median bias (105 rows; bf16 +32 -> +51 % below concurrency 16), so it
+#: is not applied here.
 INFERENCEX_QWEN35_B200_STREAM_INTERVAL = 30
 INFERENCEX_QWEN35_B200_PREFILL_TOKENS = 32768
 INFERENCEX_QWEN35_B200_MEM_FRACTION = 0.82
@@ -518,8 +536,8 @@ def _inferencex_sglang_qwen35(*, gpu: str, overlap: bool) -> EngineProfile | Non
         "qwen3.5_fp8_b200.sh", tokens=INFERENCEX_QWEN35_B200_PREFILL_TOKENS,
         mem=INFERENCEX_QWEN35_B200_MEM_FRACTION, stream=INFERENCEX_QWEN35_B200_STREAM_INTERVAL,
         overlap=overlap,
-        notes=("--scheduler-recv-interval (10 or 30 decode steps between polls for new "
-               "requests) is not modelled",))
+        notes=("--scheduler-recv-interval is not modelled for these rows (see "
+               "INFERENCEX_QWEN35_B200_STREAM_INTERVAL)",))
 
 
 def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_size: int,

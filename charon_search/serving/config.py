@@ -318,6 +318,12 @@ class ServingConfig:
     ``stream_interval``-th one. TTFT and TPOT are reported as that client measures them
     (TTFT to the first chunk; TPOT = (E2E - TTFT) / (output tokens - 1)), the chunk's arrival
     placed at the request's mean token interval after its first token."""
+    scheduler_recv_interval: int = 1
+    """SGLang ``--scheduler-recv-interval`` (``managers/scheduler_recv_skipper.py``): the
+    scheduler polls for new requests only every this many decode-only batches; after a batch
+    with prompt tokens (weight 1000) or while idle it polls at once. A request that arrives in
+    between waits for the next poll before it can be prefilled. 1 = poll before every batch
+    (the default of every engine)."""
     moe_kernel: str = ""
     """Kernel that runs the routed experts of a 4-bit (W4A16: MXFP4 or int4) checkpoint, when a
     launch flag or the engine's default on the GPU chose it: ``marlin`` (the Marlin MoE kernel,
@@ -375,7 +381,7 @@ class ServingConfig:
             object.__setattr__(self, "speculative", SpeculativeConfig.from_dict(self.speculative))
         object.__setattr__(self, "cuda_graph_sizes", tuple(self.cuda_graph_sizes))
         for name in ("tp", "pp", "ep", "dp", "sp", "max_num_seqs", "max_num_batched_tokens",
-                     "block_size", "stream_interval"):
+                     "block_size", "stream_interval", "scheduler_recv_interval"):
             _positive_int(name, getattr(self, name))
         _choice("scheduler", self.scheduler, SCHEDULERS)
         _choice("prefill_schedule", self.prefill_schedule, PREFILL_SCHEDULES)

@@ -35,6 +35,10 @@ from charon_search.serving.workload import RequestSpec
 __all__ = ["IterationRecord", "ReplicaEngine", "Request"]
 
 _EPS = 1e-9
+#: SGLang ``SchedulerRecvSkipper``: counter weight of a last batch that carried prompt tokens
+#: (``SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_DEFAULT`` = 1000, every mode but decode, target
+#: verify and idle), so the scheduler polls right after such a batch.
+SGLANG_RECV_PROMPT_WEIGHT = 1000
 
 
 class ItlHistogram:
@@ -209,6 +213,12 @@ class ReplicaEngine:
         """Overlap scheduler: prompts that arrived at or after this instant are not in the batch
         being formed (it was formed when the previous, back-to-back iteration started; a prompt
         arriving at that instant answers a response sent then, so it comes after)."""
+        self._recv_cut = math.inf
+        """``scheduler_recv_interval``: prompts that arrived at or after this instant have not
+        been received by the scheduler yet (its last poll)."""
+        self._recv_count = 0
+        self._polled_at = -math.inf
+        self._last_had_prompts = False
 
     # ------------------------------------------------------------------ queue state
     @property
@@ -318,6 +328,8 @@ class ReplicaEngine:
         # Overlap scheduler: back to back, this batch was formed when the previous one started.
         self._cutoff_s = (self._prev_start_s if cfg.overlap_scheduler
                           and self._last_end_s == now_s else math.inf)
+        if cfg.scheduler_recv_interval > 1:
+            self._cutoff_s = min(self._cutoff_s, self._poll(now_s))
         # 0. Requests whose KV arrived from a prefill pool join the decode set.
         while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
                and self.num_running < cfg.max_num_seqs):
@@ -439,6 +451,7 @@ class ReplicaEngine:
             gpu_s = max(gpu_s, self.cost.num_kernels * self.cfg.kernel_launch_overhead_s)
         duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if chunks else 0.0)
         self._prev_start_s = now_s
+        self._last_had_prompts = bool(chunks)
         self.in_flight = (chunks, n_dec)
         self.busy = True
         self.num_iterations += 1
@@ -451,6 +464,28 @@ class ReplicaEngine:
                                                 sum(t for _, t in chunks), len(chunks), n_dec,
                                                 captured))
         return duration
+
+    def _poll(self, now_s: float) -> float:
+        """SGLang's receive skipper (``SchedulerRecvSkipper.handle``): before forming a batch
+        the scheduler adds the weight of the last batch's mode to a counter (a decode-only
+        batch 1, one with prompt tokens 1000) and receives new requests once the counter reaches
+        ``scheduler_recv_interval``. An idle scheduler polls continuously, so a batch that does
+        not follow another back to back sees every arrival. Returns the instant before which
+        arrivals have been received."""
+        if now_s == self._polled_at:  # the same batch, composed again
+            return self._recv_cut
+        self._polled_at = now_s
+        formed_s = self._cutoff_s if math.isfinite(self._cutoff_s) else math.nextafter(
+            now_s, math.inf)
+        if self._last_end_s != now_s:
+            self._recv_count = 0
+            self._recv_cut = formed_s
+            return self._recv_cut
+        self._recv_count += SGLANG_RECV_PROMPT_WEIGHT if self._last_had_prompts else 1
+        if self._recv_count >= self.cfg.scheduler_recv_interval:
+            self._recv_count = 0
+            self._recv_cut = formed_s
+        return self._recv_cut
 
     def _startable_prompts(self, budget: int) -> tuple[int, int]:
         """``(prompts, tokens)`` the FCFS admission would start within ``budget`` and the free

@@ -473,3 +473,49 @@ def test_gpt_oss_on_blackwell_runs_mxfp8_activations() -> None:
     assert kernel("trtllm", "h200-sxm-141gb") == ""
     assert kernel("vllm", "b200-sxm-180gb") == "mxfp8"
     assert kernel("vllm", "h200-sxm-141gb") == "marlin"
+
+
+def test_scheduler_recv_interval_delays_prompts_to_the_next_poll(affine, cluster) -> None:
+    """SGLang ``--scheduler-recv-interval R``: the scheduler polls for new requests right after
+    a batch with prompt tokens, then every R decode-only batches (``SchedulerRecvSkipper``).
+    Request 0 decodes alone; request 1 arrives in the middle of decode step 11 (steps counted
+    from the first after request 0's prefill). Polling before every batch it is prefilled at
+    step 12; with R = 10 the polls fall before steps 1, 11, 21, so it waits 9 more decode
+    steps; with R = 4 (polls before 1, 5, 9, 13) one more step."""
+    alone = simulate_serving("debug-llama", cluster, _cfg(), [_req(0, 0.0, 100, 200)],
+                             cost_model=affine, keep_requests=True)
+    prefill = _per(alone)[0][1]
+    step = affine.iteration_s([], 1, 110.0) + OH
+    reqs = [_req(0, 0.0, 100, 200), _req(1, prefill + 10.5 * step, 100, 5)]
+    ttft = {r: _per(simulate_serving("debug-llama", cluster, _cfg(scheduler_recv_interval=r),
+                                     reqs, cost_model=affine, keep_requests=True))[1][1]
+            for r in (1, 4, 10)}
+    assert ttft[4] - ttft[1] == pytest.approx(1 * step, rel=0.05)
+    assert ttft[10] - ttft[1] == pytest.approx(9 * step, rel=0.05)
+    # A prompt reaching an idle engine is received at once, and so is request 0's.
+    idle = simulate_serving("debug-llama", cluster, _cfg(scheduler_recv_interval=30),
+                            [_req(0, 0.0, 100, 200)], cost_model=affine, keep_requests=True)
+    assert _per(idle)[0][1] == pytest.approx(prefill, rel=1e-12)
+    with pytest.raises(ConfigError, match="`scheduler_recv_interval` must be a positive"):
+        _cfg(scheduler_recv_interval=0)
+
+
+def test_inferencex_b200_sglang_recipes_relax_the_recv_interval_at_16_streams() -> None:
+    """InferenceX dsr1_fp8_b200.sh (TP 8) and dsr1_fp4_b200.sh pass
+    ``--scheduler-recv-interval`` 10, or 30 from concurrency 16 on; the H200 DeepSeek recipe
+    passes none, and neither does the Qwen3.5 profile (its rows do not carry it,
+    ``INFERENCEX_QWEN35_B200_STREAM_INTERVAL``)."""
+    from charon_search.validation.names import resolve_gpu
+
+    b200, h200 = resolve_gpu("b200_sxm").name, resolve_gpu("h200_sxm").name
+
+    def recv(model: str, gpu: str, c: int) -> int | None:
+        return engine_profile("sglang", isl=1024, osl=1024, max_batch_size=c, tp=8,
+                              launcher="inferencex", model=model, gpu=gpu,
+                              linear_attention="Qwen3.5" in model
+                              ).config_kwargs().get("scheduler_recv_interval")
+
+    for model in ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3"):
+        assert [recv(model, b200, c) for c in (8, 15, 16, 64)] == [10, 10, 30, 30], model
+        assert recv(model, h200, 64) is None
+    assert recv("Qwen/Qwen3.5-397B-A17B", b200, 64) is None

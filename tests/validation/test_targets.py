@@ -168,9 +168,11 @@ def test_glm5_sparse_attention_long_context_row(shipped_records):
 #:   concurrency 16: TTFT 441 ms, TPOT 12.2 ms; qwen3.5_fp8_b200.sh streams every 30 tokens:
 #:   TTFT -6 %, -87 % with the first token taken as streamed at once.
 #: * InferenceX, SGLang, DeepSeek-R1 FP8 on 8 B200 (TP 8), 1024/1024 at concurrency 64: TTFT
-#:   799 ms, TPOT 22.5 ms; dsr1_fp8_b200.sh streams every 30 tokens: TTFT +9 %, TPOT -0.2 %;
-#:   TTFT -49 % with the H200 recipe's 10. (The same configuration measured on another day
-#:   reads 966 ms: runs differ by ~20 %.)
+#:   799 ms, TPOT 22.5 ms; streamed every 10 tokens, the scheduler polling for new requests
+#:   every 30 decode batches (--scheduler-recv-interval of the B200 recipes): TTFT -8.3 %,
+#:   TPOT -3.6 % (session 24); -49 % without the polls, +9 % when session 20 took the stored
+#:   recipe's 30-token interval. (The same configuration measured on another day reads
+#:   966 ms: runs differ by ~20 %.)
 STREAM_INTERVAL_ROWS = (
     "2026_04_06_qwen3_5_397b_b200_sxm_sglang_fp8_agg_1024x1024_c16_tp8_ep1_1497",
     "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_1024x1024_c64_tp8_ep1_294",
