@@ -439,8 +439,7 @@ def _serving_case(record: Record) -> ServingCase:
                                   attention_dp=(int(c.get("dp") or 1)
                                                 if c.get("mode", "agg") != "disagg" else 1),
                                   linear_attention=any(is_linear_block(t)
-                                                       for t in model.layer_types),
-                                  precision=precision)
+                                                       for t in model.layer_types))
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "

@@ -501,13 +501,13 @@ def test_scheduler_recv_interval_delays_prompts_to_the_next_poll(affine, cluster
 
 
 def test_inferencex_b200_sglang_recipes_relax_the_recv_interval_at_16_streams() -> None:
-    """InferenceX dsr1_fp8_b200.sh (TP 8) and dsr1_fp4_b200.sh pass
+    """InferenceX dsr1_fp8_b200.sh (TP 8), dsr1_fp4_b200.sh and dsr1_fp4_b300.sh pass
     ``--scheduler-recv-interval`` 10, or 30 from concurrency 16 on; the H200 DeepSeek recipe
     passes none, and neither does the Qwen3.5 profile (its rows do not carry it,
     ``INFERENCEX_QWEN35_B200_STREAM_INTERVAL``)."""
     from charon_search.validation.names import resolve_gpu
 
-    b200, h200 = resolve_gpu("b200_sxm").name, resolve_gpu("h200_sxm").name
+    b200, b300, h200 = (resolve_gpu(g).name for g in ("b200_sxm", "b300_sxm", "h200_sxm"))
 
     def recv(model: str, gpu: str, c: int) -> int | None:
         return engine_profile("sglang", isl=1024, osl=1024, max_batch_size=c, tp=8,
@@ -516,6 +516,7 @@ def test_inferencex_b200_sglang_recipes_relax_the_recv_interval_at_16_streams() 
                               ).config_kwargs().get("scheduler_recv_interval")
 
     for model in ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3"):
-        assert [recv(model, b200, c) for c in (8, 15, 16, 64)] == [10, 10, 30, 30], model
+        for gpu in (b200, b300):
+            assert [recv(model, gpu, c) for c in (8, 15, 16, 64)] == [10, 10, 30, 30], model
         assert recv(model, h200, 64) is None
     assert recv("Qwen/Qwen3.5-397B-A17B", b200, 64) is None

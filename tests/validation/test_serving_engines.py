@@ -224,12 +224,11 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
     assert b200["overlap_scheduler"] is False  # hybrid model: no overlap scheduler
     h200 = engine_profile("sglang", gpu="h200-sxm-141gb", **kw).config_kwargs()
     assert "stream_interval" not in h200 and "gpu_memory_utilization" not in h200
-    # DeepSeek-R1 (either checkpoint, either name): every 10 tokens; on B200 the recipes'
-    # scheduler polls every 30 decode batches at 16 streams (dsr1_fp4_b200.sh,
-    # dsr1_fp8_b200.sh), on H200 before every batch.
+    # DeepSeek-R1 (either checkpoint, either name): every 10 tokens; on B200 and B300 the
+    # recipes' scheduler polls every 30 decode batches at 16 streams (dsr1_fp4_b200.sh,
+    # dsr1_fp8_b200.sh, dsr1_fp4_b300.sh), on H200 before every batch.
     kw.update(model="deepseek-ai/DeepSeek-R1", linear_attention=False, tp=8)
-    for gpu, prec, recv in (("b200-sxm-180gb", "fp8", 30), ("b200-sxm-180gb", "fp4", 30),
-                            ("h200-sxm-141gb", "fp8", None)):
-        got = engine_profile("sglang", gpu=gpu, precision=prec, **kw).config_kwargs()
+    for gpu, recv in (("b200-sxm-180gb", 30), ("b300-sxm-288gb", 30), ("h200-sxm-141gb", None)):
+        got = engine_profile("sglang", gpu=gpu, **kw).config_kwargs()
         assert got["stream_interval"] == 10
         assert got.get("scheduler_recv_interval") == recv
