@@ -134,6 +134,7 @@ _CALIBRATION_FIELDS = (
     _Field("frontend_latency_s", f"frontend_latency_{_TIME}", "mapping", required=False),
     _Field("prefill_iteration_overhead_s", f"prefill_iteration_overhead_{_TIME}", "mapping",
            required=False),
+    _Field("eager_kernel_host_s", f"eager_kernel_host_{_TIME}", "mapping", required=False),
     _Field("allocator_reserved_factor", "allocator_reserved_factor", "number", required=False,
            rule="ge1"),
     _Field("allocator_reserved_extra_bytes", f"allocator_reserved_extra_{_BYTES}", "number",
@@ -452,7 +453,7 @@ def _calibration_from_dict(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
-    for per_engine in ("frontend_latency", "prefill_iteration_overhead"):
+    for per_engine in ("frontend_latency", "prefill_iteration_overhead", "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"

@@ -130,6 +130,12 @@ class Calibration:
     """Serving engine -> host seconds an iteration carrying prompt tokens adds to its GPU time
     on this cluster's hosts (``ServingConfig.prefill_iteration_overhead_s``); an engine not
     listed has none."""
+    eager_kernel_host_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine -> host seconds per operator of an iteration that runs without a CUDA
+    graph on this cluster's hosts (the Python model code dispatching and launching each kernel:
+    prompt iterations, and decode batches no graph was captured for). Such an iteration lasts at
+    least operators x this, so the host bounds it once tensor parallelism has made the GPU's
+    share short; an engine not listed has only ``ServingConfig.kernel_launch_overhead_s``."""
     allocator_reserved_factor: float = 1.0
     """peak_reserved = peak_allocated × this (caching-allocator fragmentation headroom)."""
     allocator_reserved_extra_bytes: float = 0.0

@@ -306,7 +306,10 @@ class ServingConfig:
     kernel_launch_overhead_s: float = 4.0e-6
     """Host time to launch one kernel when not replaying a graph; an eager iteration takes at
     least ``kernels * this``. ~4 us per launch: CUDA C best-practices guide, "kernel launch
-    overhead" (a few microseconds)."""
+    overhead" (a few microseconds). The cluster's calibrated ``eager_kernel_host_s[engine]``
+    (the engine's whole host time per operator: Python model code, dispatch and launch) takes
+    over where it is larger. Behind an overlap scheduler the host starts launching a batch as
+    soon as it has launched the previous one, so that one's GPU time hides part of it."""
     tp_allreduce: str = "nccl"
     """Who runs the tensor-parallel activation all-reduces inside a node: ``nccl`` (the
     cluster's collective model) or an engine's custom NVLink kernel (``vllm``, ``sglang``,

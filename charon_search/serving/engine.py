@@ -140,6 +140,9 @@ class ReplicaEngine:
         overhead_s: per-iteration CPU/scheduler time.
         prefill_overhead_s: host time an iteration carrying prompt tokens adds on top
             (``ServingConfig.prefill_iteration_overhead_s``).
+        launch_s: host seconds per operator of an iteration that replays no CUDA graph, which
+            lasts at least ``cost.num_kernels`` x this (None: ``config.kernel_launch_overhead_s``;
+            the simulator passes the cluster's calibrated ``eager_kernel_host_s`` when larger).
         adp_ranks: attention-DP ranks this replica stands for (0: no attention DP).
         tokens_per_step: tokens committed per decode step (speculation: expected accepted + 1).
         decode_q: tokens processed per decoding request and step (k + 1 when verifying).
@@ -152,7 +155,7 @@ class ReplicaEngine:
                  on_prefilled: Callable[[Request, float], None] | None = None,
                  on_finished: Callable[[Request, float], None] | None = None,
                  record: bool = False, prefill_overhead_s: float = 0.0,
-                 adp_ranks: int = 0) -> None:
+                 launch_s: float | None = None, adp_ranks: int = 0) -> None:
         self.name = name
         self.role = role
         self.cost = cost
@@ -161,6 +164,7 @@ class ReplicaEngine:
                               prefix_caching=config.prefix_caching and role != "decode")
         self.overhead_s = overhead_s
         self.prefill_overhead_s = prefill_overhead_s
+        self.launch_s = config.kernel_launch_overhead_s if launch_s is None else launch_s
         self.adp_ranks = adp_ranks
         self.e = tokens_per_step
         self.q = decode_q
@@ -209,6 +213,9 @@ class ReplicaEngine:
         (``adp_balance_timeout_iters``)."""
         self._prev_start_s = -math.inf
         self._last_end_s = -math.inf
+        self._host_free_s = -math.inf
+        """When the host finished launching the last iteration's kernels (its start for a graph
+        replay, start + kernels x ``launch_s`` otherwise)."""
         self._cutoff_s = math.inf
         """Overlap scheduler: prompts that arrived at or after this instant are not in the batch
         being formed (it was formed when the previous, back-to-back iteration started; a prompt
@@ -447,8 +454,16 @@ class ReplicaEngine:
         gpu_s = self.cost.iteration_s(shape, n_dec, kv_sum, q, padded_decode=padded)
         if n_dec and self.draft_s is not None:
             gpu_s += self.draft_s(n_dec, kv_sum)
-        if not captured:
-            gpu_s = max(gpu_s, self.cost.num_kernels * self.cfg.kernel_launch_overhead_s)
+        # The host launches each kernel of an iteration that replays no graph. Behind an overlap
+        # scheduler it starts on batch n + 1 as soon as it has launched batch n (at once for a
+        # graph replay), so the GPU time of a back-to-back predecessor hides part of it.
+        launch_from = (self._host_free_s if self.cfg.overlap_scheduler
+                       and self._last_end_s == now_s else now_s)
+        if captured:
+            self._host_free_s = now_s
+        else:
+            self._host_free_s = launch_from + self.cost.num_kernels * self.launch_s
+            gpu_s = max(gpu_s, self._host_free_s - now_s)
         duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if chunks else 0.0)
         self._prev_start_s = now_s
         self._last_had_prompts = bool(chunks)
@@ -673,7 +688,7 @@ class ReplicaEngine:
             self._static_ctx += 1
             gpu_s = self.cost.iteration_s((), n, n * self._static_ctx, 1)
             phase = "decode"
-        gpu_s = max(gpu_s, self.cost.num_kernels * cfg.kernel_launch_overhead_s)
+        gpu_s = max(gpu_s, self.cost.num_kernels * self.launch_s)
         duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if phase == "prefill"
                                               else 0.0)
         self.in_flight = (phase,)

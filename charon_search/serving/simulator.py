@@ -197,6 +197,10 @@ class ServingSimulation:
         prefill_overhead = _engine_time(cfg.prefill_iteration_overhead_s,
                                         cluster.calibration.prefill_iteration_overhead_s,
                                         cfg.engine)
+        # Host floor per operator of an iteration without a CUDA graph: the engine's launch
+        # cost, or the cluster's calibrated host time for this engine when that is larger.
+        launch = max(cfg.kernel_launch_overhead_s,
+                     cluster.calibration.eager_kernel_host_s.get(cfg.engine, 0.0))
         dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
         if role == "prefill":
             # Per token, whole model, summed over the GPUs holding it: all tp ranks (heads
@@ -212,7 +216,8 @@ class ServingSimulation:
         for i in range(pool.num_replicas):
             engines.append(ReplicaEngine(
                 f"{role}{i}", role, cost, cfg, num_kv_blocks=blocks, overhead_s=overhead,
-                prefill_overhead_s=prefill_overhead, adp_ranks=pool.tp if dpa else 0,
+                prefill_overhead_s=prefill_overhead, launch_s=launch,
+                adp_ranks=pool.tp if dpa else 0,
                 tokens_per_step=self._e if role != "prefill" else 1.0,
                 decode_q=self._q if role != "prefill" else 1, draft_s=draft,
                 on_prefilled=self._on_prefilled, on_finished=self._on_finished,

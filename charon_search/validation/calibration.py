@@ -136,6 +136,12 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "
                  "forward, new-request setup): in TTFT and, through the decodes of that "
                  "iteration, in TPOT"),
+    *_per_engine("eager_kernel_host", "eager_kernel_host_s",
+                 (0.0, 1e-5, 2e-5, 4e-5, 5.5e-5, 7e-5, 8.5e-5, 1e-4),
+                 "host time per operator of a {} iteration without a CUDA graph (Python model "
+                 "code dispatching and launching each kernel): the iteration lasts at least "
+                 "operators x this, which bounds prompt iterations once tensor parallelism has "
+                 "shortened their GPU time"),
 )}
 
 

@@ -399,6 +399,66 @@ def test_decodes_sharing_a_prompt_iteration_pay_it_too(affine, cluster) -> None:
     assert x - 1e-12 <= per[1][1][1] - per[0][1][1] <= x + step
 
 
+# ------------------------------------------------------------------ eager host time per kernel
+def test_eager_iterations_last_at_least_kernels_times_the_host_time(affine) -> None:
+    """The cluster's ``eager_kernel_host_s[vllm]`` of 50 us and 1000 operators: vLLM's prompt
+    iteration (no CUDA graph) lasts max(GPU, 50 ms) = 50 ms, so TTFT grows by exactly 50 ms
+    minus the GPU time; decode steps replaying a captured graph do not pay it (TPOT unchanged),
+    uncaptured ones do; other engines keep the 4 us launch floor; a larger configured launch
+    cost wins."""
+    kernels, host = 1000, 50e-6
+    model = dataclasses.replace(affine, num_kernels=kernels)
+    cal = dataclasses.replace(TOY_CALIBRATION, eager_kernel_host_s={"vllm": host})
+    cluster = toy_cluster(calibration=cal)
+    one = [_req(0, 0.0, 256, 4)]
+
+    def run(engine: str, **kw):  # type: ignore[no-untyped-def]
+        return simulate_serving("debug-llama", cluster, _cfg(engine=engine, **kw), one,
+                                cost_model=model)
+
+    graphs = dict(cuda_graph=True, cuda_graph_sizes=(1, 2, 4))
+    gpu_prefill = model.iteration_s([(256, 256)], 0, 0.0)
+    assert gpu_prefill < kernels * host  # the host bound is the binding one here
+    base, vllm, trt = run("", **graphs), run("vllm", **graphs), run("trtllm", **graphs)
+    assert vllm.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(
+        kernels * host - gpu_prefill, rel=1e-9)
+    assert vllm.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-12)
+    assert trt.ttft_s["mean"] == base.ttft_s["mean"]
+    eager = run("vllm")  # no captured graphs: every decode step is host-bound too
+    assert eager.tpot_s["mean"] == pytest.approx(kernels * host + OH, rel=1e-9)
+    slower = run("vllm", kernel_launch_overhead_s=2 * host, **graphs)
+    assert slower.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(
+        2 * kernels * host - gpu_prefill, rel=1e-9)
+
+
+def test_overlap_scheduler_launches_an_eager_batch_behind_the_graph_before_it(affine) -> None:
+    """Behind an overlap scheduler the host launches batch n + 1 as soon as it has launched
+    batch n; a decode step replays a graph, so a prompt iteration right after one lasts
+    max(GPU, kernels x host - that decode step). Without the overlap the whole host time is
+    exposed."""
+    from charon_search.serving.simulator import run_simulation
+
+    kernels, host = 1000, 50e-6
+    model = dataclasses.replace(affine, num_kernels=kernels)
+    cal = dataclasses.replace(TOY_CALIBRATION, eager_kernel_host_s={"vllm": host})
+    cluster = toy_cluster(calibration=cal)
+    reqs = [_req(0, 0.0, 100, 200), _req(1, 0.3, 256, 4)]  # 1 arrives while 0 decodes
+    mixed = {}
+    for overlap in (False, True):
+        cfg = _cfg(engine="vllm", cuda_graph=True, cuda_graph_sizes=(1, 2, 4),
+                   overlap_scheduler=overlap, iteration_overhead_s=0.0)
+        sim, _ = run_simulation("debug-llama", cluster, cfg, reqs, cost_model=model,
+                                record_iterations=True)
+        recs = sim.replicas[0].records
+        i = next(k for k, r in enumerate(recs) if r.num_prefill and r.start_s > 0.2)
+        prev = recs[i - 1]
+        assert prev.cuda_graph and prev.start_s + prev.duration_s == pytest.approx(recs[i].start_s)
+        mixed[overlap] = (recs[i].duration_s, prev.duration_s)
+    assert mixed[False][0] == pytest.approx(kernels * host, rel=1e-9)
+    duration, decode_step = mixed[True]
+    assert duration == pytest.approx(kernels * host - decode_step, rel=1e-9)
+
+
 # ------------------------------------------------------------------ attention-DP balance
 def _adp(timeout, reqs, affine, cluster):  # type: ignore[no-untyped-def]
     cfg = _cfg(tp=4, dp_attention=True, adp_balance_timeout_iters=timeout)

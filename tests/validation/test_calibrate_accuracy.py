@@ -269,6 +269,9 @@ def test_per_engine_parameter_touches_its_engines_records_only(shipped_records):
     assert cal.prefill_iteration_overhead_s == {"sglang": 0.008}
     assert cal.frontend_latency_s == cluster.calibration.frontend_latency_s
     assert not PARAMETERS["prefill_overhead_sglang_s"].moves(pick[0])
+    eager = apply_parameters(cluster, {"eager_kernel_host_vllm_s": 7e-5}).calibration
+    assert eager.eager_kernel_host_s == {"vllm": 7e-5}
+    assert eager.prefill_iteration_overhead_s == cluster.calibration.prefill_iteration_overhead_s
 
 
 def test_default_parameters_leave_gpu_factors_to_the_caller():
@@ -280,6 +283,7 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
     assert default_parameters("serving") == [
         "iteration_cpu_overhead_s", "frontend_latency_trtllm_s", "frontend_latency_sglang_s",
         "frontend_latency_vllm_s", "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
-        "prefill_overhead_vllm_s"]
+        "prefill_overhead_vllm_s", "eager_kernel_host_trtllm_s", "eager_kernel_host_sglang_s",
+        "eager_kernel_host_vllm_s"]
     assert all(not PARAMETERS[n].target.startswith("gpu.")
                for k in ("training", "serving") for n in default_parameters(k))
