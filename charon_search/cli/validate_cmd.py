@@ -12,7 +12,7 @@ cannot be expressed are listed with the reason.
 
 ``--explain`` prints, for each selected record (name them with ``--ids``), what the simulator did
 to reach its prediction: a training step's breakdown and cost sources, or a serving row's engine
-facts, iteration mix and largest decode-step operators (``validation.explain``).
+facts, iteration mix and largest prompt- and decode-step operators (``validation.explain``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ it, so the next change has a mechanism to aim at:
   roofline, collective model).
 - **serving**: the launch facts the engine profile set, the iterations of the measured window
   (prompt-carrying and decode-only: how many, how long, how many prompts and decodes each), the
-  spread of the measured requests' TTFT, and the largest operators of one decode step at the
-  window's mean decode batch with their cost source.
+  spread of the measured requests' TTFT, and the largest operators of the mean prompt
+  iteration (at its tokens, with its prefill attention and the host floor of an iteration that
+  replays no CUDA graph) and of one decode step at the window's mean decode batch, with their
+  cost source.
 
 >>> from charon_search.validation import load_files, default_files, select_records, to_case
 >>> rec = select_records(load_files(default_files()), ids=["megatron_sc21_t1_1.7b"])[0]
@@ -30,7 +32,7 @@ from charon_search.validation.translate import ServingCase, TrainingCase
 
 __all__ = ["explain_case", "render_explanation"]
 
-#: Decode-step operators listed by ``render_explanation``.
+#: Prompt- and decode-step operators listed by ``render_explanation``.
 TOP_OPS = 12
 
 
@@ -99,6 +101,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
     decoder = next((e for e in sim.replicas if e.role == "decode"), sim.replicas[0])
     cost = decoder.cost
     ops = (cost.linear_breakdown(decode_batch) if hasattr(cost, "linear_breakdown") else [])
+    prompt_step = _prompt_step(groups.get("prompt"), sim.replicas[0])
     fin = ttft[keep & np.isfinite(ttft)]
     layout: dict[str, Any] = {"tp": cfg.tp, "pp": cfg.pp, "ep": cfg.ep}
     if cfg.disagg is not None:
@@ -133,8 +136,30 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
                         "ops": [{"name": n, "kind": k, "source": s, "seconds": t}
                                 for n, k, s, t in ops[:TOP_OPS]],
                         "linear_total_s": float(sum(t for *_, t in ops))},
+        "prompt_step": prompt_step,
         "measured": dict(case.record.measured),
     }
+
+
+def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, Any] | None:
+    """The mean prompt iteration of ``engine`` (a prefill-pool replica when disaggregated),
+    costed op by op: its token-linear ops at the iteration's tokens (prompt chunks plus the
+    decodes riding along), the prefill attention of its mean chunk per prompt, and the host
+    floor of an iteration that replays no CUDA graph (operators x the replica's host time per
+    operator). None when no prompt iteration ran or the cost model has no operator table."""
+    cost = engine.cost
+    if not group or not hasattr(cost, "linear_breakdown"):
+        return None
+    prompts = max(group["mean_prompts"], 1e-9)
+    tokens = max(1, round(group["mean_prompt_tokens"] + group["mean_decodes"]))
+    chunk = max(1, round(group["mean_prompt_tokens"] / prompts))
+    ops = cost.linear_breakdown(tokens)
+    return {"tokens": tokens, "prompts": group["mean_prompts"],
+            "ops": [{"name": n, "kind": k, "source": s, "seconds": t}
+                    for n, k, s, t in ops[:TOP_OPS]],
+            "linear_total_s": float(sum(t for *_, t in ops)),
+            "attention_s": float(cost.prefill_attention_s(chunk, chunk) * group["mean_prompts"]),
+            "num_kernels": int(cost.num_kernels), "host_per_kernel_s": float(engine.launch_s)}
 
 
 def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None:
@@ -207,10 +232,21 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
         lines.append(f"    {label:<6s} x{g['count']:<6d} mean {_ms(g['mean_duration_s'])}, "
                      f"{g['mean_prompts']:.2f} prompts ({g['mean_prompt_tokens']:.0f} tokens) + "
                      f"{g['mean_decodes']:.1f} decodes, {100 * g['time_share']:.1f} % of the time")
+    ps = exp.get("prompt_step")
+    if ps:
+        lines.append(
+            f"  prompt step at {ps['tokens']} tokens ({ps['prompts']:.2f} prompts): token-linear "
+            f"ops {_ms(ps['linear_total_s'])}, prefill attention {_ms(ps['attention_s'])}, host "
+            f"floor {_ms(ps['num_kernels'] * ps['host_per_kernel_s'])} ({ps['num_kernels']} "
+            f"operators x {1e6 * ps['host_per_kernel_s']:.0f} us); largest:")
+        lines += _op_lines(ps["ops"])
     ds = exp["decode_step"]
     lines.append(f"  decode step at batch {ds['batch']}: token-linear ops "
                  f"{_ms(ds['linear_total_s'])} (attention and LM head aside); largest:")
-    for op in ds["ops"]:
-        lines.append(f"    {_ms(op['seconds']):>12s}  {op['kind']:<14s} {op['source']:<10s} "
-                     f"{op['name']}")
+    lines += _op_lines(ds["ops"])
     return "\n".join(lines)
+
+
+def _op_lines(ops: list[Mapping[str, Any]]) -> list[str]:
+    return [f"    {_ms(op['seconds']):>12s}  {op['kind']:<14s} {op['source']:<10s} {op['name']}"
+            for op in ops]

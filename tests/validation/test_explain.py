@@ -54,6 +54,16 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert 0 < ds["linear_total_s"] < decode["mean_duration_s"]
     assert ds["ops"] and all(op["source"] in ("profile", "predictor", "roofline", "collective")
                              for op in ds["ops"])
+    # The mean prompt iteration, op by op: two whole prompts plus the ~4 decodes beside them;
+    # its token-linear ops, prefill attention and TensorRT-LLM's calibrated 16 ms of host time
+    # per prompt iteration make up its simulated duration (the LM head and the decodes'
+    # attention are the rest).
+    ps = exp["prompt_step"]
+    assert ps["tokens"] == round(prompt["mean_prompt_tokens"] + prompt["mean_decodes"])
+    assert ps["linear_total_s"] + ps["attention_s"] + eng["prefill_iteration_overhead_s"] == (
+        pytest.approx(prompt["mean_duration_s"], rel=0.05))
+    assert ps["num_kernels"] * ps["host_per_kernel_s"] < ps["linear_total_s"]  # GPU-bound
+    assert "prompt step at 2052 tokens" in render_explanation(exp)
     assert math.isfinite(exp["ttft_percentiles_s"]["p50"])
     # The KV cache: the memory model's capacity, and 8 streams of 1024 + 512 tokens at most.
     from charon_search.serving.simulator import kv_capacity_blocks
@@ -93,3 +103,7 @@ def test_disaggregated_explanation_shows_the_pools_and_a_decode_step(by_id):
     decode = exp["iterations"]["decode"]
     assert 0 < exp["decode_step"]["linear_total_s"] < decode["mean_duration_s"]
     assert "decode_pool 4 x tp8 pp1 ep8" in render_explanation(exp)
+    # The prompt step is the TP-4 prefill replica's (TensorRT-LLM's 16 ms host time included).
+    prompt, ps = exp["iterations"]["prompt"], exp["prompt_step"]
+    assert ps["linear_total_s"] + ps["attention_s"] + eng["prefill_iteration_overhead_s"] == (
+        pytest.approx(prompt["mean_duration_s"], rel=0.05))
