@@ -132,10 +132,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
         "predicted": {"ttft_s": pred_ttft, "tpot_s": pred_tpot},
         "ttft_percentiles_s": ({f"p{q}": float(np.percentile(fin, q)) for q in (10, 50, 90)}
                                if fin.size else {}),
-        "decode_step": {"batch": decode_batch,
-                        "ops": [{"name": n, "kind": k, "source": s, "seconds": t}
-                                for n, k, s, t in ops[:TOP_OPS]],
-                        "linear_total_s": float(sum(t for *_, t in ops))},
+        "decode_step": {"batch": decode_batch, **_ops_summary(ops)},
         "prompt_step": prompt_step,
         "measured": dict(case.record.measured),
     }
@@ -153,13 +150,17 @@ def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, An
     prompts = max(group["mean_prompts"], 1e-9)
     tokens = max(1, round(group["mean_prompt_tokens"] + group["mean_decodes"]))
     chunk = max(1, round(group["mean_prompt_tokens"] / prompts))
-    ops = cost.linear_breakdown(tokens)
     return {"tokens": tokens, "prompts": group["mean_prompts"],
-            "ops": [{"name": n, "kind": k, "source": s, "seconds": t}
-                    for n, k, s, t in ops[:TOP_OPS]],
-            "linear_total_s": float(sum(t for *_, t in ops)),
+            **_ops_summary(cost.linear_breakdown(tokens)),
             "attention_s": float(cost.prefill_attention_s(chunk, chunk) * group["mean_prompts"]),
             "num_kernels": int(cost.num_kernels), "host_per_kernel_s": float(engine.launch_s)}
+
+
+def _ops_summary(ops: list[tuple[str, str, str, float]]) -> dict[str, Any]:
+    """The ``TOP_OPS`` largest of ``linear_breakdown``'s ops and the sum of all of them."""
+    return {"ops": [{"name": n, "kind": k, "source": s, "seconds": t}
+                    for n, k, s, t in ops[:TOP_OPS]],
+            "linear_total_s": float(sum(t for *_, t in ops))}
 
 
 def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None:
