@@ -362,8 +362,10 @@ def train_predictor(key: ModelKey, rows: ProfileTable, *, num_sms: int,
 
 
 #: Version of an op kind's shape features (``shape_flops_bytes``); part of the disk-cache key
-#: so a changed formula retrains that kind's predictors. grouped_gemm 2: touched experts only.
-FEATURE_VERSIONS: dict[str, int] = {"grouped_gemm": 2}
+#: so a changed formula (or training rows) retrains that kind's predictors. grouped_gemm 2:
+#: touched experts only; gemm 1: rows within one M tile at their envelope
+#: (``profile_db.single_tile_envelope``).
+FEATURE_VERSIONS: dict[str, int] = {"grouped_gemm": 2, "gemm": 1}
 
 
 def _hp_hash(hp: Mapping[str, Any]) -> str:

@@ -11,10 +11,12 @@ import pandas as pd
 import pytest
 
 from charon_search.cost.profile_db import (
+    GEMM_SINGLE_TILE_M,
     ProfileDB,
     default_profile_db,
     normalize_gpu,
     shipped_profile_dir,
+    single_tile_envelope,
     write_profile_db,
 )
 from charon_search.errors import ConfigError
@@ -184,6 +186,41 @@ def test_shipped_db_is_small_and_holds_measurements():
     assert (shipped_profile_dir() / "ATTRIBUTION.md").exists()
     assert (shipped_profile_dir() / "LICENSE.vidur.MIT.txt").exists()
     assert (shipped_profile_dir() / "LICENSE.aiconfigurator-core.Apache-2.0.txt").exists()
+
+
+def test_single_tile_envelope_prices_small_m_at_the_fastest_row_up_to_the_tile():
+    m = np.array([1, 2, 4, 64, 128, 1, 4])
+    cols = {"m": m.astype(float), "n": np.array([8.0] * 5 + [16.0] * 2),
+            "k": np.full(7, 8.0), "variant": np.array([""] * 7, dtype=object),
+            "dtype": np.array(["fp8"] * 7, dtype=object),
+            "latency_s": np.array([3.0, 1.0, 1.2, 1.1, 0.5, 2.0, 2.5])}
+    assert GEMM_SINGLE_TILE_M == 64
+    # m=1 takes the fastest of m=1..64 (m=2's 1.0); m=4 the fastest of 4..64; m=128 lies
+    # beyond the tile and keeps its time; another (n, k) is its own group.
+    assert single_tile_envelope(cols).tolist() == [1.0, 1.0, 1.1, 1.1, 0.5, 2.0, 2.5]
+
+
+def test_blackwell_fp8_m1_rows_sit_at_the_single_tile_envelope():
+    import pyarrow.parquet as pq
+
+    db = default_profile_db()
+    assert db is not None
+
+    def m1_excess(gpu: str) -> float:
+        raw = pq.read_table(shipped_profile_dir() / gpu / "gemm.parquet").to_pandas()
+        raw = raw[(raw.dtype == "fp8") & (raw.m == 1)].set_index(["n", "k"]).latency_s
+        tbl = db.table(gpu, "gemm").select(variant="", dtype="fp8").to_pandas()
+        env = tbl[tbl.m == 1].set_index(["n", "k"]).latency_s
+        assert len(raw) == len(env) > 400
+        return float(np.median(raw / env.reindex(raw.index)))
+
+    # aiconfigurator's vLLM CUTLASS fp8 rows take ~2.5x longer at m = 1 than at m = 2..64 on
+    # Blackwell (B200 median 2.46x), not on Hopper (H100 1.01x).
+    assert 2.2 < m1_excess("b200-sxm-180gb") < 2.8
+    assert m1_excess("h100-sxm-80gb") < 1.1
+    # DeepSeek-V3's 7168 -> 2048 fp8 GEMM on a B200: 25.0 us measured at m = 1, 10.5 at m = 4.
+    assert db.exact("b200-sxm-180gb", "gemm", "", "fp8",
+                    {"m": 1, "n": 2048, "k": 7168}) == pytest.approx(10.46e-6, rel=0.02)
 
 
 def test_cli_profiles_info(capsys):
