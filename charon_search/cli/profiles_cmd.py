@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", action="store_true",
                         help="fit-collectives: write the fitted values into the cluster YAML's "
                              "calibration block")
+    parser.add_argument("--all-to-all", action="store_true",
+                        help="fit-collectives: fit the innermost tier's `<tier>.pairwise` "
+                             "alpha (all-to-all latency) to the measured NCCL all-to-all rows "
+                             "up to 1 MiB (the ring fit is the default)")
     parser.add_argument("--max-mape", type=float, default=0.2,
                         help="fit-collectives --write: skip clusters whose fit MAPE (on the "
                              "fitted points) is above this ratio (default 0.2)")
@@ -118,28 +122,32 @@ def _eval(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
 def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     import numpy as np
 
-    from charon_search.cost.nccl_fit import fit_cluster_calibration
+    from charon_search.cost.nccl_fit import fit_cluster_calibration, fit_pairwise_alpha
     from charon_search.hardware.loader import list_clusters, load_cluster
 
     names = args.cluster or list_clusters()
     for name in names:
         cluster = load_cluster(name)
         gpu = db.resolve_gpu(cluster.gpu.name, *cluster.gpu.aliases)
-        if gpu is None or not db.has(gpu, "all_reduce"):
+        kind = "all_to_all" if args.all_to_all else "all_reduce"
+        if gpu is None or not db.has(gpu, kind):
             if args.cluster:
                 raise ConfigError(f"--cluster {name}: no NCCL measurements for "
                                   f"{cluster.gpu.name} in the profile DB")
             continue
         # Fit on the full NVLink domain (TP = gpus_per_node, and the intra-node phases of
         # hierarchical DP collectives); the MAPE over all group sizes is reported too.
-        sizes = db.table(gpu, "all_reduce").columns["group_size"]
+        sizes = db.table(gpu, kind).columns["group_size"]
         full = int(min(cluster.gpus_per_node, float(np.nanmax(sizes))))
-        fit = fit_cluster_calibration(db, gpu, cluster, min_group_size=full)
+        # All-to-all: every measured group size (2-8 GPUs), so the fit sees how little the
+        # latency grows with the peers.
+        fit = (fit_pairwise_alpha(db, gpu, cluster) if args.all_to_all else
+               fit_cluster_calibration(db, gpu, cluster, min_group_size=full))
         shown = {k: (f"{v * 1e6:.3f} us" if not k.startswith("eff") else f"{v:.3f}")
                  for k, v in fit.values.items()}
         print(f"{name} ({gpu}) tier {fit.tier}: {shown}; MAPE {fit.mape_fit:.1%} on "
-              f"{fit.num_fit_points} points of {full} GPUs, {fit.mape:.1%} on all "
-              f"{fit.num_points}")
+              f"{fit.num_fit_points} points of >= {fit.min_group_size} GPUs, "
+              f"{fit.mape:.1%} on all {fit.num_points}")
         if args.write and fit.mape_fit > args.max_mape:
             print(f"  not written: MAPE {fit.mape_fit:.1%} > --max-mape {args.max_mape:.0%}")
         elif args.write:

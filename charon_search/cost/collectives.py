@@ -26,7 +26,13 @@ Algorithms (NCCL-like; ``algo=None`` picks the fastest available):
   out (level ``t`` works on ``S/k_{t-1}`` bytes over ``m_t`` ranks), all-reduce among the
   outermost level's ranks, then all-gather back. All-gather / reduce-scatter use half of it.
 * ``pairwise`` all-to-all: every rank sends ``S/n`` to each peer; the ``p_t = k_t - k_{t-1}``
-  peers first reached at tier ``t`` go over ``B_t``: ``max_t S·p_t/n/B_t + Σ_t p_t·α_t``.
+  peers first reached at tier ``t`` go over ``B_t``: ``max_t S·p_t/n/B_t + α_0 + Σ_{t>0}
+  p_t·α_t``. Inside the innermost tier (an NVLink switch domain) the sends to all peers are in
+  flight at once (NCCL groups them; EP kernels write every peer in one launch), so that tier
+  adds one latency ``α_0`` (``<tier>.pairwise``, fitted to measured NCCL all-to-all:
+  aiconfigurator's 2-8-GPU tables rise by 0.15-0.25 us per peer at 512 B, not by a
+  ring step's α); across a
+  network tier every peer is a separate message, ``α_t`` each.
 * ``p2p`` send/recv between ranks ``0`` and ``stride``: ``S/B_T + α_T`` on the tier they share.
 
 Contention: ``concurrent_groups`` groups of the same shape communicate at once (e.g. the 8 DP
@@ -317,7 +323,8 @@ def _all_to_all(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
     for lv in ctx.levels:
         peers = lv.k - lv.k_prev
         terms.append((s * peers / n / ctx.bw(lv, "pairwise"), ctx.tier(lv).name))
-        lat += peers * ctx.alpha(lv, "pairwise")
+        # innermost (switched NVLink) tier: all peers at once; network tiers: per peer
+        lat += ctx.alpha(lv, "pairwise") * (1 if lv.tier_idx == 0 else peers)
     bw_s, neck = max(terms)
     return {"pairwise": (bw_s + lat, neck)}
 

@@ -28,7 +28,8 @@ from charon_search.cost.profile_db import ProfileDB
 from charon_search.errors import ConfigError
 
 __all__ = ["FIT_KINDS", "ClusterCollectiveFit", "CollectiveFit", "bus_factors",
-           "calibration_block", "fit_cluster_calibration", "fit_collectives", "fit_points"]
+           "calibration_block", "fit_cluster_calibration", "fit_collectives",
+           "fit_pairwise_alpha", "fit_points"]
 
 FIT_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -182,11 +183,12 @@ def calibration_block(fits: Mapping[str, CollectiveFit], tier_names: Mapping[str
 
 
 # ---------------------------------------------------------------------------- cluster fit
-def _tier_points(db: ProfileDB, gpu: str, tier: str, gpus_per_node: int = 8
+def _tier_points(db: ProfileDB, gpu: str, tier: str, gpus_per_node: int = 8,
+                 fit_kinds: Sequence[str] = FIT_KINDS
                  ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, str]:
     kinds: list[str] = []
     p, nb, t, src = [], [], [], set()
-    for kind in FIT_KINDS:
+    for kind in fit_kinds:
         tbl = db.table(gpu, kind)
         if tbl is None:
             continue
@@ -226,10 +228,13 @@ class ClusterCollectiveFit:
     mape_fit: float = float("nan")
     """Over the points the fit used (``min_group_size``)."""
     min_group_size: int = 0
+    rows: str = "NCCL"
+    """Which measured rows were fitted (``NCCL`` collectives or ``NCCL all-to-all``)."""
 
     def provenance(self) -> str:
         return (f"fit (charon_search.cost.nccl_fit: log-error least squares through "
-                f"cost.collectives) to {self.source}: {self.num_fit_points} points of "
+                f"cost.collectives) to the {self.rows} rows of {self.source}: "
+                f"{self.num_fit_points} points of "
                 f">= {self.min_group_size} GPUs, MAPE {self.mape_fit:.1%} on them, "
                 f"{self.mape:.1%} on all {self.num_points} points")
 
@@ -323,12 +328,69 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
                                 min_group_size=int(min_group_size))
 
 
+#: Largest all-to-all message (bytes per rank) ``fit_pairwise_alpha`` fits: where the measured
+#: time is mostly latency (8 H100s: 6.5 us at 512 B, 15.6 us at 1 MiB, 41 us at 8 MiB).
+PAIRWISE_FIT_MAX_BYTES = 2**20
+
+
+def fit_pairwise_alpha(db: ProfileDB, gpu: str, cluster: object, *,
+                       max_bytes: float = PAIRWISE_FIT_MAX_BYTES) -> ClusterCollectiveFit:
+    """Fit the innermost tier's ``<tier>.pairwise`` α (all-to-all latency) to the measured
+    NCCL all-to-all rows of at most ``max_bytes``, through ``cost.collectives.collective_time``
+    (log-error least squares; launch and bandwidth efficiency stay the cluster's).
+
+    The ring α of the tier is a ring step's latency; an all-to-all sends to every peer at
+    once, so its latency is its own number. Only α is fitted: the bulk bandwidth of the EP
+    exchanges the simulator prices comes from the engines' kernels (DeepEP intranode moves
+    153-158 GB/s on H800 NVLink, ~0.77 of its 200 GB/s per direction: DeepEP README), not from
+    NCCL's all-to-all, so the tier's ring efficiency stays for the bandwidth term.
+    """
+    import dataclasses
+
+    from scipy.optimize import least_squares
+
+    from charon_search.cost.collectives import collective_time
+
+    _, p, nb, t, src = _tier_points(db, gpu, "intra",
+                                        cluster.gpus_per_node,  # type: ignore[attr-defined]
+                                        fit_kinds=("all_to_all",))
+    keep = nb <= max_bytes
+    if keep.sum() < 4:
+        raise ConfigError(f"no NCCL all-to-all measurements for {gpu} in the profile DB")
+    p, nb, t = p[keep], nb[keep], t[keep]
+    tier = cluster.tiers[0]  # type: ignore[attr-defined]
+    key = f"{tier.name}.pairwise"
+    cal = cluster.calibration  # type: ignore[attr-defined]
+
+    def with_alpha(a: float) -> Any:
+        alpha = dict(cal.collective_alpha_s)
+        alpha[key] = a
+        return dataclasses.replace(cluster, calibration=dataclasses.replace(  # type: ignore
+            cal, collective_alpha_s=alpha))
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        cl = with_alpha(float(x[0]))
+        pred = np.array([collective_time("all_to_all", b, int(g), cl) for b, g in zip(nb, p)])
+        return np.log(pred / t)
+
+    res = least_squares(resid, np.array([tier.latency_s]), bounds=([0.0], [100e-6]),
+                        x_scale=np.array([1e-5]))
+    mape = float(np.mean(np.abs(np.exp(resid(res.x)) - 1)))
+    return ClusterCollectiveFit(
+        tier=tier.name, values={"collective_launch_s": cal.collective_launch_s,
+                                f"alpha:{key}": float(res.x[0])},
+        num_points=len(t), mape=mape, source=src, num_fit_points=len(t), mape_fit=mape,
+        min_group_size=int(p.min()), rows=f"NCCL all-to-all (<= {max_bytes / 2**10:.0f} KiB)")
+
+
 def write_calibration(cluster: object, fit: ClusterCollectiveFit, path: str | None = None
                       ) -> object:
     """Write ``fit`` into the ``calibration:`` block of the cluster's YAML file (in place).
 
     Only ``collective_launch_us``, ``collective_alpha_us`` / ``collective_bw_efficiency`` entries
-    of the fitted keys and their ``provenance`` lines change; comments and other keys stay.
+    of the fitted keys and their ``provenance`` lines change; comments and other keys stay. A
+    ``<tier>.pairwise`` fit (``fit_pairwise_alpha``) leaves the launch
+    and the other provenance lines alone and sets ``provenance.collective.<tier>.pairwise``.
     """
     import re
     from pathlib import Path
@@ -350,12 +412,17 @@ def write_calibration(cluster: object, fit: ClusterCollectiveFit, path: str | No
     alpha = {k[6:]: round(v * 1e6, 3) for k, v in fit.values.items() if k.startswith("alpha:")}
     eff = {k[4:]: round(v, 3) for k, v in fit.values.items() if k.startswith("eff:")}
     launch = round(fit.values["collective_launch_s"] * 1e6, 3)
+    pairwise = bool(alpha) and all(k.endswith(".pairwise") for k in alpha)
     seen: set[str] = set()
     in_prov = False
+    prov_at = None
     for i in range(start + 1, len(lines)):
         ln = lines[i]
         if ln and not ln.startswith(" "):
             break
+        if pairwise and in_prov and ln.strip().startswith(f"collective.{fit.tier}.pairwise:"):
+            prov_at = i
+            continue
         m = re.match(r"^(\s+)(collective_alpha_us|collective_bw_efficiency|"
                      r"collective_launch_us|provenance):\s*(.*)$", ln)
         if not m:
@@ -363,13 +430,16 @@ def write_calibration(cluster: object, fit: ClusterCollectiveFit, path: str | No
         indent, key, value = m.groups()
         if key == "provenance":
             in_prov = True
+            prov_at = prov_at or i
             continue
         if in_prov and len(indent) > 2:
-            lines[i] = f'{indent}{key}: {json_str(prov)}'
+            if not pairwise:
+                lines[i] = f'{indent}{key}: {json_str(prov)}'
             seen.add("prov:" + key)
             continue
         if key == "collective_launch_us":
-            lines[i] = f"{indent}{key}: {launch}"
+            if not pairwise:
+                lines[i] = f"{indent}{key}: {launch}"
         else:
             current = dict(yaml.safe_load(value) or {})
             current.update(alpha if key == "collective_alpha_us" else eff)
@@ -379,6 +449,12 @@ def write_calibration(cluster: object, fit: ClusterCollectiveFit, path: str | No
     missing = {"collective_launch_us", "collective_alpha_us", "collective_bw_efficiency"} - seen
     if missing:
         raise ConfigError(f"{target}: calibration block lacks {sorted(missing)}; add them first")
+    if pairwise and prov_at is not None:
+        entry = f"    collective.{fit.tier}.pairwise: {json_str(prov)}"
+        if lines[prov_at].strip().startswith("collective."):
+            lines[prov_at] = entry
+        else:
+            lines.insert(prov_at + 1, entry)
     target.write_text("\n".join(lines) + "\n")
     return target
 

@@ -46,7 +46,26 @@ def test_tree_and_all_to_all_closed_forms_one_tier() -> None:
     tree = collective_time("all_reduce", S, n, c, algo="tree")
     assert tree == pytest.approx(2 * S / NVL + 2 * math.log2(n) * A_NVL, rel=1e-12)
     a2a = collective_time("all_to_all", S, n, c)
-    assert a2a == pytest.approx((n - 1) / n * S / NVL + (n - 1) * A_NVL, rel=1e-12)
+    # inside one NVLink tier every peer's send is in flight at once: one α, not n - 1
+    assert a2a == pytest.approx((n - 1) / n * S / NVL + A_NVL, rel=1e-12)
+
+
+def test_all_to_all_latency_inside_nvl72_does_not_grow_with_the_peers() -> None:
+    # GB300 NVL72, 512 B: EP 32 and EP 4 differ only by the (tiny) bytes term, while the
+    # network tier still pays one α per peer (EP 16 over two 8-GPU DGX H100 nodes: 8 remote
+    # peers).
+    gb = load_cluster("gb300-nvl72")
+    small = {n: collective_time("all_to_all", 512, n, gb) for n in (4, 32)}
+    assert small[32] - small[4] < 0.01e-6
+    assert small[4] == pytest.approx(gb.calibration.collective_launch_s
+                                     + gb.calibration.collective_alpha_s["nvlink.pairwise"],
+                                     rel=1e-3)
+    h = load_cluster("dgx-h100-ib400")
+    cal = h.calibration
+    two_nodes = collective_time("all_to_all", 512, 16, h)
+    net_alpha = cal.collective_alpha_s.get(f"{h.tiers[1].name}.pairwise",
+                                           cal.collective_alpha_s[h.tiers[1].name])
+    assert two_nodes > cal.collective_launch_s + 8 * net_alpha
 
 
 def test_small_messages_pick_tree_large_pick_ring() -> None:
