@@ -56,7 +56,9 @@ SGLANG_CHUNKED_PREFILL_SIZE = 8192
 #: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
 #: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).
 AIC_PREFILL_HEADROOM_TOKENS = 1500
-#: Why SGLang runs hybrid linear-attention models without its overlap scheduler.
+#: Why SGLang runs hybrid linear-attention models without its overlap scheduler (unless the
+#: launch passes ``--disable-radix-cache``: ``ServerArgs`` disables the overlap schedule for
+#: ``mamba_scheduler_strategy == "no_buffer" and not disable_radix_cache``).
 SGLANG_HYBRID_NO_OVERLAP = (
     "SGLang overlap scheduler off: hybrid linear-attention models (Qwen3-Next, Qwen3.5) keep "
     "their prefix cache in MambaRadixCache, whose default 'no_buffer' strategy 'will "
@@ -289,7 +291,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
         return _inferencex_sglang_glm5()
     if backend == "sglang" and launcher == "inferencex" and "qwen3.5" in model.lower():
-        q35 = _inferencex_sglang_qwen35(gpu=gpu, overlap=not linear_attention)
+        q35 = _inferencex_sglang_qwen35(gpu=gpu)
         if q35 is not None:
             return q35
     if backend == "sglang":
@@ -512,7 +514,9 @@ def _inferencex_sglang_glm5() -> EngineProfile:
 
 #: InferenceX Qwen3.5-397B-A17B SGLang recipe on B200 (``benchmarks/single_node/
 #: qwen3.5_{fp8,bf16}_b200.sh``): ``--stream-interval 30``, ``--chunked-prefill-size`` and
-#: ``--max-prefill-tokens`` 32768, ``--mem-fraction-static 0.82``, ``--disable-radix-cache``.
+#: ``--max-prefill-tokens`` 32768, ``--mem-fraction-static 0.82``, ``--disable-radix-cache``
+#: (so the overlap scheduler stays on: on the 144 B200 Qwen3.5 rows TPOT p90 |error| 38.8 ->
+#: 33.1 % on InferenceX's and 44.2 -> 27.5 % on the gap analysis', median bias +8 -> -9 %).
 #: Its ``--max-running-requests 128`` is not taken: the concurrency-256 rows measure no queue
 #: (``qwen3.5_fp4_b200.sh`` raises the cap to the concurrency). The B200 rows measure TTFT
 #: 25-35 x TPOT above the simulated prefill (TP 8), as a first chunk carrying the 30th token
@@ -527,15 +531,17 @@ INFERENCEX_QWEN35_B200_PREFILL_TOKENS = 32768
 INFERENCEX_QWEN35_B200_MEM_FRACTION = 0.82
 
 
-def _inferencex_sglang_qwen35(*, gpu: str, overlap: bool) -> EngineProfile | None:
+def _inferencex_sglang_qwen35(*, gpu: str) -> EngineProfile | None:
     """SGLang as InferenceX's Qwen3.5 recipe launches it on B200 (None on other GPUs: see the
-    constants above)."""
+    constants above). The recipe passes ``--disable-radix-cache``, so SGLang keeps its overlap
+    scheduler for this hybrid linear-attention model: ``ServerArgs`` turns it off only for the
+    Mamba ``no_buffer`` strategy *with* the radix cache on (``SGLANG_HYBRID_NO_OVERLAP``)."""
     if not gpu.startswith("b200"):
         return None
     return _sglang_recipe(
         "qwen3.5_fp8_b200.sh", tokens=INFERENCEX_QWEN35_B200_PREFILL_TOKENS,
         mem=INFERENCEX_QWEN35_B200_MEM_FRACTION, stream=INFERENCEX_QWEN35_B200_STREAM_INTERVAL,
-        overlap=overlap,
+        overlap=True,
         notes=("--scheduler-recv-interval is not modelled for these rows (see "
                "INFERENCEX_QWEN35_B200_STREAM_INTERVAL)",))
 
