@@ -34,6 +34,17 @@ if TYPE_CHECKING:
 
 __all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
 
+#: SGLang's disaggregated MoE deployments with attention data parallelism run expert
+#: parallelism over the same ranks: every NVIDIA/srt-slurm SGLang DeepSeek recipe with
+#: ``enable-dp-attention`` sets ``tp-size`` = ``dp-size`` = ``ep-size`` with DeepEP
+#: (``recipes/gb200-fp8/1k1k/max-tpt.yaml``: 8/8/8 prefill, 32/32/32 decode; ``mid-curve``:
+#: 8/8/8, 48/48/48), and InferenceX's master config "only includes fields actually needed
+#: by the runner -- prefill/decode topology details are already encoded in each srt-slurm
+#: recipe YAML", so its rows can carry ``moe_ep_size`` 1 beside attention DP.
+SGLANG_DP_EP = ("SGLang DP-attention MoE pools run EP over the DP ranks: srt-slurm recipes "
+                "set tp-size = dp-size = ep-size (DeepEP); the row's moe_ep_size 1 is the "
+                "runner config's default")
+
 #: Measured serving requests simulated per silicon row (after the warm-up): enough turns of the
 #: concurrency for the closed loop to settle, capped to keep the full validation cheap. aiperf
 #: measures 50 turns after its warm-up; later turns repeat the pattern of the first. InferenceX
@@ -534,9 +545,14 @@ def _serving_case(record: Record) -> ServingCase:
             # docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md); SGLang
             # divides its chunked-prefill size over the DP ranks (server_args.py).
             per_rank = backend == "trtllm" and adp > 1
+            ep = int(p.get("moe_ep_size") or 1)
+            if (backend == "sglang" and adp > 1 and ep == 1
+                    and getattr(model, "num_experts", 0)):
+                ep = int(p["tp_size"]) * adp
+                notes.append(f"{name} pool: EP {ep} = the attention-DP ranks ({SGLANG_DP_EP})")
             pools[name] = PoolConfig(
                 num_replicas=int(p["num_workers"]), tp=int(p["tp_size"]) * adp,
-                pp=int(p.get("pp_size") or 1), ep=int(p.get("moe_ep_size") or 1),
+                pp=int(p.get("pp_size") or 1), ep=ep,
                 dp_attention=adp > 1,
                 max_num_batched_tokens=adp * int(kw["max_num_batched_tokens"]) if per_rank else 0)
             if per_rank:

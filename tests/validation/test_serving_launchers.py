@@ -35,6 +35,20 @@ def test_disagg_pools_keep_their_own_attention_dp(by_id) -> None:
     assert (dec.num_replicas, dec.tp, dec.ep, dec.dp_attention) == (3, 16, 16, False)
 
 
+def test_sglang_attention_dp_moe_pools_run_expert_parallel(by_id) -> None:
+    # Row (InferenceX, Dynamo + SGLang, DeepSeek-R1 FP4 on GB200 NVL72): prefill 4 workers of
+    # attention-DP 4, decode one worker of attention-DP 32, both with moe_ep_size 1; the
+    # srt-slurm recipes behind such rows set tp = dp = ep (DeepEP), so both pools run EP.
+    case = to_case(by_id["dsr1_gb200_sglang_fp4_disagg_1024x1024_c8192_cfg259"])
+    pre, dec = case.config.disagg.prefill, case.config.disagg.decode
+    assert (pre.num_replicas, pre.tp, pre.ep, pre.dp_attention) == (4, 4, 4, True)
+    assert (dec.num_replicas, dec.tp, dec.ep, dec.dp_attention) == (1, 32, 32, True)
+    assert sum("EP 32 = the attention-DP ranks" in n for n in case.assumptions) == 1
+    # TensorRT-LLM rows keep the EP they state (moe_tp 8 with ep 1 is expert TP).
+    trt = to_case(by_id["dsr1_b200_trtllm_fp8_disagg_8192x1024_c128_cfg670"]).config
+    assert trt.disagg.prefill.ep == 1
+
+
 def test_trtllm_attention_dp_pools_budget_per_rank(by_id) -> None:
     # Row: prefill 2 workers TP1 x attention-DP8 (EP8), decode 3 workers ADP8, 8192/1024, C192.
     case = to_case(by_id["dsr1_h200_trtllm_fp8_disagg_8192x1024_c192_cfg325"])
