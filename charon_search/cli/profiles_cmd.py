@@ -8,7 +8,9 @@
 ``charon-search profiles fit-collectives [--cluster NAME] [--write]`` fits the collective
 launch / α / bandwidth-efficiency calibration of each cluster's NVLink tier to the measured NCCL
 rows through the simulator's own collective model, and with ``--write`` stores them (with
-provenance) in the cluster YAML.
+provenance) in the cluster YAML. With ``--all-to-all`` it fits only the tier's
+``<tier>.pairwise`` all-to-all latency, to the measured NCCL all-to-all rows up to 1 MiB
+(``cost.nccl_fit.fit_pairwise_alpha``).
 """
 
 from __future__ import annotations
