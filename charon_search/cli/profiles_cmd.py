@@ -137,14 +137,16 @@ def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-un
                 raise ConfigError(f"--cluster {name}: no NCCL measurements for "
                                   f"{cluster.gpu.name} in the profile DB")
             continue
-        # Fit on the full NVLink domain (TP = gpus_per_node, and the intra-node phases of
-        # hierarchical DP collectives); the MAPE over all group sizes is reported too.
-        sizes = db.table(gpu, kind).columns["group_size"]
-        full = int(min(cluster.gpus_per_node, float(np.nanmax(sizes))))
-        # All-to-all: every measured group size (2-8 GPUs), so the fit sees how little the
-        # latency grows with the peers.
-        fit = (fit_pairwise_alpha(db, gpu, cluster) if args.all_to_all else
-               fit_cluster_calibration(db, gpu, cluster, min_group_size=full))
+        if args.all_to_all:
+            # every measured group size (2-8 GPUs): the fit sees how little the latency grows
+            # with the peers
+            fit = fit_pairwise_alpha(db, gpu, cluster)
+        else:
+            # Fit on the full NVLink domain (TP = gpus_per_node, and the intra-node phases of
+            # hierarchical DP collectives); the MAPE over all group sizes is reported too.
+            sizes = db.table(gpu, kind).columns["group_size"]
+            full = int(min(cluster.gpus_per_node, float(np.nanmax(sizes))))
+            fit = fit_cluster_calibration(db, gpu, cluster, min_group_size=full)
         shown = {k: (f"{v * 1e6:.3f} us" if not k.startswith("eff") else f"{v:.3f}")
                  for k, v in fit.values.items()}
         print(f"{name} ({gpu}) tier {fit.tier}: {shown}; MAPE {fit.mape_fit:.1%} on "

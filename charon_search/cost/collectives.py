@@ -30,9 +30,8 @@ Algorithms (NCCL-like; ``algo=None`` picks the fastest available):
   p_t·α_t``. Inside the innermost tier (an NVLink switch domain) the sends to all peers are in
   flight at once (NCCL groups them; EP kernels write every peer in one launch), so that tier
   adds one latency ``α_0`` (``<tier>.pairwise``, fitted to measured NCCL all-to-all:
-  aiconfigurator's 2-8-GPU tables rise by 0.15-0.25 us per peer at 512 B, not by a
-  ring step's α); across a
-  network tier every peer is a separate message, ``α_t`` each.
+  aiconfigurator's 2-8-GPU tables rise by 0.15-0.25 us per peer at 512 B, not by a ring
+  step's α); across a network tier every peer is a separate message, ``α_t`` each.
 * ``p2p`` send/recv between ranks ``0`` and ``stride``: ``S/B_T + α_T`` on the tier they share.
 
 Contention: ``concurrent_groups`` groups of the same shape communicate at once (e.g. the 8 DP

@@ -541,7 +541,6 @@ def _inferencex_sglang_qwen35(*, gpu: str) -> EngineProfile | None:
     return _sglang_recipe(
         "qwen3.5_fp8_b200.sh", tokens=INFERENCEX_QWEN35_B200_PREFILL_TOKENS,
         mem=INFERENCEX_QWEN35_B200_MEM_FRACTION, stream=INFERENCEX_QWEN35_B200_STREAM_INTERVAL,
-        overlap=True,
         notes=("--scheduler-recv-interval is not modelled for these rows (see "
                "INFERENCEX_QWEN35_B200_STREAM_INTERVAL)",))
 

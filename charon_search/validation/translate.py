@@ -547,7 +547,7 @@ def _serving_case(record: Record) -> ServingCase:
             per_rank = backend == "trtllm" and adp > 1
             ep = int(p.get("moe_ep_size") or 1)
             if (backend == "sglang" and adp > 1 and ep == 1
-                    and getattr(model, "num_experts", 0)):
+                    and model.num_experts):
                 ep = int(p["tp_size"]) * adp
                 notes.append(f"{name} pool: EP {ep} = the attention-DP ranks ({SGLANG_DP_EP})")
             pools[name] = PoolConfig(
