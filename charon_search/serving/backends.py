@@ -145,6 +145,8 @@ class EngineProfile:
     max_num_seqs: int = 0
     block_size: int = 0
     cuda_graph_sizes: tuple[int, ...] = ()
+    piecewise_graph_tokens: int = 0
+    """``ServingConfig.piecewise_graph_tokens`` (vLLM's piecewise CUDA graphs; 0: none)."""
     moe_kernel: str = ""
     stream_interval: int = 0
     scheduler_recv_interval: int = 0
@@ -177,7 +179,9 @@ class EngineProfile:
         """The ``ServingConfig`` fields this profile sets."""
         own: dict[str, Any] = {k: v for k, v in (
             ("max_num_seqs", self.max_num_seqs), ("block_size", self.block_size),
-            ("cuda_graph_sizes", self.cuda_graph_sizes), ("moe_kernel", self.moe_kernel),
+            ("cuda_graph_sizes", self.cuda_graph_sizes),
+            ("piecewise_graph_tokens", self.piecewise_graph_tokens),
+            ("moe_kernel", self.moe_kernel),
             ("stream_interval", self.stream_interval),
             ("scheduler_recv_interval", self.scheduler_recv_interval),
             ("gpu_memory_utilization", self.gpu_memory_utilization),
@@ -250,16 +254,28 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     graphs_src = (("CUDA graphs captured for every batch size 1..max_batch_size "
                    "(aiconfigurator benchmark rules cuda_graph_batch_sizes)",) if graphs else ())
     if backend == "vllm" and launcher == "inferencex":
-        ix = _inferencex_vllm(model, gpu)
+        ix = _inferencex_vllm(model, gpu, max_num_seqs=max_batch_size)
         if ix is not None:
             return ix
     if backend == "vllm":
         asynchronous = release(version) >= VLLM_ASYNC_DEFAULT_VERSION
+        # aiconfigurator lists its captured sizes (the largest is max_batch_size); other
+        # launches keep vLLM's default largest size.
+        minimax = launcher == "inferencex" and "minimax" in model.lower()
+        piecewise = (graphs[-1] if graphs else INFERENCEX_VLLM_MINIMAX_CAPTURE if minimax
+                     else vllm_piecewise_tokens(max_batch_size if launcher == "inferencex"
+                                                else 0))
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=True,
             max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
             prefix_caching=not aic, cuda_graph_sizes=graphs, overlap_scheduler=asynchronous,
+            piecewise_graph_tokens=piecewise,
             sources=(*graphs_src,
+                ("--max-cudagraph-capture-size 2048 (InferenceX minimaxm2.5_*_b300.sh): "
+                 "batches up to 2048 tokens replay piecewise CUDA graphs" if minimax else
+                 f"vLLM piecewise CUDA graphs up to {piecewise} tokens (default cudagraph "
+                 "mode; largest captured size min(2 x max_num_seqs, 512) unless the launch "
+                 "lists its sizes): bigger batches launch every kernel from the host"),
                 "vLLM v1: decodes first, then chunked prefills in one token budget "
                 "(v1/core/sched/scheduler.py)",
                 f"vLLM v1 API-server budget {VLLM_API_SERVER_BATCHED_TOKENS} tokens on >= 70 GiB "
@@ -348,6 +364,34 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     raise ConfigError(f"`backend` must be one of {list(BACKENDS)}, but got {backend!r}")
 
 
+#: vLLM's largest captured CUDA-graph size when a launch sets none: ``max_num_seqs`` x 2, at most
+#: 512 (``CompilationConfig`` / ``VllmConfig._set_cudagraph_sizes``: ``max_cudagraph_capture_size``
+#: default ``min(max_num_seqs * 2, 512)``). The default cudagraph mode (``PIECEWISE``, and
+#: ``FULL_AND_PIECEWISE`` from 0.11) replays piecewise graphs for every batch up to it, mixed
+#: prompt batches included: only attention runs eagerly between the pieces.
+VLLM_MAX_CAPTURE_DEFAULT = 512
+#: ``--max-cudagraph-capture-size 2048`` in InferenceX's vLLM gpt-oss recipes
+#: (``gptoss_fp4_b200.sh``, ``gptoss_fp4_h200.sh``, ``gptoss_fp4_h100.sh``).
+INFERENCEX_VLLM_GPTOSS_CAPTURE = 2048
+#: ``--max-cudagraph-capture-size 2048`` in InferenceX's vLLM MiniMax-M2.5 recipes
+#: (``minimaxm2.5_fp8_b300.sh``, ``minimaxm2.5_fp4_b300.sh``, which say they reuse the B200
+#: recipes as-is; one stored version of ``minimaxm2.5_fp8_b200.sh`` passes no capture size).
+INFERENCEX_VLLM_MINIMAX_CAPTURE = 2048
+#: GPUs whose InferenceX vLLM Llama-3-70B recipe compiles with ``"cudagraph_mode":
+#: "FULL_DECODE_ONLY"`` and ``"splitting_ops": []`` (``70b_fp8_b200_docker.sh``,
+#: ``70b_fp4_b200_docker.sh``): batches with prompt tokens replay no graph at all, so their
+#: every kernel is launched from the host. The H100 and H200 recipes (``70b_fp8_h100_slurm.sh``,
+#: ``70b_fp8_h200_slurm.sh``) keep vLLM's default piecewise graphs up to 2 x ``--max-num-seqs``.
+INFERENCEX_VLLM_FULL_DECODE_ONLY_GPUS = ("b200-sxm-180gb",)
+
+
+def vllm_piecewise_tokens(max_num_seqs: int) -> int:
+    """vLLM's default largest piecewise-graph size for ``max_num_seqs`` (0: unknown -> 512)."""
+    if max_num_seqs <= 0:
+        return VLLM_MAX_CAPTURE_DEFAULT
+    return min(2 * max_num_seqs, VLLM_MAX_CAPTURE_DEFAULT)
+
+
 #: GPUs whose InferenceX vLLM gpt-oss recipes (``gptoss_fp4_h100.sh``, ``gptoss_fp4_h200.sh``)
 #: export ``VLLM_MXFP4_USE_MARLIN=1``.
 INFERENCEX_MARLIN_GPUS = ("h100-sxm-80gb", "h200-sxm-141gb")
@@ -369,13 +413,25 @@ def _fp4_tensor_cores(gpu: str) -> bool:
         return False
 
 
-def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
-    """vLLM as InferenceX's Llama-3-70B and gpt-oss recipes launch it on ``gpu`` (None: other
-    models)."""
+def _inferencex_vllm(model: str, gpu: str = "", *,
+                     max_num_seqs: int = 0) -> EngineProfile | None:
+    """vLLM as InferenceX's Llama-3-70B and gpt-oss recipes launch it on ``gpu`` with
+    ``--max-num-seqs max_num_seqs`` (the concurrency; None: other models)."""
     name = model.lower()
     if not (("llama" in name and "70b" in name) or "gpt-oss" in name):
         return None
     gptoss = "gpt-oss" in name
+    decode_only = not gptoss and gpu in INFERENCEX_VLLM_FULL_DECODE_ONLY_GPUS
+    piecewise = (INFERENCEX_VLLM_GPTOSS_CAPTURE if gptoss else 0 if decode_only
+                 else vllm_piecewise_tokens(max_num_seqs))
+    graphs_src = (
+        "max-cudagraph-capture-size: 2048 (InferenceX gptoss_fp4_*.sh config.yaml): prompt "
+        "batches up to 2048 tokens replay piecewise CUDA graphs" if gptoss else
+        "compilation-config cudagraph_mode FULL_DECODE_ONLY, splitting_ops [] (InferenceX "
+        "70b_fp8_b200_docker.sh): batches with prompt tokens replay no graph, the host "
+        "launches all their kernels" if decode_only else
+        f"no compilation config (InferenceX 70b_fp8_h100_slurm.sh / 70b_fp8_h200_slurm.sh): "
+        f"vLLM's piecewise CUDA graphs up to min(2 x max-num-seqs, 512) = {piecewise} tokens")
     marlin = gptoss and gpu in INFERENCEX_MARLIN_GPUS
     mxfp8 = gptoss and gpu in INFERENCEX_VLLM_MXFP8_GPUS
     script = ("benchmarks/gptoss_fp4_h200.sh, gptoss_fp4_h100.sh, gptoss_fp4_b200.sh" if gptoss
@@ -387,9 +443,10 @@ def _inferencex_vllm(model: str, gpu: str = "") -> EngineProfile | None:
     return EngineProfile(
         backend="vllm", prefill_schedule="mixed", chunked_prefill=True,
         max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
-        prefix_caching=False, overlap_scheduler=True,
+        prefix_caching=False, overlap_scheduler=True, piecewise_graph_tokens=piecewise,
         moe_kernel="marlin" if marlin else "mxfp8" if mxfp8 else "", kv_dtype=kv,
         sources=(
+            graphs_src,
             *({"fp8": ("KV cache fp8: kv-cache-dtype: fp8 (InferenceX gptoss_fp4_b200.sh "
                        "config.yaml)",),
                "bf16": ("KV cache bf16: no kv-cache-dtype in InferenceX gptoss_fp4_h100.sh / "
@@ -428,10 +485,11 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int,
                "dsr1_fp4_b300.sh): new requests "
                f"are received every {recv} decode batches, at once after a prefill batch or "
                "when idle (SchedulerRecvSkipper)",) if recv else ()),
-            f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} (same recipe): SGLang "
-            "streams a request's output when its length is a multiple of the interval "
-            "(scheduler stream_output_generation), so the client's first token arrives with the "
-            f"{INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL}th",
+            f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} (same recipe): the "
+            "client's first chunk taken to carry the "
+            f"{INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL}th token (an empirical rule: SGLang's "
+            "stream_output_generation sends the first token at once; ServingConfig."
+            "stream_interval)",
             "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
             "host work hidden behind the GPU",
             "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk in the "
@@ -458,8 +516,9 @@ def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
         gpu_memory_utilization=mem,
         sources=(
             f"{flags} (InferenceX benchmarks/single_node/{recipe})",
-            *((f"--stream-interval {stream}: the client's first chunk carries the {stream}th "
-               "token",) if stream else ()),
+            *((f"--stream-interval {stream}: the client's first chunk taken to carry the "
+               f"{stream}th token (empirical, ServingConfig.stream_interval)",)
+              if stream else ()),
             "host work hidden behind the GPU (SGLang overlap scheduler, on by default)"
             if overlap else SGLANG_HYBRID_NO_OVERLAP,
             "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk); "

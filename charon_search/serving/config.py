@@ -303,6 +303,13 @@ class ServingConfig:
     """Decode-only batches replay captured CUDA graphs (no host launch cost)."""
     cuda_graph_sizes: tuple[int, ...] = DEFAULT_CUDA_GRAPH_SIZES
     """Captured decode batch sizes; a batch is padded up to the next one."""
+    piecewise_graph_tokens: int = 0
+    """Iterations carrying prompt tokens with at most this many tokens in all replay piecewise
+    CUDA graphs: the model between its attention calls is captured, and only the attention
+    operators are launched by the host (vLLM's ``PIECEWISE`` / ``FULL_AND_PIECEWISE``
+    cudagraph modes up to ``max_cudagraph_capture_size``, ``compilation/cuda_graph.py``).
+    0: every iteration with prompt tokens launches all its kernels from the host (vLLM's
+    ``FULL_DECODE_ONLY``, SGLang and TensorRT-LLM prefills)."""
     kernel_launch_overhead_s: float = 4.0e-6
     """Host time to launch one kernel when not replaying a graph; an eager iteration takes at
     least ``kernels * this``. ~4 us per launch: CUDA C best-practices guide, "kernel launch
@@ -315,12 +322,17 @@ class ServingConfig:
     cluster's collective model) or an engine's custom NVLink kernel (``vllm``, ``sglang``,
     ``trtllm``: measured latency, ``serving.custom_allreduce``)."""
     stream_interval: int = 1
-    """Tokens per streamed response chunk, the first chunk included: SGLang ``--stream-interval``
-    sends a request's output when its length is a multiple of it
-    (``stream_output_generation``), so the client sees its first token with the
-    ``stream_interval``-th one. TTFT and TPOT are reported as that client measures them
-    (TTFT to the first chunk; TPOT = (E2E - TTFT) / (output tokens - 1)), the chunk's arrival
-    placed at the request's mean token interval after its first token."""
+    """Tokens per streamed response chunk, the first chunk included: the client's first chunk
+    is taken to carry the ``stream_interval``-th token. TTFT and TPOT are reported as that
+    client measures them (TTFT to the first chunk; TPOT = (E2E - TTFT) / (output tokens - 1)),
+    the chunk's arrival placed at the request's mean token interval after its first token.
+
+    This is an empirical rule, not SGLang's: the InferenceX SGLang rows launched with
+    ``--stream-interval`` (DeepSeek-R1 every 10 tokens, Qwen3.5 on B200 every 30) measure TTFT
+    about (interval - 1) decode steps above the simulated prefill, but SGLang's
+    ``stream_output_generation`` (``scheduler_output_processor_mixin.py``) sends a streaming
+    request's output when ``len(output_ids) % stream_interval == 1``: the first token at once,
+    then every interval. The delay the rule reproduces has a cause not identified here."""
     scheduler_recv_interval: int = 1
     """SGLang ``--scheduler-recv-interval`` (``managers/scheduler_recv_skipper.py``): the
     scheduler polls for new requests only every this many decode-only batches; after a batch
@@ -397,7 +409,8 @@ class ServingConfig:
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "
                                   f"calibrated value), but got {v!r}")
-        for name in ("batch_wait_iters", "batch_wait_tokens", "adp_balance_timeout_iters"):
+        for name in ("batch_wait_iters", "batch_wait_tokens", "adp_balance_timeout_iters",
+                     "piecewise_graph_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"`{name}` must be an integer >= 0, but got {v!r}")

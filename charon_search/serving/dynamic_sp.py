@@ -122,6 +122,7 @@ class SequenceParallelCostModel(IterationCostModel):
         self.dynamic = dynamic
         self.all_gather = all_gather
         self.num_kernels = base.num_kernels
+        self.num_attention_kernels = base.num_attention_kernels
         self.last_fixed_s = 0.0
         self.last_dynamic_s = 0.0
         self.saved_s = 0.0

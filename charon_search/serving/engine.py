@@ -462,7 +462,12 @@ class ReplicaEngine:
         if captured:
             self._host_free_s = now_s
         else:
-            self._host_free_s = launch_from + self.cost.num_kernels * self.launch_s
+            # A batch within the piecewise graphs' sizes replays them: the host launches only
+            # its attention operators.
+            tokens = sum(t for _, t in chunks) + n_dec * q
+            piecewise = tokens <= self.cfg.piecewise_graph_tokens
+            kernels = self.cost.num_attention_kernels if piecewise else self.cost.num_kernels
+            self._host_free_s = launch_from + kernels * self.launch_s
             gpu_s = max(gpu_s, self._host_free_s - now_s)
         duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if chunks else 0.0)
         self._prev_start_s = now_s

@@ -95,6 +95,9 @@ class IterationCostModel(ABC):
 
     num_kernels: int = 0
     """Kernels launched by one eager forward pass (host launch cost when not graph-captured)."""
+    num_attention_kernels: int = 0
+    """Of those, the attention operators: all the host launches when the iteration replays
+    piecewise CUDA graphs (``ServingConfig.piecewise_graph_tokens``)."""
 
     @abstractmethod
     def token_linear_s(self, tokens: int, rows: int) -> float:
@@ -157,6 +160,7 @@ class AffineIterationCostModel(IterationCostModel):
     """Seconds per (query, key) pair of prefill attention."""
     kv_token_bytes: float = 0.0
     num_kernels: int = 0
+    num_attention_kernels: int = 0
 
     def token_linear_s(self, tokens: int, rows: int) -> float:
         return self.base_s + self.per_token_s * tokens if tokens else 0.0
@@ -394,6 +398,8 @@ class GraphIterationCostModel(IterationCostModel):
             raise ConfigError(f"model {model.name}: the traced graph has no decoder blocks")
         self.num_kernels = sum(p.num_nodes * p.count for p in self._prefill_parts) + sum(
             p.num_nodes for p in (self._head, self._embed) if p is not None)
+        self.num_attention_kernels = sum(len(p.attention.nodes) * p.count
+                                         for p in self._prefill_parts)
         from charon_search.memory.serving import kv_bytes_per_token
 
         self._kv_token_bytes = kv_bytes_per_token(
@@ -525,13 +531,23 @@ class GraphIterationCostModel(IterationCostModel):
         return _bilinear(self._prefill_attn_at, q_len, max(kv_len, q_len), shift=3)
 
     def prefill_attention_total_s(self, chunks: Sequence[float]) -> float:
-        """Under attention DP each rank runs the attention of its own requests (whole heads):
-        the iteration waits for the busiest of ``tp`` ranks, at least the longest chunk and at
-        least an even share (balanced placement, as TensorRT-LLM's ``attention_dp_config``
-        balancing and SGLang's DP scheduler aim for)."""
-        if not (self.dp_attention and self.tp > 1) or len(chunks) <= 1:
+        """The prefill chunks of one iteration share one launch of each attention kernel: the
+        serving engines' context attention takes the whole batch as variable-length sequences
+        (FlashAttention ``varlen``, FlashInfer batch prefill, TensorRT-LLM's context FMHA over
+        packed tokens), so a kernel's fixed cost (its time for a one-token prompt) is paid
+        once per launch, not once per chunk; each chunk adds its time above that floor.
+
+        Under attention DP each rank runs the attention of its own requests (whole heads) in
+        its own launch: the iteration waits for the busiest of ``tp`` ranks, at least the
+        longest chunk and at least an even share (balanced placement, as TensorRT-LLM's
+        ``attention_dp_config`` balancing and SGLang's DP scheduler aim for)."""
+        n = len(chunks)
+        if n <= 1:
             return float(sum(chunks))
-        return max(float(sum(chunks)) / self.tp, max(chunks))
+        ranks = min(n, self.tp) if self.dp_attention and self.tp > 1 else 1
+        floor = min(self.prefill_attention_s(1, 1), min(chunks))
+        total = float(sum(chunks)) - (n - ranks) * floor
+        return max(total / ranks, max(chunks))
 
     def _decode_attn_at(self, n: int, kv: int, q: int) -> float:
         key = (n, kv, q)

@@ -407,7 +407,8 @@ class ServingSimulation:
         out_tok = np.array([r.output_tokens for r in reqs], dtype=float)
         done = np.isfinite(finish)
         if cfg.stream_interval > 1:
-            # The client's first chunk carries the stream_interval-th token (or the last one).
+            # The client's first chunk is taken to carry the stream_interval-th token (or the
+            # last one): an empirical rule (ServingConfig.stream_interval).
             with np.errstate(invalid="ignore", divide="ignore"):
                 gap = np.where(out_tok > 1, (finish - first) / (out_tok - 1), 0.0)
             first = first + (np.minimum(cfg.stream_interval, out_tok) - 1) * gap

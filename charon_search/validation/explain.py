@@ -143,17 +143,23 @@ def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, An
     costed op by op: its token-linear ops at the iteration's tokens (prompt chunks plus the
     decodes riding along), the prefill attention of its mean chunk per prompt, and the host
     floor of an iteration that replays no CUDA graph (operators x the replica's host time per
-    operator). None when no prompt iteration ran or the cost model has no operator table."""
+    operator; within vLLM's piecewise graphs, its attention operators only). None when no prompt
+    iteration ran or the cost model has no operator table."""
     cost = engine.cost
     if not group or not hasattr(cost, "linear_breakdown"):
         return None
     prompts = max(group["mean_prompts"], 1e-9)
     tokens = max(1, round(group["mean_prompt_tokens"] + group["mean_decodes"]))
     chunk = max(1, round(group["mean_prompt_tokens"] / prompts))
+    # The prompts share one launch of each attention kernel (``prefill_attention_total_s``).
+    k = max(1, round(prompts))
+    attention = cost.prefill_attention_total_s([cost.prefill_attention_s(chunk, chunk)] * k)
+    piecewise = tokens <= engine.cfg.piecewise_graph_tokens
     return {"tokens": tokens, "prompts": group["mean_prompts"],
             **_ops_summary(cost.linear_breakdown(tokens)),
-            "attention_s": float(cost.prefill_attention_s(chunk, chunk) * group["mean_prompts"]),
-            "num_kernels": int(cost.num_kernels), "host_per_kernel_s": float(engine.launch_s)}
+            "attention_s": float(attention * group["mean_prompts"] / k),
+            "num_kernels": int(cost.num_attention_kernels if piecewise else cost.num_kernels),
+            "piecewise": piecewise, "host_per_kernel_s": float(engine.launch_s)}
 
 
 def _ops_summary(ops: list[tuple[str, str, str, float]]) -> dict[str, Any]:
@@ -235,11 +241,13 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
                      f"{g['mean_decodes']:.1f} decodes, {100 * g['time_share']:.1f} % of the time")
     ps = exp.get("prompt_step")
     if ps:
+        what = ("attention operators outside the piecewise graphs" if ps.get("piecewise")
+                else "operators")
         lines.append(
             f"  prompt step at {ps['tokens']} tokens ({ps['prompts']:.2f} prompts): token-linear "
             f"ops {_ms(ps['linear_total_s'])}, prefill attention {_ms(ps['attention_s'])}, host "
             f"floor {_ms(ps['num_kernels'] * ps['host_per_kernel_s'])} ({ps['num_kernels']} "
-            f"operators x {1e6 * ps['host_per_kernel_s']:.0f} us); largest:")
+            f"{what} x {1e6 * ps['host_per_kernel_s']:.0f} us); largest:")
         lines += _op_lines(ps["ops"])
     ds = exp["decode_step"]
     lines.append(f"  decode step at batch {ds['batch']}: token-linear ops "

@@ -296,6 +296,17 @@ def test_inferencex_recipes_set_launch_facts() -> None:
     assert any("no InferenceX vLLM recipe" in s for s in other.sources)
     for p in (w, n, g, v):
         ServingConfig(**p.config_kwargs())
+    # Piecewise CUDA graphs: gpt-oss and MiniMax recipes capture up to 2048 tokens; the B200
+    # Llama recipe runs FULL_DECODE_ONLY (none), the H200 one vLLM's default 2 x max-num-seqs;
+    # aiconfigurator lists sizes 1..max_batch_size.
+    llama = {gpu: engine_profile("vllm", isl=1024, max_batch_size=8, launcher="inferencex",
+                                 model="meta-llama/Llama-3.1-70B", gpu=gpu)
+             for gpu in ("b200-sxm-180gb", "h200-sxm-141gb")}
+    aic = engine_profile("vllm", isl=1024, max_batch_size=24, launcher="aiconfigurator")
+    assert [p.piecewise_graph_tokens for p in (v, other, llama["b200-sxm-180gb"],
+                                               llama["h200-sxm-141gb"], aic)] == [
+        2048, 2048, 0, 16, 24]
+    assert ServingConfig(**v.config_kwargs()).piecewise_graph_tokens == 2048
 
 
 def test_stream_interval_moves_the_first_chunk_to_the_kth_token(affine, cluster) -> None:
@@ -429,6 +440,34 @@ def test_eager_iterations_last_at_least_kernels_times_the_host_time(affine) -> N
     slower = run("vllm", kernel_launch_overhead_s=2 * host, **graphs)
     assert slower.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(
         2 * kernels * host - gpu_prefill, rel=1e-9)
+
+
+def test_piecewise_graphs_leave_the_host_only_the_attention_kernels(affine) -> None:
+    """vLLM's piecewise CUDA graphs (``piecewise_graph_tokens``): a 256-token prompt within the
+    captured sizes launches only its 100 attention kernels from the host (5 ms, below the GPU
+    time: TTFT as without any host floor); above them, or with FULL_DECODE_ONLY graphs (0),
+    all 1000 kernels x 50 us = 50 ms bound the prompt iteration."""
+    kernels, attn, host = 1000, 100, 50e-6
+    model = dataclasses.replace(affine, num_kernels=kernels, num_attention_kernels=attn)
+    cal = dataclasses.replace(TOY_CALIBRATION, eager_kernel_host_s={"vllm": host})
+    cluster = toy_cluster(calibration=cal)
+    one = [_req(0, 0.0, 256, 4)]
+
+    def ttft(engine: str, piecewise: int) -> float:
+        rep = simulate_serving("debug-llama", cluster, _cfg(
+            engine=engine, cuda_graph=True, cuda_graph_sizes=(1, 2, 4),
+            piecewise_graph_tokens=piecewise), one, cost_model=model)
+        return float(rep.ttft_s["mean"])
+
+    gpu_prefill = model.iteration_s([(256, 256)], 0, 0.0)
+    assert attn * host < gpu_prefill < kernels * host
+    base = ttft("", 0)
+    assert ttft("vllm", 512) == pytest.approx(base, rel=1e-12)
+    for eager in (0, 255):
+        assert ttft("vllm", eager) - base == pytest.approx(kernels * host - gpu_prefill,
+                                                          rel=1e-9)
+    with pytest.raises(ConfigError, match="piecewise_graph_tokens"):
+        _cfg(piecewise_graph_tokens=-1)
 
 
 def test_overlap_scheduler_launches_an_eager_batch_behind_the_graph_before_it(affine) -> None:

@@ -50,13 +50,20 @@ def test_attention_dp_ranks_run_prefill_attention_side_by_side() -> None:
     model, cluster = load_model("debug-moe"), toy_cluster()
     dep = GraphIterationCostModel(model, cluster, tp=2, ep=2, dp_attention=True)
     one = dep.prefill_attention_s(512, 512)
+    floor = dep.prefill_attention_s(1, 1)  # a kernel's fixed cost: one launch per rank
+    assert 0 < floor < one
     # Two equal prompts on two attention-DP ranks: one prompt's attention, not two.
     assert dep.prefill_attention_total_s([one, one]) == pytest.approx(one)
-    # Three: the busier rank runs two of them; balanced placement bound = 1.5 (>= max chunk).
-    assert dep.prefill_attention_total_s([one] * 3) == pytest.approx(1.5 * one)
+    # Three: the busier rank runs two of them in one launch: balanced share of 3 prompts'
+    # work above the floor plus one floor per rank = 1.5 x one - floor / 2 (>= max chunk).
+    assert dep.prefill_attention_total_s([one] * 3) == pytest.approx(1.5 * one - floor / 2)
     tep = GraphIterationCostModel(model, cluster, tp=2, ep=2, dp_attention=False)
-    t = tep.prefill_attention_s(512, 512)
-    assert tep.prefill_attention_total_s([t, t]) == pytest.approx(2 * t)
+    t, floor = tep.prefill_attention_s(512, 512), tep.prefill_attention_s(1, 1)
+    # Without attention DP both prompts go through one variable-length launch per kernel.
+    assert tep.prefill_attention_total_s([t, t]) == pytest.approx(2 * t - floor)
+    assert tep.prefill_attention_total_s([t]) == t
+    # Many one-token prompts cost one floor each above the first, not a whole launch each.
+    assert tep.prefill_attention_total_s([floor] * 50) == pytest.approx(floor)
 
 
 def _moe_block(graphs: dict) -> object:
