@@ -227,6 +227,14 @@ class ReplicaEngine:
         self._polled_at = -math.inf
         self._last_had_prompts = False
 
+    def host_kernels(self, tokens: int) -> int:
+        """Kernels the host launches for an iteration of ``tokens`` that replays no full CUDA
+        graph: a batch within the piecewise graphs' sizes (``piecewise_graph_tokens``) replays
+        them and launches only its attention operators; any other launches every operator."""
+        if tokens <= self.cfg.piecewise_graph_tokens:
+            return self.cost.num_attention_kernels
+        return self.cost.num_kernels
+
     # ------------------------------------------------------------------ queue state
     @property
     def num_running(self) -> int:
@@ -462,12 +470,7 @@ class ReplicaEngine:
         if captured:
             self._host_free_s = now_s
         else:
-            # A batch within the piecewise graphs' sizes replays them: the host launches only
-            # its attention operators.
-            tokens = sum(t for _, t in chunks) + n_dec * q
-            piecewise = tokens <= self.cfg.piecewise_graph_tokens
-            kernels = self.cost.num_attention_kernels if piecewise else self.cost.num_kernels
-            self._host_free_s = launch_from + kernels * self.launch_s
+            self._host_free_s = launch_from + self.host_kernels(taken + n_dec * q) * self.launch_s
             gpu_s = max(gpu_s, self._host_free_s - now_s)
         duration = gpu_s + self.overhead_s + (self.prefill_overhead_s if chunks else 0.0)
         self._prev_start_s = now_s

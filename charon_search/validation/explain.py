@@ -154,12 +154,12 @@ def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, An
     # The prompts share one launch of each attention kernel (``prefill_attention_total_s``).
     k = max(1, round(prompts))
     attention = cost.prefill_attention_total_s([cost.prefill_attention_s(chunk, chunk)] * k)
-    piecewise = tokens <= engine.cfg.piecewise_graph_tokens
+    kernels = engine.host_kernels(tokens)
     return {"tokens": tokens, "prompts": group["mean_prompts"],
             **_ops_summary(cost.linear_breakdown(tokens)),
             "attention_s": float(attention * group["mean_prompts"] / k),
-            "num_kernels": int(cost.num_attention_kernels if piecewise else cost.num_kernels),
-            "piecewise": piecewise, "host_per_kernel_s": float(engine.launch_s)}
+            "num_kernels": int(kernels), "piecewise": kernels < cost.num_kernels,
+            "host_per_kernel_s": float(engine.launch_s)}
 
 
 def _ops_summary(ops: list[tuple[str, str, str, float]]) -> dict[str, Any]:
