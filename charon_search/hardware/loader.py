@@ -132,6 +132,8 @@ _CALIBRATION_FIELDS = (
     _Field("iteration_cpu_overhead_s", f"iteration_cpu_overhead_{_TIME}", "number",
            required=False, rule="nonneg"),
     _Field("frontend_latency_s", f"frontend_latency_{_TIME}", "mapping", required=False),
+    _Field("frontend_prompt_token_s", f"frontend_prompt_token_{_TIME}", "mapping",
+           required=False),
     _Field("prefill_iteration_overhead_s", f"prefill_iteration_overhead_{_TIME}", "mapping",
            required=False),
     _Field("eager_kernel_host_s", f"eager_kernel_host_{_TIME}", "mapping", required=False),
@@ -453,7 +455,8 @@ def _calibration_from_dict(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
-    for per_engine in ("frontend_latency", "prefill_iteration_overhead", "eager_kernel_host"):
+    for per_engine in ("frontend_latency", "frontend_prompt_token", "prefill_iteration_overhead",
+                       "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"

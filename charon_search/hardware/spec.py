@@ -126,6 +126,11 @@ class Calibration:
     """Serving engine (``vllm``, ``sglang``, ``trtllm``) -> seconds a request spends in that
     engine's serving front end on this cluster's hosts (``ServingConfig.frontend_latency_s``);
     an engine not listed has none."""
+    frontend_prompt_token_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine -> seconds per prompt token a request spends in that engine's serving
+    front end on this cluster's hosts before the scheduler sees it (text -> token ids and the
+    request's input processing: ``ServingConfig.frontend_prompt_token_s``); an engine not
+    listed has none."""
     prefill_iteration_overhead_s: Mapping[str, float] = field(default_factory=dict)
     """Serving engine -> host seconds an iteration carrying prompt tokens adds to its GPU time
     on this cluster's hosts (``ServingConfig.prefill_iteration_overhead_s``); an engine not

@@ -360,8 +360,9 @@ class ServingConfig:
     per iteration is hidden, so such engines run with ``iteration_overhead_s = 0``."""
     engine: str = ""
     """The serving engine this configuration stands for (``vllm``, ``sglang``, ``trtllm``;
-    ``""`` = a generic engine). It selects the cluster's calibrated front-end latency
-    (``frontend_latency_s``) and prompt-iteration overhead (``prefill_iteration_overhead_s``)."""
+    ``""`` = a generic engine). It selects the cluster's calibrated front-end times
+    (``frontend_latency_s``, ``frontend_prompt_token_s``) and prompt-iteration overhead
+    (``prefill_iteration_overhead_s``)."""
     frontend_latency_s: float | None = None
     """Time a request spends in the engine's serving front end, outside the simulated
     scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
@@ -369,6 +370,12 @@ class ServingConfig:
     engine, so it counts in TTFT and E2E (and delays a closed loop's next request) but not in
     TPOT. None = the cluster's calibrated ``frontend_latency_s[engine]`` (0 when it has
     none)."""
+    frontend_prompt_token_s: float | None = None
+    """Front-end time per prompt token, on top of ``frontend_latency_s``: the server turns the
+    prompt text into token ids and processes the request's input before the scheduler sees it,
+    so a longer prompt reaches the engine later. Counts like ``frontend_latency_s`` (TTFT and
+    E2E, not TPOT). None = the cluster's calibrated ``frontend_prompt_token_s[engine]`` (0
+    when it has none)."""
     prefill_iteration_overhead_s: float | None = None
     """Host time an iteration that carries prompt tokens adds to its GPU time, which the
     overlap scheduler does not hide: such iterations run eagerly (TensorRT-LLM and SGLang
@@ -404,7 +411,8 @@ class ServingConfig:
         _choice("tp_allreduce", self.tp_allreduce, TP_ALLREDUCES)
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
-        for name in ("frontend_latency_s", "prefill_iteration_overhead_s"):
+        for name in ("frontend_latency_s", "frontend_prompt_token_s",
+                     "prefill_iteration_overhead_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "

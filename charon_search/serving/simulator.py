@@ -158,8 +158,17 @@ class ServingSimulation:
                                        cluster.calibration.frontend_latency_s, config.engine)
         """Front-end latency (``ServingConfig.frontend_latency_s``): a request reaches the
         engine this long after its client sent it; reported latencies start at the send."""
+        self.frontend_token_s = _engine_time(config.frontend_prompt_token_s,
+                                             cluster.calibration.frontend_prompt_token_s,
+                                             config.engine)
+        """Front-end time per prompt token (``ServingConfig.frontend_prompt_token_s``)."""
         self._finished = 0
         self._on_finish_hook: Any = None
+
+    def front_s(self, spec: RequestSpec) -> float:
+        """Time ``spec`` spends in the serving front end before the engine sees it (its
+        client's send is this long before its arrival at the scheduler)."""
+        return self.frontend_s + self.frontend_token_s * spec.prompt_tokens
 
     # ------------------------------------------------------------------ construction
     def _pool_cluster(self, pool: PoolConfig) -> ClusterSpec:
@@ -331,12 +340,12 @@ class ServingSimulation:
 
             bar = tqdm(total=len(requests), unit="req", desc="serve", leave=False)
 
-        front = self.frontend_s
+        front = self.front_s
 
         def issue(now_s: float) -> None:
             spec = next(pending, None)
             if spec is not None:
-                self._push(now_s + spec.think_time_s + front, 0, _ARRIVE, spec)
+                self._push(now_s + spec.think_time_s + front(spec), 0, _ARRIVE, spec)
 
         if closed_loop_concurrency:
             first = min(closed_loop_concurrency, len(requests))
@@ -344,11 +353,11 @@ class ServingSimulation:
                 ramp_up_s = self.expected_lifetime_s(requests[:first], closed_loop_concurrency)
             for i in range(first):
                 spec = next(pending)
-                self._push(ramp_up_s * i / first + front, 0, _ARRIVE, spec)
+                self._push(ramp_up_s * i / first + front(spec), 0, _ARRIVE, spec)
             self._on_finish_hook = issue
         else:
             for spec in requests:
-                self._push(spec.arrived_at_s + front, 0, _ARRIVE, spec)
+                self._push(spec.arrived_at_s + front(spec), 0, _ARRIVE, spec)
         # Replicas with new work at this instant, by their place in ``self.replicas``: they
         # start in that order (not by ``id()``, a memory address that differs between runs).
         dirty: set[int] = set()
@@ -401,7 +410,7 @@ class ServingSimulation:
         cfg = self.config
         n = len(reqs)
         # Latencies from the client's send, a front-end latency before the engine's arrival.
-        arrived = np.array([r.arrived_s for r in reqs]) - self.frontend_s
+        arrived = np.array([r.arrived_s - self.front_s(r.spec) for r in reqs])
         first = np.array([r.first_token_s for r in reqs])
         finish = np.array([r.finish_s for r in reqs])
         out_tok = np.array([r.output_tokens for r in reqs], dtype=float)

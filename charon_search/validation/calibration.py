@@ -131,6 +131,11 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "time a request spends in {}'s serving front end (HTTP server, tokenization, "
                  "hand-over to the executor, first token's way back): in TTFT and E2E, not in "
                  "TPOT"),
+    *_per_engine("frontend_prompt_token", "frontend_prompt_token_s",
+                 (0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6, 1e-5),
+                 "time per prompt token a request spends in {}'s serving front end before the "
+                 "scheduler sees it (turning the prompt text into token ids, input "
+                 "processing): in TTFT and E2E, not in TPOT"),
     *_per_engine("prefill_overhead", "prefill_iteration_overhead_s",
                  (0.0, 0.004, 0.008, 0.012, 0.016, 0.024),
                  "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "

@@ -340,6 +340,25 @@ def test_one_request_pays_the_latency_once_in_ttft_and_e2e(affine, cluster) -> N
     assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-12)
 
 
+def test_prompt_token_time_grows_with_the_prompt(affine, cluster) -> None:
+    """5 us per prompt token: a lone 1000-token prompt reaches the engine 5 ms later and a
+    4000-token one 20 ms later (TTFT and E2E, not TPOT); with a 10 ms fixed latency on top
+    both add up."""
+    for prompt, extra in ((1000, 0.005), (4000, 0.020)):
+        one = [_req(0, 0.0, prompt, 10)]
+        base = simulate_serving("debug-llama", cluster, _cfg(), one, cost_model=affine)
+        slow = simulate_serving("debug-llama", cluster, _cfg(frontend_prompt_token_s=5e-6),
+                                one, cost_model=affine)
+        both = simulate_serving("debug-llama", cluster,
+                                _cfg(frontend_prompt_token_s=5e-6, frontend_latency_s=0.01),
+                                one, cost_model=affine)
+        assert slow.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(extra, rel=1e-9)
+        assert slow.e2e_s["mean"] - base.e2e_s["mean"] == pytest.approx(extra, rel=1e-9)
+        assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-12)
+        assert both.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(extra + 0.01,
+                                                                          rel=1e-9)
+
+
 def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) -> None:
     """C streams, each request's E2E from its client's send: throughput x E2E = C."""
     wl = WorkloadSpec(arrival="concurrency", concurrency=8, num_requests=800, seed=3,
@@ -355,12 +374,14 @@ def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) 
     assert slow.requests_per_s < base.requests_per_s
 
 
-@pytest.mark.parametrize("field", ["frontend_latency_s", "prefill_iteration_overhead_s"])
-def test_cluster_calibration_supplies_the_engines_time(affine, field) -> None:
+@pytest.mark.parametrize(("field", "value"), [("frontend_latency_s", 0.03),
+                                            ("frontend_prompt_token_s", 0.03 / 256),
+                                            ("prefill_iteration_overhead_s", 0.03)])
+def test_cluster_calibration_supplies_the_engines_time(affine, field, value) -> None:
     """The cluster's per-engine value applies to that engine's configurations only (one
-    256-token prompt: one prompt iteration, so either time adds 30 ms to TTFT once); an
+    256-token prompt: one prompt iteration, so each time adds 30 ms to TTFT once); an
     explicit value in the configuration wins."""
-    cal = dataclasses.replace(TOY_CALIBRATION, **{field: {"trtllm": 0.03}})
+    cal = dataclasses.replace(TOY_CALIBRATION, **{field: {"trtllm": value}})
     cluster = toy_cluster(calibration=cal)
     one = [_req(0, 0.0, 256, 4)]
     ttft = {eng: simulate_serving("debug-llama", cluster, _cfg(engine=eng), one,

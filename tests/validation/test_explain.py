@@ -54,7 +54,7 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert 0 < ds["linear_total_s"] < decode["mean_duration_s"]
     assert ds["ops"] and all(op["source"] in ("profile", "predictor", "roofline", "collective")
                              for op in ds["ops"])
-    # The mean prompt iteration, op by op: two whole prompts plus the ~4 decodes beside them;
+    # The mean prompt iteration, op by op: two whole prompts plus the few decodes beside them;
     # its token-linear ops, prefill attention and TensorRT-LLM's calibrated 16 ms of host time
     # per prompt iteration make up its simulated duration (the LM head and the decodes'
     # attention are the rest).
@@ -63,7 +63,12 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert ps["linear_total_s"] + ps["attention_s"] + eng["prefill_iteration_overhead_s"] == (
         pytest.approx(prompt["mean_duration_s"], rel=0.05))
     assert ps["num_kernels"] * ps["host_per_kernel_s"] < ps["linear_total_s"]  # GPU-bound
-    assert "prompt step at 2052 tokens" in render_explanation(exp)
+    assert isl <= ps["tokens"] <= 2 * isl + c
+    text = render_explanation(exp)
+    assert f"prompt step at {ps['tokens']} tokens" in text
+    # The H100 spec's TensorRT-LLM front-end time per prompt token (4 us) is shown per token.
+    assert eng["frontend_prompt_token_s"] == pytest.approx(4e-6)
+    assert "frontend_prompt_token_s 4.00 us/token" in text
     assert math.isfinite(exp["ttft_percentiles_s"]["p50"])
     # The KV cache: the memory model's capacity, and 8 streams of 1024 + 512 tokens at most.
     from charon_search.serving.simulator import kv_capacity_blocks
