@@ -144,6 +144,9 @@ class Converter:
                     self.past_ids.add(tid)
                 primal_idx += 1
                 continue
+            if a.op == "get_attr":
+                self._constant(key, a)
+                continue
             if a.op == "output":
                 outs = a.args[0]
                 for o in outs if isinstance(outs, (list, tuple)) else (outs,):
@@ -210,6 +213,9 @@ class Converter:
                 else:
                     self.new_tensor(("bw", a.name), self.vals("bw", a))
                 continue
+            if a.op == "get_attr":
+                self._constant(("bw", a.name), a)
+                continue
             if a.op == "output":
                 for o in a.args[0]:
                     if hasattr(o, "name"):
@@ -257,6 +263,14 @@ class Converter:
                 f"frontend: the {what} graph changes structure between the two trace points "
                 f"({len(n1)} vs {len(n2)} nodes); shape-dependent control flow is not supported"
             )
+
+    def _constant(self, key: tuple[str, str], a: Any) -> None:
+        """A tensor the model builds from Python values during the trace (``torch.tensor(...)``
+        in a forward): the tracer stores it on the graph module and reads it with a
+        ``get_attr`` node (``_tensor_constant0``). It is an input like any other tensor, not a
+        parameter: no op produces it."""
+        if _is_tensor(a.meta.get("val")):
+            self.new_tensor(key, self.vals(key[0], a))
 
     def tid_of(self, key: tuple[str, str]) -> int:
         return self.tid[self.resolve(key)]

@@ -92,12 +92,13 @@ def _log_err(x: float) -> str:
 
 
 def _fitted(values: Mapping[str, float]) -> str:
-    """``name = value`` pairs in the unit the name carries (bytes as GiB, seconds as ms)."""
+    """``name = value`` pairs in the unit the name carries (bytes as GiB, seconds as ms, or as
+    us below a millisecond)."""
     def one(k: str, v: float) -> str:
         if k.endswith("_bytes"):
             return f"{k} = {v / 2**30:g} GiB"
         if k.endswith("_s"):
-            return f"{k} = {v * 1e3:g} ms"
+            return (f"{k} = {v * 1e6:g} us" if 0 < v < 1e-3 else f"{k} = {v * 1e3:g} ms")
         return f"{k} = {v:g}"
     return ", ".join(one(k, float(v)) for k, v in values.items())
 

@@ -289,3 +289,17 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
         "eager_kernel_host_vllm_s"]
     assert all(not PARAMETERS[n].target.startswith("gpu.")
                for k in ("training", "serving") for n in default_parameters(k))
+
+
+def test_fitted_values_are_written_in_their_units():
+    """The report's fitted vectors: seconds as ms, below a millisecond as us (a per-token time
+    of 4e-6 s must not read "0.004 ms"), bytes as GiB, ratios as they are."""
+    from charon_search.validation.accuracy import _fitted
+
+    assert _fitted({"frontend_latency_trtllm_s": 0.02, "frontend_prompt_token_trtllm_s": 4e-6,
+                    "eager_kernel_host_sglang_s": 7e-5, "prefill_overhead_vllm_s": 0.0,
+                    "allocator_reserved_extra_bytes": 2 * 2**30,
+                    "overlap_compute_slowdown": 1.1}) == (
+        "frontend_latency_trtllm_s = 20 ms, frontend_prompt_token_trtllm_s = 4 us, "
+        "eager_kernel_host_sglang_s = 70 us, prefill_overhead_vllm_s = 0 ms, "
+        "allocator_reserved_extra_bytes = 2 GiB, overlap_compute_slowdown = 1.1")
