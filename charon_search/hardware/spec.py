@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from charon_search.errors import ConfigError
 
 #: Serving engines a cluster calibrates per-engine times for (``Calibration.frontend_latency_s``,
-#: ``prefill_iteration_overhead_s``); the engines ``serving.backends`` has launch profiles of.
+#: ``frontend_prompt_token_s``, ``prefill_iteration_overhead_s``, ``eager_kernel_host_s``); the
+#: engines ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
