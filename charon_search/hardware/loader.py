@@ -134,6 +134,8 @@ _CALIBRATION_FIELDS = (
     _Field("frontend_latency_s", f"frontend_latency_{_TIME}", "mapping", required=False),
     _Field("frontend_prompt_token_s", f"frontend_prompt_token_{_TIME}", "mapping",
            required=False),
+    _Field("frontend_output_token_s", f"frontend_output_token_{_TIME}", "mapping",
+           required=False),
     _Field("prefill_iteration_overhead_s", f"prefill_iteration_overhead_{_TIME}", "mapping",
            required=False),
     _Field("eager_kernel_host_s", f"eager_kernel_host_{_TIME}", "mapping", required=False),
@@ -455,8 +457,8 @@ def _calibration_from_dict(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
-    for per_engine in ("frontend_latency", "frontend_prompt_token", "prefill_iteration_overhead",
-                       "eager_kernel_host"):
+    for per_engine in ("frontend_latency", "frontend_prompt_token", "frontend_output_token",
+                       "prefill_iteration_overhead", "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from charon_search.errors import ConfigError
 
 #: Serving engines a cluster calibrates per-engine times for (``Calibration.frontend_latency_s``,
-#: ``frontend_prompt_token_s``, ``prefill_iteration_overhead_s``, ``eager_kernel_host_s``); the
-#: engines ``serving.backends`` has launch profiles of.
+#: ``frontend_prompt_token_s``, ``frontend_output_token_s``, ``prefill_iteration_overhead_s``,
+#: ``eager_kernel_host_s``); the engines ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
@@ -132,6 +132,10 @@ class Calibration:
     front end on this cluster's hosts before the scheduler sees it (text -> token ids and the
     request's input processing: ``ServingConfig.frontend_prompt_token_s``); an engine not
     listed has none."""
+    frontend_output_token_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine -> seconds that engine's serving front end spends per streamed output
+    token on this cluster's hosts, one token after another for all requests
+    (``ServingConfig.frontend_output_token_s``); an engine not listed has none."""
     prefill_iteration_overhead_s: Mapping[str, float] = field(default_factory=dict)
     """Serving engine -> host seconds an iteration carrying prompt tokens adds to its GPU time
     on this cluster's hosts (``ServingConfig.prefill_iteration_overhead_s``); an engine not

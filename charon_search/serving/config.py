@@ -361,8 +361,8 @@ class ServingConfig:
     engine: str = ""
     """The serving engine this configuration stands for (``vllm``, ``sglang``, ``trtllm``;
     ``""`` = a generic engine). It selects the cluster's calibrated front-end times
-    (``frontend_latency_s``, ``frontend_prompt_token_s``) and prompt-iteration overhead
-    (``prefill_iteration_overhead_s``)."""
+    (``frontend_latency_s``, ``frontend_prompt_token_s``, ``frontend_output_token_s``) and
+    prompt-iteration overhead (``prefill_iteration_overhead_s``)."""
     frontend_latency_s: float | None = None
     """Time a request spends in the engine's serving front end, outside the simulated
     scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
@@ -376,6 +376,15 @@ class ServingConfig:
     so a longer prompt reaches the engine later. Counts like ``frontend_latency_s`` (TTFT and
     E2E, not TPOT). None = the cluster's calibrated ``frontend_prompt_token_s[engine]`` (0
     when it has none)."""
+    frontend_output_token_s: float | None = None
+    """Front-end time per streamed output token (one per request per iteration that gives it a
+    token): the server's front-end process turns token ids back into text and writes each
+    request's stream chunk to its client, one after another, for all requests together. The
+    tokens of an iteration reach their clients once the front end has worked through them and
+    every token queued before them, so while the engine emits tokens faster than
+    ``1 / frontend_output_token_s`` per second they queue there: TTFT, TPOT and E2E grow and a
+    closed loop's next request starts later. None = the cluster's calibrated
+    ``frontend_output_token_s[engine]`` (0 when it has none)."""
     prefill_iteration_overhead_s: float | None = None
     """Host time an iteration that carries prompt tokens adds to its GPU time, which the
     overlap scheduler does not hide: such iterations run eagerly (TensorRT-LLM and SGLang
@@ -412,7 +421,7 @@ class ServingConfig:
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
         for name in ("frontend_latency_s", "frontend_prompt_token_s",
-                     "prefill_iteration_overhead_s"):
+                     "frontend_output_token_s", "prefill_iteration_overhead_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "

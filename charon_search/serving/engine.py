@@ -171,6 +171,9 @@ class ReplicaEngine:
         self.draft_s = draft_s
         self.on_prefilled = on_prefilled
         self.on_finished = on_finished
+        self.stream: Callable[[float, int], float] | None = None
+        """``(iteration end, tokens it emitted) -> time its tokens reach their clients``: the
+        serving front end's output queue (``ServingSimulation.stream``); None = at once."""
         # Disaggregated: the client's first token comes from the decode replica, once the KV
         # has arrived. SGLang's decode server streams the prefill's token when the request
         # joins (a "prebuilt" batch, scheduler_output_processor_mixin
@@ -587,11 +590,15 @@ class ReplicaEngine:
         assert self.in_flight is not None
         chunks, n_dec = self.in_flight
         self.in_flight = None
+        # Client-visible time of this iteration's tokens: one per decoding request and one per
+        # finished prompt, through the front end's output queue.
+        seen_s = now_s if self.stream is None else self.stream(
+            now_s, n_dec + sum(1 for r, take in chunks if r.prefilled + take >= r.target))
         if n_dec:
             self.dstep += 1
             for r in self._first_pending:
                 if self.decoding.get(id(r)) is r:  # not preempted since it joined
-                    r.first_token_s = now_s
+                    r.first_token_s = seen_s
             self._first_pending.clear()
             heap = self._finish_heap
             while heap and heap[0][0] <= self.dstep:
@@ -599,7 +606,7 @@ class ReplicaEngine:
                 if self.decoding.get(id(r)) is not r or step != r.finish_step:
                     continue  # stale entry of a preempted request
                 self._leave_decode(r)
-                self._complete(r, now_s)
+                self._complete(r, now_s, seen_s)
         done: list[Request] = []
         for r, take in chunks:
             r.prefilled += take
@@ -613,9 +620,9 @@ class ReplicaEngine:
             handed_off = (r.gen0 < r.output_tokens and self.role == "prefill"
                           and self.on_prefilled is not None)
             if math.isnan(r.first_token_s) and not handed_off:
-                r.first_token_s = now_s
+                r.first_token_s = seen_s
             if r.gen0 >= r.output_tokens:
-                self._complete(r, now_s)
+                self._complete(r, now_s, seen_s)
             elif handed_off:
                 self._release_prefix(r, now_s)
                 self._unreserve(r)
@@ -655,13 +662,15 @@ class ReplicaEngine:
         tree.release(keys, now_s)
         return True
 
-    def _complete(self, r: Request, now_s: float) -> None:
+    def _complete(self, r: Request, now_s: float, seen_s: float | None = None) -> None:
+        """Free ``r``'s engine state at ``now_s``; its client gets the last token at
+        ``seen_s`` (default ``now_s``), when a closed loop's next request starts."""
         self._release_prefix(r, now_s)
         self._unreserve(r)
-        r.finish_s = now_s
+        r.finish_s = now_s if seen_s is None else seen_s
         r.generated_at_finish = r.output_tokens
         if self.on_finished is not None:
-            self.on_finished(r, now_s)
+            self.on_finished(r, r.finish_s)
 
     # ------------------------------------------------------------------ static batching
     def _start_static(self, now_s: float) -> float:
@@ -712,14 +721,15 @@ class ReplicaEngine:
         assert self.in_flight is not None
         phase = self.in_flight[0]
         self.in_flight = None
+        seen_s = now_s if self.stream is None else self.stream(now_s, len(self._static_batch))
         if phase == "prefill":
             for r in self._static_batch:
-                r.first_token_s = now_s
+                r.first_token_s = seen_s
         else:
             self._static_steps_left -= 1
         if self._static_steps_left <= 0:
             for r in self._static_batch:
-                self._complete(r, now_s)
+                self._complete(r, now_s, seen_s)
             self._static_batch = []
             self.pool.private_blocks = 0
 

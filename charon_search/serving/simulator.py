@@ -162,6 +162,15 @@ class ServingSimulation:
                                              cluster.calibration.frontend_prompt_token_s,
                                              config.engine)
         """Front-end time per prompt token (``ServingConfig.frontend_prompt_token_s``)."""
+        self.frontend_output_token_s = _engine_time(
+            config.frontend_output_token_s, cluster.calibration.frontend_output_token_s,
+            config.engine)
+        """Front-end time per streamed output token (``ServingConfig.frontend_output_token_s``):
+        one front end streams every replica's tokens (disaggregated: the decode replicas')."""
+        self._stream_free_s = 0.0
+        if self.frontend_output_token_s > 0:
+            for eng in self.decode_pool:
+                eng.stream = self.stream
         self._finished = 0
         self._on_finish_hook: Any = None
 
@@ -169,6 +178,14 @@ class ServingSimulation:
         """Time ``spec`` spends in the serving front end before the engine sees it (its
         client's send is this long before its arrival at the scheduler)."""
         return self.frontend_s + self.frontend_token_s * spec.prompt_tokens
+
+    def stream(self, now_s: float, tokens: int) -> float:
+        """The front end takes an iteration's ``tokens`` output tokens, ended at ``now_s``, after
+        every token queued before them (first come, first served, one at a time for all
+        requests) and returns when their clients have them."""
+        start = max(self._stream_free_s, now_s)
+        self._stream_free_s = start + tokens * self.frontend_output_token_s
+        return self._stream_free_s
 
     # ------------------------------------------------------------------ construction
     def _pool_cluster(self, pool: PoolConfig) -> ClusterSpec:

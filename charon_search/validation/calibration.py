@@ -136,6 +136,11 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "time per prompt token a request spends in {}'s serving front end before the "
                  "scheduler sees it (turning the prompt text into token ids, input "
                  "processing): in TTFT and E2E, not in TPOT"),
+    *_per_engine("frontend_output_token", "frontend_output_token_s",
+                 (0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4),
+                 "time {}'s serving front end spends per streamed output token, one token "
+                 "after another for all requests (detokenization, writing the stream chunk): "
+                 "tokens queue there once the engine emits more than its inverse per second"),
     *_per_engine("prefill_overhead", "prefill_iteration_overhead_s",
                  (0.0, 0.004, 0.008, 0.012, 0.016, 0.024),
                  "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "

@@ -119,6 +119,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "prefill_iteration_overhead_s": sim.replicas[0].prefill_overhead_s,
             "frontend_latency_s": sim.frontend_s,
             "frontend_prompt_token_s": sim.frontend_token_s,
+            "frontend_output_token_s": sim.frontend_output_token_s,
         },
         "kv_cache": {
             "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
@@ -220,7 +221,8 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
         return "\n".join(lines)
     eng = exp["engine"]
     lines.append("  engine: " + ", ".join(
-        f"{k} {v * 1e6:.2f} us/token" if k == "frontend_prompt_token_s" else
+        f"{k} {v * 1e6:.2f} us/token" if k in ("frontend_prompt_token_s",
+                                                "frontend_output_token_s") else
         f"{k} {_ms(v) if k.endswith('_s') else v}" for k, v in eng.items()))
     pred = exp["predicted"]
     lines.append(f"  predicted TTFT {_ms(pred['ttft_s'])}, TPOT {_ms(pred['tpot_s'])};  "

@@ -359,6 +359,39 @@ def test_prompt_token_time_grows_with_the_prompt(affine, cluster) -> None:
                                                                           rel=1e-9)
 
 
+def test_output_tokens_reach_clients_through_the_front_end_queue(affine, cluster) -> None:
+    """A lone request: every iteration emits one token and ends more than 1 ms after the last
+    (5 ms base cost), so the front end is idle when each token comes and delays it by exactly
+    its 1 ms per token: TTFT and E2E +1 ms, TPOT unchanged."""
+    one = [_req(0, 0.0, 100, 10)]
+    base = simulate_serving("debug-llama", cluster, _cfg(), one, cost_model=affine)
+    slow = simulate_serving("debug-llama", cluster, _cfg(frontend_output_token_s=1e-3), one,
+                            cost_model=affine)
+    assert slow.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(1e-3, rel=1e-9)
+    assert slow.e2e_s["mean"] - base.e2e_s["mean"] == pytest.approx(1e-3, rel=1e-9)
+    assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-9)
+    with pytest.raises(ConfigError, match="frontend_output_token_s"):
+        ServingConfig(frontend_output_token_s=-1e-6)
+
+
+def test_a_saturated_front_end_caps_the_output_rate(affine, cluster) -> None:
+    """32 closed-loop streams of 64-token outputs; the engine alone emits ~4,000 tokens/s, but
+    a front end taking 1 ms per token delivers 1,000/s, so by Little's law each request lasts
+    32 x 64 x 1 ms ~ 2 s from its client's view (the engine runs ahead; its tokens wait in
+    the front end's queue, mostly before the first one reaches the client)."""
+    wl = WorkloadSpec(arrival="concurrency", concurrency=32, num_requests=320, seed=3,
+                      input_len=LengthDistribution(value=128),
+                      output_len=LengthDistribution(value=64))
+    base = simulate_serving("debug-llama", cluster, _cfg(), wl, cost_model=affine)
+    slow = simulate_serving("debug-llama", cluster, _cfg(frontend_output_token_s=1e-3), wl,
+                            cost_model=affine)
+    assert base.output_tokens_per_s > 3500
+    assert base.e2e_s["mean"] < 0.5
+    assert slow.output_tokens_per_s == pytest.approx(1000, rel=0.03)
+    assert slow.e2e_s["mean"] == pytest.approx(32 * 64 * 1e-3, rel=0.07)
+    assert slow.ttft_s["mean"] > 0.5 * slow.e2e_s["mean"]
+
+
 def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) -> None:
     """C streams, each request's E2E from its client's send: throughput x E2E = C."""
     wl = WorkloadSpec(arrival="concurrency", concurrency=8, num_requests=800, seed=3,
@@ -376,6 +409,7 @@ def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) 
 
 @pytest.mark.parametrize(("field", "value"), [("frontend_latency_s", 0.03),
                                             ("frontend_prompt_token_s", 0.03 / 256),
+                                            ("frontend_output_token_s", 0.03),
                                             ("prefill_iteration_overhead_s", 0.03)])
 def test_cluster_calibration_supplies_the_engines_time(affine, field, value) -> None:
     """The cluster's per-engine value applies to that engine's configurations only (one
