@@ -92,6 +92,10 @@ class ServingReport:
     """Tokens a request commits per decode step (k+1 at full speculative acceptance)."""
     dynamic_sp_saved_s: float = 0.0
     """Prefill-attention time dynamic SP saved against fixed SP, summed over iterations."""
+    frontend_busy: float = 0.0
+    """Fraction of the run the serving front end spent streaming output tokens (output tokens x
+    ``frontend_output_token_s`` / duration): near 1 it, not the engine, bounds the output
+    rate."""
     config: Mapping[str, Any] = field(default_factory=dict)
     per_request: Mapping[str, Sequence[float]] | None = None
     """Columns ``request_id, arrived_at_s, prompt_tokens, output_tokens, ttft_s, e2e_s,
@@ -130,6 +134,7 @@ class ServingReport:
             f"{self.tokens_per_s_per_gpu:.0f} tok/s/GPU, {self.tokens_per_s_per_user:.1f} "
             f"tok/s/user | preemptions {self.num_preemptions}, KV util "
             f"{self.kv_utilization:.1%}, prefix hits {self.prefix_hit_rate:.1%}"
+            + (f", front end busy {self.frontend_busy:.0%}" if self.frontend_busy else "")
         )
 
 

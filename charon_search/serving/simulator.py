@@ -499,6 +499,7 @@ class ServingSimulation:
             num_iterations=sum(eng.num_iterations for eng in self.replicas),
             kv_capacity_tokens=self.decode_pool[0].pool.num_blocks * cfg.block_size,
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
+            frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s / duration),
             config=_jsonable_config(cfg), per_request=per_request)
 
     def write_chrome_trace(self, path: str | Path) -> None:

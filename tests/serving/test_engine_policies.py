@@ -390,6 +390,10 @@ def test_a_saturated_front_end_caps_the_output_rate(affine, cluster) -> None:
     assert slow.output_tokens_per_s == pytest.approx(1000, rel=0.03)
     assert slow.e2e_s["mean"] == pytest.approx(32 * 64 * 1e-3, rel=0.07)
     assert slow.ttft_s["mean"] > 0.5 * slow.e2e_s["mean"]
+    # The report says who bounds the rate: 1,000 tokens/s x 1 ms = a front end busy throughout.
+    assert slow.frontend_busy == pytest.approx(1.0, rel=0.03)
+    assert f"front end busy {slow.frontend_busy:.0%}" in slow.summary()
+    assert base.frontend_busy == 0.0 and "front end" not in base.summary()
 
 
 def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) -> None:
