@@ -26,6 +26,7 @@ import yaml
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import (
     SERVING_ENGINES,
+    SERVING_FRONTENDS,
     Calibration,
     ClusterSpec,
     GpuSpec,
@@ -460,11 +461,13 @@ def _calibration_from_dict(
     for per_engine in ("frontend_latency", "frontend_prompt_token", "frontend_output_token",
                        "prefill_iteration_overhead", "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
+        allowed = SERVING_ENGINES + (SERVING_FRONTENDS if per_engine == "frontend_output_token"
+                                     else ())
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"
-            if key not in SERVING_ENGINES:
+            if key not in allowed:
                 raise ConfigError(f"{_where(file, where)}: unknown serving engine {key!r}; "
-                                  f"allowed: {', '.join(SERVING_ENGINES)}")
+                                  f"allowed: {', '.join(allowed)}")
             _check_value(_Field(per_engine, per_engine, "number", rule="nonneg"), v, file,
                          where)
         values[f"{per_engine}_s"] = {str(k): float(v) for k, v in given.items()}

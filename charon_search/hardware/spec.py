@@ -14,6 +14,9 @@ from charon_search.errors import ConfigError
 #: ``frontend_prompt_token_s``, ``frontend_output_token_s``, ``prefill_iteration_overhead_s``,
 #: ``eager_kernel_host_s``); the engines ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
+#: Serving front ends that stream an engine's tokens in place of its own server
+#: (``ServingConfig.frontend``); ``Calibration.frontend_output_token_s`` may key them too.
+SERVING_FRONTENDS = ("dynamo",)
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 
@@ -135,7 +138,9 @@ class Calibration:
     frontend_output_token_s: Mapping[str, float] = field(default_factory=dict)
     """Serving engine -> seconds that engine's serving front end spends per streamed output
     token on this cluster's hosts, one token after another for all requests
-    (``ServingConfig.frontend_output_token_s``); an engine not listed has none."""
+    (``ServingConfig.frontend_output_token_s``); an engine not listed has none. A front end
+    of ``SERVING_FRONTENDS`` (``dynamo``) is keyed by its own name: launched through it, every
+    engine streams at its rate (``ServingConfig.frontend``)."""
     prefill_iteration_overhead_s: Mapping[str, float] = field(default_factory=dict)
     """Serving engine -> host seconds an iteration carrying prompt tokens adds to its GPU time
     on this cluster's hosts (``ServingConfig.prefill_iteration_overhead_s``); an engine not

@@ -32,6 +32,7 @@ Sources (read, not copied):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,8 @@ class EngineProfile:
     """Requests come through the engine's HTTP server (its calibrated front-end latency
     applies, ``ServingConfig.engine``); False for an offline benchmark that feeds the executor
     in process (``trtllm-bench``)."""
+    frontend: str = ""
+    """``ServingConfig.frontend``: ``dynamo`` when the launch streams through NVIDIA Dynamo."""
 
     def __post_init__(self) -> None:
         if self.backend == "trtllm" and not self.block_size:
@@ -199,7 +202,8 @@ class EngineProfile:
                 "batch_wait_tokens": self.batch_wait_tokens,
                 "adp_balance_timeout_iters": self.adp_balance_timeout_iters,
                 "tp_allreduce": self.backend,
-                "engine": self.backend if self.http_frontend else ""}
+                "engine": self.backend if self.http_frontend else "",
+                "frontend": self.frontend}
 
 
 #: SGLang versions whose aiconfigurator launch template never passes ``--enable-mixed-chunk``
@@ -221,6 +225,12 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 
+#: aiconfigurator's generated launches (``generator/config/backend_templates/<engine>/run.sh.j2``,
+#: ai-dynamo/aiconfigurator) start ``python3 -m dynamo.frontend`` and one ``python3 -m
+#: dynamo.<engine>`` worker per replica: Dynamo, not the engine's own server, streams the tokens.
+AIC_FRONTEND = "dynamo"
+
+
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
                    model: str = "", max_num_tokens: int = 0, gpu: str = "",
@@ -240,6 +250,21 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     Raises:
         ConfigError: unknown backend or launcher, or a launcher the backend has no profile for.
     """
+    profile = _engine_profile(backend, isl=isl, max_batch_size=max_batch_size, version=version,
+                              launcher=launcher, osl=osl, tp=tp, model=model,
+                              max_num_tokens=max_num_tokens, gpu=gpu, attention_dp=attention_dp,
+                              linear_attention=linear_attention)
+    if launcher != "aiconfigurator":
+        return profile
+    return dataclasses.replace(profile, frontend=AIC_FRONTEND, sources=(
+        *profile.sources, "served through NVIDIA Dynamo (aiconfigurator backend_templates/"
+        f"{backend}/run.sh.j2: dynamo.frontend and a dynamo.{backend} worker per replica, "
+        "which streams its replica's tokens)"))
+
+
+def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str,
+                    launcher: str, osl: int, tp: int, model: str, max_num_tokens: int,
+                    gpu: str, attention_dp: int, linear_attention: bool) -> EngineProfile:
     if launcher not in LAUNCHERS:
         raise ConfigError(f"`launcher` must be one of {list(LAUNCHERS)}, but got {launcher!r}")
     if launcher == "trtllm_bench":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from charon_search.errors import ConfigError
-from charon_search.hardware.spec import SERVING_ENGINES
+from charon_search.hardware.spec import SERVING_ENGINES, SERVING_FRONTENDS
 
 __all__ = [
     "DEFAULT_CUDA_GRAPH_SIZES",
@@ -52,6 +52,8 @@ MOE_KERNELS = ("", "marlin", "mxfp8")
 #: Serving engines a cluster calibrates times for (HTTP front end, prompt iterations);
 #: ``""`` = none.
 ENGINES = ("", *SERVING_ENGINES)
+#: ``ServingConfig.frontend``: the engine's own server, or a front end launched in front of it.
+FRONTENDS = ("", *SERVING_FRONTENDS)
 KV_TRANSFER_TIERS = ("rdma", "nvlink")
 #: ``int4``: 4-bit integer weights with 16-bit activations (W4A16), for checkpoints whose
 #: catalog entry says which GEMMs are 4-bit (``serving._graphs.checkpoint_quant``).
@@ -376,6 +378,12 @@ class ServingConfig:
     so a longer prompt reaches the engine later. Counts like ``frontend_latency_s`` (TTFT and
     E2E, not TPOT). None = the cluster's calibrated ``frontend_prompt_token_s[engine]`` (0
     when it has none)."""
+    frontend: str = ""
+    """What streams the engine's tokens to the clients: ``""`` = the engine's own server (one
+    front end for all replicas, at the cluster's ``frontend_output_token_s[engine]``) or
+    ``"dynamo"`` = NVIDIA Dynamo (``dynamo.frontend`` with one ``dynamo.<engine>`` Python
+    worker per replica, which hands every token of its replica's requests to the frontend: one
+    queue per replica, at the cluster's ``frontend_output_token_s["dynamo"]``)."""
     frontend_output_token_s: float | None = None
     """Front-end time per streamed output token (one per request per iteration that gives it a
     token): the server's front-end process turns token ids back into text and writes each
@@ -384,7 +392,7 @@ class ServingConfig:
     every token queued before them, so while the engine emits tokens faster than
     ``1 / frontend_output_token_s`` per second they queue there: TTFT, TPOT and E2E grow and a
     closed loop's next request starts later. None = the cluster's calibrated
-    ``frontend_output_token_s[engine]`` (0 when it has none)."""
+    ``frontend_output_token_s`` of ``frontend`` (else of ``engine``; 0 when it has none)."""
     prefill_iteration_overhead_s: float | None = None
     """Host time an iteration that carries prompt tokens adds to its GPU time, which the
     overlap scheduler does not hide: such iterations run eagerly (TensorRT-LLM and SGLang
@@ -420,6 +428,7 @@ class ServingConfig:
         _choice("tp_allreduce", self.tp_allreduce, TP_ALLREDUCES)
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
+        _choice("frontend", self.frontend, FRONTENDS)
         for name in ("frontend_latency_s", "frontend_prompt_token_s",
                      "frontend_output_token_s", "prefill_iteration_overhead_s"):
             v = getattr(self, name)

@@ -173,7 +173,7 @@ class ReplicaEngine:
         self.on_finished = on_finished
         self.stream: Callable[[float, int], float] | None = None
         """``(iteration end, tokens it emitted) -> time its tokens reach their clients``: the
-        serving front end's output queue (``ServingSimulation.stream``); None = at once."""
+        serving front end's output queue (``simulator._StreamQueue.take``); None = at once."""
         # Disaggregated: the client's first token comes from the decode replica, once the KV
         # has arrived. SGLang's decode server streams the prefill's token when the request
         # joins (a "prebuilt" batch, scheduler_output_processor_mixin

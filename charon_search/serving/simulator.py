@@ -121,6 +121,21 @@ def _engine_time(explicit: float | None, calibrated: Mapping[str, float], engine
     return float(explicit) if explicit is not None else float(calibrated.get(engine, 0.0))
 
 
+class _StreamQueue:
+    """One front-end process's output queue: first come, first served, ``per_token_s`` each."""
+
+    __slots__ = ("free_s", "per_token_s")
+
+    def __init__(self, per_token_s: float) -> None:
+        self.per_token_s = per_token_s
+        self.free_s = 0.0
+
+    def take(self, now_s: float, tokens: int) -> float:
+        """``tokens`` tokens handed over at ``now_s``: when their clients have them."""
+        self.free_s = max(self.free_s, now_s) + tokens * self.per_token_s
+        return self.free_s
+
+
 class ServingSimulation:
     """One serving simulation: replicas, router, event heap, per-request results."""
 
@@ -164,13 +179,17 @@ class ServingSimulation:
         """Front-end time per prompt token (``ServingConfig.frontend_prompt_token_s``)."""
         self.frontend_output_token_s = _engine_time(
             config.frontend_output_token_s, cluster.calibration.frontend_output_token_s,
-            config.engine)
+            config.frontend or config.engine)
         """Front-end time per streamed output token (``ServingConfig.frontend_output_token_s``):
-        one front end streams every replica's tokens (disaggregated: the decode replicas')."""
-        self._stream_free_s = 0.0
+        the engine's own server streams every replica's tokens (disaggregated: the decode
+        replicas'), Dynamo one queue per replica (its ``dynamo.<engine>`` worker)."""
+        self._front_ends = 0
         if self.frontend_output_token_s > 0:
+            shared = _StreamQueue(self.frontend_output_token_s)
             for eng in self.decode_pool:
-                eng.stream = self.stream
+                eng.stream = (_StreamQueue(self.frontend_output_token_s) if config.frontend
+                              else shared).take
+            self._front_ends = len(self.decode_pool) if config.frontend else 1
         self._finished = 0
         self._on_finish_hook: Any = None
 
@@ -178,14 +197,6 @@ class ServingSimulation:
         """Time ``spec`` spends in the serving front end before the engine sees it (its
         client's send is this long before its arrival at the scheduler)."""
         return self.frontend_s + self.frontend_token_s * spec.prompt_tokens
-
-    def stream(self, now_s: float, tokens: int) -> float:
-        """The front end takes an iteration's ``tokens`` output tokens, ended at ``now_s``, after
-        every token queued before them (first come, first served, one at a time for all
-        requests) and returns when their clients have them."""
-        start = max(self._stream_free_s, now_s)
-        self._stream_free_s = start + tokens * self.frontend_output_token_s
-        return self._stream_free_s
 
     # ------------------------------------------------------------------ construction
     def _pool_cluster(self, pool: PoolConfig) -> ClusterSpec:
@@ -499,7 +510,8 @@ class ServingSimulation:
             num_iterations=sum(eng.num_iterations for eng in self.replicas),
             kv_capacity_tokens=self.decode_pool[0].pool.num_blocks * cfg.block_size,
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
-            frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s / duration),
+            frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s
+                                / max(1, self._front_ends) / duration),
             config=_jsonable_config(cfg), per_request=per_request)
 
     def write_chrome_trace(self, path: str | Path) -> None:

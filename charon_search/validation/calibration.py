@@ -41,7 +41,7 @@ import numpy as np
 import yaml
 
 from charon_search.hardware.spec import SERVING_ENGINES
-from charon_search.validation.records import Record
+from charon_search.validation.records import AIC_GAP_SOURCE, Record
 from charon_search.validation.runner import ValidationResult, run_validation
 from charon_search.validation.stats import representative_rows
 
@@ -77,12 +77,17 @@ class Parameter:
     engines: tuple[str, ...] = ()
     """Serving engines whose records it moves (empty: every record of ``kinds``); a record of
     another engine is simulated once for all of this parameter's values."""
+    dynamo_only: bool = False
+    """It moves only the silicon rows served through NVIDIA Dynamo (aiconfigurator's
+    gap-analysis launches, ``serving.backends.AIC_FRONTEND``)."""
     doc: str = ""
 
     def moves(self, record: Record) -> bool:
         """Whether ``record``'s prediction may depend on this parameter (a record whose engine
         is not known is assumed to: it is re-simulated rather than wrongly reused)."""
         engine = record_engine(record)
+        if self.dynamo_only and AIC_GAP_SOURCE not in (record.notes or ""):
+            return False
         return record.kind in self.kinds and (not self.engines or not engine
                                               or engine in self.engines)
 
@@ -141,6 +146,14 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "time {}'s serving front end spends per streamed output token, one token "
                  "after another for all requests (detokenization, writing the stream chunk): "
                  "tokens queue there once the engine emits more than its inverse per second"),
+    Parameter(name="frontend_output_token_dynamo_s",
+              target="calibration.frontend_output_token_s.dynamo",
+              grid=(0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4), default=0.0,
+              kinds=("serving",), dynamo_only=True,
+              doc="time NVIDIA Dynamo's per-replica worker spends per streamed output token "
+                  "(handing it from the engine to dynamo.frontend), whatever the engine: "
+                  "tokens queue there once the replica emits more than its inverse per "
+                  "second"),
     *_per_engine("prefill_overhead", "prefill_iteration_overhead_s",
                  (0.0, 0.004, 0.008, 0.012, 0.016, 0.024),
                  "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "

@@ -110,7 +110,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
     return {
         "kind": "serving", "id": case.record.id, "cluster": case.cluster.name,
         "engine": {
-            "engine": cfg.engine, **layout,
+            "engine": cfg.engine, "frontend": cfg.frontend or "own server", **layout,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_num_seqs": cfg.max_num_seqs, "chunked_prefill": cfg.chunked_prefill,
             "prefill_schedule": cfg.prefill_schedule,

@@ -396,6 +396,32 @@ def test_a_saturated_front_end_caps_the_output_rate(affine, cluster) -> None:
     assert base.frontend_busy == 0.0 and "front end" not in base.summary()
 
 
+def test_dynamo_streams_through_one_worker_per_replica(affine, cluster) -> None:
+    """Two replicas, 32 closed-loop streams each, 1 ms per token: the engine's own server has
+    one front end for both (1,000 tokens/s in all), Dynamo a worker per replica (2,000/s,
+    each busy throughout). The cluster keys Dynamo's time by its name, for every engine."""
+    wl = WorkloadSpec(arrival="concurrency", concurrency=64, num_requests=640, seed=3,
+                      input_len=LengthDistribution(value=128),
+                      output_len=LengthDistribution(value=64))
+    own = simulate_serving("debug-llama", cluster, _cfg(dp=2, frontend_output_token_s=1e-3),
+                           wl, cost_model=affine)
+    dyn = simulate_serving("debug-llama", cluster,
+                           _cfg(dp=2, frontend="dynamo", frontend_output_token_s=1e-3), wl,
+                           cost_model=affine)
+    assert own.output_tokens_per_s == pytest.approx(1000, rel=0.03)
+    assert dyn.output_tokens_per_s == pytest.approx(2000, rel=0.05)  # two replicas' tails
+    assert own.frontend_busy == pytest.approx(1.0, rel=0.03)
+    assert dyn.frontend_busy == pytest.approx(1.0, rel=0.05)
+    cal = dataclasses.replace(TOY_CALIBRATION, frontend_output_token_s={"dynamo": 1e-3})
+    keyed = toy_cluster(calibration=cal)
+    one = [_req(0, 0.0, 256, 4)]
+    ttft = {fe: simulate_serving("debug-llama", keyed, _cfg(engine="trtllm", frontend=fe), one,
+                                 cost_model=affine).ttft_s["mean"] for fe in ("", "dynamo")}
+    assert ttft["dynamo"] - ttft[""] == pytest.approx(1e-3, rel=1e-9)
+    with pytest.raises(ConfigError, match=r"frontend.*dynamo"):
+        ServingConfig(frontend="nginx")
+
+
 def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) -> None:
     """C streams, each request's E2E from its client's send: throughput x E2E = C."""
     wl = WorkloadSpec(arrival="concurrency", concurrency=8, num_requests=800, seed=3,

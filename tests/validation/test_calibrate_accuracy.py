@@ -285,7 +285,8 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
         "frontend_latency_vllm_s", "frontend_prompt_token_trtllm_s",
         "frontend_prompt_token_sglang_s", "frontend_prompt_token_vllm_s",
         "frontend_output_token_trtllm_s", "frontend_output_token_sglang_s",
-        "frontend_output_token_vllm_s", "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
+        "frontend_output_token_vllm_s", "frontend_output_token_dynamo_s",
+        "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
         "prefill_overhead_vllm_s", "eager_kernel_host_trtllm_s", "eager_kernel_host_sglang_s",
         "eager_kernel_host_vllm_s"]
     assert all(not PARAMETERS[n].target.startswith("gpu.")

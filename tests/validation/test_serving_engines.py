@@ -55,6 +55,17 @@ def test_trtllm_row_reserves_and_does_not_chunk(by_id) -> None:
     assert cfg.block_size == 32
 
 
+def test_gap_rows_stream_through_dynamo_inferencex_rows_do_not(by_id) -> None:
+    """aiconfigurator's launches put dynamo.frontend and a dynamo.<engine> worker per replica
+    in front of every engine; InferenceX's aggregated rows run the engine's own server."""
+    for rid in (SGLANG_051, VLLM_FP8, TRTLLM_8B):
+        case = to_case(by_id[rid])
+        assert case.config.frontend == "dynamo"
+        assert any("served through NVIDIA Dynamo" in a for a in case.assumptions)
+    ix = by_id["2026_04_06_llama_3_1_70b_b200_sxm_trtllm_fp8_agg_1024x1024_c32_tp1_ep1_263"]
+    assert to_case(ix).config.frontend == ""
+
+
 #: Well-understood silicon rows: SGLang 0.5.1 runs each closed-loop wave in lock-step (every
 #: prompt of the wave prefilled before anyone decodes), so TTFT is half a wave's prefill.
 #: Measured TTFT / TPOT and the prediction at 01:35 in the comments.
