@@ -590,10 +590,14 @@ class ReplicaEngine:
         assert self.in_flight is not None
         chunks, n_dec = self.in_flight
         self.in_flight = None
+        done: list[Request] = []
+        for r, take in chunks:
+            r.prefilled += take
+            if r.prefilled >= r.target:
+                done.append(r)
         # Client-visible time of this iteration's tokens: one per decoding request and one per
         # finished prompt, through the front end's output queue.
-        seen_s = now_s if self.stream is None else self.stream(
-            now_s, n_dec + sum(1 for r, take in chunks if r.prefilled + take >= r.target))
+        seen_s = now_s if self.stream is None else self.stream(now_s, n_dec + len(done))
         if n_dec:
             self.dstep += 1
             for r in self._first_pending:
@@ -607,11 +611,6 @@ class ReplicaEngine:
                     continue  # stale entry of a preempted request
                 self._leave_decode(r)
                 self._complete(r, now_s, seen_s)
-        done: list[Request] = []
-        for r, take in chunks:
-            r.prefilled += take
-            if r.prefilled >= r.target:
-                done.append(r)
         for r in done:
             self.prefilling.remove(r)
             self.pool.private_blocks -= self._prefill_private(r, r.prefilled)
@@ -662,15 +661,15 @@ class ReplicaEngine:
         tree.release(keys, now_s)
         return True
 
-    def _complete(self, r: Request, now_s: float, seen_s: float | None = None) -> None:
+    def _complete(self, r: Request, now_s: float, seen_s: float) -> None:
         """Free ``r``'s engine state at ``now_s``; its client gets the last token at
-        ``seen_s`` (default ``now_s``), when a closed loop's next request starts."""
+        ``seen_s``, when a closed loop's next request starts."""
         self._release_prefix(r, now_s)
         self._unreserve(r)
-        r.finish_s = now_s if seen_s is None else seen_s
+        r.finish_s = seen_s
         r.generated_at_finish = r.output_tokens
         if self.on_finished is not None:
-            self.on_finished(r, r.finish_s)
+            self.on_finished(r, seen_s)
 
     # ------------------------------------------------------------------ static batching
     def _start_static(self, now_s: float) -> float:

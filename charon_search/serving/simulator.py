@@ -183,13 +183,12 @@ class ServingSimulation:
         """Front-end time per streamed output token (``ServingConfig.frontend_output_token_s``):
         the engine's own server streams every replica's tokens (disaggregated: the decode
         replicas'), Dynamo one queue per replica (its ``dynamo.<engine>`` worker)."""
-        self._front_ends = 0
+        self._streams: list[_StreamQueue] = []
         if self.frontend_output_token_s > 0:
-            shared = _StreamQueue(self.frontend_output_token_s)
-            for eng in self.decode_pool:
-                eng.stream = (_StreamQueue(self.frontend_output_token_s) if config.frontend
-                              else shared).take
-            self._front_ends = len(self.decode_pool) if config.frontend else 1
+            self._streams = [_StreamQueue(self.frontend_output_token_s)
+                             for _ in (self.decode_pool if config.frontend else (0,))]
+            for i, eng in enumerate(self.decode_pool):
+                eng.stream = self._streams[i if config.frontend else 0].take
         self._finished = 0
         self._on_finish_hook: Any = None
 
@@ -511,7 +510,7 @@ class ServingSimulation:
             kv_capacity_tokens=self.decode_pool[0].pool.num_blocks * cfg.block_size,
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
             frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s
-                                / max(1, self._front_ends) / duration),
+                                / max(1, len(self._streams)) / duration),
             config=_jsonable_config(cfg), per_request=per_request)
 
     def write_chrome_trace(self, path: str | Path) -> None:
