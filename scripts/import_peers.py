@@ -36,7 +36,9 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   ``moe/sglang/<DEEPEP_SGLANG_VERSION>/wideep_generation_moe_perf.parquet``, kernel
   ``deepepmoe``, up to 128 tokens per EP rank, global token counts): variant
   ``moe_ffn_skew.sglang_deepep``, power-law 1.01 routing (``convert_moe_quant`` with engine
-  ``sglang_deepep``).
+  ``sglang_deepep``). Its prefill MoE (DeepEP normal-mode dispatch into DeepGEMM's contiguous
+  grouped GEMM, ``wideep_context_moe_perf.parquet``, kernel ``deepepmoe``, global token counts
+  up to 524,288): variant ``moe_ffn_skew.sglang_deepep_normal``, power-law 1.01 routing.
 * vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
   per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
   quantized to the 1 µs timer resolution, a 10-20 % error on 5 µs norms) for norms and
@@ -374,6 +376,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 / "wideep_generation_moe_perf.parquet")
         if os.path.exists(p):
             out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}", "sglang_deepep"))
+        p = str(data / system / "moe" / "sglang" / DEEPEP_SGLANG_VERSION
+                / "wideep_context_moe_perf.parquet")
+        if os.path.exists(p):
+            out.append(convert_moe_quant(p, gpu, f"{AIC} {_rel(p, peers)}",
+                                         "sglang_deepep_normal"))
         p = str(data / system / "linear_attention" / GDN_ENGINE / _slot(GDN_ENGINE, system)
                 / "gdn_perf.parquet")
         if os.path.exists(p):

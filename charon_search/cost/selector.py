@@ -17,8 +17,10 @@
    aiconfigurator prices serving with), else of the same format on another engine (vLLM,
    SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes. A
    launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``;
-   SGLang's wide-EP decode (tag ``moe_engine:sglang_deepep``) the DeepEP low-latency rows up
-   to ``DEEPEP_LL_MAX_TOKENS`` tokens per EP rank and SGLang's fused-MoE rows beyond.
+   SGLang's wide-EP MoE (tag ``moe_engine:sglang_deepep``) the DeepEP low-latency rows up
+   to ``DEEPEP_LL_MAX_TOKENS`` tokens per EP rank (decode) and the DeepEP normal-mode rows
+   beyond (prefill: DeepGEMM's contiguous grouped GEMM), SGLang's fused-MoE rows where a GPU
+   has neither.
    Gated DeltaNet (``linear_attention``) nodes interpolate the measured kernel rows at their
    heads in tokens (prefill) or sequences (decode), the layer's causal convolution included.
    DeepSeek Sparse Attention nodes (the ``sparse_indexer`` and a sparse ``attention`` node,
@@ -125,12 +127,15 @@ _FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "decode_mla": "decode", "add": ""
 #: Engines with quantized MoE rows (``moe_ffn_skew.<engine>``), in fallback order.
 _MOE_ENGINES = ("vllm", "sglang", "trtllm")
 #: SGLang's wide-EP decode kernel (DeepEP low-latency dispatch into DeepGEMM's masked grouped
-#: GEMM) and the engine whose rows price the batches it does not take.
+#: GEMM), its prefill kernel (DeepEP normal-mode dispatch into DeepGEMM's contiguous grouped
+#: GEMM: aiconfigurator's ``wideep_context_moe_perf`` rows) and the engine whose rows price the
+#: batches where a GPU has no wide-EP rows (SGLang's fused MoE).
 DEEPEP_FAMILY, DEEPEP_FALLBACK = "moe_ffn_skew.sglang_deepep", "moe_ffn_skew.sglang"
+DEEPEP_NORMAL_FAMILY = "moe_ffn_skew.sglang_deepep_normal"
 #: Tokens per EP rank DeepEP's low-latency mode dispatches at most (SGLang
 #: ``SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK``, default 128; aiconfigurator's
 #: ``wideep_generation_moe_perf`` rows stop there). Larger batches (prefill) run DeepEP's normal
-#: mode, priced from SGLang's fused-MoE rows.
+#: mode (``DEEPEP_NORMAL_FAMILY``).
 DEEPEP_LL_MAX_TOKENS = 128
 
 
@@ -161,7 +166,7 @@ def _moe_candidates(fam: str, dtype: str) -> list[tuple[str, str]]:
     (SGLang's own first for its DeepEP kernel), then the bf16 balanced-routing model (today's
     pricing, at the node's weight bytes)."""
     engines = [f"moe_ffn_skew.{e}" for e in _MOE_ENGINES]
-    if fam == DEEPEP_FAMILY:
+    if fam in (DEEPEP_FAMILY, DEEPEP_NORMAL_FAMILY):
         engines = [DEEPEP_FALLBACK] + [e for e in engines if e != DEEPEP_FALLBACK]
     return [(e, dtype) for e in engines if e != fam] + [
         ("moe_ffn", "bf16"), ("moe_ffn_skew", "bf16")]
@@ -284,7 +289,7 @@ class FusedCostModel:
                 if moe is not None:
                     fam, dtype = moe[0], moe[1]
                     if fam == DEEPEP_FAMILY and params.get("tokens", 0.0) > DEEPEP_LL_MAX_TOKENS:
-                        fam = DEEPEP_FALLBACK  # a prefill batch: DeepEP's normal mode
+                        fam = DEEPEP_NORMAL_FAMILY  # a prefill batch: DeepEP's normal mode
                     _global_moe_shape(params, moe[2])
             if profiled and (kind in ("linear_attention", "linear_attention_bwd")
                              or CAUSAL_CONV_TAG in node.tags):

@@ -287,12 +287,10 @@ DSV3_EP32 = {"top_k": 8, "num_experts": 8, "n": 2048, "k": 7168}
 DEEPEP_TAGS = ("moe_dtype:fp8_block", "moe_engine:sglang_deepep", "moe_ep:32")
 
 
-@pytest.fixture(scope="module")
-def gb200_model(tmp_path_factory):
-    """GB200's SGLang fp8_block rows: DeepEP low-latency decode and fused-MoE (Triton)."""
+def _gb200_fp8_block_model(tmp_path_factory, variants: list[str]) -> FusedCostModel:
+    """A cost model over GB200's SGLang fp8_block rows of ``variants`` only."""
     df = default_profile_db().table("gb200", "grouped_gemm").to_pandas()
-    keep = (df.dtype == "fp8_block") & df.variant.isin(
-        ["moe_ffn_skew.sglang", "moe_ffn_skew.sglang_deepep"])
+    keep = (df.dtype == "fp8_block") & df.variant.isin(variants)
     root = tmp_path_factory.mktemp("deepep")
     write_profile_db(df[keep], root)
     db = ProfileDB(root)
@@ -300,22 +298,45 @@ def gb200_model(tmp_path_factory):
         db, hyperparams=SMALL_HP, use_disk_cache=False))
 
 
+@pytest.fixture(scope="module")
+def gb200_model(tmp_path_factory):
+    """GB200's SGLang fp8_block rows: DeepEP low-latency decode, DeepEP normal-mode prefill
+    and fused-MoE (SGLang's own kernel)."""
+    return _gb200_fp8_block_model(tmp_path_factory, [
+        "moe_ffn_skew.sglang", "moe_ffn_skew.sglang_deepep",
+        "moe_ffn_skew.sglang_deepep_normal"])
+
+
 def test_sglang_wide_ep_decode_uses_the_deepep_rows(gb200_model):
     """aiconfigurator-core gb200/moe/sglang/0.5.10/wideep_generation_moe_perf.parquet: 2,048
     tokens over EP 32 (64 per rank), power-law 1.01, take 0.1202 ms in DeepEP's low-latency
-    path; SGLang's fused-MoE rows (0.5.14 moe_perf) measure 0.4415 ms for the same shape. A
-    prefill batch (1,024 tokens per rank, past DeepEP's 128-token low-latency limit) is priced
-    from the fused-MoE rows, exactly as a node without the DeepEP tag."""
+    path; SGLang's fused-MoE rows (0.5.14 moe_perf) measure 0.4415 ms for the same shape."""
     dur, prov, detail = gb200_model._cost_nodes([_node(64, DSV3_EP32, DEEPEP_TAGS)], 1, 1, 1)
     assert (prov[0], detail[0]) == ("predictor", "moe-ffn-rate")
     assert dur[0] == pytest.approx(0.1202e-3, rel=0.15)
     fused = gb200_model._cost_nodes([_node(64, DSV3_EP32, (
         "moe_dtype:fp8_block", "moe_engine:sglang", "moe_ep:32"))], 1, 1, 1)[0][0]
     assert fused == pytest.approx(0.4415e-3, rel=0.15) and fused > 3 * dur[0]
-    big = [gb200_model._cost_nodes([_node(1024, DSV3_EP32, (
+
+
+def test_sglang_wide_ep_prefill_uses_the_deepep_normal_rows(gb200_model, tmp_path_factory):
+    """A prefill batch of 1,024 tokens per rank on EP 32 (32,768 tokens, past DeepEP's 128-token
+    low-latency limit) runs DeepEP's normal mode into DeepGEMM's contiguous grouped GEMM:
+    aiconfigurator-core gb200/moe/sglang/0.5.10/wideep_context_moe_perf.parquet measures
+    1.249 ms (power-law 1.01). SGLang's fused-MoE rows put the same batch at more than twice
+    that (3.31 ms at half the tokens, 16,384 over EP 32); a GPU without normal-mode rows falls
+    back to them, exactly as a node without the DeepEP tag."""
+    deepep = gb200_model._cost_nodes([_node(1024, DSV3_EP32, DEEPEP_TAGS)], 1, 1, 1)[0][0]
+    assert deepep == pytest.approx(1.249e-3, rel=0.15)
+    fused = gb200_model._cost_nodes([_node(1024, DSV3_EP32, (
+        "moe_dtype:fp8_block", "moe_engine:sglang", "moe_ep:32"))], 1, 1, 1)[0][0]
+    assert fused > 2 * deepep
+    no_normal = _gb200_fp8_block_model(
+        tmp_path_factory, ["moe_ffn_skew.sglang", "moe_ffn_skew.sglang_deepep"])
+    big = [no_normal._cost_nodes([_node(1024, DSV3_EP32, (
         "moe_dtype:fp8_block", f"moe_engine:{e}", "moe_ep:32"))], 1, 1, 1)[0][0]
         for e in ("sglang_deepep", "sglang")]
-    assert big[0] == big[1] > fused
+    assert big[0] == big[1] == pytest.approx(fused)
 
 
 def test_sglang_attention_dp_with_ep_tags_the_deepep_rows():
