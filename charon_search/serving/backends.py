@@ -50,9 +50,25 @@ BACKENDS = SERVING_ENGINES
 #: (H100/H200): 8192 (``EngineArgs._set_default_args``, v0.10+). aiconfigurator's vLLM 0.12
 #: launch template passes no ``--max-num-batched-tokens``, so the default applies.
 VLLM_API_SERVER_BATCHED_TOKENS = 8192
-#: SGLang default ``chunked_prefill_size`` on 80-160 GB GPUs (H100, H200): 8192
-#: (``ServerArgs`` GPU-memory-dependent defaults, 0.5.x).
+#: SGLang default ``chunked_prefill_size`` on 35-160 GiB GPUs (H100, H200): 8192; on GPUs of
+#: ``SGLANG_LARGE_GPU_MIB`` or more (B200, B300, GB200, GB300): 16384 (``ServerArgs``
+#: GPU-memory-dependent defaults, 0.5.x: ``gpu_mem < 160 * 1024`` MiB -> 8192 "H100, H200,
+#: A100, H20", else 16384 "B200, MI300").
 SGLANG_CHUNKED_PREFILL_SIZE = 8192
+SGLANG_CHUNKED_PREFILL_SIZE_LARGE = 16384
+SGLANG_LARGE_GPU_MIB = 160 * 1024
+
+
+def sglang_default_chunked_prefill(gpu: str) -> int:
+    """SGLang's default ``chunked_prefill_size`` on ``gpu`` (a GPU spec name or alias; "" =
+    unknown: the 80-160 GiB value)."""
+    if not gpu:
+        return SGLANG_CHUNKED_PREFILL_SIZE
+    from charon_search.hardware import load_gpu
+
+    mib = load_gpu(gpu).hbm_capacity_bytes / 2**20
+    return SGLANG_CHUNKED_PREFILL_SIZE_LARGE if mib >= SGLANG_LARGE_GPU_MIB else \
+        SGLANG_CHUNKED_PREFILL_SIZE
 #: aiconfigurator's rules size prefill limits as ``isl + 1500`` (sglang.rule
 #: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
 #: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).
@@ -330,7 +346,7 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             isl=isl, osl=osl, max_batch_size=max_batch_size,
             recv=inferencex_dsr1_recv_interval(gpu, max_batch_size))
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
-        return _inferencex_sglang_glm5()
+        return _inferencex_sglang_glm5(gpu)
     if backend == "sglang" and launcher == "inferencex" and "qwen3.5" in model.lower():
         q35 = _inferencex_sglang_qwen35(gpu=gpu)
         if q35 is not None:
@@ -340,9 +356,10 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
         mixed = aic and version not in SGLANG_UNMIXED_VERSIONS
         why = ("the aiconfigurator agg rule asks for it" if mixed else
                "the 0.5.1.post1 template misspells the flag" if aic else "SGLang default")
+        chunk = sglang_default_chunked_prefill(gpu)
         return EngineProfile(
             backend=backend, prefill_schedule="mixed" if mixed else "prefill_first",
-            chunked_prefill=True, max_num_batched_tokens=SGLANG_CHUNKED_PREFILL_SIZE,
+            chunked_prefill=True, max_num_batched_tokens=chunk,
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
             prefix_caching=False, decode_in_budget=False, overlap_scheduler=overlap,
@@ -354,8 +371,9 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
                 "the running decodes ride along, else they wait (managers/scheduler.py); "
                 f"mixed chunk {'on' if mixed else 'off'} ({why})",
                 "SGLang: decode tokens do not count against the chunked-prefill size",
-                f"SGLang chunked_prefill_size {SGLANG_CHUNKED_PREFILL_SIZE} on H100/H200 "
-                "(ServerArgs defaults)",
+                f"SGLang chunked_prefill_size {chunk} (ServerArgs default on "
+                + ("GPUs of 160 GiB or more)" if chunk == SGLANG_CHUNKED_PREFILL_SIZE_LARGE
+                   else "GPUs of 35-160 GiB)"),
                 "max_prefill_tokens = isl + 1500 (aiconfigurator sglang.rule)" if aic else
                 f"max_prefill_tokens {SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs default)",
                 "no prefix reuse: the silicon rows' TTFT equals half of a whole synchronized "
@@ -527,20 +545,26 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int,
 
 
 def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
-                   overlap: bool = True, notes: tuple[str, ...] = ()) -> EngineProfile:
+                   overlap: bool = True, notes: tuple[str, ...] = (),
+                   gpu: str = "") -> EngineProfile:
     """SGLang as an InferenceX recipe (``benchmarks/single_node/<recipe>``) launches it:
-    ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = ``tokens``,
-    ``--mem-fraction-static mem``, ``--stream-interval stream`` (0: not passed), no radix-cache
-    reuse (random prompts), no ``--enable-mixed-chunk``."""
-    flags = (f"--chunked-prefill-size {tokens} --max-prefill-tokens {tokens} "
-             f"--mem-fraction-static {mem}" + (f" --stream-interval {stream}" if stream else ""))
+    ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = ``tokens`` (0: not passed, the
+    defaults on ``gpu`` apply), ``--mem-fraction-static mem``, ``--stream-interval stream`` (0:
+    not passed), no radix-cache reuse (random prompts), no ``--enable-mixed-chunk``."""
+    flags = ((f"--chunked-prefill-size {tokens} --max-prefill-tokens {tokens} " if tokens
+              else "") + f"--mem-fraction-static {mem}"
+             + (f" --stream-interval {stream}" if stream else ""))
+    chunk, most = ((tokens, tokens) if tokens else
+                   (sglang_default_chunked_prefill(gpu), SGLANG_DEFAULT_MAX_PREFILL_TOKENS))
     return EngineProfile(
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
-        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
+        max_num_batched_tokens=chunk, max_prefill_tokens=most, prefix_caching=False,
         decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
         gpu_memory_utilization=mem,
         sources=(
             f"{flags} (InferenceX benchmarks/single_node/{recipe})",
+            *((f"chunked_prefill_size {chunk}, max_prefill_tokens {most} (ServerArgs "
+               "defaults on this GPU)",) if not tokens else ()),
             *((f"--stream-interval {stream}: the client's first chunk taken to carry the "
                f"{stream}th token (empirical, ServingConfig.stream_interval)",)
               if stream else ()),
@@ -586,13 +610,13 @@ def inferencex_dsr1_recv_interval(gpu: str, concurrency: int) -> int:
 #: chunked-prefill size to 32768 and stream every 30 tokens; neither fits the rows (the stream
 #: interval puts TTFT +100-450 %, the larger chunks move B200 TTFT toward and B300 TTFT away from
 #: the measurements), so those versions postdate the rows and only the memory fraction, common
-#: to all, is taken (SGLang's default 8192-token chunks otherwise).
+#: to all, is taken (SGLang's default chunks otherwise: ``sglang_default_chunked_prefill``).
 INFERENCEX_GLM5_SGLANG_MEM_FRACTION = 0.85
 
 
-def _inferencex_sglang_glm5() -> EngineProfile:
+def _inferencex_sglang_glm5(gpu: str) -> EngineProfile:
     """SGLang as InferenceX's GLM-5 recipes launch it (see the constant above)."""
-    return _sglang_recipe("glm5_fp8_*.sh", tokens=SGLANG_CHUNKED_PREFILL_SIZE,
+    return _sglang_recipe("glm5_fp8_*.sh", tokens=0, gpu=gpu,
                           mem=INFERENCEX_GLM5_SGLANG_MEM_FRACTION)
 
 

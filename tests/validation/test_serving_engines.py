@@ -246,3 +246,22 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
         got = engine_profile("sglang", gpu=gpu, **kw).config_kwargs()
         assert got["stream_interval"] == 10
         assert got.get("scheduler_recv_interval") == recv
+
+
+def test_sglang_default_chunk_follows_gpu_memory(by_id) -> None:
+    """SGLang ``ServerArgs``: ``chunked_prefill_size`` 8192 below 160 GiB of GPU memory (H100
+    80 GB, H200 141 GB), 16384 from there (B200 180 GB, B300 288 GB, GB200 186 GB). A launch
+    that passes no chunk size (the engine's defaults, GLM-5's InferenceX recipe) gets the GPU's
+    value; a recipe that passes one (Qwen3.5 on B200: 32768) keeps it."""
+    from charon_search.serving.backends import engine_profile, sglang_default_chunked_prefill
+
+    assert [sglang_default_chunked_prefill(g) for g in
+            ("h100-sxm-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "b300-sxm-288gb", "gb200")] == [
+        8192, 8192, 16384, 16384, 16384]
+    kw = dict(isl=1024, max_batch_size=16, model="Qwen/Qwen3-32B", launcher="engine_defaults")
+    for gpu, chunk in (("h200-sxm-141gb", 8192), ("b200-sxm-180gb", 16384)):
+        prof = engine_profile("sglang", gpu=gpu, **kw)
+        assert prof.config_kwargs()["max_num_batched_tokens"] == chunk
+        assert any(f"chunked_prefill_size {chunk}" in line for line in prof.sources)
+    glm = to_case(by_id["2026_03_25_glm_5_b200_sxm_sglang_fp8_agg_8192x1024_c8_tp8_0_ep1_0_497"])
+    assert (glm.config.max_num_batched_tokens, glm.config.max_prefill_tokens) == (16384, 16384)
