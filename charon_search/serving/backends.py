@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from charon_search.errors import ConfigError
-from charon_search.hardware.spec import SERVING_ENGINES
+from charon_search.hardware.spec import SERVING_ENGINES, GpuSpec
 from charon_search.serving.config import DEFAULT_CUDA_GRAPH_SIZES
 
 __all__ = ["AIPERF_AIC", "BACKENDS", "INFERENCEX", "BenchmarkProtocol", "EngineProfile",
-           "engine_profile", "inferencex_spec_decoding_unknown"]
+           "engine_profile", "inferencex_spec_decoding_unknown", "sglang_default_chunked_prefill"]
 
 BACKENDS = SERVING_ENGINES
 
@@ -51,24 +51,32 @@ BACKENDS = SERVING_ENGINES
 #: launch template passes no ``--max-num-batched-tokens``, so the default applies.
 VLLM_API_SERVER_BATCHED_TOKENS = 8192
 #: SGLang default ``chunked_prefill_size`` on 35-160 GiB GPUs (H100, H200): 8192; on GPUs of
-#: ``SGLANG_LARGE_GPU_MIB`` or more (B200, B300, GB200, GB300): 16384 (``ServerArgs``
-#: GPU-memory-dependent defaults, 0.5.x: ``gpu_mem < 160 * 1024`` MiB -> 8192 "H100, H200,
+#: ``SGLANG_LARGE_GPU_MIB`` or more (B200, B300, GB200, GB300): 16384; below
+#: ``SGLANG_SMALL_GPU_MIB`` (A10, L4, RTX 4090): 2048 (``ServerArgs`` GPU-memory-dependent
+#: defaults, 0.5.x: ``gpu_mem < 35 * 1024`` MiB -> 2048, ``< 160 * 1024`` -> 8192 "H100, H200,
 #: A100, H20", else 16384 "B200, MI300").
 SGLANG_CHUNKED_PREFILL_SIZE = 8192
 SGLANG_CHUNKED_PREFILL_SIZE_LARGE = 16384
+SGLANG_CHUNKED_PREFILL_SIZE_SMALL = 2048
 SGLANG_LARGE_GPU_MIB = 160 * 1024
+SGLANG_SMALL_GPU_MIB = 35 * 1024
 
 
-def sglang_default_chunked_prefill(gpu: str) -> int:
-    """SGLang's default ``chunked_prefill_size`` on ``gpu`` (a GPU spec name or alias; "" =
-    unknown: the 80-160 GiB value)."""
+def sglang_default_chunked_prefill(gpu: str | GpuSpec) -> int:
+    """SGLang's default ``chunked_prefill_size`` on ``gpu`` (a ``GpuSpec``, or a GPU spec name
+    or alias; "" = unknown: the 35-160 GiB value)."""
     if not gpu:
         return SGLANG_CHUNKED_PREFILL_SIZE
     from charon_search.hardware import load_gpu
 
-    mib = load_gpu(gpu).hbm_capacity_bytes / 2**20
-    return SGLANG_CHUNKED_PREFILL_SIZE_LARGE if mib >= SGLANG_LARGE_GPU_MIB else \
-        SGLANG_CHUNKED_PREFILL_SIZE
+    spec = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    mib = spec.hbm_capacity_bytes / 2**20
+    if mib >= SGLANG_LARGE_GPU_MIB:
+        return SGLANG_CHUNKED_PREFILL_SIZE_LARGE
+    return SGLANG_CHUNKED_PREFILL_SIZE if mib >= SGLANG_SMALL_GPU_MIB else \
+        SGLANG_CHUNKED_PREFILL_SIZE_SMALL
+
+
 #: aiconfigurator's rules size prefill limits as ``isl + 1500`` (sglang.rule
 #: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
 #: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).
@@ -371,9 +379,8 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
                 "the running decodes ride along, else they wait (managers/scheduler.py); "
                 f"mixed chunk {'on' if mixed else 'off'} ({why})",
                 "SGLang: decode tokens do not count against the chunked-prefill size",
-                f"SGLang chunked_prefill_size {chunk} (ServerArgs default on "
-                + ("GPUs of 160 GiB or more)" if chunk == SGLANG_CHUNKED_PREFILL_SIZE_LARGE
-                   else "GPUs of 35-160 GiB)"),
+                f"SGLang chunked_prefill_size {chunk} (ServerArgs default by GPU memory: 2048 "
+                "below 35 GiB, 8192 below 160 GiB, 16384 from there)",
                 "max_prefill_tokens = isl + 1500 (aiconfigurator sglang.rule)" if aic else
                 f"max_prefill_tokens {SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs default)",
                 "no prefix reuse: the silicon rows' TTFT equals half of a whole synchronized "

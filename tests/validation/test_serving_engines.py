@@ -249,15 +249,22 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
 
 
 def test_sglang_default_chunk_follows_gpu_memory(by_id) -> None:
-    """SGLang ``ServerArgs``: ``chunked_prefill_size`` 8192 below 160 GiB of GPU memory (H100
-    80 GB, H200 141 GB), 16384 from there (B200 180 GB, B300 288 GB, GB200 186 GB). A launch
+    """SGLang ``ServerArgs``: ``chunked_prefill_size`` 2048 below 35 GiB of GPU memory, 8192
+    below 160 GiB (L40S 48 GB, H100 80 GB, H200 141 GB), 16384 from there (B200 180 GB, B300
+    288 GB, GB200 186 GB). A launch
     that passes no chunk size (the engine's defaults, GLM-5's InferenceX recipe) gets the GPU's
     value; a recipe that passes one (Qwen3.5 on B200: 32768) keeps it."""
+    import dataclasses
+
+    from charon_search.hardware import load_gpu
     from charon_search.serving.backends import engine_profile, sglang_default_chunked_prefill
 
     assert [sglang_default_chunked_prefill(g) for g in
-            ("h100-sxm-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "b300-sxm-288gb", "gb200")] == [
-        8192, 8192, 16384, 16384, 16384]
+            ("l40s-48gb", "h100-sxm-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "b300-sxm-288gb",
+             "gb200")] == [8192, 8192, 8192, 16384, 16384, 16384]
+    small = dataclasses.replace(load_gpu("l40s-48gb"), name="test-24gb",
+                                hbm_capacity_bytes=24 * 2**30)
+    assert sglang_default_chunked_prefill(small) == 2048
     kw = dict(isl=1024, max_batch_size=16, model="Qwen/Qwen3-32B", launcher="engine_defaults")
     for gpu, chunk in (("h200-sxm-141gb", 8192), ("b200-sxm-180gb", 16384)):
         prof = engine_profile("sglang", gpu=gpu, **kw)
