@@ -60,6 +60,11 @@ SGLANG_CHUNKED_PREFILL_SIZE_LARGE = 16384
 SGLANG_CHUNKED_PREFILL_SIZE_SMALL = 2048
 SGLANG_LARGE_GPU_MIB = 160 * 1024
 SGLANG_SMALL_GPU_MIB = 35 * 1024
+#: The rule above, as the engine profiles' source lines state it.
+SGLANG_CHUNK_DEFAULT_RULE = (
+    f"ServerArgs default by GPU memory: {SGLANG_CHUNKED_PREFILL_SIZE_SMALL} below "
+    f"{SGLANG_SMALL_GPU_MIB // 1024} GiB, {SGLANG_CHUNKED_PREFILL_SIZE} below "
+    f"{SGLANG_LARGE_GPU_MIB // 1024} GiB, {SGLANG_CHUNKED_PREFILL_SIZE_LARGE} from there")
 
 
 def sglang_default_chunked_prefill(gpu: str | GpuSpec) -> int:
@@ -379,8 +384,7 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
                 "the running decodes ride along, else they wait (managers/scheduler.py); "
                 f"mixed chunk {'on' if mixed else 'off'} ({why})",
                 "SGLang: decode tokens do not count against the chunked-prefill size",
-                f"SGLang chunked_prefill_size {chunk} (ServerArgs default by GPU memory: 2048 "
-                "below 35 GiB, 8192 below 160 GiB, 16384 from there)",
+                f"SGLang chunked_prefill_size {chunk} ({SGLANG_CHUNK_DEFAULT_RULE})",
                 "max_prefill_tokens = isl + 1500 (aiconfigurator sglang.rule)" if aic else
                 f"max_prefill_tokens {SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs default)",
                 "no prefix reuse: the silicon rows' TTFT equals half of a whole synchronized "
@@ -570,8 +574,8 @@ def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
         gpu_memory_utilization=mem,
         sources=(
             f"{flags} (InferenceX benchmarks/single_node/{recipe})",
-            *((f"chunked_prefill_size {chunk}, max_prefill_tokens {most} (ServerArgs "
-               "defaults on this GPU)",) if not tokens else ()),
+            *((f"chunked_prefill_size {chunk} ({SGLANG_CHUNK_DEFAULT_RULE}), "
+               f"max_prefill_tokens {most} (ServerArgs default)",) if not tokens else ()),
             *((f"--stream-interval {stream}: the client's first chunk taken to carry the "
                f"{stream}th token (empirical, ServingConfig.stream_interval)",)
               if stream else ()),
