@@ -39,6 +39,9 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   ``sglang_deepep``). Its prefill MoE (DeepEP normal-mode dispatch into DeepGEMM's contiguous
   grouped GEMM, ``wideep_context_moe_perf.parquet``, kernel ``deepepmoe``, global token counts
   up to 524,288): variant ``moe_ffn_skew.sglang_deepep_normal``, power-law 1.01 routing.
+  vLLM's Triton fused-MoE kernel (the one a launch gets with FlashInfer's and DeepGEMM's MoE
+  turned off), from the newest vLLM version folder that measured it
+  (``convert_moe_triton``): variant ``moe_ffn_skew.vllm_triton``, fp8 and fp8_block.
 * vidur @7d47513 (MIT): ``data/profiling/compute/<sku>/<model>/mlp.csv`` (milliseconds;
   per-TP-shard shapes; we take ``time_stats.<op>.mean`` because the median of a few samples is
   quantized to the 1 µs timer resolution, a 10-20 % error on 5 µs norms) for norms and
@@ -254,6 +257,37 @@ def convert_moe_quant(path: str, gpu: str, source: str, engine: str) -> pd.DataF
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+#: vLLM's Triton fused-MoE kernel (``fused_experts``: ``vllm_fused_moe`` in the legacy
+#: collector's tables, ``*_triton_tritonexperts`` in the modular ones), for the formats it runs.
+#: Launches that turn FlashInfer's and DeepGEMM's MoE off (``VLLM_USE_FLASHINFER_MOE_FP8=0``,
+#: ``VLLM_MOE_USE_DEEP_GEMM=0``, ``--moe-backend triton``) run it on every GPU, but the vLLM
+#: slot of ``query_versions.yaml`` holds only FlashInfer rows on Blackwell (B200 0.24.0:
+#: ``vllm_fp8moe_flashinfer_trtllm_...``), so these rows come from the newest vLLM version
+#: folder that measured the Triton kernel (B200: 0.22.0).
+TRITON_MOE_DTYPES = ("fp8", "fp8_block")
+TRITON_MOE_KERNEL = r"^vllm_fused_moe$|triton_tritonexperts$"
+
+
+def convert_moe_triton(paths: list[str], gpu: str, peers: Path) -> pd.DataFrame:
+    """vLLM's Triton fused-MoE rows (power-law 1.01 routing), columns as ``convert_moe``;
+    variant ``moe_ffn_skew.vllm_triton``, dtype the table's ``moe_dtype``. ``paths`` are the
+    GPU's vLLM MoE tables, newest version first: each dtype comes from the first table holding
+    Triton rows of it."""
+    parts, done = [], set()
+    for path in paths:
+        df = _read(path)
+        df = df[(df.distribution == "power_law_1.01")
+                & df.kernel_source.str.contains(TRITON_MOE_KERNEL)]
+        for dt in TRITON_MOE_DTYPES:
+            sub = _most_rows(df[df.moe_dtype == dt])
+            if dt in done or sub.empty:
+                continue
+            done.add(dt)
+            parts.append(_moe_frame(sub, gpu, f"{AIC} {_rel(path, peers)}",
+                                    "moe_ffn_skew.vllm_triton", dt))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def convert_moe_marlin(paths: list[str], gpu: str, peers: Path) -> pd.DataFrame:
     """Marlin MoE rows of several tables (power-law 1.01 routing), columns as ``convert_moe``;
     variant ``moe_ffn_skew.marlin``, dtype ``w4a16_marlin``, each row's own table as source."""
@@ -394,6 +428,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 / "generation_mla_perf.parquet")
         if os.path.exists(p):
             out.append(convert_mla_decode(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        vllm_tables = sorted(glob.glob(str(data / system / "moe" / "vllm" / "*"
+                                           / "moe_perf.parquet")),
+                             key=lambda p: tuple(int(x) for x in Path(p).parent.name.split(".")),
+                             reverse=True)
+        out.append(convert_moe_triton(vllm_tables, gpu, peers))
         marlin = []
         for engine, version in MARLIN_TABLES:
             p = str(data / system / "moe" / engine / (version or _slot(engine, system))

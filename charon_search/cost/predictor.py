@@ -86,7 +86,8 @@ PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     # engine's quantized MoE kernels and the Marlin MoE kernel (power-law routing).
     "grouped_gemm": ("moe_ffn", "moe_ffn_skew", "moe_ffn_skew.vllm", "moe_ffn_skew.sglang",
                      "moe_ffn_skew.trtllm", "moe_ffn_skew.marlin",
-                     "moe_ffn_skew.sglang_deepep", "moe_ffn_skew.sglang_deepep_normal"),
+                     "moe_ffn_skew.sglang_deepep", "moe_ffn_skew.sglang_deepep_normal",
+                     "moe_ffn_skew.vllm_triton"),
 }
 
 HYPERPARAMS: dict[str, Any] = {

@@ -16,7 +16,9 @@
    on that engine under power-law routing (``moe_ffn_skew.<engine>``: the routing
    aiconfigurator prices serving with), else of the same format on another engine (vLLM,
    SGLang, TensorRT-LLM in that order), else the bf16 model at the node's weight bytes. A
-   launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``;
+   launch-chosen Marlin kernel (tag ``moe_engine:marlin``) uses ``moe_ffn_skew.marlin``, and
+   vLLM's Triton fused MoE (tag ``moe_engine:vllm_triton``) ``moe_ffn_skew.vllm_triton``,
+   vLLM's default rows where a GPU has no Triton rows;
    SGLang's wide-EP MoE (tag ``moe_engine:sglang_deepep``) the DeepEP low-latency rows up
    to ``DEEPEP_LL_MAX_TOKENS`` tokens per EP rank (decode) and the DeepEP normal-mode rows
    beyond (prefill: DeepGEMM's contiguous grouped GEMM), SGLang's fused-MoE rows where a GPU

@@ -183,9 +183,13 @@ _MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8",
 #: ``scripts/import_peers.py``).
 #: ``mxfp8``: MXFP4 experts run with MXFP8 activations (W4A8) on Blackwell's FP4/FP8 tensor
 #: cores, the engine's own ``w4a8_mxfp4_mxfp8`` rows (engine ``""`` = the configuration's).
+#: ``triton``: vLLM's Triton fused MoE for fp8 and block-fp8 experts, at the checkpoint's own
+#: format (DB dtype ``""``): profile variant ``moe_ffn_skew.vllm_triton``, which on Blackwell
+#: differs from vLLM's default rows (FlashInfer's TRT-LLM MoE; ``scripts/import_peers.py``).
 MOE_KERNEL_ROWS: dict[str, tuple[frozenset[str], tuple[str, str]]] = {
     "marlin": (frozenset({"w4a16_mxfp4", "int4_wo"}), ("marlin", "w4a16_marlin")),
     "mxfp8": (frozenset({"w4a16_mxfp4"}), ("", "w4a8_mxfp4_mxfp8")),
+    "triton": (frozenset({"fp8", "fp8_block"}), ("vllm_triton", "")),
 }
 
 
@@ -308,7 +312,7 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     moe_dtype = quant.moe_dtype
     formats, rows = MOE_KERNEL_ROWS.get(moe_kernel, (frozenset(), ("", "")))
     if moe_dtype in formats:
-        engine, moe_dtype = rows[0] or engine, rows[1]
+        engine, moe_dtype = rows[0] or engine, rows[1] or moe_dtype
     moe_tags = frozenset({f"moe_dtype:{moe_dtype}", f"moe_engine:{engine}",
                           f"moe_ep:{ep}"} if moe_dtype else ())
 

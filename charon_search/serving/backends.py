@@ -316,6 +316,7 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
         # aiconfigurator lists its captured sizes (the largest is max_batch_size); other
         # launches keep vLLM's default largest size.
         minimax = launcher == "inferencex" and "minimax" in model.lower()
+        triton = minimax and gpu in INFERENCEX_VLLM_MINIMAX_TRITON_GPUS
         piecewise = (graphs[-1] if graphs else INFERENCEX_VLLM_MINIMAX_CAPTURE if minimax
                      else vllm_piecewise_tokens(max_batch_size if launcher == "inferencex"
                                                 else 0))
@@ -323,8 +324,9 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             backend=backend, prefill_schedule="mixed", chunked_prefill=True,
             max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
             prefix_caching=not aic, cuda_graph_sizes=graphs, overlap_scheduler=asynchronous,
-            piecewise_graph_tokens=piecewise,
+            piecewise_graph_tokens=piecewise, moe_kernel="triton" if triton else "",
             sources=(*graphs_src,
+                *((INFERENCEX_VLLM_MINIMAX_TRITON_SOURCE,) if triton else ()),
                 ("--max-cudagraph-capture-size 2048 (InferenceX minimaxm2.5_*_b300.sh): "
                  "batches up to 2048 tokens replay piecewise CUDA graphs" if minimax else
                  f"vLLM piecewise CUDA graphs up to {piecewise} tokens (default cudagraph "
@@ -431,6 +433,18 @@ INFERENCEX_VLLM_GPTOSS_CAPTURE = 2048
 #: (``minimaxm2.5_fp8_b300.sh``, ``minimaxm2.5_fp4_b300.sh``, which say they reuse the B200
 #: recipes as-is; one stored version of ``minimaxm2.5_fp8_b200.sh`` passes no capture size).
 INFERENCEX_VLLM_MINIMAX_CAPTURE = 2048
+#: GPUs whose InferenceX vLLM MiniMax-M2.5 FP8 recipe runs the routed experts on vLLM's Triton
+#: fused MoE: ``minimaxm2.5_fp8_b200.sh`` exports ``VLLM_USE_FLASHINFER_MOE_FP8=0`` and
+#: ``VLLM_MOE_USE_DEEP_GEMM=0``, ``minimaxm2.5_fp8_h200.sh`` passes ``--moe-backend triton``.
+#: On B200 vLLM's default block-fp8 MoE rows are FlashInfer's TRT-LLM kernel, 1.3x faster at
+#: 16 tokens and 1.8x at 4096 for MiniMax's experts (aiconfigurator B200 vLLM 0.22.0 vs 0.24.0
+#: tables); on H200 the default rows already are the Triton kernel's. The stored B300 recipe
+#: sets neither (vLLM's default), nor does the H100 one.
+INFERENCEX_VLLM_MINIMAX_TRITON_GPUS = ("b200-sxm-180gb", "h200-sxm-141gb")
+INFERENCEX_VLLM_MINIMAX_TRITON_SOURCE = (
+    "routed experts on vLLM's Triton fused MoE (InferenceX minimaxm2.5_fp8_b200.sh: "
+    "VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0; minimaxm2.5_fp8_h200.sh: "
+    "--moe-backend triton)")
 #: GPUs whose InferenceX vLLM Llama-3-70B recipe compiles with ``"cudagraph_mode":
 #: "FULL_DECODE_ONLY"`` and ``"splitting_ops": []`` (``70b_fp8_b200_docker.sh``,
 #: ``70b_fp4_b200_docker.sh``): batches with prompt tokens replay no graph at all, so their

@@ -46,9 +46,9 @@ PREFILL_SCHEDULES = ("mixed", "prefill_first")
 KV_ADMISSIONS = ("on_demand", "reserve_max")
 #: Tensor-parallel all-reduce implementations: NCCL, or an engine's custom NVLink kernel.
 TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
-#: Kernel running the routed experts of a 4-bit (W4A16) MoE checkpoint; ``""`` = the engine's
-#: default for the checkpoint's format (``serving._graphs``).
-MOE_KERNELS = ("", "marlin", "mxfp8")
+#: Kernel running the routed experts of a quantized MoE checkpoint when a launch chose it;
+#: ``""`` = the engine's default for the checkpoint's format (``serving._graphs``).
+MOE_KERNELS = ("", "marlin", "mxfp8", "triton")
 #: Serving engines a cluster calibrates times for (HTTP front end, prompt iterations);
 #: ``""`` = none.
 ENGINES = ("", *SERVING_ENGINES)
@@ -342,11 +342,13 @@ class ServingConfig:
     between waits for the next poll before it can be prefilled. 1 = poll before every batch
     (the default of every engine)."""
     moe_kernel: str = ""
-    """Kernel that runs the routed experts of a 4-bit (W4A16: MXFP4 or int4) checkpoint, when a
-    launch flag or the engine's default on the GPU chose it: ``marlin`` (the Marlin MoE kernel,
-    e.g. vLLM ``VLLM_MXFP4_USE_MARLIN=1``), ``mxfp8`` (MXFP4 weights with MXFP8 activations on
-    Blackwell, e.g. TensorRT-LLM's TRTLLM MoE backend); ``""`` = the engine's default for the
-    format. Other formats ignore it."""
+    """Kernel that runs the routed experts of a quantized checkpoint, when a launch flag or the
+    engine's default on the GPU chose it: ``marlin`` (the Marlin MoE kernel for 4-bit MXFP4 or
+    int4 weights, e.g. vLLM ``VLLM_MXFP4_USE_MARLIN=1``), ``mxfp8`` (MXFP4 weights with MXFP8
+    activations on Blackwell, e.g. TensorRT-LLM's TRTLLM MoE backend), ``triton`` (vLLM's
+    Triton fused MoE for fp8 and block-fp8 weights, e.g. ``--moe-backend triton`` or
+    ``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``); ``""`` = the engine's default
+    for the format. Other formats ignore it."""
     fused_kernels: bool = True
     """Cost the kernels vLLM/SGLang/TRT-LLM launch (fused QKV and gate_up GEMMs, fused
     add+RMSNorm, RoPE, SiLU-and-mul, fused MoE routing; ``serving._fusion``) instead of one

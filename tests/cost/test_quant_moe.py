@@ -350,3 +350,54 @@ def test_sglang_attention_dp_with_ep_tags_the_deepep_rows():
     mxfp4 = CheckpointQuant(precision="fp4", quantized_roles=frozenset(),
                             moe_dtype="w4a16_mxfp4")
     assert _moe_rows_engine("sglang", mxfp4, 8, True) == "sglang"  # no DeepEP rows of it
+
+
+def test_convert_moe_triton_takes_each_format_from_the_newest_table_with_triton_rows(tmp_path):
+    """vLLM's Triton fused-MoE rows: the legacy collector names the kernel ``vllm_fused_moe``,
+    the modular one ``..._triton_tritonexperts``; FlashInfer rows and balanced routing are
+    dropped, and a format comes from the first (newest) table that measured it."""
+    cols = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk",
+            "num_experts", "moe_tp_size", "moe_ep_size", "distribution", "latency"]
+    new = pd.DataFrame([  # 0.24.0: FlashInfer for fp8_block, Triton for fp8
+        ["vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic", "fp8_block", 1024, 3072,
+         1536, 8, 256, 4, 1, "power_law_1.01", 0.318],
+        ["vllm_modeloptfp8moe_triton_tritonexperts", "fp8", 1024, 3072, 1536, 8, 256, 4, 1,
+         "power_law_1.01", 0.3],
+    ], columns=cols)
+    old = pd.DataFrame([  # 0.22.0: the legacy collector's Triton kernel for both formats
+        ["vllm_fused_moe", "fp8_block", 1024, 3072, 1536, 8, 256, 4, 1, "power_law_1.01", 0.445],
+        ["vllm_fused_moe", "fp8_block", 1024, 3072, 1536, 8, 256, 4, 1, "balanced", 0.5],
+        ["vllm_fused_moe", "fp8", 1024, 3072, 1536, 8, 256, 4, 1, "power_law_1.01", 0.256],
+    ], columns=cols)
+    for name, df in (("new", new), ("old", old)):
+        (tmp_path / name).mkdir()
+        df.to_csv(tmp_path / name / "moe.csv", index=False)
+    out = _import_script().convert_moe_triton(
+        [str(tmp_path / "new" / "moe.csv"), str(tmp_path / "old" / "moe.csv")], GPU, tmp_path)
+    assert set(out.variant) == {"moe_ffn_skew.vllm_triton"}
+    got = dict(zip(out.dtype, out.latency_s, strict=True))
+    assert got == pytest.approx({"fp8": 0.3e-3, "fp8_block": 0.445e-3})
+    assert out.n.tolist() == [384, 384]  # inter / moe_tp
+
+
+#: MiniMax-M2.5's routed experts at MoE-TP 4 (hidden 3072, 1536 / 4 per GPU, 256 experts, top 8),
+#: block fp8, power-law 1.01, on B200 (ms): aiconfigurator-core ``b200_sxm/moe/vllm/0.22.0``
+#: (``vllm_fused_moe``, vLLM's Triton kernel) and ``0.24.0`` (FlashInfer's TRT-LLM kernel,
+#: vLLM's default rows there).
+MINIMAX_TP4 = {"top_k": 8, "num_experts": 256, "n": 384, "k": 3072, "group_size": 1}
+B200_TRITON_MS = {16: 0.092, 1024: 0.445, 4096: 0.957}
+B200_FLASHINFER_MS = {16: 0.081, 1024: 0.318, 4096: 0.506}
+
+
+def test_shipped_b200_triton_rows_are_slower_than_the_default_flashinfer_rows():
+    db = default_profile_db()
+    for tokens, ms in B200_TRITON_MS.items():
+        shape = {"tokens": tokens, **MINIMAX_TP4}
+        triton = db.exact("b200-sxm-180gb", "grouped_gemm", "moe_ffn_skew.vllm_triton",
+                          "fp8_block", shape)
+        default = db.exact("b200-sxm-180gb", "grouped_gemm", "moe_ffn_skew.vllm", "fp8_block",
+                           shape)
+        assert triton == pytest.approx(ms * 1e-3, rel=0.01), tokens
+        assert default == pytest.approx(B200_FLASHINFER_MS[tokens] * 1e-3, rel=0.01), tokens
+    assert B200_TRITON_MS[4096] / B200_FLASHINFER_MS[4096] > 1.8
+

@@ -100,7 +100,7 @@ def test_unknown_moe_kernel_is_a_config_error():
     from charon_search.serving.config import ServingConfig
 
     with pytest.raises(ConfigError,
-                       match=r"`moe_kernel` must be one of \['', 'marlin', 'mxfp8'\]"):
+                       match=r"`moe_kernel` must be one of \['', 'marlin', 'mxfp8', 'triton'\]"):
         ServingConfig(moe_kernel="cutlass")
 
 
@@ -160,3 +160,20 @@ def test_mxfp8_activations_price_mxfp4_experts_from_the_engines_w4a8_rows(gpt_os
         per_layer[kernel] = model.cost_graph_detailed(g, 16, 1, 1024).durations_s[i]
     assert per_layer["mxfp8"] == pytest.approx(0.114e-3, rel=0.1)
     assert per_layer[""] == pytest.approx(0.456e-3, rel=0.1)
+
+
+def test_triton_moe_kernel_tags_the_vllm_triton_rows_for_fp8_formats_only(gpt_oss):
+    """``moe_kernel="triton"`` (vLLM ``--moe-backend triton``) prices block-fp8 experts from the
+    Triton fused-MoE rows at the checkpoint's own format; MXFP4 experts keep the engine's."""
+    prefill, decode = serving_graphs(load_model("minimax-m2.5"), tp=4, pp=1, ep=1,
+                                     dp_attention=False, precision="fp8", engine="vllm",
+                                     moe_kernel="triton")
+    for graphs in (prefill, decode):
+        experts = [n for _, n in _gemms(graphs) if n.role == "moe.expert"]
+        assert experts and all({"moe_dtype:fp8_block", "moe_engine:vllm_triton"} <= n.tags
+                               for n in experts)
+    prefill, _ = serving_graphs(gpt_oss, tp=2, pp=1, ep=1, dp_attention=False,
+                                precision="fp4", engine="vllm", moe_kernel="triton")
+    experts = [n for _, n in _gemms(prefill) if n.role == "moe.expert"]
+    assert experts and all({"moe_dtype:w4a16_mxfp4", "moe_engine:vllm"} <= n.tags
+                           for n in experts)

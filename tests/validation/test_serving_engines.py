@@ -8,6 +8,7 @@ import pytest
 
 from charon_search.validation.translate import to_case
 
+MINIMAX_B200_FP8 = "2026_04_06_minimax_m2_5_b200_sxm_vllm_fp8_agg_1024x1024_c32_tp4_ep1_1348"
 SGLANG_051 = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_2048x256_c128_tp4_epnone_43"
 VLLM_FP8 = ("nvidia_llama_3_1_8b_instruct_fp8_nvidia_llama_3_1_8b_instruct_fp8_h200_sxm_vllm_"
             "agg_2000x100_c64_tp1_epnone_2")
@@ -85,6 +86,10 @@ WITHIN_TARGET = {
     # predicted 88.2 ms (+6 %) / 6.66 ms (+2 %) with the 16 ms prompt-iteration host time the
     # H100/H200 fit found (70.6 ms, -15 %, without it; session 22).
     "2026_04_06_llama_3_1_70b_b200_sxm_trtllm_fp8_agg_1024x1024_c16_tp8_ep1_622": 0.20,
+    # InferenceX vLLM MiniMax-M2.5 FP8 on B200, TP4 C32 1024/1024: 104.3 ms / 13.15 ms;
+    # predicted 100.0 ms (-4 %) / 13.12 ms (-0 %) with the recipe's Triton fused MoE (65.9 ms,
+    # -37 %, / 11.8 ms, -10 %, on vLLM's default FlashInfer rows; session 32).
+    MINIMAX_B200_FP8: 0.20,
 }
 
 
@@ -272,3 +277,26 @@ def test_sglang_default_chunk_follows_gpu_memory(by_id) -> None:
         assert any(f"chunked_prefill_size {chunk}" in line for line in prof.sources)
     glm = to_case(by_id["2026_03_25_glm_5_b200_sxm_sglang_fp8_agg_8192x1024_c8_tp8_0_ep1_0_497"])
     assert (glm.config.max_num_batched_tokens, glm.config.max_prefill_tokens) == (16384, 16384)
+
+
+
+def test_minimax_fp8_recipe_runs_the_triton_moe_where_it_says_so(by_id) -> None:
+    """InferenceX's MiniMax-M2.5 FP8 vLLM recipe on B200 exports VLLM_USE_FLASHINFER_MOE_FP8=0
+    and VLLM_MOE_USE_DEEP_GEMM=0 (the H200 one passes ``--moe-backend triton``): the routed
+    experts run vLLM's Triton fused MoE, priced from its own rows. The stored B300 recipe sets
+    neither; the FP4 checkpoint's NVFP4 experts are no Triton format and keep their rows."""
+    from charon_search.serving._graphs import serving_graphs
+
+    case = to_case(by_id[MINIMAX_B200_FP8])
+    assert case.config.moe_kernel == "triton"
+    assert any("VLLM_USE_FLASHINFER_MOE_FP8=0" in a for a in case.assumptions)
+    b300 = to_case(by_id["minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c128_cfg733"])
+    assert b300.config.moe_kernel == ""
+    fp4 = to_case(by_id["2026_03_25_minimax_m2_5_b200_sxm_vllm_fp4_agg_1024x1024_c32_tp4_0_"
+                        "ep1_0_117"])
+    cfg = fp4.config
+    prefill, _ = serving_graphs(fp4.model, tp=cfg.tp, pp=1, ep=cfg.ep, dp_attention=False,
+                                precision=cfg.precision, engine="vllm", moe_kernel=cfg.moe_kernel)
+    tags = {t for g in prefill.values() for n in g.nodes if n.role == "moe.expert"
+            for t in n.tags}
+    assert "moe_engine:vllm_triton" not in tags
