@@ -461,7 +461,7 @@ def _calibration_from_dict(
     for per_engine in ("frontend_latency", "frontend_prompt_token", "frontend_output_token",
                        "prefill_iteration_overhead", "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
-        allowed = SERVING_ENGINES + (SERVING_FRONTENDS if per_engine == "frontend_output_token"
+        allowed = SERVING_ENGINES + (SERVING_FRONTENDS if per_engine.startswith("frontend_")
                                      else ())
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"

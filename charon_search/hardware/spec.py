@@ -15,7 +15,8 @@ from charon_search.errors import ConfigError
 #: ``eager_kernel_host_s``); the engines ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 #: Serving front ends that stream an engine's tokens in place of its own server
-#: (``ServingConfig.frontend``); ``Calibration.frontend_output_token_s`` may key them too.
+#: (``ServingConfig.frontend``); ``Calibration.frontend_latency_s``, ``frontend_prompt_token_s``
+#: and ``frontend_output_token_s`` may key them too (the process a request goes through).
 SERVING_FRONTENDS = ("dynamo",)
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
@@ -127,14 +128,14 @@ class Calibration:
     iteration_cpu_overhead_s: float = 0.0
     """Per-iteration host/scheduler overhead (serving) or per-step overhead (training)."""
     frontend_latency_s: Mapping[str, float] = field(default_factory=dict)
-    """Serving engine (``vllm``, ``sglang``, ``trtllm``) -> seconds a request spends in that
-    engine's serving front end on this cluster's hosts (``ServingConfig.frontend_latency_s``);
-    an engine not listed has none."""
+    """Serving engine (``vllm``, ``sglang``, ``trtllm``: its own server) or ``dynamo`` (NVIDIA
+    Dynamo's front end, whatever the engine) -> seconds a request spends there on this
+    cluster's hosts (``ServingConfig.frontend_latency_s``); a front end not listed has none."""
     frontend_prompt_token_s: Mapping[str, float] = field(default_factory=dict)
-    """Serving engine -> seconds per prompt token a request spends in that engine's serving
-    front end on this cluster's hosts before the scheduler sees it (text -> token ids and the
-    request's input processing: ``ServingConfig.frontend_prompt_token_s``); an engine not
-    listed has none."""
+    """Serving engine (its own server) or ``dynamo`` (NVIDIA Dynamo's front end, whatever the
+    engine) -> seconds per prompt token a request spends there on this cluster's hosts before
+    the scheduler sees it (text -> token ids and the request's input processing:
+    ``ServingConfig.frontend_prompt_token_s``); a front end not listed has none."""
     frontend_output_token_s: Mapping[str, float] = field(default_factory=dict)
     """Serving engine -> seconds that engine's serving front end spends per streamed output
     token on this cluster's hosts, one token after another for all requests

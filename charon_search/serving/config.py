@@ -372,14 +372,16 @@ class ServingConfig:
     scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
     and the first token's way back to the client. It is added to the request's path into the
     engine, so it counts in TTFT and E2E (and delays a closed loop's next request) but not in
-    TPOT. None = the cluster's calibrated ``frontend_latency_s[engine]`` (0 when it has
-    none)."""
+    TPOT. None = the cluster's calibrated ``frontend_latency_s`` of the process that takes the
+    request: ``[engine]`` for the engine's own server, ``["dynamo"]`` when ``frontend`` is
+    ``dynamo`` (0 when it has none)."""
     frontend_prompt_token_s: float | None = None
     """Front-end time per prompt token, on top of ``frontend_latency_s``: the server turns the
     prompt text into token ids and processes the request's input before the scheduler sees it,
     so a longer prompt reaches the engine later. Counts like ``frontend_latency_s`` (TTFT and
-    E2E, not TPOT). None = the cluster's calibrated ``frontend_prompt_token_s[engine]`` (0
-    when it has none)."""
+    E2E, not TPOT). None = the cluster's calibrated ``frontend_prompt_token_s`` of the process
+    that tokenizes: ``[engine]`` for the engine's own server, ``["dynamo"]`` when ``frontend``
+    is ``dynamo`` (0 when it has none)."""
     frontend: str = ""
     """What streams the engine's tokens to the clients: ``""`` = the engine's own server (one
     front end for all replicas, at the cluster's ``frontend_output_token_s[engine]``) or

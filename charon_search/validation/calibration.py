@@ -80,26 +80,35 @@ class Parameter:
     dynamo_only: bool = False
     """It moves only the silicon rows served through NVIDIA Dynamo (aiconfigurator's
     gap-analysis launches, ``serving.backends.AIC_FRONTEND``)."""
+    own_server_only: bool = False
+    """It moves only the rows served by the engine's own server (not through Dynamo)."""
     doc: str = ""
 
     def moves(self, record: Record) -> bool:
         """Whether ``record``'s prediction may depend on this parameter (a record whose engine
         is not known is assumed to: it is re-simulated rather than wrongly reused)."""
         engine = record_engine(record)
-        if self.dynamo_only and AIC_GAP_SOURCE not in (record.notes or ""):
+        dynamo = AIC_GAP_SOURCE in (record.notes or "")
+        if (self.dynamo_only and not dynamo) or (self.own_server_only and dynamo):
             return False
         return record.kind in self.kinds and (not self.engines or not engine
                                               or engine in self.engines)
 
 
+#: Grid of the front-end times per prompt token (seconds).
+PROMPT_TOKEN_GRID = (0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6, 1e-5, 1.2e-5, 1.5e-5)
+
+
 def _per_engine(prefix: str, field_name: str, grid: tuple[float, ...],
-                doc: str) -> tuple[Parameter, ...]:
+                doc: str, *, own_server_only: bool = False) -> tuple[Parameter, ...]:
     """One serving parameter per engine (``<prefix>_<engine>_s``), each setting that engine's
-    entry of the calibration mapping ``field_name`` and moving only that engine's records;
-    ``doc`` has a ``{}`` for the engine."""
+    entry of the calibration mapping ``field_name`` and moving only that engine's records
+    (``own_server_only``: only those its own server serves, not Dynamo); ``doc`` has a ``{}``
+    for the engine."""
     return tuple(Parameter(name=f"{prefix}_{engine}_s",
                            target=f"calibration.{field_name}.{engine}", grid=grid, default=0.0,
-                           kinds=("serving",), engines=(engine,), doc=doc.format(engine))
+                           kinds=("serving",), engines=(engine,), doc=doc.format(engine),
+                           own_server_only=own_server_only)
                  for engine in ("trtllm", "sglang", "vllm"))
 
 
@@ -132,15 +141,20 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
               grid=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), default=0.0, kinds=("serving",),
               doc="per-iteration host/scheduler time (serving)"),
     *_per_engine("frontend_latency", "frontend_latency_s",
-                 (0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
-                 "time a request spends in {}'s serving front end (HTTP server, tokenization, "
+                 (0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1),
+                 "time a request spends in {}'s own server (HTTP server, tokenization, "
                  "hand-over to the executor, first token's way back): in TTFT and E2E, not in "
-                 "TPOT"),
-    *_per_engine("frontend_prompt_token", "frontend_prompt_token_s",
-                 (0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6, 1e-5),
-                 "time per prompt token a request spends in {}'s serving front end before the "
+                 "TPOT", own_server_only=True),
+    *_per_engine("frontend_prompt_token", "frontend_prompt_token_s", PROMPT_TOKEN_GRID,
+                 "time per prompt token a request spends in {}'s own server before the "
                  "scheduler sees it (turning the prompt text into token ids, input "
-                 "processing): in TTFT and E2E, not in TPOT"),
+                 "processing): in TTFT and E2E, not in TPOT", own_server_only=True),
+    Parameter(name="frontend_prompt_token_dynamo_s",
+              target="calibration.frontend_prompt_token_s.dynamo", grid=PROMPT_TOKEN_GRID,
+              default=0.0, kinds=("serving",), dynamo_only=True,
+              doc="time per prompt token a request spends in NVIDIA Dynamo's front end "
+                  "(dynamo.frontend's tokenization and preprocessing) before the engine sees "
+                  "it, whatever the engine"),
     *_per_engine("frontend_output_token", "frontend_output_token_s",
                  (0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4),
                  "time {}'s serving front end spends per streamed output token, one token "

@@ -422,6 +422,25 @@ def test_dynamo_streams_through_one_worker_per_replica(affine, cluster) -> None:
         ServingConfig(frontend="nginx")
 
 
+def test_prompt_token_time_is_the_tokenizing_process(affine) -> None:
+    """The prompt's per-token time belongs to whichever process turns it into token ids: the
+    engine's own server (``vllm`` here, 10 us per token) or Dynamo's front end (``dynamo``,
+    2 us) when Dynamo serves the engine. One 1000-token prompt: +10 ms own server, +2 ms
+    through Dynamo, not the vLLM server's 10 ms."""
+    cal = dataclasses.replace(TOY_CALIBRATION,
+                              frontend_prompt_token_s={"vllm": 1e-5, "dynamo": 2e-6})
+    keyed = toy_cluster(calibration=cal)
+    one = [_req(0, 0.0, 1000, 4)]
+
+    def ttft(**kw):  # type: ignore[no-untyped-def]
+        return simulate_serving("debug-llama", keyed, _cfg(**kw), one,
+                                cost_model=affine).ttft_s["mean"]
+
+    base = ttft(engine="vllm", frontend_prompt_token_s=0.0)
+    assert ttft(engine="vllm") - base == pytest.approx(0.010, rel=1e-9)
+    assert ttft(engine="vllm", frontend="dynamo") - base == pytest.approx(0.002, rel=1e-9)
+
+
 def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) -> None:
     """C streams, each request's E2E from its client's send: throughput x E2E = C."""
     wl = WorkloadSpec(arrival="concurrency", concurrency=8, num_requests=800, seed=3,

@@ -284,8 +284,9 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
         "iteration_cpu_overhead_s", "frontend_latency_trtllm_s", "frontend_latency_sglang_s",
         "frontend_latency_vllm_s", "frontend_prompt_token_trtllm_s",
         "frontend_prompt_token_sglang_s", "frontend_prompt_token_vllm_s",
-        "frontend_output_token_trtllm_s", "frontend_output_token_sglang_s",
-        "frontend_output_token_vllm_s", "frontend_output_token_dynamo_s",
+        "frontend_prompt_token_dynamo_s", "frontend_output_token_trtllm_s",
+        "frontend_output_token_sglang_s", "frontend_output_token_vllm_s",
+        "frontend_output_token_dynamo_s",
         "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
         "prefill_overhead_vllm_s", "eager_kernel_host_trtllm_s", "eager_kernel_host_sglang_s",
         "eager_kernel_host_vllm_s"]

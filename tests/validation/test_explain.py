@@ -66,9 +66,13 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert isl <= ps["tokens"] <= 2 * isl + c
     text = render_explanation(exp)
     assert f"prompt step at {ps['tokens']} tokens" in text
-    # The H100 spec's TensorRT-LLM front-end time per prompt token (4 us) is shown per token.
-    assert eng["frontend_prompt_token_s"] == pytest.approx(4e-6)
-    assert "frontend_prompt_token_s 4.00 us/token" in text
+    # Its gap-analysis launch tokenizes in Dynamo's front end, not in trtllm-serve: the H100
+    # spec's TensorRT-LLM 4 us per prompt token does not apply, and it sets none for Dynamo
+    # (docs/calibration/README.md: held out, the fitted 4 us helps one Dynamo source of three).
+    per_token = case.cluster.calibration.frontend_prompt_token_s
+    assert per_token["trtllm"] == pytest.approx(4e-6) and "dynamo" not in per_token
+    assert eng["frontend_prompt_token_s"] == 0.0
+    assert "frontend_prompt_token_s 0.00 us/token" in text
     # Its gap-analysis launch streams through a Dynamo worker, for which the H100 spec sets no
     # time per token (docs/calibration/README.md: checked, not adopted).
     assert eng["frontend"] == "dynamo"
