@@ -25,6 +25,7 @@ import yaml
 
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import (
+    FRONTEND_KEYED_TIMES,
     SERVING_ENGINES,
     SERVING_FRONTENDS,
     Calibration,
@@ -461,8 +462,8 @@ def _calibration_from_dict(
     for per_engine in ("frontend_latency", "frontend_prompt_token", "frontend_output_token",
                        "prefill_iteration_overhead", "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
-        allowed = SERVING_ENGINES + (SERVING_FRONTENDS if per_engine.startswith("frontend_")
-                                     else ())
+        allowed = SERVING_ENGINES + (SERVING_FRONTENDS
+                                     if f"{per_engine}_s" in FRONTEND_KEYED_TIMES else ())
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"
             if key not in allowed:

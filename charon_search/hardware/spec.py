@@ -15,9 +15,13 @@ from charon_search.errors import ConfigError
 #: ``eager_kernel_host_s``); the engines ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 #: Serving front ends that stream an engine's tokens in place of its own server
-#: (``ServingConfig.frontend``); ``Calibration.frontend_latency_s``, ``frontend_prompt_token_s``
-#: and ``frontend_output_token_s`` may key them too (the process a request goes through).
+#: (``ServingConfig.frontend``); the ``FRONTEND_KEYED_TIMES`` mappings may key them too.
 SERVING_FRONTENDS = ("dynamo",)
+#: ``Calibration`` mappings keyed by the process a request goes through: an engine's key is its
+#: own server, a ``SERVING_FRONTENDS`` key that front end whatever the engine (the simulator
+#: looks them up by ``ServingConfig.frontend or engine``).
+FRONTEND_KEYED_TIMES = ("frontend_latency_s", "frontend_prompt_token_s",
+                        "frontend_output_token_s")
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 

@@ -169,21 +169,19 @@ class ServingSimulation:
             self.prefill_pool = self._make_pool("prefill", config.disagg.prefill)
             self.decode_pool = self._make_pool("decode", config.disagg.decode)
         self.replicas = list(dict.fromkeys(self.prefill_pool + self.decode_pool))
-        self.frontend_s = _engine_time(config.frontend_latency_s,
-                                       cluster.calibration.frontend_latency_s,
-                                       config.frontend or config.engine)
+        process = config.frontend or config.engine  # hardware.spec.FRONTEND_KEYED_TIMES keys
+        cal = cluster.calibration
+        self.frontend_s = _engine_time(config.frontend_latency_s, cal.frontend_latency_s, process)
         """Front-end latency (``ServingConfig.frontend_latency_s``) of the process that takes
         the request (the engine's own server, or ``dynamo``): a request reaches the engine this
         long after its client sent it; reported latencies start at the send."""
         self.frontend_token_s = _engine_time(config.frontend_prompt_token_s,
-                                             cluster.calibration.frontend_prompt_token_s,
-                                             config.frontend or config.engine)
+                                             cal.frontend_prompt_token_s, process)
         """Front-end time per prompt token (``ServingConfig.frontend_prompt_token_s``), of the
         process that turns the prompt into token ids: the engine's own server, or Dynamo's
         ``dynamo.frontend`` for a Dynamo launch (keyed ``dynamo`` whatever the engine)."""
-        self.frontend_output_token_s = _engine_time(
-            config.frontend_output_token_s, cluster.calibration.frontend_output_token_s,
-            config.frontend or config.engine)
+        self.frontend_output_token_s = _engine_time(config.frontend_output_token_s,
+                                                    cal.frontend_output_token_s, process)
         """Front-end time per streamed output token (``ServingConfig.frontend_output_token_s``):
         the engine's own server streams every replica's tokens (disaggregated: the decode
         replicas'), Dynamo one queue per replica (its ``dynamo.<engine>`` worker)."""

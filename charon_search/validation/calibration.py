@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from charon_search.hardware.spec import SERVING_ENGINES
+from charon_search.hardware.spec import FRONTEND_KEYED_TIMES, SERVING_ENGINES, SERVING_FRONTENDS
 from charon_search.validation.records import AIC_GAP_SOURCE, Record
 from charon_search.validation.runner import ValidationResult, run_validation
 from charon_search.validation.stats import representative_rows
@@ -77,38 +77,39 @@ class Parameter:
     engines: tuple[str, ...] = ()
     """Serving engines whose records it moves (empty: every record of ``kinds``); a record of
     another engine is simulated once for all of this parameter's values."""
-    dynamo_only: bool = False
-    """It moves only the silicon rows served through NVIDIA Dynamo (aiconfigurator's
-    gap-analysis launches, ``serving.backends.AIC_FRONTEND``)."""
-    own_server_only: bool = False
-    """It moves only the rows served by the engine's own server (not through Dynamo)."""
     doc: str = ""
 
     def moves(self, record: Record) -> bool:
         """Whether ``record``'s prediction may depend on this parameter (a record whose engine
-        is not known is assumed to: it is re-simulated rather than wrongly reused)."""
+        is not known is assumed to: it is re-simulated rather than wrongly reused). An entry of
+        a mapping keyed by process (``FRONTEND_KEYED_TIMES``) moves only the rows that process
+        serves: ``dynamo``'s the rows served through NVIDIA Dynamo (aiconfigurator's
+        gap-analysis launches, ``serving.backends.AIC_FRONTEND``), an engine's the others."""
+        field, _, key = self.target.removeprefix("calibration.").partition(".")
+        if field in FRONTEND_KEYED_TIMES and key:
+            through_dynamo = AIC_GAP_SOURCE in (record.notes or "")
+            if through_dynamo != (key in SERVING_FRONTENDS):
+                return False
         engine = record_engine(record)
-        dynamo = AIC_GAP_SOURCE in (record.notes or "")
-        if (self.dynamo_only and not dynamo) or (self.own_server_only and dynamo):
-            return False
         return record.kind in self.kinds and (not self.engines or not engine
                                               or engine in self.engines)
 
 
 #: Grid of the front-end times per prompt token (seconds).
 PROMPT_TOKEN_GRID = (0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6, 1e-5, 1.2e-5, 1.5e-5)
+#: Grid of the front-end times per streamed output token (seconds).
+OUTPUT_TOKEN_GRID = (0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4)
 
 
 def _per_engine(prefix: str, field_name: str, grid: tuple[float, ...],
-                doc: str, *, own_server_only: bool = False) -> tuple[Parameter, ...]:
+                doc: str) -> tuple[Parameter, ...]:
     """One serving parameter per engine (``<prefix>_<engine>_s``), each setting that engine's
     entry of the calibration mapping ``field_name`` and moving only that engine's records
-    (``own_server_only``: only those its own server serves, not Dynamo); ``doc`` has a ``{}``
-    for the engine."""
+    (only those its own server serves, for a mapping in ``FRONTEND_KEYED_TIMES``); ``doc`` has
+    a ``{}`` for the engine."""
     return tuple(Parameter(name=f"{prefix}_{engine}_s",
                            target=f"calibration.{field_name}.{engine}", grid=grid, default=0.0,
-                           kinds=("serving",), engines=(engine,), doc=doc.format(engine),
-                           own_server_only=own_server_only)
+                           kinds=("serving",), engines=(engine,), doc=doc.format(engine))
                  for engine in ("trtllm", "sglang", "vllm"))
 
 
@@ -144,26 +145,24 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  (0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1),
                  "time a request spends in {}'s own server (HTTP server, tokenization, "
                  "hand-over to the executor, first token's way back): in TTFT and E2E, not in "
-                 "TPOT", own_server_only=True),
+                 "TPOT"),
     *_per_engine("frontend_prompt_token", "frontend_prompt_token_s", PROMPT_TOKEN_GRID,
                  "time per prompt token a request spends in {}'s own server before the "
                  "scheduler sees it (turning the prompt text into token ids, input "
-                 "processing): in TTFT and E2E, not in TPOT", own_server_only=True),
+                 "processing): in TTFT and E2E, not in TPOT"),
     Parameter(name="frontend_prompt_token_dynamo_s",
               target="calibration.frontend_prompt_token_s.dynamo", grid=PROMPT_TOKEN_GRID,
-              default=0.0, kinds=("serving",), dynamo_only=True,
+              default=0.0, kinds=("serving",),
               doc="time per prompt token a request spends in NVIDIA Dynamo's front end "
                   "(dynamo.frontend's tokenization and preprocessing) before the engine sees "
                   "it, whatever the engine"),
-    *_per_engine("frontend_output_token", "frontend_output_token_s",
-                 (0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4),
+    *_per_engine("frontend_output_token", "frontend_output_token_s", OUTPUT_TOKEN_GRID,
                  "time {}'s serving front end spends per streamed output token, one token "
                  "after another for all requests (detokenization, writing the stream chunk): "
                  "tokens queue there once the engine emits more than its inverse per second"),
     Parameter(name="frontend_output_token_dynamo_s",
-              target="calibration.frontend_output_token_s.dynamo",
-              grid=(0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4), default=0.0,
-              kinds=("serving",), dynamo_only=True,
+              target="calibration.frontend_output_token_s.dynamo", grid=OUTPUT_TOKEN_GRID,
+              default=0.0, kinds=("serving",),
               doc="time NVIDIA Dynamo's per-replica worker spends per streamed output token "
                   "(handing it from the engine to dynamo.frontend), whatever the engine: "
                   "tokens queue there once the replica emits more than its inverse per "

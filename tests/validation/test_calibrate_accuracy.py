@@ -19,6 +19,7 @@ from charon_search.validation.calibration import (
     leave_one_source_out,
     write_cluster_specs,
 )
+from charon_search.validation.records import AIC_GAP_SOURCE
 
 IDS = ["megatron_sc21_t1_1.7b", "megatron_sc21_t1_7.5b", "korthikanti_t5_22b_seqsel",
        "korthikanti_t5_22b_full"]
@@ -264,6 +265,18 @@ def test_per_engine_parameter_touches_its_engines_records_only(shipped_records):
     # A record naming no engine of ours (a published trtllm-bench run) is re-simulated.
     bench = next(r for r in shipped_records if r.kind == "serving" and r.origin == "published")
     assert PARAMETERS["frontend_latency_trtllm_s"].moves(bench)
+    # The front-end times are keyed by the process that takes the request: a TensorRT-LLM row
+    # served through Dynamo (aiconfigurator's gap analysis) moves with Dynamo's entries, not
+    # with trtllm-serve's; the engine's own host time still moves it.
+    gap = next(r for r in rows if (r.extra or {}).get("backend") == "trtllm"
+               and AIC_GAP_SOURCE in (r.notes or ""))
+    assert AIC_GAP_SOURCE not in (pick[0].notes or "")
+    for name in ("frontend_latency_trtllm_s", "frontend_prompt_token_trtllm_s",
+                 "frontend_output_token_trtllm_s"):
+        assert PARAMETERS[name].moves(pick[0]) and not PARAMETERS[name].moves(gap), name
+    for name in ("frontend_prompt_token_dynamo_s", "frontend_output_token_dynamo_s"):
+        assert PARAMETERS[name].moves(gap) and not PARAMETERS[name].moves(pick[0]), name
+    assert PARAMETERS["prefill_overhead_trtllm_s"].moves(gap)
     # The prompt-iteration overhead is a second per-engine mapping of the same kind.
     cal = apply_parameters(cluster, {"prefill_overhead_sglang_s": 0.008}).calibration
     assert cal.prefill_iteration_overhead_s == {"sglang": 0.008}
