@@ -11,8 +11,10 @@ cannot be expressed are listed with the reason.
     charon-search validate --explain --ids megatron_sc21_t1_1.7b
 
 ``--explain`` prints, for each selected record (name them with ``--ids``), what the simulator did
-to reach its prediction: a training step's breakdown and cost sources, or a serving row's engine
-facts, iteration mix and largest prompt- and decode-step operators (``validation.explain``).
+to reach its prediction: a training step's breakdown, cost sources and the largest operators of
+one layer of each block (with the TFLOP/s each GEMM and attention kernel reaches), or a serving
+row's engine facts, iteration mix and largest prompt- and decode-step operators
+(``validation.explain``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--explain", action="store_true",
                         help="show how each selected record's prediction arises (step breakdown "
-                             "or iteration mix and decode-step operators) instead of the table; "
+                             "and per-layer operators, or iteration mix and decode-step "
+                             "operators) instead of the table; "
                              f"at most {MAX_EXPLAIN} records, chosen with --ids")
 
 

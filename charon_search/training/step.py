@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from charon_search.errors import ConfigError
@@ -67,6 +67,13 @@ class StepTimeline:
     layer_costs: dict[str, tuple[LayerCost, LayerCost | None]]
     stage_blocks: list[list[list[str]]]
     """[rank][chunk] -> block names of the chunk's layers (embedding / lm_head included)."""
+    costed_graphs: dict[str, tuple[CostedGraph, CostedGraph | None]] = field(
+        default_factory=dict)
+    """Block name -> its forward and backward graphs priced op by op (standalone seconds and
+    cost source per node), at ``block_shape``."""
+    block_shape: tuple[float, float] = (0.0, 0.0)
+    """``(micro-batch size, sequence length)`` the block graphs were priced at (the graphs'
+    own passes divide the sequence by CP and the hidden sizes by TP)."""
 
 
 def _resolve(model: Any, cluster: Any) -> tuple[Any, ClusterSpec]:
@@ -571,7 +578,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
 
     timeline = StepTimeline(pipeline=pipe, dp_intervals=dp_intervals,
                             tail_intervals=tail_intervals, layer_costs=costs,
-                            stage_blocks=stage_blocks)
+                            stage_blocks=stage_blocks, costed_graphs=costed,
+                            block_shape=(b, s))
     return StepReport(
         model=spec.name, cluster=cl.name, num_gpus=n, layout=L.to_dict(), step_time_s=step,
         tokens_per_step=tokens, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,

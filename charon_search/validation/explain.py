@@ -4,9 +4,10 @@ A validate table says *how far* a prediction is off; this says *what the simulat
 it, so the next change has a mechanism to aim at:
 
 - **training**: the critical rank's step split into compute, exposed communication per axis,
-  pipeline bubble, overlap slowdown, optimizer and host time (they sum to the step), and the
+  pipeline bubble, overlap slowdown, optimizer and host time (they sum to the step), the
   share of operator time each cost source priced (measured profile, trained predictor,
-  roofline, collective model).
+  roofline, collective model), and the largest operators of one layer of each block type,
+  forward and backward, with their cost source and the FLOP/s they reach.
 - **serving**: the launch facts the engine profile set, the iterations of the measured window
   (prompt-carrying and decode-only: how many, how long, how many prompts and decodes each), the
   spread of the measured requests' TTFT, and the largest operators of the mean prompt
@@ -61,7 +62,38 @@ def _explain_training(case: TrainingCase) -> dict[str, Any]:
         "exposed_comm_by_kind_s": dict(b.exposed_comm_by_kind_s),
         "cost_sources": dict(rep.cost_sources), "measured": dict(case.record.measured),
         "layer_times_s": {k: dict(v) for k, v in rep.layer_times_s.items()},
+        "block_ops": _block_ops(rep.timeline),
     }
+
+
+def _block_ops(timeline: Any) -> list[dict[str, Any]]:
+    """Per block type and pass, the ``TOP_OPS`` largest operators of one layer as priced
+    (standalone seconds before overlap, cost source, and for a tensor-core operator the FLOP/s
+    it reaches: its FLOPs over its seconds) and the sum of all its operators."""
+    from charon_search.cost.roofline import TENSOR_CORE_KINDS
+
+    if timeline is None or not timeline.costed_graphs:
+        return []
+    b, s = timeline.block_shape
+    out = []
+    for block, graphs in timeline.costed_graphs.items():
+        for label, cg in zip(("forward", "backward"), graphs, strict=True):
+            if cg is None:
+                continue
+            rows = []
+            for node, sec, src in zip(cg.graph.nodes, cg.durations_s, cg.provenance,
+                                      strict=True):
+                flops = (float(node.flops(b, s, s)) if node.kind in TENSOR_CORE_KINDS
+                         else 0.0)
+                rows.append({"name": node.name, "kind": str(node.kind), "source": src,
+                             "seconds": float(sec),
+                             "flops_per_s": flops / float(sec) if flops > 0 and sec > 0
+                             else None})
+            rows.sort(key=lambda r: -r["seconds"])
+            out.append({"block": block, "pass": label,
+                        "total_s": float(sum(r["seconds"] for r in rows)),
+                        "ops": rows[:TOP_OPS]})
+    return out
 
 
 def _explain_serving(case: ServingCase) -> dict[str, Any]:
@@ -218,6 +250,12 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
         layers = ", ".join(f"{k} {1e3 * v['forward_s']:.2f} + {1e3 * v['backward_s']:.2f} ms"
                            for k, v in exp.get("layer_times_s", {}).items())
         lines.append("  one layer in a chain, forward + backward (with recompute): " + layers)
+        for blk in exp.get("block_ops", []):
+            lines.append(f"  {blk['block']} {blk['pass']}, one layer: operators sum to "
+                         f"{_ms(blk['total_s'])} before overlap; largest:")
+            lines += [line + (f"  ({op['flops_per_s'] / 1e12:.0f} TFLOP/s)"
+                              if op["flops_per_s"] else "")
+                      for line, op in zip(_op_lines(blk["ops"]), blk["ops"], strict=True)]
         return "\n".join(lines)
     eng = exp["engine"]
     lines.append("  engine: " + ", ".join(

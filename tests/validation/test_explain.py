@@ -121,3 +121,23 @@ def test_disaggregated_explanation_shows_the_pools_and_a_decode_step(by_id):
     prompt, ps = exp["iterations"]["prompt"], exp["prompt_step"]
     assert ps["linear_total_s"] + ps["attention_s"] + eng["prefill_iteration_overhead_s"] == (
         pytest.approx(prompt["mean_duration_s"], rel=0.05))
+
+
+def test_training_explanation_lists_each_blocks_largest_operators(by_id):
+    """SC21 1.7B (GPT, hidden 2304, FFN 9216, micro-batch 16 x 2048 tokens, TP1): the
+    largest operators of one dense layer, as priced, with the FLOP/s a GEMM reaches."""
+    exp = explain_case(to_case(by_id[SC21]))
+    blocks = {(b["block"], b["pass"]): b for b in exp["block_ops"]}
+    assert {("dense", "forward"), ("dense", "backward")} <= set(blocks)
+    fwd = blocks[("dense", "forward")]
+    secs = [op["seconds"] for op in fwd["ops"]]
+    assert secs == sorted(secs, reverse=True) and sum(secs) <= fwd["total_s"] * (1 + 1e-12)
+    # The FFN up-projection: 2 * tokens * hidden * ffn FLOPs, whatever its time.
+    up = 2 * 16 * 2048 * 2304 * 9216
+    assert any(op["flops_per_s"] and math.isclose(op["flops_per_s"] * op["seconds"], up,
+                                                  rel_tol=1e-9) for op in fwd["ops"])
+    # No communication in a TP1 forward: one layer's forward is its operators back to back.
+    assert fwd["total_s"] == pytest.approx(exp["layer_times_s"]["dense"]["forward_s"],
+                                           rel=1e-6)
+    text = render_explanation(exp)
+    assert "dense forward, one layer: operators sum to" in text and "TFLOP/s)" in text
