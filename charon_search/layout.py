@@ -85,9 +85,15 @@ class Layout:
     """Two-micro-batch overlap of EP all-to-all with compute (DeepSeek-style)."""
     ep_node_dedup: bool = False
     """EP dispatch/combine send each token once per target node over the scale-out network
-    and forward it over NVLink (DeepEP normal kernels, DeepSeek-V3 report sec. 3.2.2). With
-    the model's group-limited routing on node-aligned expert groups, a token reaches at most
-    ``topk_group`` nodes instead of ``top_k`` experts."""
+    and forward it over NVLink once per target rank (DeepEP normal kernels, Megatron-Core's
+    flex dispatcher, DeepSeek-V3 report sec. 3.2.2), not once per routed expert. With the
+    model's group-limited routing on node-aligned expert groups, a token reaches at most
+    ``topk_group`` nodes instead of ``top_k`` experts; inside one NVLink domain it reaches the
+    expected number of distinct ranks holding its experts (``training.step.ep_distinct_ranks``)."""
+    ep_dispatch_fp8: bool = False
+    """EP dispatch all-to-alls carry fp8 with one fp32 scale per 128 values: the forward
+    dispatch and the backward all-to-all that sends gradients into the experts; both combines
+    stay bf16 (DeepSeek-V3 report sec. 3.3.2, "Low-Precision Communication")."""
     moe_fused_permute: bool = False
     """Megatron-Core ``--moe-permute-fusion`` / ``--moe-router-fusion`` (Transformer Engine's
     fused token permute, unpermute-with-probabilities and router kernels): each run of the

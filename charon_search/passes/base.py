@@ -72,6 +72,8 @@ class PassContext:
     """``fused`` or ``eager`` (torchtitan's eager ``RMSNorm``, ``passes.eager_norm``)."""
     async_tp: bool = False
     moe_a2a_overlap: bool = False
+    ep_dispatch_fp8: bool = False
+    """EP dispatches carry fp8 plus 1x128 fp32 scales (``Layout.ep_dispatch_fp8``)."""
     moe_fused_permute: bool = False
     """Fuse the router / permute / unpermute op runs into one kernel each (``passes.fusion``)."""
     fsdp_prefetch: bool = True
@@ -103,6 +105,7 @@ class PassContext:
             fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"), async_tp=layout.async_tp,
             moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
+            ep_dispatch_fp8=getattr(layout, "ep_dispatch_fp8", False),
             expert_load_imbalance=layout.expert_load_imbalance,
         )
         kw.update(overrides)

@@ -127,7 +127,7 @@ class GraphCoster:
 
     def __init__(self, cluster: ClusterSpec, cost_model: Any, *, strides: Mapping[str, int],
                  concurrent_groups: Mapping[str, int] | None = None,
-                 attention_kernel: str = "flash", ep_scaleout_scale: float = 1.0,
+                 attention_kernel: str = "flash", ep_a2a_scale: float = 1.0,
                  fp8_gemm_kernel: str = "cutlass") -> None:
         self.cluster = cluster
         self.cost_model = cost_model
@@ -140,9 +140,9 @@ class GraphCoster:
         self.strides = dict(strides)
         self.concurrent = dict(concurrent_groups or {})
         self._comm_memo: dict[tuple, tuple[float, str]] = {}
-        # Node-deduplicated EP all-to-alls (``Layout.ep_node_dedup``): scale-out bytes per
-        # rank over the routed bytes (``training.step._ep_scaleout_scale``).
-        self.ep_scaleout_scale = float(ep_scaleout_scale)
+        # Deduplicating EP all-to-alls (``Layout.ep_node_dedup``): bytes on the bottleneck
+        # tier over the routed bytes (``training.step._ep_a2a_byte_scale``).
+        self.ep_a2a_scale = float(ep_a2a_scale)
         self._fp8_grouped_scale = _fp8_grouped_gemm_scale(cluster, cost_model)
         gen = int(getattr(cluster.gpu, "attention_kernel_gen", 2) or 2)
         # ``Layout.attention_kernel`` against the generation the costs represent, and the
@@ -234,11 +234,11 @@ class GraphCoster:
                    ) -> tuple[float, str]:
         """(seconds, bottleneck tier) of one collective on mesh axis ``group``."""
         stride = self.strides.get(group, 1)
-        if (group == "ep" and kind == "all_to_all" and self.ep_scaleout_scale != 1.0
-                and group_size * stride > self.cluster.tiers[0].num_devices):
-            # The scale-out tier bounds a cross-node all-to-all, so its time follows the
-            # bytes that cross it (NVLink forwarding inside the node is not the bottleneck).
-            nbytes *= self.ep_scaleout_scale
+        if group == "ep" and kind == "all_to_all" and self.ep_a2a_scale != 1.0:
+            # A deduplicating dispatch/combine: across nodes the scale-out tier bounds it and
+            # its time follows the bytes that cross it (NVLink forwarding inside the node is
+            # not the bottleneck); inside one NVLink domain, a token once per target rank.
+            nbytes *= self.ep_a2a_scale
         key = (kind, round(nbytes), group_size, stride, group)
         hit = self._comm_memo.get(key)
         if hit is None:

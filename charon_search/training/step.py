@@ -14,6 +14,7 @@ Hierarchical simulation (see ``sim.layer`` and ``sim.pipeline``):
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ from charon_search.sim.layer import LayerCost, UnitCost, layer_cost
 from charon_search.sim.pipeline import PipelineResult, run_pipeline
 from charon_search.training.report import StepBreakdown, StepReport
 
-__all__ = ["StepTimeline", "simulate_training", "stage_layers", "validate_layout"]
+__all__ = ["StepTimeline", "ep_distinct_ranks", "simulate_training", "stage_layers",
+           "validate_layout"]
 
 #: Gradient-norm clipping reads every fp32 gradient once before the update (Megatron
 #: ``--clip-grad 1.0`` and torchtitan ``max_norm 1.0`` are the defaults; the norm's scalar
@@ -206,30 +208,75 @@ def layout_stage_layers(layer_types: tuple[str, ...], pp_layout: str) -> list[li
     return out
 
 
-def _ep_scaleout_scale(spec: Any, cluster: ClusterSpec, layout: Layout,
+def _ep_a2a_byte_scale(spec: Any, cluster: ClusterSpec, layout: Layout,
                        strides: dict[str, int]) -> float:
-    """Scale-out bytes of a node-deduplicated EP all-to-all over the routed bytes.
+    """Bytes a deduplicating EP dispatch/combine moves on its bottleneck tier, over the routed
+    bytes (``tokens * top_k`` rows), for ``Layout.ep_node_dedup``; 1 otherwise.
 
-    Group-limited routing (HF config ``n_group`` expert groups, of which a token uses
-    ``topk_group``; DeepSeek-V3 report sec. 2.1.2 / 3.2.2: "each token will be sent to at most
-    4 nodes") with whole groups on each node of the EP group sends a token to at most
-    ``min(topk_group, nodes)`` nodes. Each remote node gets it once (``Layout.ep_node_dedup``)
-    instead of once per expert: ``min(topk_group, nodes) / top_k`` of the per-expert bytes (the
-    local node's share drops out of both). 1 when the layout or model does not qualify.
+    DeepEP-style kernels (DeepEP, Megatron-Core's flex dispatcher with DeepEP or HybridEP; the
+    DeepSeek-V3 report sec. 3.2.2) send a token once per target node over the scale-out network
+    and once per target rank over NVLink, however many of its experts that node or rank holds.
+
+    - EP group across nodes: the scale-out tier bounds the all-to-all. Group-limited routing
+      (HF config ``n_group`` expert groups, of which a token uses ``topk_group``; DeepSeek-V3
+      report sec. 2.1.2: "each token will be sent to at most 4 nodes") with whole groups on
+      each node sends a token to at most ``min(topk_group, nodes)`` nodes:
+      ``min(topk_group, nodes) / top_k`` of the per-expert bytes.
+    - EP group inside one NVLink domain: the expected number of distinct ranks a token's
+      ``top_k`` experts live on, over ``top_k`` (``ep_distinct_ranks``).
     """
     if not getattr(layout, "ep_node_dedup", False) or layout.ep <= 1:
         return 1.0
     hf = dict(getattr(spec, "hf_config", {}) or {})
     n_group, topk_group = int(hf.get("n_group") or 0), int(hf.get("topk_group") or 0)
     top_k = int(getattr(spec, "num_experts_per_token", 0) or 0)
+    experts = int(getattr(spec, "num_experts", 0) or 0)
+    if not (top_k and experts):
+        return 1.0
     node = cluster.tiers[0].num_devices
     span = layout.ep * strides.get("ep", 1)
-    if not (n_group and topk_group and top_k) or span <= node or span % node:
+    if span <= node:
+        return min(1.0, ep_distinct_ranks(experts, top_k, layout.ep, n_group, topk_group)
+                   / top_k)
+    if not (n_group and topk_group) or span % node:
         return 1.0
     nodes = span // node
     if n_group % nodes:
         return 1.0  # groups straddle nodes: no per-node bound
     return min(1.0, min(topk_group, nodes) / top_k)
+
+
+def ep_distinct_ranks(experts: int, top_k: int, ep: int, n_group: int = 0,
+                      topk_group: int = 0) -> float:
+    """Expected number of distinct EP ranks that hold a token's ``top_k`` experts.
+
+    ``experts`` are split evenly over ``ep`` ranks in order (rank r holds experts
+    ``r*e .. r*e+e-1``, ``e = experts / ep``), the router picks ``topk_group`` of ``n_group``
+    equal expert groups uniformly (``n_group = 0``: no group limit) and then ``top_k`` distinct
+    experts uniformly among the chosen groups' ones: ``ep * P(a rank holds at least one)``.
+    Closed form (hypergeometric over the groups a rank holds); no fitted value.
+    """
+    if experts <= 0 or top_k <= 0 or ep <= 1 or experts % ep:
+        return float(min(top_k, max(ep, 1)))
+    e = experts // ep
+    if not (n_group and topk_group) or experts % n_group or topk_group >= n_group:
+        n_group, topk_group = 1, 1
+    per_group = experts // n_group
+    cand = topk_group * per_group  # experts of the chosen groups
+    k = min(top_k, cand)
+
+    def none_of(m: int) -> float:  # P(none of k draws among cand lands in m given experts)
+        return math.comb(cand - m, k) / math.comb(cand, k) if cand - m >= k else 0.0
+
+    if e <= per_group:
+        # The rank's experts lie in one group, chosen with probability topk_group / n_group.
+        p_none = 1 - topk_group / n_group + topk_group / n_group * none_of(e)
+    else:
+        h = e // per_group  # whole groups on the rank
+        p_none = sum(math.comb(h, j) * math.comb(n_group - h, topk_group - j)
+                     / math.comb(n_group, topk_group) * none_of(j * per_group)
+                     for j in range(0, min(h, topk_group) + 1))
+    return ep * (1 - p_none)
 
 
 def _parallel_blocks(traced: Any, ctx: PassContext, key: tuple) -> dict[str, ParallelBlock]:
@@ -369,11 +416,11 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
                          attention_kernel=getattr(L, "attention_kernel", "flash"),
-                         ep_scaleout_scale=_ep_scaleout_scale(spec, cl, L, strides),
+                         ep_a2a_scale=_ep_a2a_byte_scale(spec, cl, L, strides),
                          fp8_gemm_kernel=getattr(L, "fp8_gemm_kernel", "cutlass"))
     # Same-named clusters may differ (recalibrated copies): key on their content.
     cl_key = (cl.name, cl.gpu.name, cl.gpu.sustained_clock_ratio, coster.fp8_gemm_kernel,
-              getattr(cl.gpu, "attention_kernel_gen", 2), coster.ep_scaleout_scale,
+              getattr(cl.gpu, "attention_kernel_gen", 2), coster.ep_a2a_scale,
               repr(cl.tiers),
               repr(cl.calibration))
     costs: dict[str, tuple[LayerCost, LayerCost | None]] = {}

@@ -106,14 +106,28 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         if recipe[0] in ("delayed", "tensorwise", "rowwise"):
             out["fp8_gemm_kernel"] = "cublaslt"
             notes.append("fp8 GEMMs on cuBLASLt (Transformer Engine / torch._scaled_mm)")
-    # DeepSeek-V3 report sec. 3.2.2: node-limited routing (each token to at most 4 nodes) with
-    # dispatch kernels that send a token over IB once per target node and forward it over
-    # NVLink (DeepEP's normal kernels).
+    # Deduplicating EP dispatch: a token crosses IB once per target node and NVLink once per
+    # target rank, not once per routed expert. DeepSeek's own training (report sec. 3.2.2:
+    # node-limited routing, each token to at most 4 nodes, forwarded over NVLink; DeepEP's
+    # normal kernels) and Megatron-Core's flex dispatcher (``--moe-token-dispatcher-type
+    # flex``: DeepEP or HybridEP kernels) do it; Megatron's alltoall / allgather dispatchers
+    # and torchtitan's all-to-all send a row per routed expert.
     mx = dict(record.model.get("extra") or {}).get("max_nodes_per_token")
-    if mx and int(t.get("ep") or 1) > 1:
+    dispatcher = str(ex.get("token_dispatcher") or "").strip().lower()
+    flex = dispatcher.startswith(("flex", "deepep", "hybridep"))
+    deepseek_own = bool(mx) and not dispatcher
+    if int(t.get("ep") or 1) > 1 and deepseek_own and t.get("precision") == "fp8":
+        # Report sec. 3.3.2: activations quantized to fp8 before the dispatch (and the
+        # gradients before the backward's), combines kept in bf16.
+        out["ep_dispatch_fp8"] = True
+        notes.append("EP dispatch in fp8 with 1x128 scales, combine in bf16 (DeepSeek-V3 "
+                     "report sec. 3.3.2)")
+    if int(t.get("ep") or 1) > 1 and (flex or deepseek_own):
         out["ep_node_dedup"] = True
-        notes.append(f"EP dispatch once per target node (node-limited routing, at most {mx} "
-                     "nodes per token; DeepSeek-V3 report sec. 3.2.2)")
+        notes.append("EP dispatch/combine once per target node and rank ("
+                     + (f"{ex.get('token_dispatcher')} dispatcher" if flex else
+                        f"node-limited routing, at most {mx} nodes per token; DeepSeek-V3 "
+                        "report sec. 3.2.2") + ")")
     # DeepSeek-V3 report sec. 3.2.1: DualPipe pairs a forward and a backward chunk and overlaps
     # the EP all-to-all (dispatch / combine) of one with the computation of the other.
     if t.get("schedule") == "dualpipe" and int(t.get("ep") or 1) > 1:

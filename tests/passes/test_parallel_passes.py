@@ -92,6 +92,22 @@ def test_ep_alltoalls_and_imbalance() -> None:
     assert all(n.params["load_imbalance"].const_value() == 1.3 for n in gg)
 
 
+def test_fp8_dispatch_halves_dispatch_bytes_and_keeps_combines_bf16() -> None:
+    """DeepSeek-V3 report sec. 3.3.2: fp8 values plus one fp32 scale per 128 on the dispatch
+    (forward) and on the all-to-all carrying gradients into the experts (backward); both
+    combines move bf16."""
+    blk = synthetic_block("moe")
+    plain = parallelize_block(blk, PassContext(ep=4, dp=4, debug=True))
+    fp8 = parallelize_block(blk, PassContext(ep=4, dp=4, ep_dispatch_fp8=True, debug=True))
+    for g_plain, g_fp8 in ((plain.forward, fp8.forward), (plain.backward, fp8.backward)):
+        by_name = {n.name: n.params["bytes"](B, S) for n in g_plain.nodes
+                   if n.kind == OpKind.ALL_TO_ALL}
+        for n in (n for n in g_fp8.nodes if n.kind == OpKind.ALL_TO_ALL):
+            ratio = n.params["bytes"](B, S) / by_name[n.name]
+            want = (1 + 4 / 128) / DTB if n.name.startswith("ep_dispatch") else 1.0
+            assert ratio == pytest.approx(want, rel=1e-12), n.name
+
+
 def test_recompute_adds_forward_flops() -> None:
     blk = synthetic_block("dense")
     none = parallelize_block(blk, PassContext(debug=True))

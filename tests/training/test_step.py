@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -220,20 +222,46 @@ def test_node_dedup_ep_scaleout_bytes_follow_group_limited_routing() -> None:
     # (DeepEP): 4/8 of the per-expert bytes.
     from charon_search.catalog import load_model
     from charon_search.hardware import load_cluster
-    from charon_search.training.step import _ep_scaleout_scale
+    from charon_search.training.step import _ep_a2a_byte_scale, ep_distinct_ranks
 
     spec = load_model("deepseek-v3")
     cl = load_cluster("h800-cluster")
     assert cl.tiers[0].num_devices == 8
     lay = Layout(dp=64, ep=64, ep_node_dedup=True, global_batch_size=64)
-    assert _ep_scaleout_scale(spec, cl, lay, {"ep": 1}) == pytest.approx(0.5)
-    # no per-node dedup (e.g. Megatron's all-to-all dispatcher), EP inside one node, or a
-    # dense model: the routed bytes as they are
-    assert _ep_scaleout_scale(spec, cl, Layout(dp=64, ep=64, global_batch_size=64),
+    assert _ep_a2a_byte_scale(spec, cl, lay, {"ep": 1}) == pytest.approx(0.5)
+    # EP inside one node: once per target rank, the expected distinct ranks over top-8
+    lay8 = Layout(dp=8, ep=8, ep_node_dedup=True, global_batch_size=8)
+    assert _ep_a2a_byte_scale(spec, cl, lay8, {"ep": 1}) == pytest.approx(
+        ep_distinct_ranks(256, 8, 8, 8, 4) / 8, rel=1e-12)
+    # no dedup (e.g. Megatron's all-to-all dispatcher) or a dense model: the routed bytes
+    assert _ep_a2a_byte_scale(spec, cl, Layout(dp=64, ep=64, global_batch_size=64),
                               {"ep": 1}) == 1.0
-    assert _ep_scaleout_scale(spec, cl, Layout(dp=8, ep=8, ep_node_dedup=True,
-                                               global_batch_size=8), {"ep": 1}) == 1.0
-    assert _ep_scaleout_scale(load_model("llama-3.1-8b"), cl, lay, {"ep": 1}) == 1.0
+    assert _ep_a2a_byte_scale(load_model("llama-3.1-8b"), cl, lay, {"ep": 1}) == 1.0
+
+
+@pytest.mark.parametrize("ep,n_group,topk_group", [(32, 8, 4), (8, 8, 4), (4, 8, 4), (8, 0, 0)])
+def test_distinct_ranks_of_a_tokens_experts_match_a_sampled_router(ep, n_group, topk_group):
+    """DeepSeek-V3 routing (256 experts, top-8, ``topk_group`` of ``n_group`` groups) over
+    ``ep`` ranks holding consecutive experts: the closed form against 40,000 sampled tokens
+    (EP 32, 4 groups: 16 candidate ranks of 8 experts, 16 * (1 - C(120,8)/C(128,8)) = 6.60)."""
+    import numpy as np
+
+    from charon_search.training.step import ep_distinct_ranks
+
+    rng = np.random.default_rng(0)
+    experts, k, tokens = 256, 8, 40_000
+    groups = n_group or 1
+    per_group = experts // groups
+    chosen = np.argsort(rng.random((tokens, groups)), axis=1)[:, :topk_group or 1]
+    cand = (chosen[:, :, None] * per_group + np.arange(per_group)).reshape(tokens, -1)
+    pick = np.take_along_axis(cand, np.argsort(rng.random(cand.shape), axis=1)[:, :k], axis=1)
+    ranks = pick // (experts // ep)
+    sampled = np.mean([len(set(r)) for r in ranks])
+    assert ep_distinct_ranks(experts, k, ep, n_group, topk_group) == pytest.approx(
+        sampled, rel=0.01)
+    if (ep, n_group) == (32, 8):
+        assert ep_distinct_ranks(experts, k, ep, n_group, topk_group) == pytest.approx(
+            16 * (1 - math.comb(120, 8) / math.comb(128, 8)), rel=1e-12)
 
 
 def test_layer_times_full_recompute_adds_one_forward_to_the_backward() -> None:
