@@ -23,3 +23,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local 2-CPU Ray instance for the module (none already running in this process)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             object_store_memory=80 * 2**20, log_to_driver=False)
+    yield ray
+    ray.shutdown()

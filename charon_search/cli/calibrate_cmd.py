@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
@@ -40,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="silicon serving rows only from these `system` values (e.g. "
                              "h100_sxm h200_sxm); published records are kept")
     parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="Ray worker actors simulating records in parallel, kept for the "
+                             "whole calibration (0 = in this process)")
+    parser.add_argument("--ray-address", default=None,
+                        help="existing Ray cluster for --workers (default: embedded local Ray)")
     parser.add_argument("--no-loso", action="store_true",
                         help="skip the leave-one-source-out report")
     parser.add_argument("--out", type=Path, default=Path("calibration.yaml"),
@@ -56,21 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.cli._common import silence_tracing_noise
 
     silence_tracing_noise()
-    import yaml
-
     from charon_search.errors import ConfigError
     from charon_search.validation import default_files, load_files, select_records
-    from charon_search.validation.calibration import (
-        MemoizedEvaluate,
-        calibration_document,
-        default_evaluate,
-        default_parameters,
-        development_records,
-        fit_parameters,
-        leave_one_source_out,
-        write_cluster_specs,
-    )
-    from charon_search.validation.translate import to_case
 
     records = select_records(load_files(args.files or default_files()), kind=args.kind,
                              ids=args.ids)
@@ -85,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         records = records[: max(0, args.limit)]
     from tqdm import tqdm
 
-    from charon_search.cache import cache_dir, package_fingerprint
+    from charon_search.cache import cache_dir
 
     # One memo for the baseline, the fit and the held-out fits: each (parameter vector,
     # record) pair is simulated once, and kept in a store that survives an interruption.
@@ -96,8 +89,44 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"--cache {str(store)!r}: cannot write the store ({e.strerror}); "
                           "give a writable file path") from e
+    if args.workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 = in this process), but got "
+                          f"{args.workers}")
     bar = tqdm(desc="calibrate", unit="sim", file=sys.stderr, disable=None)
-    evaluate = MemoizedEvaluate(default_evaluate(progress=lambda i, n, rec: bar.update(1)),
+    executor = None
+    if args.workers:
+        from charon_search.search.worker import make_executor
+
+        executor = make_executor(args.workers, address=args.ray_address)
+    try:
+        return _calibrate(args, records, store, bar, executor)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: Any,
+               executor: Any) -> int:
+    """The baseline, the fit and the held-out fits (``run``'s body once its records, store,
+    progress bar and optional worker pool are set up)."""
+    import yaml
+
+    from charon_search.cache import package_fingerprint
+    from charon_search.errors import ConfigError
+    from charon_search.validation.calibration import (
+        MemoizedEvaluate,
+        calibration_document,
+        default_evaluate,
+        default_parameters,
+        development_records,
+        fit_parameters,
+        leave_one_source_out,
+        write_cluster_specs,
+    )
+    from charon_search.validation.translate import to_case
+
+    evaluate = MemoizedEvaluate(default_evaluate(progress=lambda i, n, rec: bar.update(1),
+                                                 executor=executor),
                                 store=store, fingerprint=package_fingerprint())
     candidates = development_records(records)
     baseline = evaluate(candidates, {})  # the cluster specs as shipped

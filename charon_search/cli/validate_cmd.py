@@ -9,6 +9,7 @@ cannot be expressed are listed with the reason.
     charon-search validate --kind training --json validate.json
     charon-search validate my_records.yaml --ids megatron_sc21_t1_1.7b --html report.html
     charon-search validate --explain --ids megatron_sc21_t1_1.7b
+    charon-search validate --workers 2 --json validate.json   # records on 2 Ray actors
 
 ``--explain`` prints, for each selected record (name them with ``--ids``), what the simulator did
 to reach its prediction: a training step's breakdown, cost sources and the largest operators of
@@ -42,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=200,
                         help="per-record rows printed (0 = none, -1 = all)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="Ray worker actors simulating records in parallel (0 = in this "
+                             "process; same results either way)")
+    parser.add_argument("--ray-address", default=None,
+                        help="existing Ray cluster for --workers (default: embedded local Ray)")
     parser.add_argument("--explain", action="store_true",
                         help="show how each selected record's prediction arises (step breakdown "
                              "and per-layer operators, or iteration mix and decode-step "
@@ -71,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet and (i % 25 == 0 or i == n - 1):
             print(f"[{i + 1}/{n}] {rec.id}", file=sys.stderr, flush=True)
 
-    result = run_validation(records, progress=progress)
+    result = run_validation(records, progress=progress, workers=args.workers,
+                            address=args.ray_address)
     max_rows = None if args.rows < 0 else args.rows
     print(render_text(result, max_rows=max_rows))
     if args.json_out:

@@ -10,6 +10,8 @@ raising, after the cheap memory check and before any timeline is built.
   simulate_training``; adds derived fields (``tokens_per_s_per_gpu``, ``gpu_s_per_token``,
   ``cost_per_million_tokens_usd``).
 * ``serving``: ``charon_search.serving.simulate_serving`` (aggregated or disaggregated pools).
+* ``validation``: one measured record of ``charon-search validate`` (``validation.runner.
+  validate_record``), for ``run_validation(..., workers=N)``.
 * ``toy-analytic``: closed-form objectives of the layout parameters. NOT a simulator: it exists to
   test and benchmark the search machinery (sampler, Pareto front, resume, worker loss) on spaces
   whose exhaustive answer is cheap to compute.
@@ -26,7 +28,8 @@ from charon_search.errors import InfeasibleError
 from charon_search.registry import Registry
 from charon_search.search.rules import RuleContext
 
-__all__ = ["EVALUATORS", "Evaluator", "flatten_report", "layout_from_config"]
+__all__ = ["EVALUATORS", "Evaluator", "ValidationEvaluator", "flatten_report",
+           "layout_from_config"]
 
 
 class Evaluator:
@@ -208,6 +211,29 @@ _TOY_PARAM_BYTES = 320 * 2**30  # weights + grads + optimizer states, unsharded
 _TOY_ACT_BYTES = 24 * 2**30  # activations of one micro-batch, unsharded, no recompute
 _TOY_DEVICE_BYTES = 80 * 2**30
 _TOY_RECOMPUTE = {"none": (1.0, 1.0), "selective": (1.05, 0.5), "full": (1.33, 0.12)}
+
+
+@EVALUATORS.register("validation")
+class ValidationEvaluator(Evaluator):
+    """One record of ``charon-search validate``: ``{"part": validate_record(...)}``.
+
+    The config carries the ``Record`` itself (``record``), its ``repeat`` entry and the
+    simulator overrides of ``run_validation``. Records of one model on one GPU share the traced
+    model and the loaded tables, so they prefer the same worker (``affinity_key``).
+    """
+
+    def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from charon_search.validation.runner import validate_record
+
+        kw = {k: cfg.get(k) for k in ("simulate_training", "simulate_serving",
+                                      "memory_report", "cluster_transform")}
+        return {"part": validate_record(cfg["record"], cfg.get("repeat"), **kw)}
+
+    @classmethod
+    def affinity_key(cls, cfg: Mapping[str, Any]) -> tuple | None:
+        rec = cfg["record"]
+        model = rec.model.get("catalog") or rec.model.get("name")
+        return (rec.kind, str(model), str(rec.hardware.get("gpu") or rec.hardware.get("system")))
 
 
 @EVALUATORS.register("toy-analytic")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import hashlib
 import json
 import math
@@ -271,10 +272,11 @@ Evaluate = Callable[[Sequence[Record], Mapping[str, float]], ValidationResult]
 def default_evaluate(**sim_overrides: Any) -> Evaluate:
     """Evaluate records with parameters applied to every case's cluster.
 
-    ``sim_overrides`` go to ``run_validation`` (``progress``, or simulators in tests)."""
+    ``sim_overrides`` go to ``run_validation`` (``progress``, ``executor`` for a pool of Ray
+    workers, or simulators in tests)."""
     def evaluate(records: Sequence[Record], values: Mapping[str, float]) -> ValidationResult:
-        return run_validation(records, cluster_transform=lambda c: apply_parameters(c, values),
-                              **sim_overrides)
+        transform = functools.partial(apply_parameters, values=dict(values))
+        return run_validation(records, cluster_transform=transform, **sim_overrides)
     return evaluate
 
 

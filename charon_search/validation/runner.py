@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from charon_search.errors import ConfigError
 from charon_search.validation.names import Unexpressible
 from charon_search.validation.predict import predict_case
 from charon_search.validation.records import Record, repeated_measurements
@@ -21,7 +22,7 @@ from charon_search.validation.stats import summarize
 from charon_search.validation.translate import ServingCase, TrainingCase, to_case
 
 __all__ = ["ValidationResult", "merge_json", "result_from_json", "run_validation",
-           "select_records"]
+           "select_records", "validate_record"]
 
 #: Assumptions about these fields make a record "not fully specified" (the targets of issue 8
 #: apply to fully specified records): they change the simulated work, not only its labelling.
@@ -109,67 +110,144 @@ def run_validation(
     simulate_serving: Callable[..., Any] | None = None,
     memory_report: Callable[..., Any] | None = None,
     cluster_transform: Callable[[Any], Any] | None = None,
+    workers: int = 0,
+    address: str | None = None,
+    executor: Any | None = None,
 ) -> ValidationResult:
     """Translate, simulate and compare every record.
 
     Args:
         records: from ``records.load_files`` (filtered with ``select_records``).
-        progress: called as ``progress(i, total, record)`` before each record.
+        progress: called as ``progress(i, total, record)`` before each record (with workers:
+            as each record's result comes back, ``i`` counting the ones done).
         simulate_training, simulate_serving, memory_report: override the simulators (tests).
         cluster_transform: applied to each case's cluster before simulating (calibration).
+        workers: 0 = in this process, one record after another; N >= 1 = a pool of N Ray
+            actors (``search.worker.RayExecutor``: an embedded local Ray unless ``address``
+            or ``RAY_ADDRESS`` names a cluster), each keeping its traced models and loaded
+            tables between the records it gets. The result is the same either way: records
+            are independent and their rows are put back in record order. Overrides and
+            ``cluster_transform`` must then be picklable (module-level functions,
+            ``functools.partial`` of them).
+        executor: a pool from ``search.worker.make_executor`` to use instead of starting one
+            (calibration keeps one across its many calls, with the workers' caches warm); the
+            caller closes it.
     """
     t0 = time.perf_counter()
+    repeats = repeated_measurements(records)
+    kw = dict(simulate_training=simulate_training, simulate_serving=simulate_serving,
+              memory_report=memory_report, cluster_transform=cluster_transform)
+    if workers < 0:
+        raise ConfigError(f"`workers` must be >= 0 (0 = in this process), but got {workers}")
+    if executor is not None:
+        parts = _validate_on_workers(records, repeats, executor, progress, kw)
+    elif workers > 0:
+        from charon_search.search.worker import make_executor
+
+        executor = make_executor(workers, address=address)
+        try:
+            parts = _validate_on_workers(records, repeats, executor, progress, kw)
+        finally:
+            executor.close()
+    else:
+        parts = []
+        for i, rec in enumerate(records):
+            if progress is not None:
+                progress(i, len(records), rec)
+            parts.append(validate_record(rec, repeats.get(rec.id), **kw))
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     skipped_metrics: list[dict[str, Any]] = []
     cases: dict[str, dict[str, Any]] = {}
-    repeats = repeated_measurements(records)
-    for i, rec in enumerate(records):
-        if progress is not None:
-            progress(i, len(records), rec)
-        info = _case_info(rec)
-        if rec.id in repeats:
-            info["repeats"], info["repeats_same_setup"] = repeats[rec.id]
-        cases[rec.id] = info
-        try:
-            case = to_case(rec)
-            if cluster_transform is not None:
-                case = dataclasses.replace(case, cluster=cluster_transform(case.cluster))
-            info["cluster"] = case.cluster.name
-            info["cluster_choice"] = case.cluster_how
-            info["assumptions"] = list(case.assumptions)
-            info["fully_specified"] = _fully_specified(rec, case.assumptions)
-            if isinstance(case, TrainingCase):
-                info["layout"] = _layout_summary(case)
-            elif isinstance(case, ServingCase):
-                info["sim_num_gpus"] = case.num_gpus
-            res = predict_case(case, simulate_training=simulate_training,
-                               simulate_serving=simulate_serving, memory_report=memory_report)
-        except Unexpressible as e:
-            skipped.append({"id": rec.id, "reason": str(e)})
-            info["skipped"] = str(e)
-            continue
-        except Exception as e:
-            reason = f"simulator error: {type(e).__name__}: {e}"
-            skipped.append({"id": rec.id, "reason": reason})
-            info["skipped"] = reason
-            continue
-        info["sim"] = dict(res.info)
-        for metric, reason in res.skipped_metrics.items():
-            skipped_metrics.append({"id": rec.id, "metric": metric, "reason": reason})
-        if not res.predicted:
-            reason = "no measured metric can be predicted: " + "; ".join(
-                f"{m}: {r}" for m, r in res.skipped_metrics.items())
-            skipped.append({"id": rec.id, "reason": reason})
-            info["skipped"] = reason
-            continue
-        for metric, pred in res.predicted.items():
-            meas = rec.measured[metric]
-            rows.append({"id": rec.id, "metric": metric, "measured": meas,
-                         "predicted": float(pred), "error": (float(pred) - meas) / meas})
+    for rec, part in zip(records, parts, strict=True):
+        cases[rec.id] = part["info"]
+        rows += part["rows"]
+        skipped += part["skipped"]
+        skipped_metrics += part["skipped_metrics"]
     summary = summarize(rows, skipped, cases)
     return ValidationResult(rows=rows, skipped=skipped, skipped_metrics=skipped_metrics,
                             cases=cases, summary=summary, wall_s=time.perf_counter() - t0)
+
+
+def validate_record(rec: Record, repeat: tuple[str, bool] | None = None, *,
+                    simulate_training: Callable[..., Any] | None = None,
+                    simulate_serving: Callable[..., Any] | None = None,
+                    memory_report: Callable[..., Any] | None = None,
+                    cluster_transform: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """One record: ``{"info", "rows", "skipped", "skipped_metrics"}`` (builtins only), as
+    ``run_validation`` assembles them (``repeat``: ``repeated_measurements``' entry for it)."""
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    skipped_metrics: list[dict[str, Any]] = []
+    info = _case_info(rec)
+    if repeat is not None:
+        info["repeats"], info["repeats_same_setup"] = repeat
+    out = {"info": info, "rows": rows, "skipped": skipped, "skipped_metrics": skipped_metrics}
+    try:
+        case = to_case(rec)
+        if cluster_transform is not None:
+            case = dataclasses.replace(case, cluster=cluster_transform(case.cluster))
+        info["cluster"] = case.cluster.name
+        info["cluster_choice"] = case.cluster_how
+        info["assumptions"] = list(case.assumptions)
+        info["fully_specified"] = _fully_specified(rec, case.assumptions)
+        if isinstance(case, TrainingCase):
+            info["layout"] = _layout_summary(case)
+        elif isinstance(case, ServingCase):
+            info["sim_num_gpus"] = case.num_gpus
+        res = predict_case(case, simulate_training=simulate_training,
+                           simulate_serving=simulate_serving, memory_report=memory_report)
+    except Unexpressible as e:
+        skipped.append({"id": rec.id, "reason": str(e)})
+        info["skipped"] = str(e)
+        return out
+    except Exception as e:
+        reason = f"simulator error: {type(e).__name__}: {e}"
+        skipped.append({"id": rec.id, "reason": reason})
+        info["skipped"] = reason
+        return out
+    info["sim"] = dict(res.info)
+    for metric, reason in res.skipped_metrics.items():
+        skipped_metrics.append({"id": rec.id, "metric": metric, "reason": reason})
+    if not res.predicted:
+        reason = "no measured metric can be predicted: " + "; ".join(
+            f"{m}: {r}" for m, r in res.skipped_metrics.items())
+        skipped.append({"id": rec.id, "reason": reason})
+        info["skipped"] = reason
+        return out
+    for metric, pred in res.predicted.items():
+        meas = rec.measured[metric]
+        rows.append({"id": rec.id, "metric": metric, "measured": meas,
+                     "predicted": float(pred), "error": (float(pred) - meas) / meas})
+    return out
+
+
+def _validate_on_workers(records: Sequence[Record], repeats: Mapping[str, tuple[str, bool]],
+                         ex: Any, progress: Callable[[int, int, Record], None] | None,
+                         kw: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``validate_record`` of every record on executor ``ex`` (the ``validation`` evaluator),
+    results in record order. A record whose worker call itself failed (not its simulation:
+    that is a skip already) is skipped with the error as the reason."""
+    from charon_search.search.evaluators import ValidationEvaluator
+
+    parts: list[dict[str, Any]] = [{} for _ in records]
+    for i, rec in enumerate(records):
+        cfg = {"record": rec, "repeat": repeats.get(rec.id), **kw}
+        ex.submit(i, "validation", cfg, ValidationEvaluator.affinity_key(cfg))
+    done = 0
+    while ex.pending():
+        for i, res in ex.wait():
+            part = res.get("part")
+            if part is None:  # the evaluator call failed: keep the record, with why
+                rec = records[i]
+                reason = str(res.get("prune_reason") or "worker error")
+                part = {"info": {**_case_info(rec), "skipped": reason}, "rows": [],
+                        "skipped": [{"id": rec.id, "reason": reason}], "skipped_metrics": []}
+            parts[i] = part
+            if progress is not None:
+                progress(done, len(records), records[i])
+            done += 1
+    return parts
 
 
 def _layout_summary(case: TrainingCase) -> str:
