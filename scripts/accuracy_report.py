@@ -6,6 +6,7 @@ model in the catalog, plus the published serving records, in about 8 minutes::
 
     .venv/bin/python scripts/accuracy_report.py            # writes docs/accuracy.md, docs/img/
     .venv/bin/python scripts/accuracy_report.py --systems h100_sxm --json /tmp/v.json
+    .venv/bin/python scripts/accuracy_report.py --workers 2    # simulations on 2 Ray actors
 
 The calibration tables come from ``docs/calibration/*.yaml``, written by ``charon-search
 calibrate`` (``docs/calibration/README.md`` has the commands).
@@ -24,7 +25,7 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _validate(records, label: str) -> dict:
+def _validate(records, label: str, workers: int = 0) -> dict:
     from charon_search.cli._common import silence_tracing_noise
     from charon_search.validation import run_validation
 
@@ -34,7 +35,7 @@ def _validate(records, label: str) -> dict:
     def progress(i, n, rec):
         bar.update(1)
 
-    res = run_validation(records, progress=progress)
+    res = run_validation(records, progress=progress, workers=workers)
     bar.close()
     return res.to_json()
 
@@ -49,6 +50,8 @@ def main() -> int:
     ap.add_argument("--calibration-dir", type=Path, default=REPO / "docs" / "calibration",
                     help="`charon-search calibrate` outputs whose leave-one-source-out tables "
                          "the report includes (every *.yaml there)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="Ray worker actors for the simulations (0 = in this process)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -72,10 +75,10 @@ def main() -> int:
     n_sil = sum(r.origin == "silicon" for r in serving)
     n_all = sum(r.origin == "silicon" for r in records)
     parts = [
-        (_validate(training, "training"),
+        (_validate(training, "training", args.workers),
          f"Training: all {len(training)} training records of `published-dev.yaml` "
          "(`charon-search validate --kind training`)"),
-        (_validate(serving, "serving"),
+        (_validate(serving, "serving", args.workers),
          f"Serving: the {len(serving) - n_sil} published serving records plus the {n_sil} of "
          f"{n_all} silicon rows on {', '.join(args.systems)} whose model is in the catalog "
          "(aggregated and disaggregated; `scripts/accuracy_report.py`). Not covered here: "
