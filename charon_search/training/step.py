@@ -252,14 +252,17 @@ def ep_distinct_ranks(experts: int, top_k: int, ep: int, n_group: int = 0,
 
     ``experts`` are split evenly over ``ep`` ranks in order (rank r holds experts
     ``r*e .. r*e+e-1``, ``e = experts / ep``), the router picks ``topk_group`` of ``n_group``
-    equal expert groups uniformly (``n_group = 0``: no group limit) and then ``top_k`` distinct
-    experts uniformly among the chosen groups' ones: ``ep * P(a rank holds at least one)``.
-    Closed form (hypergeometric over the groups a rank holds); no fitted value.
+    equal expert groups uniformly (``n_group = 0``: no group limit; groups that do not hold
+    whole ranks' experts, or ranks whole groups, are treated as no limit) and then ``top_k``
+    distinct experts uniformly among the chosen groups' ones: ``ep * P(a rank holds at least
+    one)``. Closed form (hypergeometric over the groups a rank holds); no fitted value.
     """
     if experts <= 0 or top_k <= 0 or ep <= 1 or experts % ep:
         return float(min(top_k, max(ep, 1)))
     e = experts // ep
-    if not (n_group and topk_group) or experts % n_group or topk_group >= n_group:
+    if (not (n_group and topk_group) or experts % n_group or topk_group >= n_group
+            or ((experts // n_group) % e and e % (experts // n_group))):
+        # no group limit, or groups not aligned to ranks: the router's choice among all
         n_group, topk_group = 1, 1
     per_group = experts // n_group
     cand = topk_group * per_group  # experts of the chosen groups

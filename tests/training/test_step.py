@@ -239,7 +239,8 @@ def test_node_dedup_ep_scaleout_bytes_follow_group_limited_routing() -> None:
     assert _ep_a2a_byte_scale(load_model("llama-3.1-8b"), cl, lay, {"ep": 1}) == 1.0
 
 
-@pytest.mark.parametrize("ep,n_group,topk_group", [(32, 8, 4), (8, 8, 4), (4, 8, 4), (8, 0, 0)])
+@pytest.mark.parametrize("ep,n_group,topk_group",
+                         [(32, 8, 4), (16, 8, 4), (8, 8, 4), (4, 8, 4), (8, 0, 0)])
 def test_distinct_ranks_of_a_tokens_experts_match_a_sampled_router(ep, n_group, topk_group):
     """DeepSeek-V3 routing (256 experts, top-8, ``topk_group`` of ``n_group`` groups) over
     ``ep`` ranks holding consecutive experts: the closed form against 40,000 sampled tokens
