@@ -10,6 +10,7 @@ cannot be expressed are listed with the reason.
     charon-search validate my_records.yaml --ids megatron_sc21_t1_1.7b --html report.html
     charon-search validate --explain --ids megatron_sc21_t1_1.7b
     charon-search validate --workers 2 --json validate.json   # records on 2 Ray actors
+    charon-search validate --kind serving --group-by model cluster engine --rows 0
 
 ``--explain`` prints, for each selected record (name them with ``--ids``), what the simulator did
 to reach its prediction: a training step's breakdown, cost sources and the largest operators of
@@ -43,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=200,
                         help="per-record rows printed (0 = none, -1 = all)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--group-by", nargs="+", default=None, metavar="FIELD",
+                        help="also print the errors per combination of these record fields "
+                             "(model, cluster, engine, gpu, source, kind, origin, confidence, "
+                             "fully_specified), e.g. --group-by model cluster engine; --json "
+                             "gets them as summary.by_fields")
     parser.add_argument("--workers", type=int, default=0,
                         help="Ray worker actors simulating records in parallel (0 = in this "
                              "process; same results either way)")
@@ -67,7 +73,14 @@ def run(args: argparse.Namespace) -> int:
         run_validation,
         select_records,
     )
+    from charon_search.validation.report import render_grouped
+    from charon_search.validation.stats import GROUP_FIELDS, grouped_summary
 
+    if args.group_by and (bad := [f for f in args.group_by if f not in GROUP_FIELDS]):
+        from charon_search.errors import ConfigError
+
+        raise ConfigError(f"--group-by: unknown field(s) {bad}; choose among "
+                          f"{list(GROUP_FIELDS)}")
     files = args.files or default_files()
     records = select_records(load_files(files), kind=args.kind, ids=args.ids, limit=args.limit)
     if args.explain:
@@ -81,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
                             address=args.ray_address)
     max_rows = None if args.rows < 0 else args.rows
     print(render_text(result, max_rows=max_rows))
+    if args.group_by:
+        grouped = grouped_summary(result.rows, result.cases, args.group_by)
+        result.summary["by_fields"] = grouped
+        print(render_grouped(grouped))
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(result.to_json(), indent=1, default=str))

@@ -30,8 +30,14 @@ def _num(x: float) -> str:
 
 def summary_table_rows(summary: Mapping[str, Any], by: str) -> list[list[str]]:
     """Rows ``[name, expressed/total, group, n, median, p90, max, bias]`` of one block."""
+    return block_table_rows(summary.get(by, {}))
+
+
+def block_table_rows(blocks: Mapping[str, Any]) -> list[list[str]]:
+    """Rows ``[name, expressed/total, group, n, median, p90, max, bias]`` of a ``by_*`` block
+    (``stats.summarize``) or of ``stats.grouped_summary``'s ``groups``."""
     out = []
-    for name, block in summary.get(by, {}).items():
+    for name, block in blocks.items():
         groups = block.get("groups") or {}
         if not groups:
             out.append([name, f"{block['expressed']}/{block['total']}", "-", "0", "-", "-", "-",
@@ -52,6 +58,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(out)
+
+
+def render_grouped(grouped: Mapping[str, Any]) -> str:
+    """The table of ``stats.grouped_summary`` (``charon-search validate --group-by``)."""
+    header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
+    return (f"\nby {' / '.join(grouped['fields'])}\n"
+            + _table(header, block_table_rows(grouped["groups"])))
 
 
 def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:

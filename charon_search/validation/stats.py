@@ -8,12 +8,13 @@ priority list the record measures) instead of weighting a record by how many of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["METRIC_GROUPS", "error_stats", "group_of", "request_latency_rows", "summarize"]
+__all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "error_stats", "group_of", "grouped_summary",
+           "request_latency_rows", "summarize"]
 
 #: Metric group -> metrics in priority order (the first one a record has represents it).
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
@@ -92,19 +93,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
     rep = representative_rows(rows)
 
     def block(filter_key: str) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        keys = sorted({str(info[filter_key]) for info in records.values()})
-        for key in keys:
-            ids = {i for i, info in records.items() if str(info[filter_key]) == key}
-            groups = {}
-            for g in METRIC_GROUPS:
-                errs = [r["error"] for r in rep if r["id"] in ids and group_of(r["metric"]) == g]
-                if errs:
-                    groups[g] = error_stats(errs)
-            all_errs = [r["error"] for r in rep if r["id"] in ids]
-            out[key] = {"expressed": len(ids & expressed), "total": len(ids),
-                        "all": error_stats(all_errs), "groups": groups}
-        return out
+        return _block(rep, expressed, records, lambda info: str(info[filter_key]))
 
     by_group: dict[str, Any] = {}
     by_group_full: dict[str, Any] = {}
@@ -129,6 +118,56 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
         "by_group_fully_specified": by_group_full,
         "targets": {g: {"median_abs": t[0], "p90_abs": t[1]} for g, t in TARGETS.items()},
     }
+
+
+#: ``cases`` fields ``grouped_summary`` (``charon-search validate --group-by``) accepts.
+GROUP_FIELDS = ("kind", "source", "origin", "confidence", "model", "gpu", "cluster", "engine",
+                "fully_specified")
+
+
+def _block(rep: Sequence[Mapping[str, Any]], expressed: set[str],
+           records: Mapping[str, Mapping[str, Any]],
+           key_of: Callable[[Mapping[str, Any]], str]) -> dict[str, Any]:
+    """``{key: {"expressed", "total", "all", "groups"}}`` over the records grouped by
+    ``key_of(case info)``; stats of the representative rows (one per record and group)."""
+    ids_of: dict[str, set[str]] = {}
+    for i, info in records.items():
+        ids_of.setdefault(key_of(info), set()).add(i)
+    errs_of: dict[str, dict[str, list[float]]] = {}
+    key_of_id = {i: k for k, ids in ids_of.items() for i in ids}
+    for r in rep:
+        k = key_of_id.get(r["id"])
+        if k is not None:
+            errs_of.setdefault(k, {}).setdefault(str(group_of(r["metric"])), []).append(
+                r["error"])
+    out: dict[str, Any] = {}
+    for key in sorted(ids_of):
+        ids = ids_of[key]
+        per = errs_of.get(key, {})
+        groups = {g: error_stats(per[g]) for g in METRIC_GROUPS if g in per}
+        out[key] = {"expressed": len(ids & expressed), "total": len(ids),
+                    "all": error_stats([e for g in groups for e in per[g]]), "groups": groups}
+    return out
+
+
+def grouped_summary(rows: Sequence[Mapping[str, Any]],
+                    records: Mapping[str, Mapping[str, Any]],
+                    fields: Sequence[str]) -> dict[str, Any]:
+    """Stats per combination of the records' ``fields`` (``GROUP_FIELDS``; e.g. model,
+    cluster, engine): ``{"fields", "groups": {"<v1> / <v2>": {"expressed", "total", "all",
+    "groups"}}}`` as ``summarize``'s ``by_*`` blocks. A record without a field counts as
+    ``-`` (a training record has no engine)."""
+    from charon_search.errors import ConfigError
+
+    bad = [f for f in fields if f not in GROUP_FIELDS]
+    if bad or not fields:
+        raise ConfigError(f"group-by fields must be among {list(GROUP_FIELDS)}, but got "
+                          f"{list(fields)}")
+    rep = representative_rows(rows)
+    expressed = {r["id"] for r in rows}
+    return {"fields": list(fields),
+            "groups": _block(rep, expressed, records,
+                             lambda info: " / ".join(str(info.get(f, "-")) for f in fields))}
 
 
 def request_latency_rows(rows: Sequence[Mapping[str, Any]],

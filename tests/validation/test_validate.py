@@ -235,3 +235,38 @@ def test_validate_predicts_the_same_numbers_in_every_process(tmp_path) -> None:
         got.append({r["metric"]: r["predicted"] for r in recs})
     assert set(got[0]) == {"ttft_s", "tpot_s"}
     assert got[0] == got[1]
+
+
+def test_group_by_splits_the_records_and_their_errors(result):
+    """``--group-by``: every record in exactly one group, and a group's statistics are those of
+    its own records' representative rows (fake simulators: known errors)."""
+    from charon_search.validation.stats import (
+        error_stats,
+        group_of,
+        grouped_summary,
+        representative_rows,
+    )
+
+    recs, res = result
+    g = grouped_summary(res.rows, res.cases, ["kind", "origin"])
+    assert g["fields"] == ["kind", "origin"]
+    assert sum(b["total"] for b in g["groups"].values()) == len(recs)
+    assert sum(b["expressed"] for b in g["groups"].values()) == len(
+        {r["id"] for r in res.rows})
+    silicon = g["groups"]["serving / silicon"]
+    ids = {i for i, c in res.cases.items() if c["kind"] == "serving" and c["origin"] == "silicon"}
+    want = error_stats([r["error"] for r in representative_rows(res.rows)
+                        if r["id"] in ids and group_of(r["metric"]) == "serving_tpot"])
+    assert silicon["groups"]["serving_tpot"] == want and want["n"] >= 1
+    with pytest.raises(Exception, match="group-by fields must be among"):
+        grouped_summary(res.rows, res.cases, ["colour"])
+
+
+def test_cli_group_by(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    assert main(["validate", "--ids", "megatron_sc21_t1_1.7b", "megatron_sc21_t1_7.5b",
+                 "--group-by", "source", "--rows", "0", "--quiet", "--json", str(out)]) == 0
+    assert "by source\n" in capsys.readouterr().out
+    by = json.loads(out.read_text())["summary"]["by_fields"]
+    assert by["groups"]["Narayanan et al."]["groups"]["training_time"]["n"] == 2
+    assert main(["validate", "--group-by", "colour"]) == 2
