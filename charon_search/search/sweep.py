@@ -120,17 +120,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
     n_workers = spec.workers if workers is None else workers
     started_ray = False
     if n_workers > 0:
-        import ray
+        from charon_search.search.worker import init_ray
 
-        if not ray.is_initialized():
-            from charon_search.search.worker import _OBJECT_STORE_BYTES
-
-            if ray_address:
-                ray.init(address=ray_address, log_to_driver=False)
-            else:
-                ray.init(address="local", num_cpus=n_workers, include_dashboard=False,
-                         object_store_memory=_OBJECT_STORE_BYTES, log_to_driver=False)
-            started_ray = True
+        started_ray = init_ray(ray_address, n_workers)
     summaries = []
     try:
         for entry in spec.entries:

@@ -18,13 +18,34 @@ from typing import Any
 
 from charon_search.errors import ConfigError, InfeasibleError
 
-__all__ = ["LocalExecutor", "RayExecutor", "evaluate_config", "make_executor"]
+__all__ = ["LocalExecutor", "RayExecutor", "evaluate_config", "init_ray", "make_executor"]
 
 #: A queued config: (tag, evaluator name, config, affinity key or None).
 _Item = tuple[Any, str, Mapping[str, Any], Any]
 
 #: Objects the Ray object store may hold (records are small); keeps `ray.init` light here.
 _OBJECT_STORE_BYTES = 100 * 2**20
+
+
+def init_ray(address: str | None, num_cpus: int) -> bool:
+    """Connect to the Ray cluster at ``address``, or start an embedded local one with
+    ``num_cpus`` CPUs; nothing when Ray is already initialised in this process. Returns
+    whether this call started (so the caller shuts down) Ray. The embedded instance logs
+    errors only: its start-up notices (token authentication, "Started a local Ray
+    instance") concern a cluster nobody else can reach."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 object_store_memory=_OBJECT_STORE_BYTES, log_to_driver=False,
+                 logging_level=logging.ERROR)
+    return True
 
 
 def evaluate_config(evaluators: dict[str, Any], name: str, cfg: Mapping[str, Any]) -> dict:
@@ -195,15 +216,8 @@ class RayExecutor:
             raise ConfigError(f"`batch_size >= 1` and `in_flight >= 1` must hold, but got "
                               f"{batch_size} and {in_flight}")
         self._ray = ray
-        self._started = False
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        if not ray.is_initialized():
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(address="local", num_cpus=num_workers, include_dashboard=False,
-                         object_store_memory=_OBJECT_STORE_BYTES, log_to_driver=False)
-            self._started = True
+        self._started = init_ray(address or os.environ.get("RAY_ADDRESS") or None,
+                                 num_workers)
         self._remote = ray.remote(num_cpus=1, max_restarts=0)(SearchWorker)
         self._init_state(num_workers, in_flight, batch_size, lookahead)
         for _ in range(num_workers):
