@@ -217,17 +217,17 @@ _TOY_RECOMPUTE = {"none": (1.0, 1.0), "selective": (1.05, 0.5), "full": (1.33, 0
 class ValidationEvaluator(Evaluator):
     """One record of ``charon-search validate``: ``{"part": validate_record(...)}``.
 
-    The config carries the ``Record`` itself (``record``), its ``repeat`` entry and the
-    simulator overrides of ``run_validation``. Records of one model on one GPU share the traced
-    model and the loaded tables, so they prefer the same worker (``affinity_key``).
+    The config carries the ``Record`` itself (``record``), its ``repeat`` entry and the keyword
+    arguments of ``validate_record`` (``overrides``: the simulator overrides and cluster
+    transform of ``run_validation``). Records of one model on one GPU share the traced model
+    and the loaded tables, so they prefer the same worker (``affinity_key``).
     """
 
     def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
         from charon_search.validation.runner import validate_record
 
-        kw = {k: cfg.get(k) for k in ("simulate_training", "simulate_serving",
-                                      "memory_report", "cluster_transform")}
-        return {"part": validate_record(cfg["record"], cfg.get("repeat"), **kw)}
+        return {"part": validate_record(cfg["record"], cfg.get("repeat"),
+                                        **cfg.get("overrides", {}))}
 
     @classmethod
     def affinity_key(cls, cfg: Mapping[str, Any]) -> tuple | None:

@@ -232,7 +232,7 @@ def _validate_on_workers(records: Sequence[Record], repeats: Mapping[str, tuple[
 
     parts: list[dict[str, Any]] = [{} for _ in records]
     for i, rec in enumerate(records):
-        cfg = {"record": rec, "repeat": repeats.get(rec.id), **kw}
+        cfg = {"record": rec, "repeat": repeats.get(rec.id), "overrides": kw}
         ex.submit(i, "validation", cfg, ValidationEvaluator.affinity_key(cfg))
     done = 0
     while ex.pending():

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "error_stats", "group_of", "grouped_summary",
-           "request_latency_rows", "summarize"]
+__all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "check_group_fields", "error_stats", "group_of",
+           "grouped_summary", "request_latency_rows", "summarize"]
 
 #: Metric group -> metrics in priority order (the first one a record has represents it).
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
@@ -150,6 +150,15 @@ def _block(rep: Sequence[Mapping[str, Any]], expressed: set[str],
     return out
 
 
+def check_group_fields(fields: Sequence[str]) -> None:
+    """Raise ``ConfigError`` unless ``fields`` is a non-empty choice of ``GROUP_FIELDS``."""
+    from charon_search.errors import ConfigError
+
+    if not fields or any(f not in GROUP_FIELDS for f in fields):
+        raise ConfigError(f"group-by fields must be among {list(GROUP_FIELDS)}, but got "
+                          f"{list(fields)}")
+
+
 def grouped_summary(rows: Sequence[Mapping[str, Any]],
                     records: Mapping[str, Mapping[str, Any]],
                     fields: Sequence[str]) -> dict[str, Any]:
@@ -157,12 +166,7 @@ def grouped_summary(rows: Sequence[Mapping[str, Any]],
     cluster, engine): ``{"fields", "groups": {"<v1> / <v2>": {"expressed", "total", "all",
     "groups"}}}`` as ``summarize``'s ``by_*`` blocks. A record without a field counts as
     ``-`` (a training record has no engine)."""
-    from charon_search.errors import ConfigError
-
-    bad = [f for f in fields if f not in GROUP_FIELDS]
-    if bad or not fields:
-        raise ConfigError(f"group-by fields must be among {list(GROUP_FIELDS)}, but got "
-                          f"{list(fields)}")
+    check_group_fields(fields)
     rep = representative_rows(rows)
     expressed = {r["id"] for r in rows}
     return {"fields": list(fields),

@@ -116,13 +116,14 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     dispatcher = str(ex.get("token_dispatcher") or "").strip().lower()
     flex = dispatcher.startswith(("flex", "deepep", "hybridep"))
     deepseek_own = bool(mx) and not dispatcher
-    if int(t.get("ep") or 1) > 1 and deepseek_own and t.get("precision") == "fp8":
+    expert_parallel = int(t.get("ep") or 1) > 1
+    if expert_parallel and deepseek_own and t.get("precision") == "fp8":
         # Report sec. 3.3.2: activations quantized to fp8 before the dispatch (and the
         # gradients before the backward's), combines kept in bf16.
         out["ep_dispatch_fp8"] = True
         notes.append("EP dispatch in fp8 with 1x128 scales, combine in bf16 (DeepSeek-V3 "
                      "report sec. 3.3.2)")
-    if int(t.get("ep") or 1) > 1 and (flex or deepseek_own):
+    if expert_parallel and (flex or deepseek_own):
         out["ep_node_dedup"] = True
         notes.append("EP dispatch/combine once per target node and rank ("
                      + (f"{ex.get('token_dispatcher')} dispatcher" if flex else
