@@ -18,7 +18,8 @@ from charon_search.ir import ATTENTION_BWD_FLOP_RATIO, DTYPE_BYTES, OpGraph, OpK
 from charon_search.sim.fp8_kernels import FP8_GEMM_KERNELS, cublaslt_over_cutlass
 from charon_search.sim.train_attention import training_attention
 
-__all__ = ["COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster", "axis_strides"]
+__all__ = ["CAUSAL_WORK_FRACTION", "COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster",
+           "axis_strides", "full_square_causal"]
 
 #: Provenances of fp8 GEMM times measured with the input cast inside (see
 #: ``GraphCoster._without_input_quantize``).
@@ -43,7 +44,7 @@ MEASURED_ELEMENTWISE_BYTES_PER_ELEMENT = (4.0, 6.0)
 CAUSAL_WORK_FRACTION = 0.5
 
 
-def _full_square_causal(node: Any, b: float, s: float, c: float) -> bool:
+def full_square_causal(node: Any, b: float, s: float, c: float) -> bool:
     """A causal attention node whose FLOPs count the full score square.
 
     Traced SDPA nodes count the whole ``s x c`` product and carry ``causal=1`` (``frontend
@@ -191,7 +192,7 @@ class GraphCoster:
         if min(bb, h, q, kv, d, flops) <= 0:
             return None
         causal = "causal" in p and float(p["causal"](b, s, c)) == 1.0
-        if _full_square_causal(n, b, s, c):
+        if full_square_causal(n, b, s, c):
             flops *= CAUSAL_WORK_FRACTION  # traced SDPA counts the whole score square
         dv = float(p["v_head_dim"](b, s, c)) if "v_head_dim" in p else d
         return self._train_attn.seconds(flops, bb, h, q, kv, d, dv if dv > 0 else d,
@@ -278,7 +279,7 @@ class GraphCoster:
                     dur[i], prov[i] = measured / clock, "profile"
                 else:
                     dur[i] *= self._attn_factor[n.kind]
-                    if prov[i] == "roofline" and _full_square_causal(n, b, s, cc):
+                    if prov[i] == "roofline" and full_square_causal(n, b, s, cc):
                         dur[i] *= CAUSAL_WORK_FRACTION
             if n.is_comm:
                 t, tier = self.collective(n.kind.value, n.params["bytes"](b, s, cc),

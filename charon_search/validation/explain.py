@@ -69,8 +69,10 @@ def _explain_training(case: TrainingCase) -> dict[str, Any]:
 def _block_ops(timeline: Any) -> list[dict[str, Any]]:
     """Per block type and pass, the ``TOP_OPS`` largest operators of one layer as priced
     (standalone seconds before overlap, cost source, and for a tensor-core operator the FLOP/s
-    it reaches: its FLOPs over its seconds) and the sum of all its operators."""
+    it reaches: the FLOPs it computes over its seconds, a causal attention's masked half of
+    the score square left out as its kernel skips it) and the sum of all its operators."""
     from charon_search.cost.roofline import TENSOR_CORE_KINDS
+    from charon_search.sim.costing import CAUSAL_WORK_FRACTION, full_square_causal
 
     if timeline is None or not timeline.costed_graphs:
         return []
@@ -85,6 +87,8 @@ def _block_ops(timeline: Any) -> list[dict[str, Any]]:
                                       strict=True):
                 flops = (float(node.flops(b, s, s)) if node.kind in TENSOR_CORE_KINDS
                          else 0.0)
+                if flops and full_square_causal(node, b, s, s):
+                    flops *= CAUSAL_WORK_FRACTION
                 rows.append({"name": node.name, "kind": str(node.kind), "source": src,
                              "seconds": float(sec),
                              "flops_per_s": flops / float(sec) if flops > 0 and sec > 0

@@ -141,3 +141,18 @@ def test_training_explanation_lists_each_blocks_largest_operators(by_id):
                                            rel=1e-6)
     text = render_explanation(exp)
     assert "dense forward, one layer: operators sum to" in text and "TFLOP/s)" in text
+
+
+def test_causal_attention_rate_counts_the_work_its_kernel_does(by_id):
+    """torchtitan Llama 3.1 8B (32 heads of 128, 2 sequences of 8192 tokens per micro-batch,
+    FlashAttention-2): the FLOP/s shown for the causal attention forward is its causal work,
+    2 (QK^T and PV) x 2 x b x h x s^2/2 x d, over its time, not the full score square (which
+    would show twice the rate, above what the kernel reaches on an H100)."""
+    exp = explain_case(to_case(by_id["torchtitan_202412_t1_8b_8gpu_fsdp"]))
+    fwd = {(b["block"], b["pass"]): b for b in exp["block_ops"]}[("dense", "forward")]
+    attn = next(op for op in fwd["ops"] if op["kind"] == "attention")
+    b, h, s, d = 2, 32, 8192, 128
+    assert attn["flops_per_s"] * attn["seconds"] == pytest.approx(2 * b * h * s * s * d,
+                                                                  rel=1e-9)
+    # FlashAttention-2 on a GH100 forward: about 300-340 TFLOP/s (the measured dense kernel).
+    assert 200e12 < attn["flops_per_s"] < 400e12
