@@ -17,6 +17,13 @@
 * ``full``: the whole block forward, collectives included (Megatron ``--recompute-granularity
   full``).
 
+No policy re-runs the forward's FSDP parameter all-gathers (``fsdp`` pass, group ``dp``): the
+recompute runs inside the layer's backward, after FSDP's pre-backward unshard has gathered the
+parameters the backward GEMMs need, and the checkpointed module sits inside the sharded unit
+(``fully_shard(checkpoint_wrapper(block))`` in torchtitan, Composer's
+``apply_activation_checkpointing`` under FSDP1), so its re-run forward fires no second unshard.
+The backward's one all-gather (``fsdp_all_gather_bwd``) serves both.
+
 The backward graph must carry its (already rewritten) forward graph in
 ``meta["forward_graph"]`` (``parallelize_block`` puts it there). Recomputed nodes get phase
 ``recompute``, fresh ids and fresh output tensors; backward readers of the original outputs
@@ -76,6 +83,11 @@ def _module_recompute(fwd: OpGraph, modules: tuple[str, ...]) -> list[Node]:
     return out
 
 
+def _is_param_gather(n: Node) -> bool:
+    """An FSDP parameter all-gather the ``fsdp`` pass put into the forward."""
+    return n.is_comm and n.group == "dp" and "fsdp" in n.tags
+
+
 def _op_sac(fwd: OpGraph) -> list[Node]:
     """torchtitan op-level SAC: recompute non-saved ops and every second (even) matmul."""
     out, mm = [], 0
@@ -116,6 +128,10 @@ class RecomputePass(Pass):
             chosen = _op_sac(fwd)
         else:
             chosen = [n for n in fwd.nodes if n.role == Role.ATTN_CORE]
+        # Parameter all-gathers are not re-run (module docstring): their outputs, read by the
+        # recomputed GEMMs, are dropped from those nodes' inputs.
+        gathered = {t for n in chosen if _is_param_gather(n) for t in n.outputs}
+        chosen = [n for n in chosen if not _is_param_gather(n)]
         if not chosen:
             return PassResult(graph, False)
         gb = GraphBuilder(graph)
@@ -144,7 +160,7 @@ class RecomputePass(Pass):
             outs = tuple(gb.new_tensor(fwd.tensors[t]) for t in n.outputs)
             new = n.replace(id=gb.fresh_id(), name=gb.unique_name(f"recompute_{n.name}"),
                             phase=Phase.RECOMPUTE, outputs=outs,
-                            inputs=tuple(fwd_id(t) for t in n.inputs),
+                            inputs=tuple(fwd_id(t) for t in n.inputs if t not in gathered),
                             tags=n.tags | {"recompute"})
             gb.add(new)
             for old, t in zip(n.outputs, outs, strict=True):

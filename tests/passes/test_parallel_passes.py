@@ -130,6 +130,25 @@ def test_fsdp_gathers_and_scatters() -> None:
     assert b == [OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER]
 
 
+def test_full_recompute_under_fsdp_gathers_the_parameters_once() -> None:
+    """FSDP + full activation recompute: the re-run forward uses the parameters the backward's
+    own all-gather brought in (FSDP unshards once per backward), so the backward still moves
+    one layer of parameters in (plus the TP all-reduces it re-runs) and its recomputed GEMMs
+    wait for that all-gather."""
+    ctx = dict(zero_stage=3, dp=8, tp=2, debug=True)
+    pb = parallelize_block(synthetic_block("dense"), PassContext(recompute="full", **ctx))
+    plain = parallelize_block(synthetic_block("dense"), PassContext(**ctx))
+    b = [n for n in pb.backward.nodes if n.group == "dp"]
+    assert [n.kind for n in b] == [OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER]
+    fwd_ag = next(n for n in plain.forward.nodes if n.group == "dp")
+    assert b[0].bytes(B, S) == pytest.approx(fwd_ag.bytes(B, S))
+    ag_out = set(b[0].outputs)
+    recomputed = [n for n in pb.backward.nodes
+                  if "recompute" in n.tags and n.kind == OpKind.GEMM]
+    assert recomputed and all(ag_out & set(n.inputs) for n in recomputed)
+    check(pb.backward)
+
+
 def test_parallelize_inference_shards_and_validates() -> None:
     m = synthetic_model(layer_types=("dense", "moe"), train=False)
     graphs = parallelize_inference(m, tp=2, ep=2)
