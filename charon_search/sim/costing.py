@@ -19,7 +19,7 @@ from charon_search.sim.fp8_kernels import FP8_GEMM_KERNELS, cublaslt_over_cutlas
 from charon_search.sim.train_attention import training_attention
 
 __all__ = ["CAUSAL_WORK_FRACTION", "COMPUTE_BOUND_KINDS", "CostedGraph", "GraphCoster",
-           "axis_strides", "full_square_causal"]
+           "axis_strides", "full_square_causal", "kernel_flops"]
 
 #: Provenances of fp8 GEMM times measured with the input cast inside (see
 #: ``GraphCoster._without_input_quantize``).
@@ -63,6 +63,15 @@ def full_square_causal(node: Any, b: float, s: float, c: float) -> bool:
     if node.kind == OpKind.ATTENTION_BWD:
         full *= ATTENTION_BWD_FLOP_RATIO  # dQ, dK, dV, dP and the recomputed P
     return full > 0 and float(node.flops(b, s, c)) > 0.75 * full
+
+
+def kernel_flops(node: Any, b: float, s: float, c: float) -> float:
+    """FLOPs the node's kernel computes: its graph FLOPs, a causal attention's masked half of
+    the score square left out where the node counts the full square (``full_square_causal``)."""
+    flops = float(node.flops(b, s, c))
+    if flops and full_square_causal(node, b, s, c):
+        flops *= CAUSAL_WORK_FRACTION  # traced SDPA counts the whole score square
+    return flops
 
 
 def _fp8_grouped_gemm_scale(cluster: ClusterSpec, cost_model: Any) -> float:
@@ -188,12 +197,10 @@ class GraphCoster:
                                ("batch", "heads", "q_len", "kv_len", "head_dim"))
         except KeyError:
             return None
-        flops = float(n.flops(b, s, c))
+        flops = kernel_flops(n, b, s, c)
         if min(bb, h, q, kv, d, flops) <= 0:
             return None
         causal = "causal" in p and float(p["causal"](b, s, c)) == 1.0
-        if full_square_causal(n, b, s, c):
-            flops *= CAUSAL_WORK_FRACTION  # traced SDPA counts the whole score square
         dv = float(p["v_head_dim"](b, s, c)) if "v_head_dim" in p else d
         return self._train_attn.seconds(flops, bb, h, q, kv, d, dv if dv > 0 else d,
                                         causal=causal, backward=n.kind == OpKind.ATTENTION_BWD)

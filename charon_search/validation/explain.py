@@ -72,7 +72,7 @@ def _block_ops(timeline: Any) -> list[dict[str, Any]]:
     it reaches: the FLOPs it computes over its seconds, a causal attention's masked half of
     the score square left out as its kernel skips it) and the sum of all its operators."""
     from charon_search.cost.roofline import TENSOR_CORE_KINDS
-    from charon_search.sim.costing import CAUSAL_WORK_FRACTION, full_square_causal
+    from charon_search.sim.costing import kernel_flops
 
     if timeline is None or not timeline.costed_graphs:
         return []
@@ -85,10 +85,7 @@ def _block_ops(timeline: Any) -> list[dict[str, Any]]:
             rows = []
             for node, sec, src in zip(cg.graph.nodes, cg.durations_s, cg.provenance,
                                       strict=True):
-                flops = (float(node.flops(b, s, s)) if node.kind in TENSOR_CORE_KINDS
-                         else 0.0)
-                if flops and full_square_causal(node, b, s, s):
-                    flops *= CAUSAL_WORK_FRACTION
+                flops = kernel_flops(node, b, s, s) if node.kind in TENSOR_CORE_KINDS else 0.0
                 rows.append({"name": node.name, "kind": str(node.kind), "source": src,
                              "seconds": float(sec),
                              "flops_per_s": flops / float(sec) if flops > 0 and sec > 0
