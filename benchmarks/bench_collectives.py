@@ -11,6 +11,7 @@ import time
 
 from charon_search.cost import collectives
 from charon_search.cost.collectives import collective_time
+from charon_search.cost.measured_collectives import measured_nccl_s
 from charon_search.cost.roofline import roofline_times
 from charon_search.hardware import load_cluster
 from charon_search.testing import gemm_graph
@@ -42,6 +43,13 @@ def main() -> None:
         warm = _time(call, 20000)
         cases.append({"name": name, "calls": 20000, "us_per_call": round(warm, 2),
                       "cold_us": round(cold, 1)})
+    # An intra-node collective priced from the profile DB's measured NCCL rows
+    # (cost.measured_collectives): interpolation in a cached curve.
+    h100 = load_cluster("h100-sxm-8gpu")
+    measured_nccl_s("all_reduce", 1e8, 8, h100)  # load the table once
+    warm = _time(lambda i: measured_nccl_s("all_reduce", 1e8 + i, 8, h100), 20000)
+    cases.append({"name": "measured_nccl_tp8_all_reduce", "calls": 20000,
+                  "us_per_call": round(warm, 2)})
     graph = gemm_graph(8192, 8192, 8192)
     warm = _time(lambda i: roofline_times(graph, cluster.gpu, 1 + i % 4, 4096), 20000)
     cases.append({"name": "roofline_times_1_node", "calls": 20000, "us_per_call": round(warm, 2)})

@@ -21,9 +21,10 @@ rows agree with the NVL72 GPU's own within 15 % from 256 B to 8 MiB (0.86-1.14 x
 from __future__ import annotations
 
 import csv
-import math
 from functools import lru_cache
 from pathlib import Path
+
+from charon_search.cost.measured_collectives import Curve, loglog_curve, loglog_interp
 
 __all__ = ["ENGINES", "MNNVL_ENGINES", "MNNVL_PROXY", "custom_allreduce_s", "mnnvl_allreduce_s",
            "table_gpus"]
@@ -40,22 +41,13 @@ _TABLE = Path(__file__).resolve().parent.parent / "data" / "serving" / "custom_a
 
 
 @lru_cache(maxsize=1)
-def _load() -> dict[tuple[str, str, int], tuple[tuple[float, ...], tuple[float, ...]]]:
+def _load() -> dict[tuple[str, str, int], Curve]:
     rows: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     with _TABLE.open() as f:
         for row in csv.DictReader(line for line in f if not line.startswith("#")):
             key = (row["gpu"], row["framework"], int(row["num_gpus"]))
             rows.setdefault(key, []).append((float(row["bytes"]), float(row["latency_s"])))
-    out = {}
-    for key, pts in rows.items():
-        pts.sort()
-        # Lower monotone envelope: a message never costs more than a larger one (the kernel
-        # could pad it), which removes run-to-run outliers of single sizes.
-        lat = [t for _, t in pts]
-        for i in range(len(lat) - 2, -1, -1):
-            lat[i] = min(lat[i], lat[i + 1])
-        out[key] = (tuple(math.log(b) for b, _ in pts), tuple(math.log(t) for t in lat))
-    return out
+    return {key: loglog_curve(pts) for key, pts in rows.items()}
 
 
 def table_gpus() -> set[str]:
@@ -69,21 +61,7 @@ def custom_allreduce_s(engine: str, gpu: str, group_size: int, nbytes: float) ->
     table = _load().get((gpu, engine, int(group_size)))
     if table is None or nbytes <= 0:
         return None
-    xs, ys = table
-    x = math.log(nbytes)
-    if x > xs[-1]:
-        return None
-    if x <= xs[0]:
-        return math.exp(ys[0])
-    lo, hi = 0, len(xs) - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if xs[mid] <= x:
-            lo = mid
-        else:
-            hi = mid
-    w = (x - xs[lo]) / (xs[hi] - xs[lo])
-    return math.exp(ys[lo] + w * (ys[hi] - ys[lo]))
+    return loglog_interp(table, nbytes, beyond="none")
 
 
 def mnnvl_allreduce_s(engine: str, gpu: str, group_size: int, nbytes: float) -> float | None:

@@ -128,7 +128,9 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter(name="collective_bw_scale", target="calibration.collective_bw_efficiency",
               grid=(0.7, 0.8, 0.9, 1.0, 1.1), default=1.0, kinds=("training",),
               doc="multiplies every tier's fraction of link bandwidth NCCL reaches (capped at "
-                  "1); written back as per-tier efficiencies"),
+                  "1); written back as per-tier efficiencies. Collectives the profile DB "
+                  "measured inside one NVLink node keep their measured times "
+                  "(cost.measured_collectives)"),
     Parameter(name="overlap_compute_slowdown", target="calibration.overlap_compute_slowdown",
               grid=(1.0, 1.05, 1.1, 1.15, 1.2, 1.3), default=1.0, kinds=("training",),
               doc="compute slowdown while a collective overlaps it"),

@@ -104,14 +104,16 @@ KORTHIKANTI_T4 = ("korthikanti_t4_22b_layer_baseline_no_recompute",
 def test_korthikanti_table4_layer_times(shipped_records):
     # Korthikanti et al. Table 4: one 22B layer (TP 8, micro-batch 4 x 2048) forward + backward
     # 19.6 / 27.2 / 20.9 / 20.3 ms with no / full / selective / selective + SP recompute.
-    # Predicted (session 16): +5.1 / +8.3 / +4.5 / -2.2 %.
+    # Predicted (session 16): +5.1 / +8.3 / +4.5 / -2.2 %; session 36, with the TP all-reduces
+    # priced from the measured A100 NCCL rows (~0.9 ms for the 96 MiB all-reduce, where the
+    # fitted line said 1.02 ms): +3.5 / +6.3 / +3.0 / -2.4 %.
     res = run_validation(select_records(shipped_records, ids=list(KORTHIKANTI_T4)))
     got = {r["id"]: r for r in res.rows if r["metric"] == "layer_forward_backward_time_s"}
     assert set(got) == set(KORTHIKANTI_T4), res.skipped
     measured = {rid: got[rid]["measured"] for rid in KORTHIKANTI_T4}
     assert measured == dict(zip(KORTHIKANTI_T4, (0.0196, 0.0272, 0.0209, 0.0203), strict=True))
     for rid, r in got.items():
-        assert abs(r["error"]) <= 0.10, (rid, r)
+        assert abs(r["error"]) <= 0.07, (rid, r)
 
 
 QWEN35_ROW = "2026_04_06_qwen3_5_397b_h200_sxm_sglang_fp8_agg_1024x8192_c8_tp8_ep8_1500"
