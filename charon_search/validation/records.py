@@ -530,7 +530,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 pool = {k: _opt_int(row, k, where) for k in
                         ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
                          "moe_ep_size")}
-                layout_note = _degrees_from_id(rid, pool) or _implied_attention_dp(pool)
+                layout_note = (_degrees_from_id(rid, pool, (row.get("system") or "").strip())
+                               or _implied_attention_dp(pool))
                 if not pool["batch_size"] or not pool["tp_size"]:
                     raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
                 adp = pool["attention_dp_size"] or 1
@@ -578,9 +579,11 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
 
 
 _ID_DEGREES = re.compile(r"_tp(\d+)(?:_0)?_ep(\d+)(?:_0)?_")
+#: GPUs per node of the HGX systems of the silicon rows (``b200_sxm``, ``h200_sxm``...).
+HGX_NODE_GPUS = 8
 
 
-def _degrees_from_id(rid: str, pool: dict[str, int | None]) -> str:
+def _degrees_from_id(rid: str, pool: dict[str, int | None], system: str = "") -> str:
     """Fix an aggregated row whose columns hold TP x EP where the launch had TP (in place);
     returns a note ("" when the row is kept as read).
 
@@ -589,18 +592,34 @@ def _degrees_from_id(rid: str, pool: dict[str, int | None]) -> str:
     DP: ``attention_dp_size = X * Y``), ``moe_tp_size = X`` and ``moe_ep_size = Y`` while its
     row id says ``tpX_epY``: e.g. ``..._tp8_ep8_928`` with ``tp_size`` 64, which no 8-GPU node
     runs and ``moe_tp * moe_ep = 64`` contradicts. The id's degrees are the launch's: X GPUs
-    (TP X, or X attention-DP ranks), experts over EP Y and MoE TP X / Y (the engines' split)."""
+    (TP X, or X attention-DP ranks), experts over EP Y and MoE TP X / Y (the engines' split).
+
+    Rows of the same dump with a ``cfg<n>`` id carry the same columns without the degrees in
+    the id (``dsr1_b200_sglang_fp8_agg_1024x1024_c16_cfg199``: ``tp_size`` 64, ``moe_tp_size``
+    8, ``moe_ep_size`` 8); every one of them that has a ``tpX_epY`` twin (same system, model,
+    lengths, concurrency and columns) repeats the twin's measured TTFT and TPOT exactly, 8 of
+    8. On a system of 8-GPU nodes (not an NVL72 rack, whose one NVLink domain does run TP 64),
+    such columns get the same reading with X = ``moe_tp_size``, Y = ``moe_ep_size``."""
     m = _ID_DEGREES.search(rid)
-    if m is None:
+    if m is not None:
+        x, y = int(m.group(1)), int(m.group(2))
+        how = f"the row id (tp{x}_ep{y})"
+    elif (system and not system.startswith("gb") and pool.get("moe_tp_size")
+          and pool.get("moe_ep_size")):
+        x, y = int(pool["moe_tp_size"] or 1), int(pool["moe_ep_size"] or 1)
+        how = (f"moe_tp_size x moe_ep_size ({x} x {y}), more GPUs than one {HGX_NODE_GPUS}-GPU "
+               f"{system} node")
+        if x * y <= HGX_NODE_GPUS:
+            return ""
+    else:
         return ""
-    x, y = int(m.group(1)), int(m.group(2))
     tp, adp = pool.get("tp_size") or 1, pool.get("attention_dp_size") or 1
     if (y < 2 or x % y or pool.get("moe_ep_size") != y or pool.get("moe_tp_size") != x
             or tp * adp != x * y or 1 not in (tp, adp)):
         return ""
     field = "tp_size" if adp == 1 else "attention_dp_size"
     pool.update({field: x, "moe_tp_size": x // y})
-    return (f"{field} column {x * y} = TP x EP of the row id (tp{x}_ep{y}): simulated as the "
+    return (f"{field} column {x * y} = TP x EP of {how}: simulated as the "
             f"launch's {'TP' if adp == 1 else 'attention DP'} {x}, EP {y}, MoE TP {x // y} on "
             f"{x} GPUs")
 

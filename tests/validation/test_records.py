@@ -69,6 +69,25 @@ def test_silicon_row_degrees_follow_the_row_id(by_id):
     assert ok.hardware["num_gpus"] == 8 and "layout_note" not in ok.extra
 
 
+def test_silicon_row_degrees_from_the_columns_on_an_8_gpu_system(by_id):
+    """The same dump's ``cfg<n>`` rows carry the TP x EP columns without the degrees in their
+    id. This one repeats the measurements of its ``tp8_ep8`` twin exactly (the same run on one
+    8-GPU B200 node), so it gets the twin's layout, not TP 64 over eight nodes."""
+    twin = by_id["2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_1024x1024_c16_tp8_ep8_1013"]
+    r = by_id["dsr1_b200_sglang_fp8_agg_1024x1024_c16_cfg199"]
+    assert r.measured == twin.measured
+    for rec in (r, twin):
+        assert (rec.config["tp"], rec.config["ep"], rec.config["moe_tp"]) == (8, 8, 1)
+        assert rec.hardware["num_gpus"] == 8
+    assert "moe_tp_size x moe_ep_size (8 x 8)" in r.extra["layout_note"]
+    # TP 4 x EP 4 written as tp_size 16: four GPUs.
+    r16 = by_id["dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg202"]
+    assert (r16.config["tp"], r16.config["ep"], r16.hardware["num_gpus"]) == (4, 4, 4)
+    # TP 64 with EP 1 on an NVL72 rack (one NVLink domain runs it): kept as read.
+    gb = by_id["2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c538_tp64_ep1_113"]
+    assert (gb.config["tp"], gb.hardware["num_gpus"]) == (64, 64)
+
+
 def test_silicon_row_attention_dp_implied_by_the_moe_columns(by_id):
     """aiconfigurator's vLLM rows leave attention_dp_size empty for data-parallel launches;
     moe_tp x moe_ep = tp x attention_dp gives it (Qwen3-235B-FP8 at TP 1 cannot fit one
