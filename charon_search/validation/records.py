@@ -530,7 +530,9 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 pool = {k: _opt_int(row, k, where) for k in
                         ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
                          "moe_ep_size")}
-                layout_note = (_degrees_from_id(rid, pool, (row.get("system") or "").strip())
+                system = (row.get("system") or "").strip()
+                layout_note = (_degrees_from_id(rid, pool, system)
+                               or _ep_ranks_as_dp(rid, pool, system)
                                or _implied_attention_dp(pool))
                 if not pool["batch_size"] or not pool["tp_size"]:
                     raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
@@ -622,6 +624,38 @@ def _degrees_from_id(rid: str, pool: dict[str, int | None], system: str = "") ->
     return (f"{field} column {x * y} = TP x EP of {how}: simulated as the "
             f"launch's {'TP' if adp == 1 else 'attention DP'} {x}, EP {y}, MoE TP {x // y} on "
             f"{x} GPUs")
+
+
+def _ep_ranks_as_dp(rid: str, pool: dict[str, int | None], system: str = "") -> str:
+    """Fix an aggregated row that writes an expert-parallel launch's EP ranks as attention DP
+    (in place); returns a note ("" when the row is kept as read).
+
+    The same InferenceX dump writes ``vllm serve --tensor-parallel-size X
+    --enable-expert-parallel`` on X GPUs (vLLM's EP size is TP x DP = X, row id ``tpX_epX``)
+    as ``tp_size`` X, ``attention_dp_size`` X, ``moe_tp_size`` 1, ``moe_ep_size`` X * X and a
+    ``batch_size`` of the concurrency / X: 16 B200s for a ``tp4_ep4`` launch of Kimi-K2.5,
+    which the id's EP 4 contradicts, and the ``cfg<n>`` twins of these rows repeat their
+    measurements exactly (Kimi-K2.5 FP4 1024/1024 at concurrency 4: 170 ms TTFT, 8.4 ms
+    TPOT in both). Without the degrees in the id, the columns get this reading where X * X
+    GPUs exceed one 8-GPU node (not an NVL72 rack)."""
+    tp, adp = pool.get("tp_size") or 1, pool.get("attention_dp_size") or 1
+    if (pool.get("moe_tp_size") or 1) != 1 or pool.get("moe_ep_size") != tp * adp or tp < 2:
+        return ""
+    m = _ID_DEGREES.search(rid)
+    if m is not None:
+        if (int(m.group(1)), int(m.group(2))) != (tp, adp):
+            return ""
+        how = f"the row id (tp{tp}_ep{adp})"
+    elif system and not system.startswith("gb") and tp * adp > HGX_NODE_GPUS:
+        how = f"{tp * adp} GPUs, more than one {HGX_NODE_GPUS}-GPU {system} node"
+    else:
+        return ""
+    if tp != adp:
+        return ""
+    pool.update({"attention_dp_size": 1, "moe_ep_size": tp,
+                 "batch_size": (pool.get("batch_size") or 0) * adp or None})
+    return (f"attention_dp_size {adp} and moe_ep_size {tp * adp} = the EP ranks of {how}: "
+            f"simulated as the launch's TP {tp} with EP {tp} (vLLM: EP = TP x DP) on {tp} GPUs")
 
 
 def _implied_attention_dp(pool: dict[str, int | None]) -> str:

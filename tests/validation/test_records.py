@@ -88,6 +88,20 @@ def test_silicon_row_degrees_from_the_columns_on_an_8_gpu_system(by_id):
     assert (gb.config["tp"], gb.hardware["num_gpus"]) == (64, 64)
 
 
+def test_silicon_row_vllm_ep_ranks_written_as_attention_dp(by_id):
+    """vLLM ``--tensor-parallel-size 4 --enable-expert-parallel`` (EP 4 on 4 GPUs, id
+    ``tp4_ep4``) is written as attention_dp_size 4, moe_ep_size 16, batch_size concurrency / 4;
+    its ``cfg635`` twin repeats the measurements and gets the same 4-GPU reading."""
+    twin = by_id["2026_04_06_kimi_k2_5_b200_sxm_vllm_fp4_agg_1024x1024_c4_tp4_ep4_1294"]
+    r = by_id["kimik2_5_b200_vllm_fp4_agg_1024x1024_c4_cfg635"]
+    assert r.measured == twin.measured
+    for rec in (r, twin):
+        assert (rec.config["tp"], rec.config["dp"], rec.config["ep"],
+                rec.config["moe_tp"]) == (4, 1, 4, 1)
+        assert rec.hardware["num_gpus"] == 4 and rec.config["concurrency"] == 4
+        assert "EP ranks" in rec.extra["layout_note"]
+
+
 def test_silicon_row_attention_dp_implied_by_the_moe_columns(by_id):
     """aiconfigurator's vLLM rows leave attention_dp_size empty for data-parallel launches;
     moe_tp x moe_ep = tp x attention_dp gives it (Qwen3-235B-FP8 at TP 1 cannot fit one
