@@ -10,7 +10,14 @@ import pytest
 import yaml
 
 from charon_search.errors import ConfigError
-from charon_search.validation import data_dir, load_files, load_silicon_csv, parse_records
+from charon_search.validation import (
+    Unexpressible,
+    data_dir,
+    load_files,
+    load_silicon_csv,
+    parse_records,
+    to_case,
+)
 
 
 @functools.cache
@@ -83,9 +90,13 @@ def test_silicon_row_degrees_from_the_columns_on_an_8_gpu_system(by_id):
     # TP 4 x EP 4 written as tp_size 16: four GPUs.
     r16 = by_id["dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg202"]
     assert (r16.config["tp"], r16.config["ep"], r16.hardware["num_gpus"]) == (4, 4, 4)
-    # TP 64 with EP 1 on an NVL72 rack (one NVLink domain runs it): kept as read.
+    # An NVL72 rack is one NVLink domain: its columns are kept as read. This row's tp_size 64
+    # with MoE TP 64 and no EP is a deployment's GPU count (its siblings write 12-72), which
+    # the translation reports as not expressible.
     gb = by_id["2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c538_tp64_ep1_113"]
     assert (gb.config["tp"], gb.hardware["num_gpus"]) == (64, 64)
+    with pytest.raises(Unexpressible, match="a deployment's GPU count"):
+        to_case(gb)
 
 
 def test_silicon_row_vllm_ep_ranks_written_as_attention_dp(by_id):
