@@ -224,6 +224,11 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "from dense cuDNN and FlashAttention-2 kernels this project measured on an H200 "
         "(`sim.train_attention`, `data/profiles/measured/README.md`), not from the serving "
         "prefill rows.",
+        "- Collectives (training and serving): a collective whose ranks all sit in one "
+        "NVLink node is priced from the profile DB's measured NCCL rows for that GPU and group "
+        "size (log-log interpolation, `cost.measured_collectives`); groups across nodes, PCIe "
+        "boxes and GPUs without rows use the α-β topology model with the cluster's fitted "
+        "tiers.",
         "- Serving (silicon rows): the row's benchmark client as it ran "
         "(`serving.backends.BenchmarkProtocol`): a closed loop at the row's concurrency C, all "
         "streams starting together; aiconfigurator's aiperf rows drain their 2 x C warm-up "
@@ -264,7 +269,12 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "joins under SGLang, with its first decode step under vLLM and TensorRT-LLM); an "
         "aggregated row "
         "whose client concurrency is k times its batch (per attention-DP rank) ran k workers "
-        "behind the router, and one of them is simulated at its share. Published TRT-LLM rows: "
+        "behind the router, and one of them is simulated at its share. Rows of the "
+        "2026-04-06 InferenceX dump that write an expert-parallel launch's degrees as TP x EP "
+        "(`tpX_epY` as tp_size X*Y) or as attention DP (vLLM `tpX_epX` as X attention-DP "
+        "ranks and EP X*X) are read as the launch ran, from the row id or, beyond one 8-GPU "
+        "node, from the columns (their `cfg` twins repeat the measurements exactly); each "
+        "record states the reading. Published TRT-LLM rows: "
         "trtllm-bench's own limits and request counts, all submitted at t = 0 (offline "
         "throughput).",
         "- Calibration: `charon-search calibrate` fits only unpublished physical parameters, "
