@@ -38,7 +38,9 @@ __all__ = ["MEASURED_KINDS", "Curve", "loglog_curve", "loglog_interp", "measured
 MEASURED_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 Curve = tuple[tuple[float, ...], tuple[float, ...]]
-_curves: dict[tuple[int, str, str, int], Curve | None] = {}
+#: Curves per (DB content hash, GPU, kind, group size): two DB objects of the same content
+#: share them, and a DB written anew gets its own.
+_curves: dict[tuple[str, str, str, int], Curve | None] = {}
 _lock = threading.Lock()
 
 
@@ -78,7 +80,7 @@ def loglog_interp(curve: Curve, nbytes: float, *, beyond: str = "linear") -> flo
 def _curve(db: ProfileDB, gpu: str, kind: str, group_size: int) -> Curve | None:
     """``loglog_curve`` of one GPU's intra-node NCCL ``kind`` over ``group_size`` ranks, or
     None if the DB lacks it."""
-    key = (id(db), gpu, kind, group_size)
+    key = (db.content_hash, gpu, kind, group_size)
     with _lock:
         if key in _curves:
             return _curves[key]
