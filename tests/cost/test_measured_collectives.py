@@ -64,3 +64,23 @@ def test_training_coster_prices_tp_collectives_from_the_table() -> None:
     # The DP group crosses nodes: the topology model, as before.
     t_dp, _ = coster.collective("all_reduce", 256 * MIB, 8, "dp")
     assert t_dp == pytest.approx(collective_time("all_reduce", 256 * MIB, 8, cl, stride=8))
+
+
+def test_serving_nccl_path_reads_the_table() -> None:
+    """A serving graph priced without an engine's custom all-reduce (``tp_allreduce="nccl"``)
+    takes its TP-8 all-reduces inside one H200 node from the NCCL rows, not the line."""
+    from charon_search.catalog import load_model
+    from charon_search.serving._graphs import serving_graphs
+    from charon_search.serving.iteration_cost import collective_s, graph_cost_fn
+
+    cluster = load_cluster("h200-sxm-8gpu")
+    _, decode = serving_graphs(load_model("llama-3.1-8b"), tp=8, pp=1, ep=1,
+                               dp_attention=False, precision="bf16", engine="vllm")
+    graph = decode["dense"]
+    reduces = [i for i, n in enumerate(graph.nodes) if n.kind.value == "all_reduce"]
+    nbytes = graph.nodes[reduces[0]].param("bytes")(64, 1, 300)
+    cost = graph_cost_fn(cluster)(graph, 64, 1, 300)
+    table = measured_nccl_s("all_reduce", nbytes, 8, cluster)
+    assert table is not None and table != pytest.approx(collective_s("all_reduce", nbytes, 8,
+                                                                     cluster))
+    assert cost[reduces] == pytest.approx(table)
