@@ -28,11 +28,13 @@ import math
 import threading
 from bisect import bisect_left
 from functools import cache
+from typing import Any
 
 from charon_search.cost.profile_db import ProfileDB, default_profile_db, normalize_gpu
 from charon_search.hardware.spec import ClusterSpec
 
-__all__ = ["MEASURED_KINDS", "Curve", "loglog_curve", "loglog_interp", "measured_nccl_s"]
+__all__ = ["MEASURED_KINDS", "Curve", "cost_model_nccl_s", "loglog_curve", "loglog_interp",
+           "measured_nccl_s"]
 
 #: Collective kinds with NCCL rows in the DB.
 MEASURED_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -113,10 +115,19 @@ def measured_nccl_s(kind: str, nbytes: float, group_size: int, cluster: ClusterS
     if inner.name != "nvlink" or (n - 1) * max(1, int(stride)) >= cluster.gpus_per_node:
         return None
     db = db if db is not None else default_profile_db()
-    gpu = _gpu_key(cluster.gpu.name) if db is not None else None
+    gpu = _gpu_key(cluster.gpu.name)
     if db is None or gpu is None:
         return None
     curve = _curve(db, gpu, kind, n)
-    if curve is None:
+    return None if curve is None else loglog_interp(curve, nbytes)
+
+
+def cost_model_nccl_s(cost_model: Any, kind: str, nbytes: float, group_size: int,
+                      cluster: ClusterSpec, *, stride: int = 1) -> float | None:
+    """``measured_nccl_s`` from ``cost_model``'s profile DB when that model reads profiles
+    (``use_profile`` and a ``db``), else None: a model told not to use measurements, or one
+    without a DB (the roofline, the FLOP counter), prices collectives by the topology model."""
+    db = getattr(cost_model, "db", None)
+    if not getattr(cost_model, "use_profile", False) or db is None:
         return None
-    return loglog_interp(curve, nbytes)
+    return measured_nccl_s(kind, nbytes, group_size, cluster, stride=stride, db=db)

@@ -215,7 +215,7 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
     (``serving.custom_allreduce``); the other NCCL collectives inside one NVLink node from the
     profile DB's NCCL rows (``cost.measured_collectives``).
     """
-    from charon_search.cost.measured_collectives import measured_nccl_s
+    from charon_search.cost.measured_collectives import cost_model_nccl_s
     from charon_search.cost.selector import default_cost_model
     from charon_search.serving.custom_allreduce import custom_allreduce_s, mnnvl_allreduce_s
 
@@ -230,8 +230,8 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
                 t = custom_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
             elif group <= nvlink_domain:
                 t = mnnvl_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
-        if t is None and getattr(model, "use_profile", False):
-            t = measured_nccl_s(kind, nbytes, group, cluster, db=model.db)
+        if t is None:
+            t = cost_model_nccl_s(model, kind, nbytes, group, cluster)
         return t if t is not None else collective_s(kind, nbytes, group, cluster)
 
     launch_s = float(cluster.gpu.launch_overhead_s)

@@ -11,7 +11,7 @@ import numpy as np
 
 from charon_search.cost.attention_kernels import attention_time_factor
 from charon_search.cost.collectives import estimate_collective
-from charon_search.cost.measured_collectives import measured_nccl_s
+from charon_search.cost.measured_collectives import cost_model_nccl_s
 from charon_search.cost.roofline import node_compute_efficiency, node_peak_flops_per_s
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
@@ -251,10 +251,10 @@ class GraphCoster:
         key = (kind, round(nbytes), group_size, stride, group)
         hit = self._comm_memo.get(key)
         if hit is None:
-            measured = self._measured_nccl(kind, nbytes, group_size, stride)
             if group_size <= 1 or nbytes <= 0:
                 hit = (0.0, "")
-            elif measured is not None:
+            elif (measured := cost_model_nccl_s(self.cost_model, kind, nbytes, group_size,
+                                                self.cluster, stride=stride)) is not None:
                 hit = (measured, self.cluster.tiers[0].name)
             else:
                 try:
@@ -268,16 +268,6 @@ class GraphCoster:
                                                                 else ""))
             self._comm_memo[key] = hit
         return hit
-
-    def _measured_nccl(self, kind: str, nbytes: float, group_size: int, stride: int
-                       ) -> float | None:
-        """A collective inside one NVLink node from the profile DB's NCCL rows
-        (``cost.measured_collectives``) when the cost model reads profiles, else None."""
-        cm = self.cost_model
-        if not getattr(cm, "use_profile", False) or getattr(cm, "db", None) is None:
-            return None
-        return measured_nccl_s(kind, nbytes, group_size, self.cluster, stride=stride,
-                               db=cm.db)
 
     def cost(self, graph: OpGraph, b: float, s: float, c: float | None = None) -> CostedGraph:
         cc = s if c is None else c

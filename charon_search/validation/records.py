@@ -585,6 +585,12 @@ _ID_DEGREES = re.compile(r"_tp(\d+)(?:_0)?_ep(\d+)(?:_0)?_")
 HGX_NODE_GPUS = 8
 
 
+def _beyond_hgx_node(system: str, gpus: int) -> bool:
+    """More GPUs than one 8-GPU node of an HGX ``system`` (``gb*`` NVL72 racks excluded: their
+    one NVLink domain spans 72 GPUs)."""
+    return bool(system) and not system.startswith("gb") and gpus > HGX_NODE_GPUS
+
+
 def _degrees_from_id(rid: str, pool: dict[str, int | None], system: str = "") -> str:
     """Fix an aggregated row whose columns hold TP x EP where the launch had TP (in place);
     returns a note ("" when the row is kept as read).
@@ -606,13 +612,10 @@ def _degrees_from_id(rid: str, pool: dict[str, int | None], system: str = "") ->
     if m is not None:
         x, y = int(m.group(1)), int(m.group(2))
         how = f"the row id (tp{x}_ep{y})"
-    elif (system and not system.startswith("gb") and pool.get("moe_tp_size")
-          and pool.get("moe_ep_size")):
+    elif _beyond_hgx_node(system, (pool.get("moe_tp_size") or 1) * (pool.get("moe_ep_size") or 1)):
         x, y = int(pool["moe_tp_size"] or 1), int(pool["moe_ep_size"] or 1)
         how = (f"moe_tp_size x moe_ep_size ({x} x {y}), more GPUs than one {HGX_NODE_GPUS}-GPU "
                f"{system} node")
-        if x * y <= HGX_NODE_GPUS:
-            return ""
     else:
         return ""
     tp, adp = pool.get("tp_size") or 1, pool.get("attention_dp_size") or 1
@@ -639,18 +642,17 @@ def _ep_ranks_as_dp(rid: str, pool: dict[str, int | None], system: str = "") -> 
     TPOT in both). Without the degrees in the id, the columns get this reading where X * X
     GPUs exceed one 8-GPU node (not an NVL72 rack)."""
     tp, adp = pool.get("tp_size") or 1, pool.get("attention_dp_size") or 1
-    if (pool.get("moe_tp_size") or 1) != 1 or pool.get("moe_ep_size") != tp * adp or tp < 2:
+    if ((pool.get("moe_tp_size") or 1) != 1 or pool.get("moe_ep_size") != tp * adp or tp < 2
+            or tp != adp):
         return ""
     m = _ID_DEGREES.search(rid)
     if m is not None:
         if (int(m.group(1)), int(m.group(2))) != (tp, adp):
             return ""
         how = f"the row id (tp{tp}_ep{adp})"
-    elif system and not system.startswith("gb") and tp * adp > HGX_NODE_GPUS:
+    elif _beyond_hgx_node(system, tp * adp):
         how = f"{tp * adp} GPUs, more than one {HGX_NODE_GPUS}-GPU {system} node"
     else:
-        return ""
-    if tp != adp:
         return ""
     pool.update({"attention_dp_size": 1, "moe_ep_size": tp,
                  "batch_size": (pool.get("batch_size") or 0) * adp or None})

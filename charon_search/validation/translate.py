@@ -25,7 +25,7 @@ from charon_search.validation.names import (
     resolve_gpu,
     resolve_model_name,
 )
-from charon_search.validation.records import AIC_GAP_SOURCE, Record
+from charon_search.validation.records import AIC_GAP_SOURCE, HGX_NODE_GPUS, Record
 
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
@@ -566,7 +566,7 @@ def _serving_case(record: Record) -> ServingCase:
         per_node = max(pl.gpus_per_replica for pl in pools.values())
     else:
         tp, adp = int(c["tp"]), int(c.get("dp") or 1)
-        if (record.origin == "silicon" and model.num_experts and tp * adp > MOE_WITHOUT_EP_GPUS
+        if (record.origin == "silicon" and model.num_experts and tp * adp > HGX_NODE_GPUS
                 and int(c.get("ep") or 1) == 1 and int(c.get("moe_tp") or 1) == tp * adp):
             # The 2026-04-06 InferenceX dump's GB200 "agg" rows of DeepSeek-R1 write tp_size
             # 12, 20, 24, 28, 36, 48, 52, 64 and 72 with MoE TP equal to it and no EP: most do
@@ -591,11 +591,6 @@ def _serving_case(record: Record) -> ServingCase:
     return ServingCase(record=record, model=model, cluster=choice.cluster,
                        cluster_how=choice.how, config=config, workload=workload,
                        num_gpus=num_gpus, assumptions=tuple(notes), extra=extra)
-
-
-#: GPUs beyond which a silicon row's MoE without expert parallelism (MoE TP over every GPU) is
-#: read as a deployment's GPU count rather than a launch: one HGX node.
-MOE_WITHOUT_EP_GPUS = 8
 
 
 def _trtllm_bench(record: Record, c: Mapping[str, Any]) -> bool:
