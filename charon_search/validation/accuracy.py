@@ -345,6 +345,22 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         if other:
             lines += [_md_table(["record", "repeats"], [[f"`{a}`", f"`{b}`"]
                                                         for a, b, _ in other]), ""]
+    r2r = s.get("run_to_run", {})
+    if r2r:
+        lines += ["## Run-to-run spread of the measurements", "",
+                  "Records that ran an earlier record's setup again on another day (same model, "
+                  "GPUs, engine version, lengths, concurrency and layout; another measured date; "
+                  "other values) show how far the hardware's own numbers move between runs: "
+                  "spread = |a − b| / mean(a, b) per pair (`records.independent_reruns`, "
+                  "`reruns` in the JSON cases). A prediction at the mean of two runs would be "
+                  "off each by half their spread; the last columns are the simulator's errors "
+                  "on the records of the pairs.", ""]
+        lines += [_md_table(
+            ["group", "pairs", "spread median", "spread p90", "spread max", "records",
+             "prediction median abs", "prediction p90 abs"],
+            [[g, str(v["pairs"]), format_pct(v["median"]), format_pct(v["p90"]),
+              format_pct(v["max"]), str(v["records"]), format_pct(v["error_median_abs"]),
+              format_pct(v["error_p90_abs"])] for g, v in r2r.items()]), ""]
     lines += ["## Not yet expressible", ""]
     reasons = Counter(x["reason"] for x in result.skipped)
     lines += [_md_table(["records", "reason"], [[str(n), reason] for reason, n in

@@ -28,6 +28,7 @@ __all__ = [
     "Record",
     "data_dir",
     "default_files",
+    "independent_reruns",
     "load_files",
     "load_records",
     "load_silicon_csv",
@@ -170,11 +171,47 @@ def repeated_measurements(records: Iterable[Record]) -> dict[str, tuple[str, boo
     return out
 
 
-def _setup(rec: Record) -> dict[str, Any]:
-    """What a record ran: model, hardware and its training / serving configuration."""
+def independent_reruns(records: Iterable[Record]) -> dict[str, str]:
+    """Records that ran an earlier record's setup again on another day: ``id -> earlier id``.
+
+    Same setup means the same model, GPU, GPU count, configuration (engine and version,
+    lengths, concurrency, parallel layout) and notes, compared as ``repeated_measurements``
+    does (a field one side leaves empty is unknown, not different); another run means another
+    ``measured_date`` (silicon rows carry one) and measured values that are not all equal (a
+    run shipped twice is ``repeated_measurements``' business). Each rerun points at the first
+    earlier run of its setup, so n runs give n - 1 pairs. The pairs measure how far the
+    hardware's own numbers move between runs: the floor under any deterministic prediction.
+    """
+    buckets: dict[tuple[Any, ...], list[Record]] = {}
+    out: dict[str, str] = {}
+    for rec in records:
+        date = (rec.extra or {}).get("measured_date")
+        if not date or not rec.measured:
+            continue
+        c = rec.config
+        key = (rec.kind, rec.model.get("catalog") or rec.model.get("name"),
+               rec.hardware.get("gpu"), rec.hardware.get("num_gpus"), c.get("framework"),
+               c.get("framework_version"), c.get("mode"), c.get("input_len"),
+               c.get("output_len"), c.get("concurrency"))
+        earlier = buckets.setdefault(key, [])
+        mine = _setup(rec, drop=("measured_date",))
+        same = [p for p in earlier if _same_setup(_setup(p, drop=("measured_date",)), mine)]
+        if any(p.measured == rec.measured for p in same):
+            continue  # a run shipped again, not another run
+        first = next((p for p in same if p.extra["measured_date"] != date), None)
+        if first is not None:
+            out[rec.id] = first.id
+        earlier.append(rec)
+    return out
+
+
+def _setup(rec: Record, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a record ran: model, hardware and its training / serving configuration (less the
+    ``extra`` keys in ``drop``)."""
+    extra = {k: v for k, v in (rec.extra or {}).items() if k not in drop}
     return {"model": rec.model.get("catalog") or rec.model.get("name"),
             "gpu": rec.hardware.get("gpu"), "num_gpus": rec.hardware.get("num_gpus"),
-            "config": rec.config, "extra": rec.extra}
+            "config": rec.config, "extra": extra}
 
 
 def _same_setup(a: Any, b: Any) -> bool:

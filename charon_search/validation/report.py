@@ -97,6 +97,12 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
                      f"earlier record's measured values ({t.get('repeated_other_setup', 0)} under "
                      "another model or configuration; `repeats` in --json cases); all are "
                      "predicted and counted")
+    for g, rr in s.get("run_to_run", {}).items():
+        parts.append(f"run to run ({g}): {rr['pairs']} pairs of runs of one setup on different "
+                     f"days differ by median {format_pct(rr['median'])}, p90 "
+                     f"{format_pct(rr['p90'])}; predictions of those {rr['records']} records: "
+                     f"median |e| {format_pct(rr['error_median_abs'])}, p90 "
+                     f"{format_pct(rr['error_p90_abs'])}")
     header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
     parts.append("\nby kind\n" + _table(header, summary_table_rows(s, "by_kind")))
     parts.append("\nby source\n" + _table(header, summary_table_rows(s, "by_source")))

@@ -17,7 +17,7 @@ from typing import Any
 from charon_search.errors import ConfigError
 from charon_search.validation.names import Unexpressible
 from charon_search.validation.predict import predict_case
-from charon_search.validation.records import Record, repeated_measurements
+from charon_search.validation.records import Record, independent_reruns, repeated_measurements
 from charon_search.validation.stats import summarize
 from charon_search.validation.translate import ServingCase, TrainingCase, to_case
 
@@ -159,8 +159,11 @@ def run_validation(
     skipped: list[dict[str, Any]] = []
     skipped_metrics: list[dict[str, Any]] = []
     cases: dict[str, dict[str, Any]] = {}
+    reruns = independent_reruns(records)
     for rec, part in zip(records, parts, strict=True):
         cases[rec.id] = part["info"]
+        if rec.id in reruns:
+            cases[rec.id]["reruns"] = reruns[rec.id]
         rows += part["rows"]
         skipped += part["skipped"]
         skipped_metrics += part["skipped_metrics"]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "check_group_fields", "error_stats", "group_of",
-           "grouped_summary", "request_latency_rows", "summarize"]
+           "grouped_summary", "request_latency_rows", "run_to_run", "summarize"]
 
 #: Metric group -> metrics in priority order (the first one a record has represents it).
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
@@ -74,6 +74,45 @@ def representative_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, 
     return [v[1] for v in best.values()]
 
 
+def run_to_run(rows: Sequence[Mapping[str, Any]],
+               records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """How far the measurements themselves move between runs, per metric group.
+
+    For every predicted record that reruns an earlier predicted record's setup on another day
+    (``reruns`` in its case, ``records.independent_reruns``), the spread of each metric the two
+    share is ``|a - b| / ((a + b) / 2)``. Returns group -> ``{"pairs", "median", "p90",
+    "max"}`` of those spreads and ``records``, ``error_median_abs``, ``error_p90_abs``: the
+    prediction errors of the records in the pairs (only groups with pairs). A prediction that
+    hit the mean of two such runs would still be off each by half their spread.
+    """
+    measured: dict[str, dict[str, float]] = {}
+    for r in representative_rows(rows):
+        measured.setdefault(r["id"], {})[r["metric"]] = float(r["measured"])
+    error = {(r["id"], r["metric"]): float(r["error"]) for r in representative_rows(rows)}
+    spreads: dict[str, list[float]] = {}
+    errors: dict[str, dict[tuple[str, str], float]] = {}
+    for rid, info in records.items():
+        other = info.get("reruns") or ""
+        mine, theirs = measured.get(rid, {}), measured.get(other, {})
+        for metric in mine.keys() & theirs.keys():
+            a, b = mine[metric], theirs[metric]
+            if a + b > 0:
+                g = str(group_of(metric))
+                spreads.setdefault(g, []).append(abs(a - b) / ((a + b) / 2))
+                for key in ((rid, metric), (other, metric)):
+                    errors.setdefault(g, {})[key] = abs(error[key])
+    out: dict[str, Any] = {}
+    for g in METRIC_GROUPS:
+        v = np.asarray(spreads.get(g, []), dtype=float)
+        if v.size:
+            e = np.asarray(list(errors[g].values()), dtype=float)
+            out[g] = {"pairs": int(v.size), "median": float(np.median(v)),
+                      "p90": float(np.percentile(v, 90)), "max": float(v.max()),
+                      "records": int(e.size), "error_median_abs": float(np.median(e)),
+                      "error_p90_abs": float(np.percentile(e, 90))}
+    return out
+
+
 def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, Any]],
               records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Summary of a run.
@@ -116,6 +155,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
         "by_model": block("model"),
         "by_group": by_group,
         "by_group_fully_specified": by_group_full,
+        "run_to_run": run_to_run(rows, records),
         "targets": {g: {"median_abs": t[0], "p90_abs": t[1]} for g, t in TARGETS.items()},
     }
 

@@ -213,6 +213,41 @@ def test_shipped_repeats_are_reported_not_dropped(shipped_records):
     assert "repeated measurements: 1 records" in render_text(res)
 
 
+def test_independent_reruns_are_found():
+    from charon_search.validation.records import independent_reruns
+
+    def run(rid, ttft, date, **kw):
+        rec = _rec(rid, {"ttft_s": ttft, "tpot_s": 0.01}, version="0.19.0", **kw)
+        return dataclasses.replace(rec, extra={"measured_date": date})
+
+    recs = [run("a", 0.200, "2026-04-03"),
+            run("b", 0.210, "2026-04-03"),            # same day: not counted as another run
+            run("c", 0.180, "2026-04-22"),            # another day: reruns a
+            run("d", 0.180, "2026-04-22"),            # c shipped again: not a run
+            run("e", 0.300, "2026-04-22", tp=2),      # another layout
+            run("f", 0.190, "2026-05-01"),            # a third run: paired with the first
+            dataclasses.replace(run("g", 0.2, "x"), extra={})]  # no date
+    assert independent_reruns(recs) == {"c": "a", "f": "a"}
+
+
+def test_run_to_run_spread_of_two_shipped_runs(shipped_records):
+    """vLLM 0.19.0 MiniMax-M2.5 FP8 on 4 B200, 8k/1k at concurrency 4, measured on 2026-04-03
+    (TTFT 207.520 ms, TPOT 8.9588 ms) and again on 2026-04-22 (188.246 ms, 8.6452 ms): spreads
+    19.275 / 197.883 = 9.74 % and 0.3136 / 8.8020 = 3.56 %."""
+    from charon_search.validation.report import render_text
+
+    first = "minimaxm2_5_b200_vllm_fp8_agg_8192x1024_c4_cfg634"
+    again = "2026_03_25_minimax_m2_5_b200_sxm_vllm_fp8_agg_8192x1024_c4_tp4_0_ep1_0_86"
+    res = run_validation(select_records(shipped_records, ids=[first, again]),
+                         simulate_serving=fake_serving)
+    assert res.cases[again]["reruns"] == first and "reruns" not in res.cases[first]
+    r2r = res.summary["run_to_run"]
+    assert r2r["serving_ttft"]["pairs"] == 1 and r2r["serving_ttft"]["records"] == 2
+    assert r2r["serving_ttft"]["median"] == pytest.approx(0.0974, abs=5e-4)
+    assert r2r["serving_tpot"]["median"] == pytest.approx(0.0356, abs=5e-4)
+    assert "run to run (serving_ttft): 1 pairs" in render_text(res)
+
+
 def test_validate_predicts_the_same_numbers_in_every_process(tmp_path) -> None:
     """A disaggregated row (1 prefill and 3 decode replicas of TRT-LLM on GB200, 552 streams)
     whose replicas start iterations at the same instant: they start in pool order, so the
