@@ -112,6 +112,16 @@ INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS = 32768
 INFERENCEX_DSR1_SGLANG_MAX_RUNNING = (256, 512)
 #: Same recipe: ``--stream-interval 10``.
 INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL = 10
+#: InferenceX ``benchmarks/dsr1_fp4_b200.sh`` (commit 1fc5d73, the version that streams every 10
+#: tokens like the rows; ``dsr1_fp4_b300.sh`` reuses it): ``--chunked-prefill-size 16384``, no
+#: ``--max-prefill-tokens`` (SGLang's default, 16384), ``--max-running-requests`` =
+#: ``--cuda-graph-max-bs`` = 256.
+INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
+#: The stored FP8 Blackwell recipes (``dsr1_fp8_b200.sh``, ``single_node/dsr1_fp8_b300.sh``) are
+#: not taken for the FP8 rows: besides streaming every 30 tokens (see
+#: ``INFERENCEX_DSR1_SGLANG_RECV_INTERVALS``) they cap TP 8 at 128 running requests, and the B200
+#: FP8 TP 8 rows at concurrency 256 and 512 measure 2-3 s TTFT where that cap predicts 27-213 s
+#: of queueing: those rows ran the H200 recipe's limits.
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
@@ -263,7 +273,8 @@ AIC_FRONTEND = "dynamo"
 def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str = "",
                    launcher: str = "aiconfigurator", osl: int = 0, tp: int = 1,
                    model: str = "", max_num_tokens: int = 0, gpu: str = "",
-                   attention_dp: int = 1, linear_attention: bool = False) -> EngineProfile:
+                   attention_dp: int = 1, linear_attention: bool = False,
+                   precision: str = "") -> EngineProfile:
     """Scheduler facts of ``backend`` (``version`` where it matters) serving prompts of ``isl``
     tokens with at most ``max_batch_size`` running requests, launched by aiconfigurator's
     generator (``launcher="aiconfigurator"``), by InferenceX's per-model recipe for ``model``
@@ -274,7 +285,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     ``trtllm-bench throughput`` (``"trtllm_bench"``, TensorRT-LLM only: ``max_batch_size`` and
     ``max_num_tokens`` are the limits it picked, ``serving.trtllm_bench.bench_limits``).
     ``linear_attention``: the model has linear-attention (Gated DeltaNet) layers, whose state
-    cache changes SGLang's scheduler (``SGLANG_HYBRID_NO_OVERLAP``).
+    cache changes SGLang's scheduler (``SGLANG_HYBRID_NO_OVERLAP``). ``precision``: the
+    checkpoint's (``fp8``, ``fp4``...), where a launcher keeps one recipe per precision.
 
     Raises:
         ConfigError: unknown backend or launcher, or a launcher the backend has no profile for.
@@ -282,7 +294,7 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
     profile = _engine_profile(backend, isl=isl, max_batch_size=max_batch_size, version=version,
                               launcher=launcher, osl=osl, tp=tp, model=model,
                               max_num_tokens=max_num_tokens, gpu=gpu, attention_dp=attention_dp,
-                              linear_attention=linear_attention)
+                              linear_attention=linear_attention, precision=precision)
     if launcher != "aiconfigurator":
         return profile
     return dataclasses.replace(profile, frontend=AIC_FRONTEND, sources=(
@@ -293,7 +305,8 @@ def engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str 
 
 def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str,
                     launcher: str, osl: int, tp: int, model: str, max_num_tokens: int,
-                    gpu: str, attention_dp: int, linear_attention: bool) -> EngineProfile:
+                    gpu: str, attention_dp: int, linear_attention: bool,
+                    precision: str = "") -> EngineProfile:
     if launcher not in LAUNCHERS:
         raise ConfigError(f"`launcher` must be one of {list(LAUNCHERS)}, but got {launcher!r}")
     if launcher == "trtllm_bench":
@@ -358,7 +371,7 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             ))
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
         return _inferencex_sglang_dsr1(
-            isl=isl, osl=osl, max_batch_size=max_batch_size,
+            isl=isl, osl=osl, max_batch_size=max_batch_size, gpu=gpu, precision=precision,
             recv=inferencex_dsr1_recv_interval(gpu, max_batch_size))
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
         return _inferencex_sglang_glm5(gpu)
@@ -535,15 +548,20 @@ def _inferencex_vllm(model: str, gpu: str = "", *,
         ))
 
 
-def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int,
-                            recv: int = 0) -> EngineProfile:
-    """SGLang as InferenceX's DeepSeek-R1 FP8 H200 recipe launches it (``recv``: the
+def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str = "",
+                            precision: str = "", recv: int = 0) -> EngineProfile:
+    """SGLang as InferenceX's DeepSeek-R1 recipes launch it: the FP4 Blackwell recipe for an
+    FP4 row on ``gpu`` b200/b300, else the FP8 H200 recipe (``recv``: the
     ``--scheduler-recv-interval`` the Blackwell recipes add; 0: not passed)."""
-    cap = INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024]
+    tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
+                   INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
+    recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
+    if precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS):
+        tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
+        recipe = "benchmarks/dsr1_fp4_b200.sh, reused on B300"
     return EngineProfile(
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
-        max_num_batched_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
-        max_prefill_tokens=INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS, prefix_caching=False,
+        max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
         decode_in_budget=False, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
@@ -562,10 +580,9 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int,
             "host work hidden behind the GPU",
             "SGLang: a new prefill batch runs before decoding (no --enable-mixed-chunk in the "
             "recipe; managers/scheduler.py); decode tokens outside the chunked-prefill size",
-            f"--chunked-prefill-size {INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS} "
-            f"--max-prefill-tokens {INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS} --disable-radix-cache,"
-            f" --max-running-requests / --cuda-graph-max-bs {cap} (InferenceX "
-            "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256)",
+            f"--chunked-prefill-size {tokens} --max-prefill-tokens {tokens} "
+            f"--disable-radix-cache, --max-running-requests / --cuda-graph-max-bs {cap} "
+            f"(InferenceX {recipe})",
         ))
 
 

@@ -449,6 +449,7 @@ def _serving_case(record: Record) -> ServingCase:
                                   gpu=resolve_gpu(str(record.hardware.get("gpu"))).name,
                                   attention_dp=(int(c.get("dp") or 1)
                                                 if c.get("mode", "agg") != "disagg" else 1),
+                                  precision=str(c.get("precision") or ""),
                                   linear_attention=any(is_linear_block(t)
                                                        for t in model.layer_types))
             engine_kw = prof.config_kwargs()

@@ -254,6 +254,17 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
         got = engine_profile("sglang", gpu=gpu, **kw).config_kwargs()
         assert got["stream_interval"] == 10
         assert got.get("scheduler_recv_interval") == recv
+    # Prefill chunks and running-request cap: an FP4 row on Blackwell runs dsr1_fp4_b200.sh
+    # (--chunked-prefill-size 16384, SGLang's default --max-prefill-tokens 16384, 256 running);
+    # FP8 rows and H200 the H200 recipe's 32768 and 512 at 1k/1k.
+    kw.update(max_batch_size=1024, osl=1024)
+    for gpu, precision, limits in (("b200-sxm-180gb", "fp4", (16384, 16384, 256)),
+                                   ("b300-sxm-288gb", "fp4", (16384, 16384, 256)),
+                                   ("b200-sxm-180gb", "fp8", (32768, 32768, 512)),
+                                   ("h200-sxm-141gb", "fp4", (32768, 32768, 512))):
+        got = engine_profile("sglang", gpu=gpu, precision=precision, **kw).config_kwargs()
+        assert (got["max_num_batched_tokens"], got["max_prefill_tokens"],
+                got["max_num_seqs"]) == limits, (gpu, precision)
 
 
 def test_sglang_default_chunk_follows_gpu_memory(by_id) -> None:
