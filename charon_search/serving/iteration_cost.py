@@ -410,12 +410,13 @@ class GraphIterationCostModel(IterationCostModel):
             model, tp=1 if dp_attention else tp, num_layers=math.ceil(model.num_kv_layers / pp),
             kv_dtype=kv_dtype)
         self._pp_hop = self._pp_send_recv_fn()
-        # Decode attention is bound by its KV reads; the profile rows time a bf16 cache (FA3).
-        # TensorRT-LLM's XQA decode kernel reads an fp8 cache natively (one byte per element),
-        # so a row at the same KV bytes (context scaled by the element-size ratio) times it.
-        self._decode_kv_scale = 1.0
-        if tp_allreduce == "trtllm" and kv_dtype in ("fp8", "int8"):
-            self._decode_kv_scale = 0.5
+        # Decode attention is bound by its KV reads; the profile rows time a bf16 cache. The
+        # engines' decode kernels read an 8-bit cache natively, one byte per element
+        # (TensorRT-LLM's XQA; FlashInfer and its TensorRT-LLM-gen kernels, vLLM's FP8 KV path
+        # since vllm#7798 and SGLang's Blackwell default; FlashAttention 3, which vLLM documents
+        # as attending in FP8 with an FP8 cache; FlashMLA / trtllm_mla for MLA), so a row at
+        # the same KV bytes (context scaled by the element-size ratio) times it.
+        self._decode_kv_scale = 0.5 if kv_dtype in ("fp8", "int8") else 1.0
         self._memo_linear: dict[int, float] = {}
         self._memo_head: dict[int, float] = {}
         self._memo_prefill_attn: dict[tuple[int, int], float] = {}

@@ -75,7 +75,7 @@ def test_moe_ep_mtp_and_pp_run_end_to_end() -> None:
     assert piped.iteration_s([(256, 256)], 0, 0) > flat.iteration_s([(256, 256)], 0, 0)
 
 
-def test_trtllm_decode_attention_reads_an_fp8_cache_at_half_the_bytes() -> None:
+def test_decode_attention_reads_an_fp8_cache_at_half_the_bytes() -> None:
     from charon_search.catalog import load_model
     from charon_search.serving.iteration_cost import GraphIterationCostModel
     from charon_search.testing import toy_cluster
@@ -85,14 +85,15 @@ def test_trtllm_decode_attention_reads_an_fp8_cache_at_half_the_bytes() -> None:
     def cm(kv_dtype: str, engine: str) -> GraphIterationCostModel:
         return GraphIterationCostModel(model, cluster, kv_dtype=kv_dtype, tp_allreduce=engine)
 
-    fp8, bf16 = cm("fp8", "trtllm"), cm("bf16", "trtllm")
-    # Same KV bytes: 8 requests at 1024 fp8 tokens = 8 at 512 bf16 tokens (grid points).
-    assert fp8.decode_attention_s(8, 8 * 1024) == pytest.approx(
-        bf16.decode_attention_s(8, 8 * 512))
-    assert fp8.decode_attention_s(8, 8 * 1024) < bf16.decode_attention_s(8, 8 * 1024)
-    # Other engines keep the measured (bf16-cache) rows at the actual context.
-    assert cm("fp8", "nccl").decode_attention_s(8, 8 * 1024) == pytest.approx(
-        cm("bf16", "nccl").decode_attention_s(8, 8 * 1024))
+    for engine in ("trtllm", "vllm", "sglang", "nccl"):
+        fp8, bf16 = cm("fp8", engine), cm("bf16", engine)
+        # Same KV bytes: 8 requests at 1024 fp8 tokens = 8 at 512 bf16 tokens (grid points).
+        assert fp8.decode_attention_s(8, 8 * 1024) == pytest.approx(
+            bf16.decode_attention_s(8, 8 * 512)), engine
+        assert fp8.decode_attention_s(8, 8 * 1024) < bf16.decode_attention_s(8, 8 * 1024)
+    # A 16-bit cache is priced at its context.
+    assert cm("fp16", "vllm").decode_attention_s(8, 8 * 1024) == pytest.approx(
+        cm("bf16", "vllm").decode_attention_s(8, 8 * 1024))
 
 
 def test_sliding_window_layers_attend_over_the_window_only() -> None:
