@@ -573,8 +573,11 @@ def _fuse_residual_norm(graph: OpGraph) -> OpGraph:
     return g
 
 
-def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True) -> OpGraph:
-    """The kernels TensorRT-LLM (PyTorch backend) runs beyond ``fuse_for_inference``.
+def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True,
+                rope_in_attention: bool = True) -> OpGraph:
+    """The kernels TensorRT-LLM (PyTorch backend) runs beyond ``fuse_for_inference``; an engine
+    launched with the all-reduce + RMSNorm fusion alone (SGLang's
+    ``--enable-flashinfer-allreduce-fusion``) takes ``rope_in_attention=False``.
 
     * **All-reduce + residual + RMSNorm** (``allreduce_norm``; TP > 1 without attention-DP):
       the decoder layers pass ``AllReduceParams(fusion_op=AllReduceFusionOp.RESIDUAL_RMS_NORM)``
@@ -591,7 +594,7 @@ def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True) -> OpGraph:
     """
     nodes = graph.nodes
     drop: set[int] = set()
-    for n in nodes:
+    for n in nodes if rope_in_attention else ():
         if (_str(n.role) == Role.ATTN_ROPE.value and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)
                 and not n.is_comm):
             drop.add(n.id)

@@ -349,6 +349,12 @@ class ServingConfig:
     Triton fused MoE for fp8 and block-fp8 weights, e.g. ``--moe-backend triton`` or
     ``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``); ``""`` = the engine's default
     for the format. Other formats ignore it."""
+    allreduce_norm_fusion: bool = False
+    """The RMSNorm (with its residual add) that follows a tensor-parallel all-reduce runs in the
+    all-reduce kernel's epilogue, so it costs no kernel of its own: SGLang's
+    ``--enable-flashinfer-allreduce-fusion`` (FlashInfer's fused all-reduce). TensorRT-LLM
+    always does it (``serving._fusion.fuse_trtllm``, with ``tp_allreduce="trtllm"``). Applies
+    to TP > 1 without attention DP."""
     fused_kernels: bool = True
     """Cost the kernels vLLM/SGLang/TRT-LLM launch (fused QKV and gate_up GEMMs, fused
     add+RMSNorm, RoPE, SiLU-and-mul, fused MoE routing; ``serving._fusion``) instead of one

@@ -361,7 +361,7 @@ class GraphIterationCostModel(IterationCostModel):
                  ep: int = 1, dp_attention: bool = False, precision: str = "bf16",
                  kv_dtype: str = "bf16", cost_fn: GraphCostFn | None = None,
                  fused_kernels: bool = True, tp_allreduce: str = "nccl",
-                 moe_kernel: str = "") -> None:
+                 moe_kernel: str = "", allreduce_norm_fusion: bool = False) -> None:
         from charon_search.serving._graphs import serving_graphs
 
         self.model = model
@@ -373,12 +373,15 @@ class GraphIterationCostModel(IterationCostModel):
                                          dp_attention=dp_attention, precision=precision,
                                          fused_kernels=fused_kernels, engine=tp_allreduce,
                                          moe_kernel=moe_kernel)
-        if fused_kernels and tp_allreduce == "trtllm":
+        if fused_kernels and (tp_allreduce == "trtllm" or allreduce_norm_fusion):
             from charon_search.serving._fusion import fuse_trtllm
 
             ar_norm = tp > 1 and not dp_attention
-            prefill = {k: fuse_trtllm(g, allreduce_norm=ar_norm) for k, g in prefill.items()}
-            decode = {k: fuse_trtllm(g, allreduce_norm=ar_norm) for k, g in decode.items()}
+            rope = tp_allreduce == "trtllm"
+            prefill = {k: fuse_trtllm(g, allreduce_norm=ar_norm, rope_in_attention=rope)
+                       for k, g in prefill.items()}
+            decode = {k: fuse_trtllm(g, allreduce_norm=ar_norm, rope_in_attention=rope)
+                      for k, g in decode.items()}
         if ep > 1 and not dp_attention:
             prefill = {k: _without_ep_a2a(g) for k, g in prefill.items()}
             decode = {k: _without_ep_a2a(g) for k, g in decode.items()}

@@ -66,7 +66,7 @@ def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConf
         model, cluster, tp=tp or config.tp, pp=pp or config.pp, ep=ep or config.ep,
         dp_attention=dpa, precision=config.precision, kv_dtype=config.kv_dtype,
         fused_kernels=config.fused_kernels, tp_allreduce=config.tp_allreduce,
-        moe_kernel=config.moe_kernel)
+        moe_kernel=config.moe_kernel, allreduce_norm_fusion=config.allreduce_norm_fusion)
     return _maybe_sp(base, cluster, config, tp or config.tp, model.num_layers)
 
 

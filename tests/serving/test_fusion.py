@@ -173,6 +173,31 @@ def test_trtllm_fuses_norm_into_allreduce_and_rope_into_attention(tp: int) -> No
         assert sum(1 for n in trt.nodes if n.is_comm) == (2 if tp > 1 else 0)
 
 
+def test_sglang_allreduce_fusion_drops_the_norms_but_keeps_rope() -> None:
+    """``--enable-flashinfer-allreduce-fusion``: the RMSNorm after each TP all-reduce runs in the
+    all-reduce kernel (two kernels fewer per layer at TP 2), RoPE keeps its kernel; a launch
+    without the flag, or at TP 1, keeps every norm."""
+    from charon_search.catalog import load_model
+    from charon_search.serving.iteration_cost import GraphIterationCostModel
+    from charon_search.testing import toy_cluster
+
+    model, cluster = load_model("debug-llama"), toy_cluster()
+
+    def cm(tp: int, fused: bool) -> GraphIterationCostModel:
+        return GraphIterationCostModel(model, cluster, tp=tp, tp_allreduce="sglang",
+                                       allreduce_norm_fusion=fused)
+
+    plain, fused = cm(2, False), cm(2, True)
+    layers = model.num_layers
+    assert plain.num_kernels - fused.num_kernels == 2 * layers
+    for part in fused._decode_parts:
+        roles = [n.role for n in part.linear.nodes] + [n.role for n in part.attention.nodes]
+        assert "attn.rope" in roles
+        assert not [n for n in part.linear.nodes if n.kind == OpKind.NORM]
+    assert fused.linear_s(8) < plain.linear_s(8)
+    assert cm(1, True).num_kernels == cm(1, False).num_kernels
+
+
 def test_graph_replay_floor_replaces_eager_launch_overhead() -> None:
     from charon_search.serving.iteration_cost import GRAPH_KERNEL_FLOOR_S, graph_cost_fn
     from charon_search.testing import toy_cluster

@@ -265,6 +265,8 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
         got = engine_profile("sglang", gpu=gpu, precision=precision, **kw).config_kwargs()
         assert (got["max_num_batched_tokens"], got["max_prefill_tokens"],
                 got["max_num_seqs"]) == limits, (gpu, precision)
+        # dsr1_fp4_b200.sh also passes --enable-flashinfer-allreduce-fusion
+        assert bool(got.get("allreduce_norm_fusion")) == (limits[0] == 16384)
 
 
 def test_sglang_default_chunk_follows_gpu_memory(by_id) -> None:
