@@ -175,10 +175,11 @@ def independent_reruns(records: Iterable[Record]) -> dict[str, str]:
     """Records that ran an earlier record's setup again on another day: ``id -> earlier id``.
 
     Same setup means the same model, GPU, GPU count, configuration (engine and version,
-    lengths, concurrency, parallel layout) and notes, compared as ``repeated_measurements``
-    does (a field one side leaves empty is unknown, not different); another run means another
-    ``measured_date`` (silicon rows carry one) and measured values that are not all equal (a
-    run shipped twice is ``repeated_measurements``' business). Each rerun points at the first
+    lengths, concurrency, parallel layout) and ``extra`` fields (system, backend, mode) but
+    the date, compared as ``repeated_measurements`` does (a field one side leaves empty is
+    unknown, not different); another run means another ``measured_date`` (silicon rows carry
+    one) and measured values that are not all equal (a run shipped twice is
+    ``repeated_measurements``' business). Each rerun points at the first
     earlier run of its setup, so n runs give n - 1 pairs. The pairs measure how far the
     hardware's own numbers move between runs: the floor under any deterministic prediction.
     """
