@@ -594,10 +594,10 @@ def fuse_trtllm(graph: OpGraph, *, allreduce_norm: bool = True,
     """
     nodes = graph.nodes
     drop: set[int] = set()
-    for n in nodes if rope_in_attention else ():
-        if (_str(n.role) == Role.ATTN_ROPE.value and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)
-                and not n.is_comm):
-            drop.add(n.id)
+    if rope_in_attention:
+        drop.update(n.id for n in nodes
+                    if _str(n.role) == Role.ATTN_ROPE.value and not n.is_comm
+                    and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY))
     if allreduce_norm:
         for a, b in pairwise(nodes):
             if is_activation_all_reduce(a) and b.kind == OpKind.NORM:

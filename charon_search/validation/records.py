@@ -183,7 +183,7 @@ def independent_reruns(records: Iterable[Record]) -> dict[str, str]:
     earlier run of its setup, so n runs give n - 1 pairs. The pairs measure how far the
     hardware's own numbers move between runs: the floor under any deterministic prediction.
     """
-    buckets: dict[tuple[Any, ...], list[Record]] = {}
+    buckets: dict[tuple[Any, ...], list[tuple[Record, dict[str, Any]]]] = {}
     out: dict[str, str] = {}
     for rec in records:
         date = (rec.extra or {}).get("measured_date")
@@ -196,13 +196,13 @@ def independent_reruns(records: Iterable[Record]) -> dict[str, str]:
                c.get("output_len"), c.get("concurrency"))
         earlier = buckets.setdefault(key, [])
         mine = _setup(rec, drop=("measured_date",))
-        same = [p for p in earlier if _same_setup(_setup(p, drop=("measured_date",)), mine)]
+        same = [p for p, setup in earlier if _same_setup(setup, mine)]
         if any(p.measured == rec.measured for p in same):
             continue  # a run shipped again, not another run
         first = next((p for p in same if p.extra["measured_date"] != date), None)
         if first is not None:
             out[rec.id] = first.id
-        earlier.append(rec)
+        earlier.append((rec, mine))
     return out
 
 

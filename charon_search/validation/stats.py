@@ -86,9 +86,10 @@ def run_to_run(rows: Sequence[Mapping[str, Any]],
     hit the mean of two such runs would still be off each by half their spread.
     """
     measured: dict[str, dict[str, float]] = {}
+    error: dict[tuple[str, str], float] = {}
     for r in representative_rows(rows):
         measured.setdefault(r["id"], {})[r["metric"]] = float(r["measured"])
-    error = {(r["id"], r["metric"]): float(r["error"]) for r in representative_rows(rows)}
+        error[(r["id"], r["metric"])] = float(r["error"])
     spreads: dict[str, list[float]] = {}
     errors: dict[str, dict[tuple[str, str], float]] = {}
     for rid, info in records.items():
