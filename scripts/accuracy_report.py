@@ -63,6 +63,11 @@ def main() -> int:
     from charon_search.validation.records import default_files
 
     records = load_files(default_files())
+    known = sorted({str(r.hardware.get("gpu")) for r in records if r.origin == "silicon"})
+    unknown = sorted(set(args.systems or ()) - set(known))
+    if unknown:
+        print(f"error: `--systems` must be among {known}, but got {unknown}", file=sys.stderr)
+        return 2
     training = select_records(records, kind="training")
 
     def in_catalog(rec) -> bool:
