@@ -59,7 +59,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 continue
             raise
         doc = inspect.getdoc(module) or name
-        p = sub.add_parser(name, help=doc.splitlines()[0], description=doc)
+        # The module docstring as written: its example command lines stay one per line.
+        p = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         module.add_arguments(p)
     return parser

@@ -378,7 +378,7 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
         return _inferencex_sglang_glm5(gpu)
     if backend == "sglang" and launcher == "inferencex" and "qwen3.5" in model.lower():
-        q35 = _inferencex_sglang_qwen35(gpu=gpu)
+        q35 = _inferencex_sglang_qwen35(gpu=gpu, precision=precision, tp=tp)
         if q35 is not None:
             return q35
     if backend == "sglang":
@@ -676,8 +676,9 @@ def _inferencex_sglang_glm5(gpu: str) -> EngineProfile:
 #: Its ``--max-running-requests 128`` is not taken: the concurrency-256 rows measure no queue
 #: (``qwen3.5_fp4_b200.sh`` raises the cap to the concurrency). The B200 rows measure TTFT
 #: 25-35 x TPOT above the simulated prefill (TP 8), as a first chunk carrying the 30th token
-#: does. The stored H200 and B300 recipes stream every 50 tokens, but their rows measure
-#: 13-22 x TPOT: those versions postdate the measurements, and no recipe is assumed there.
+#: does. The stored H200 recipes stream every 50 tokens, but their rows measure 13-22 x TPOT:
+#: those versions postdate the measurements, and no recipe is assumed there (B300: the recipe
+#: without its stream interval, ``INFERENCEX_QWEN35_B300_RECIPES``).
 #: The stored B200 recipes also pass ``--scheduler-recv-interval`` 10/30 (30 for FP4), which
 #: the rows do not carry on top of the stream interval: with both, Qwen3.5 B200 TTFT moves from
 #: a -0.4 % to a +21.6 % median bias (105 rows; bf16 +32 -> +51 % below concurrency 16), so it
@@ -687,11 +688,45 @@ INFERENCEX_QWEN35_B200_PREFILL_TOKENS = 32768
 INFERENCEX_QWEN35_B200_MEM_FRACTION = 0.82
 
 
-def _inferencex_sglang_qwen35(*, gpu: str) -> EngineProfile | None:
-    """SGLang as InferenceX's Qwen3.5 recipe launches it on B200 (None on other GPUs: see the
-    constants above). The recipe passes ``--disable-radix-cache``, so SGLang keeps its overlap
-    scheduler for this hybrid linear-attention model: ``ServerArgs`` turns it off only for the
-    Mamba ``no_buffer`` strategy *with* the radix cache on (``SGLANG_HYBRID_NO_OVERLAP``)."""
+#: InferenceX's Qwen3.5-397B-A17B SGLang recipes on B300 (``benchmarks/single_node/
+#: qwen3.5_{bf16,fp4,fp8}_b300.sh``), per checkpoint precision: (``--chunked-prefill-size`` =
+#: ``--max-prefill-tokens``, ``--mem-fraction-static``). Every stored version (bf16 in three
+#: forks, fp4, fp8) passes ``--disable-radix-cache``, so SGLang keeps its overlap scheduler for
+#: the hybrid model; the fp4 recipe "follows the SGLang cookbook recipe ... as of 2026-04-17",
+#: the days (2026-04-17/18) the 36 SGLang 0.5.10.post1 B300 rows were measured. On the 49 B300
+#: Qwen3.5 rows TPOT median (p90) |error| 19.8 (42.9) -> 12.0 (22.0) %, bias +21.5 -> +4.5 %
+#: (chunks, memory fraction and the radix-cache flag alone).
+#: Their ``--stream-interval`` 30 (fp8: 50) and ``--scheduler-recv-interval`` 10/30 are not
+#: taken: the rows' TTFT sits 13-22 x TPOT above the simulated prefill, between the first-chunk
+#: rule the B200 rows follow (+33 % median bias with it, +68 % with the recv interval too) and
+#: none (-62 %), so neither is modelled here (``docs/calibration/README.md``, session 38).
+#: The bf16 recipe (and the fp4 one at TP 8) also passes ``--enable-flashinfer-allreduce-fusion``
+#: (taken: TPOT 12.0 (22.0) -> 11.3 (20.9) %).
+INFERENCEX_QWEN35_B300_RECIPES = {"bf16": (32768, 0.82), "fp4": (32768, 0.8),
+                                  "fp8": (16384, 0.8)}
+
+
+def _inferencex_sglang_qwen35(*, gpu: str, precision: str = "",
+                              tp: int = 1) -> EngineProfile | None:
+    """SGLang as InferenceX's Qwen3.5 recipes launch it on B200 and B300 (None on other GPUs:
+    see the constants above). The recipes pass ``--disable-radix-cache``, so SGLang keeps its
+    overlap scheduler for this hybrid linear-attention model: ``ServerArgs`` turns it off only
+    for the Mamba ``no_buffer`` strategy *with* the radix cache on
+    (``SGLANG_HYBRID_NO_OVERLAP``)."""
+    if gpu.startswith("b300"):
+        prec = precision if precision in INFERENCEX_QWEN35_B300_RECIPES else "bf16"
+        tokens, mem = INFERENCEX_QWEN35_B300_RECIPES[prec]
+        fused = prec == "bf16" or (prec == "fp4" and tp == 8)
+        profile = _sglang_recipe(
+            f"qwen3.5_{prec}_b300.sh", tokens=tokens, mem=mem,
+            notes=("--disable-radix-cache (every stored B300 version): SGLang's overlap "
+                   "scheduler stays on for the hybrid model",
+                   *(("--enable-flashinfer-allreduce-fusion (bf16 recipe; fp4 at TP 8): the "
+                      "RMSNorm after each TP all-reduce runs in the all-reduce kernel",)
+                     if fused else ()),
+                   "--stream-interval and --scheduler-recv-interval are not modelled for these "
+                   "rows (see INFERENCEX_QWEN35_B300_RECIPES)"))
+        return dataclasses.replace(profile, allreduce_norm_fusion=fused)
     if not gpu.startswith("b200"):
         return None
     return _sglang_recipe(

@@ -20,6 +20,14 @@ def test_every_command_has_a_module_with_help(command: str, capsys: pytest.Captu
     assert "usage: charon-search" in capsys.readouterr().out
 
 
+def test_help_keeps_the_docstring_examples_one_per_line(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    # each example of the module docstring on a line of its own, as written (not reflowed)
+    assert "    charon-search validate --explain --ids megatron_sc21_t1_1.7b" in lines
+
+
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]):
     assert main([]) == 2
     out = capsys.readouterr().out

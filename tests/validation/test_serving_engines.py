@@ -229,8 +229,10 @@ def test_inferencex_deepseek_rows_of_unknown_speculation_are_skipped(by_id) -> N
 
 def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
     """GLM-5 (glm5_fp8_*.sh): --mem-fraction-static 0.85 on every GPU. Qwen3.5 on B200
-    (qwen3.5_fp8_b200.sh): --stream-interval 30, 32768-token chunks, memory fraction 0.82; on
-    other GPUs SGLang's defaults (the stored H200/B300 versions do not fit the rows)."""
+    (qwen3.5_fp8_b200.sh): --stream-interval 30, 32768-token chunks, memory fraction 0.82. On
+    B300 (qwen3.5_{bf16,fp4,fp8}_b300.sh) the chunks and memory fraction of the checkpoint's
+    recipe, its --disable-radix-cache and all-reduce fusion, without the stream interval; on
+    H200 SGLang's defaults (the stored H200 versions do not fit the rows)."""
     from charon_search.serving.backends import engine_profile
 
     glm = to_case(by_id["2026_03_25_glm_5_b200_sxm_sglang_fp8_agg_8192x1024_c8_tp8_0_ep1_0_497"])
@@ -243,6 +245,16 @@ def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
     # hybrid model, but the recipe's --disable-radix-cache keeps SGLang's overlap scheduler on;
     # with the default (radix cache on) it is off, as on H200 where no recipe is modelled
     assert b200["overlap_scheduler"] is True
+    for precision, chunk, mem in (("bf16", 32768, 0.82), ("fp4", 32768, 0.8),
+                                  ("fp8", 16384, 0.8)):
+        b300 = engine_profile("sglang", gpu="b300-sxm-288gb", precision=precision,
+                              **kw).config_kwargs()
+        assert (b300["max_num_batched_tokens"], b300["gpu_memory_utilization"]) == (chunk, mem)
+        assert b300["overlap_scheduler"] is True and "stream_interval" not in b300
+        # --enable-flashinfer-allreduce-fusion: the bf16 recipe always, fp4 at TP 8, fp8 never
+        assert b300.get("allreduce_norm_fusion", False) is (precision == "bf16")
+    fp4_tp8 = engine_profile("sglang", gpu="b300-sxm-288gb", precision="fp4", tp=8, **kw)
+    assert fp4_tp8.config_kwargs()["allreduce_norm_fusion"] is True
     h200 = engine_profile("sglang", gpu="h200-sxm-141gb", **kw).config_kwargs()
     assert "stream_interval" not in h200 and "gpu_memory_utilization" not in h200
     assert h200["overlap_scheduler"] is False
