@@ -593,24 +593,28 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
 
 
 def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
-                   overlap: bool = True, notes: tuple[str, ...] = (),
-                   gpu: str = "") -> EngineProfile:
+                   overlap: bool = True, allreduce_fusion: bool = False,
+                   notes: tuple[str, ...] = (), gpu: str = "") -> EngineProfile:
     """SGLang as an InferenceX recipe (``benchmarks/single_node/<recipe>``) launches it:
     ``--chunked-prefill-size`` = ``--max-prefill-tokens`` = ``tokens`` (0: not passed, the
     defaults on ``gpu`` apply), ``--mem-fraction-static mem``, ``--stream-interval stream`` (0:
-    not passed), no radix-cache reuse (random prompts), no ``--enable-mixed-chunk``."""
+    not passed), ``--enable-flashinfer-allreduce-fusion`` where ``allreduce_fusion``, no
+    radix-cache reuse (random prompts), no ``--enable-mixed-chunk``."""
     flags = ((f"--chunked-prefill-size {tokens} --max-prefill-tokens {tokens} " if tokens
               else "") + f"--mem-fraction-static {mem}"
-             + (f" --stream-interval {stream}" if stream else ""))
+             + (f" --stream-interval {stream}" if stream else "")
+             + (" --enable-flashinfer-allreduce-fusion" if allreduce_fusion else ""))
     chunk, most = ((tokens, tokens) if tokens else
                    (sglang_default_chunked_prefill(gpu), SGLANG_DEFAULT_MAX_PREFILL_TOKENS))
     return EngineProfile(
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
         max_num_batched_tokens=chunk, max_prefill_tokens=most, prefix_caching=False,
         decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
-        gpu_memory_utilization=mem,
+        gpu_memory_utilization=mem, allreduce_norm_fusion=allreduce_fusion,
         sources=(
             f"{flags} (InferenceX benchmarks/single_node/{recipe})",
+            *(("all-reduce fusion: the RMSNorm after each TP all-reduce runs in the all-reduce "
+               "kernel",) if allreduce_fusion else ()),
             *((f"chunked_prefill_size {chunk} ({SGLANG_CHUNK_DEFAULT_RULE}), "
                f"max_prefill_tokens {most} (ServerArgs default)",) if not tokens else ()),
             *((f"--stream-interval {stream}: the client's first chunk taken to carry the "
@@ -690,7 +694,8 @@ INFERENCEX_QWEN35_B200_MEM_FRACTION = 0.82
 
 #: InferenceX's Qwen3.5-397B-A17B SGLang recipes on B300 (``benchmarks/single_node/
 #: qwen3.5_{bf16,fp4,fp8}_b300.sh``), per checkpoint precision: (``--chunked-prefill-size`` =
-#: ``--max-prefill-tokens``, ``--mem-fraction-static``). Every stored version (bf16 in three
+#: ``--max-prefill-tokens``, ``--mem-fraction-static``, the lowest TP at which the recipe passes
+#: ``--enable-flashinfer-allreduce-fusion``, 0: never). Every stored version (bf16 in three
 #: forks, fp4, fp8) passes ``--disable-radix-cache``, so SGLang keeps its overlap scheduler for
 #: the hybrid model; the fp4 recipe "follows the SGLang cookbook recipe ... as of 2026-04-17",
 #: the days (2026-04-17/18) the 36 SGLang 0.5.10.post1 B300 rows were measured. On the 49 B300
@@ -702,8 +707,8 @@ INFERENCEX_QWEN35_B200_MEM_FRACTION = 0.82
 #: none (-62 %), so neither is modelled here (``docs/calibration/README.md``, session 38).
 #: The bf16 recipe (and the fp4 one at TP 8) also passes ``--enable-flashinfer-allreduce-fusion``
 #: (taken: TPOT 12.0 (22.0) -> 11.3 (20.9) %).
-INFERENCEX_QWEN35_B300_RECIPES = {"bf16": (32768, 0.82), "fp4": (32768, 0.8),
-                                  "fp8": (16384, 0.8)}
+INFERENCEX_QWEN35_B300_RECIPES = {"bf16": (32768, 0.82, 1), "fp4": (32768, 0.8, 8),
+                                  "fp8": (16384, 0.8, 0)}
 
 
 def _inferencex_sglang_qwen35(*, gpu: str, precision: str = "",
@@ -712,21 +717,18 @@ def _inferencex_sglang_qwen35(*, gpu: str, precision: str = "",
     see the constants above). The recipes pass ``--disable-radix-cache``, so SGLang keeps its
     overlap scheduler for this hybrid linear-attention model: ``ServerArgs`` turns it off only
     for the Mamba ``no_buffer`` strategy *with* the radix cache on
-    (``SGLANG_HYBRID_NO_OVERLAP``)."""
+    (``SGLANG_HYBRID_NO_OVERLAP``). On B300 a precision without its own recipe takes the
+    bf16 one."""
     if gpu.startswith("b300"):
         prec = precision if precision in INFERENCEX_QWEN35_B300_RECIPES else "bf16"
-        tokens, mem = INFERENCEX_QWEN35_B300_RECIPES[prec]
-        fused = prec == "bf16" or (prec == "fp4" and tp == 8)
-        profile = _sglang_recipe(
+        tokens, mem, fusion_tp = INFERENCEX_QWEN35_B300_RECIPES[prec]
+        return _sglang_recipe(
             f"qwen3.5_{prec}_b300.sh", tokens=tokens, mem=mem,
+            allreduce_fusion=0 < fusion_tp <= tp,
             notes=("--disable-radix-cache (every stored B300 version): SGLang's overlap "
                    "scheduler stays on for the hybrid model",
-                   *(("--enable-flashinfer-allreduce-fusion (bf16 recipe; fp4 at TP 8): the "
-                      "RMSNorm after each TP all-reduce runs in the all-reduce kernel",)
-                     if fused else ()),
                    "--stream-interval and --scheduler-recv-interval are not modelled for these "
                    "rows (see INFERENCEX_QWEN35_B300_RECIPES)"))
-        return dataclasses.replace(profile, allreduce_norm_fusion=fused)
     if not gpu.startswith("b200"):
         return None
     return _sglang_recipe(
