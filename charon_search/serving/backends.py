@@ -558,8 +558,8 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
     tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
-    fused_ar = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
-    if fused_ar:
+    fp4_blackwell = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
+    if fp4_blackwell:
         tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
         recipe = "benchmarks/dsr1_fp4_b200.sh, reused on B300"
     return EngineProfile(
@@ -569,10 +569,10 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
-        allreduce_norm_fusion=fused_ar,
+        allreduce_norm_fusion=fp4_blackwell,
         sources=(
             *(("--enable-flashinfer-allreduce-fusion (dsr1_fp4_b200.sh): the RMSNorm after "
-               "each TP all-reduce runs in the all-reduce kernel",) if fused_ar else ()),
+               "each TP all-reduce runs in the all-reduce kernel",) if fp4_blackwell else ()),
             *((f"--scheduler-recv-interval {recv} (InferenceX dsr1_fp4_b200.sh, "
                "dsr1_fp4_b300.sh): new requests "
                f"are received every {recv} decode batches, at once after a prefill batch or "

@@ -74,20 +74,21 @@ def representative_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, 
     return [v[1] for v in best.values()]
 
 
-def run_to_run(rows: Sequence[Mapping[str, Any]],
+def run_to_run(rep: Sequence[Mapping[str, Any]],
                records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """How far the measurements themselves move between runs, per metric group.
 
-    For every predicted record that reruns an earlier predicted record's setup on another day
-    (``reruns`` in its case, ``records.independent_reruns``), the spread of each metric the two
-    share is ``|a - b| / ((a + b) / 2)``. Returns group -> ``{"pairs", "median", "p90",
-    "max"}`` of those spreads and ``records``, ``error_median_abs``, ``error_p90_abs``: the
-    prediction errors of the records in the pairs (only groups with pairs). A prediction that
-    hit the mean of two such runs would still be off each by half their spread.
+    ``rep``: the run's ``representative_rows`` (one metric per record and group). For every
+    predicted record that reruns an earlier predicted record's setup on another day (``reruns``
+    in its case, ``records.independent_reruns``), the spread of each metric the two share is
+    ``|a - b| / ((a + b) / 2)``. Returns group -> ``{"pairs", "median", "p90", "max"}`` of
+    those spreads and ``records``, ``error_median_abs``, ``error_p90_abs``: the prediction
+    errors of the records in the pairs (only groups with pairs). A prediction that hit the mean
+    of two such runs would still be off each by half their spread.
     """
     measured: dict[str, dict[str, float]] = {}
     error: dict[tuple[str, str], float] = {}
-    for r in representative_rows(rows):
+    for r in rep:
         measured.setdefault(r["id"], {})[r["metric"]] = float(r["measured"])
         error[(r["id"], r["metric"])] = float(r["error"])
     spreads: dict[str, list[float]] = {}
@@ -156,7 +157,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
         "by_model": block("model"),
         "by_group": by_group,
         "by_group_fully_specified": by_group_full,
-        "run_to_run": run_to_run(rows, records),
+        "run_to_run": run_to_run(rep, records),
         "targets": {g: {"median_abs": t[0], "p90_abs": t[1]} for g, t in TARGETS.items()},
     }
 
