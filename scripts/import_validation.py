@@ -8,12 +8,18 @@ The package and its tests never read ``/work/shared``; this script copies
 
 into ``charon_search/data/validation/``, and checks that the YAML loads with the package's loader.
 
+The package copy of ``published-dev.yaml`` carries amendments: launch facts completed from a
+record's own sources (each names the file it read in ``read_from`` and says so in ``notes``).
+A re-import therefore leaves an existing copy that differs from the shared one in place and
+prints the difference; ``--overwrite-amended`` replaces it (re-apply the amendments by hand).
+
 Usage: ``python scripts/import_validation.py [--shared /work/shared]``
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import shutil
 from pathlib import Path
@@ -45,6 +51,8 @@ def _sha(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=Path("/work/shared"))
+    parser.add_argument("--overwrite-amended", action="store_true",
+                        help="replace an amended published-dev.yaml with the shared copy")
     args = parser.parse_args()
     val = args.shared / "validation"
     peers = args.shared / "data" / "peers" / "aiconfigurator-core"
@@ -57,6 +65,13 @@ def main() -> None:
     }
     DEST.mkdir(parents=True, exist_ok=True)
     for src, dst in copies.items():
+        if (dst.name == "published-dev.yaml" and dst.exists() and not args.overwrite_amended
+                and dst.read_bytes() != src.read_bytes()):
+            diff = difflib.unified_diff(src.read_text().splitlines(), dst.read_text().splitlines(),
+                                        str(src), str(dst.relative_to(REPO)), lineterm="")
+            print("\n".join(diff))
+            print(f"kept the amended {dst.relative_to(REPO)} (--overwrite-amended replaces it)")
+            continue
         shutil.copyfile(src, dst)
         dst.chmod(0o644)
         print(f"{src} -> {dst.relative_to(REPO)} ({dst.stat().st_size} bytes, sha {_sha(dst)})")
