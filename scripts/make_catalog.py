@@ -46,7 +46,20 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                           ("Qwen/Qwen3.5-397B-A17B-FP8", "qwen3.5-397b")),
     "glm-5": ("zai-org--GLM-5", "zai-org/GLM-5",
               ("zai-org/GLM-5-FP8", "nvidia/GLM-5-NVFP4")),
+    "llama-4-scout-17b-16e": ("meta-llama--Llama-4-Scout-17B-16E-Instruct",
+                              "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+                              ("meta-llama/Llama-4-Scout-17B-16E", "llama-4-scout")),
+    "llama-4-maverick-17b-128e": ("meta-llama--Llama-4-Maverick-17B-128E-Instruct",
+                                  "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+                                  ("meta-llama/Llama-4-Maverick-17B-128E",
+                                   "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8",
+                                   "llama-4-maverick")),
 }
+
+_LLAMA4_NOTE = ("the language model of Llama4ForConditionalGeneration (its `text_config`, "
+                "transformers `llama4_text`); the vision tower is not modelled; the routed "
+                "experts are traced as grouped GEMMs over the routed rows and the chunked local "
+                "attention layers as full causal attention (frontend._llama4)")
 
 #: Multimodal configs whose language model is an architecture transformers knows under another
 #: ``model_type``: catalog name -> (the ``text_config`` model_type to use, why). The vision tower
@@ -58,6 +71,8 @@ TEXT_MODELS: dict[str, tuple[str, str]] = {
     "kimi-k2.5": ("deepseek_v3", "text_config model_type 'kimi_k2' is the DeepSeek-V3 "
                   "architecture (its auto_map names modeling_deepseek.DeepseekV3ForCausalLM); "
                   "the MoonViT vision tower is not modelled"),
+    "llama-4-scout-17b-16e": ("llama4_text", _LLAMA4_NOTE),
+    "llama-4-maverick-17b-128e": ("llama4_text", _LLAMA4_NOTE),
 }
 
 #: catalog name -> {precision: (peer file stem whose ``quantization_config`` describes the

@@ -5,10 +5,11 @@ Imports torch and transformers lazily (only when a model is built or counted).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from charon_search.cache import cache_dir
@@ -27,6 +28,21 @@ def _clean(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if not k.startswith(_PRIVATE_PREFIX)}
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' config-validation warnings (e.g. Llama 4's released
+    ``rope_scaling`` has ``low_freq_factor == high_freq_factor``, which transformers warns about
+    on every build): the configs are published ones, the warnings say nothing to a user."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def hf_config_object(name: str, cfg: Mapping[str, Any]) -> Any:
     """A ``transformers`` config object for a raw ``config.json`` dict."""
     from transformers import AutoConfig
@@ -36,7 +52,8 @@ def hf_config_object(name: str, cfg: Mapping[str, Any]) -> Any:
     if not model_type:
         raise ConfigError(f"model config {name!r} must have a `model_type` key")
     try:
-        return AutoConfig.for_model(model_type, **clean)
+        with quiet_transformers():
+            return AutoConfig.for_model(model_type, **clean)
     except Exception as e:  # transformers raises several types for bad configs
         raise ConfigError(
             f"model config {name!r}: transformers cannot build model_type={model_type!r}: {e}"
@@ -98,18 +115,22 @@ def build_reduced_model(
     kwargs: dict[str, Any] = {"attn_implementation": attn_impl}
     if spec.num_experts:
         kwargs["experts_implementation"] = "grouped_mm"
-    with _LOCK, torch.device("meta"):
+    with _LOCK, torch.device("meta"), quiet_transformers():
         try:
-            model = AutoModelForCausalLM.from_config(hf, **kwargs)
-        except (ValueError, TypeError, KeyError) as e:
-            if "experts_implementation" in kwargs and "experts" in str(e):
-                kwargs.pop("experts_implementation")
+            try:
                 model = AutoModelForCausalLM.from_config(hf, **kwargs)
-            else:
-                raise ConfigError(
-                    f"model {spec.name!r}: transformers cannot build it with "
-                    f"attn_implementation={attn_impl!r}: {e}"
-                ) from e
+            except (ValueError, TypeError, KeyError) as e:
+                if "experts_implementation" not in kwargs or "experts" not in str(e):
+                    raise
+                # Models whose experts module is their own (Llama 4's batched experts) reject
+                # the grouped_mm switch; the frontend swaps their forward instead.
+                kwargs["experts_implementation"] = "eager"
+                model = AutoModelForCausalLM.from_config(hf, **kwargs)
+        except Exception as e:  # transformers raises several types for configs it cannot build
+            raise ConfigError(
+                f"model {spec.name!r}: transformers cannot build it with "
+                f"attn_implementation={attn_impl!r}: {type(e).__name__}: {e}"
+            ) from e
     model.to(torch.bfloat16)
     path, layers = _find_layers(model, n_build)
     if all_layers:

@@ -185,6 +185,10 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
         intermediate = int(hf.n_inner or 4 * hidden)
     elif mt == "mpt":
         intermediate = int(hf.expansion_ratio * hidden)
+    elif mt == "llama4_text":
+        # Llama 4: `intermediate_size` is the experts' (and the shared expert's) width, the
+        # dense layers' MLP is `intermediate_size_mlp` (transformers Llama4TextMLP).
+        intermediate = int(hf.intermediate_size_mlp)
     else:
         intermediate = int(_get(hf, "intermediate_size", "ffn_dim", default=4 * hidden))
     gated = mt not in _PLAIN_MLP
@@ -195,6 +199,8 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     if num_experts:
         moe_inter = int(_get(hf, "moe_intermediate_size", default=intermediate))
         shared = int(_get(hf, "n_shared_experts", default=0) or 0)
+        if mt == "llama4_text":  # one shared expert beside the routed ones (Llama4TextMoe)
+            moe_inter, shared = int(hf.intermediate_size), 1
         if mt in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text") and _get(
                 hf, "shared_expert_intermediate_size", default=0):
             shared = 1
@@ -268,5 +274,10 @@ def _mlp_layer_types(mt: str, hf: Any, layers: int, num_experts: int) -> tuple[s
         return tuple(
             "moe" if i not in only and (i + 1) % step == 0 else "dense" for i in range(layers)
         )
+    if mt == "llama4_text":
+        # Llama4TextConfig.moe_layers: every `interleave_moe_layer_step`-th layer (Scout: all,
+        # Maverick: every second).
+        moe = set(getattr(hf, "moe_layers", None) or range(layers))
+        return tuple("moe" if i in moe else "dense" for i in range(layers))
     # Mixtral, gpt-oss and others: every layer is MoE.
     return ("moe",) * layers

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
 from typing import Any
+
+from charon_search.frontend._patching import swapped_forwards
 
 __all__ = ["DSA_MODULES", "dsa_patches", "is_dsa_attention", "register_ops"]
 
@@ -155,22 +156,16 @@ def _dsa_forward(self: Any, hidden_states: Any, position_embeddings: Any,
 _HF_FORWARD: dict[type, Any] = {}
 
 
-@contextlib.contextmanager
-def dsa_patches() -> Iterator[None]:
+def dsa_patches() -> contextlib.AbstractContextManager[None]:
     """Swap every known DSA attention ``forward`` for ``_dsa_forward`` (see the module doc)."""
     register_ops()
-    saved: list[tuple[Any, Any]] = []
+    swaps: list[tuple[type, Any]] = []
     for mod_name, attn_name, indexer_name in DSA_MODULES:
         mod = sys.modules.get(mod_name)
         if mod is None:
             continue
         for cls, fwd in ((getattr(mod, attn_name), _dsa_forward),
                          (getattr(mod, indexer_name), _indexer_forward)):
-            saved.append((cls, cls.forward))
             _HF_FORWARD[cls] = cls.forward
-            cls.forward = fwd
-    try:
-        yield
-    finally:
-        for cls, fwd in saved:
-            cls.forward = fwd
+            swaps.append((cls, fwd))
+    return swapped_forwards(swaps)

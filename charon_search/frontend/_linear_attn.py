@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
 from typing import Any
+
+from charon_search.frontend._patching import swapped_forwards
 
 __all__ = ["GDN_CHUNK", "GDN_MODULES", "linear_attention_patches", "register_ops"]
 
@@ -166,20 +167,9 @@ def _gdn_forward(self: Any, hidden_states: Any, cache: Any = None, attention_mas
     return self.out_proj(core)
 
 
-@contextlib.contextmanager
-def linear_attention_patches() -> Iterator[None]:
+def linear_attention_patches() -> contextlib.AbstractContextManager[None]:
     """Swap every known ``*GatedDeltaNet.forward`` for ``_gdn_forward`` (see the module doc)."""
     register_ops()
-    saved: list[tuple[Any, Any]] = []
-    for mod_name, cls_name in GDN_MODULES:
-        mod = sys.modules.get(mod_name)
-        cls = getattr(mod, cls_name, None) if mod is not None else None
-        if cls is None:
-            continue
-        saved.append((cls, cls.forward))
-        cls.forward = _gdn_forward
-    try:
-        yield
-    finally:
-        for cls, fwd in saved:
-            cls.forward = fwd
+    classes = [getattr(sys.modules.get(mod_name), cls_name, None)
+               for mod_name, cls_name in GDN_MODULES]
+    return swapped_forwards((cls, _gdn_forward) for cls in classes if cls is not None)

@@ -24,6 +24,7 @@ from charon_search.catalog._hf import ReducedModel
 from charon_search.errors import ConfigError
 from charon_search.frontend._dsa import dsa_patches
 from charon_search.frontend._linear_attn import linear_attention_patches
+from charon_search.frontend._llama4 import llama4_patches
 from charon_search.frontend._mla import absorbed_mla_decode
 
 __all__ = ["Capture", "capture"]
@@ -193,7 +194,8 @@ def _fuse_eager(model: Any, enabled: bool) -> Iterator[None]:
 def _hf_patches() -> Iterator[None]:
     """Neutralise data-dependent checks HF runs on plain tensors (they would read fake data),
     route SDPA to one fused op (``_fused_sdpa``), Gated DeltaNet layers to their two kernels
-    (``_linear_attn``) and DeepSeek Sparse Attention to its indexer and sparse MLA (``_dsa``)."""
+    (``_linear_attn``), DeepSeek Sparse Attention to its indexer and sparse MLA (``_dsa``) and
+    Llama 4's dense-over-all-experts MoE to grouped GEMMs over the routed rows (``_llama4``)."""
     import torch.nn.functional as F
     import transformers.masking_utils as mu
 
@@ -201,7 +203,7 @@ def _hf_patches() -> Iterator[None]:
     mu.find_packed_sequence_indices = lambda *a, **k: None
     F.scaled_dot_product_attention = _fused_sdpa
     try:
-        with linear_attention_patches(), dsa_patches():
+        with linear_attention_patches(), dsa_patches(), llama4_patches():
             yield
     finally:
         mu.find_packed_sequence_indices, F.scaled_dot_product_attention = saved

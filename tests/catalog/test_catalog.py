@@ -98,6 +98,36 @@ def test_kimi_k2_5_param_count_closed_form() -> None:
     assert (spec.num_experts, spec.num_experts_per_token, spec.num_shared_experts) == (384, 8, 1)
 
 
+def _llama4_params(*, experts: int, moe_layers: int, dense_layers: int) -> int:
+    # Llama 4 text_config (Scout and Maverick): 48 layers, hidden 5120, 40 query / 8 KV heads of
+    # 128 (q/k norm weightless), vocabulary 202,048, untied embeddings; an MoE layer holds a
+    # router (5120 x experts), the routed experts and one shared expert, all of intermediate
+    # 8192, a dense layer one MLP of intermediate_size_mlp 16,384.
+    h, vocab, inter, dense_inter = 5120, 202_048, 8192, 16_384
+    attn = h * 40 * 128 + 2 * h * 8 * 128 + 40 * 128 * h
+    moe = experts * h + (experts + 1) * 3 * h * inter
+    return (2 * vocab * h + (moe_layers + dense_layers) * (attn + 2 * h) + moe_layers * moe
+            + dense_layers * 3 * h * dense_inter + h)
+
+
+def test_llama4_param_counts_closed_form() -> None:
+    # Meta's model cards: Scout 109B total / 17B active, Maverick 400B total / 17B active
+    # (with the vision encoder, which the catalog's text models leave out).
+    scout = load_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert scout.name == "llama-4-scout-17b-16e"
+    assert scout.num_params == _llama4_params(experts=16, moe_layers=48, dense_layers=0)
+    assert scout.num_params == 107_769_861_120
+    assert set(scout.layer_types) == {"moe"}
+    assert (scout.num_experts, scout.num_experts_per_token, scout.num_shared_experts) == (16, 1, 1)
+    assert (scout.intermediate_size, scout.moe_intermediate_size) == (16_384, 8192)
+    maverick = load_model("llama-4-maverick")
+    assert maverick.num_params == _llama4_params(experts=128, moe_layers=24, dense_layers=24)
+    assert maverick.num_params == 400_711_848_960
+    # interleave_moe_layer_step 2: layers 1, 3, 5, ... route to experts.
+    assert maverick.layer_types[:4] == ("dense", "moe", "dense", "moe")
+    assert maverick.num_layers_of("moe") == 24 and maverick.num_experts == 128
+
+
 @pytest.mark.parametrize(
     "name", ["debug-llama", "debug-moe", "llama-3.1-8b", "gpt-1.7b", "qwen3-30b-a3b", "mpt-1b"]
 )
