@@ -59,7 +59,7 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 _LLAMA4_NOTE = ("the language model of Llama4ForConditionalGeneration (its `text_config`, "
                 "transformers `llama4_text`); the vision tower is not modelled; the routed "
                 "experts are traced as grouped GEMMs over the routed rows and the chunked local "
-                "attention layers as full causal attention (frontend._llama4)")
+                "attention layers priced as a sliding window of the chunk (frontend._llama4)")
 
 #: Multimodal configs whose language model is an architecture transformers knows under another
 #: ``model_type``: catalog name -> (the ``text_config`` model_type to use, why). The vision tower

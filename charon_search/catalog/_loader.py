@@ -208,6 +208,9 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     sw = getattr(hf, "sliding_window", None)
     if sw:
         extra["sliding_window"] = int(sw)
+    chunk = getattr(hf, "attention_chunk_size", None)
+    if chunk:
+        extra["attention_chunk_size"] = int(chunk)
     attn_types = getattr(hf, "layer_types", None)
     if attn_types and isinstance(attn_types, (list, tuple)):
         extra["attention_layer_types"] = tuple(attn_types)

@@ -67,18 +67,25 @@ class ModelSpec:
 
     @property
     def sliding_window(self) -> int:
-        """Keys a sliding-window attention layer sees (HF ``sliding_window``); 0 = none."""
-        return int(self.extra.get("sliding_window") or 0)
+        """Keys a sliding-window attention layer sees (HF ``sliding_window``); 0 = none.
+
+        Chunked local attention (Llama 4's ``attention_chunk_size``: a query attends the keys of
+        its own chunk, ``position mod chunk + 1`` of them) is priced as a window of the chunk:
+        exact while a sequence fits in one chunk, at most 2x the chunked work beyond (a window
+        sees ``chunk`` keys, a chunked query ``chunk / 2`` on average)."""
+        return int(self.extra.get("sliding_window") or self.extra.get("attention_chunk_size")
+                   or 0)
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
         """Per decoder layer: whether its attention uses the sliding window (HF per-layer
-        ``layer_types`` ``sliding_attention`` / ``full_attention``, kept by the catalog as
-        ``extra["attention_layer_types"]``); ``()`` when the model has no such layers."""
+        ``layer_types`` ``sliding_attention`` / ``chunked_attention`` / ``full_attention``, kept
+        by the catalog as ``extra["attention_layer_types"]``); ``()`` when the model has no
+        such layers."""
         kinds = tuple(self.extra.get("attention_layer_types") or ())
         if not self.sliding_window or len(kinds) != self.num_layers:
             return ()
-        return tuple(str(k).startswith("sliding") for k in kinds)
+        return tuple(str(k).startswith(("sliding", "chunked")) for k in kinds)
 
     @property
     def num_kv_layers(self) -> int:

@@ -18,10 +18,11 @@ in token order, and the shared expert added. The ops are the ones transformers' 
 experts emit for other MoE models, so ``_convert`` prices them the same way (``GROUPED_GEMM``
 nodes with ``tokens``, ``top_k`` and ``num_experts``; balanced routing on the cost side).
 
-Not modelled: the chunked local attention of three in four layers (``attention_chunk_size``
-8192: a query attends only the keys of its own 8192-token chunk). Those layers are traced as
-full causal attention, which is exact while a sequence is at most one chunk long (every shipped
-Llama 4 record: 8192 tokens) and over-prices attention time and KV-cache bytes beyond it.
+Three in four layers attend locally (``attention_chunk_size`` 8192: a query attends only the
+keys of its own 8192-token chunk). They are traced as causal attention and priced as a sliding
+window of the chunk (``ModelSpec.sliding_window``): exact while a sequence fits in one chunk
+(every shipped Llama 4 record: 8192 tokens), at most twice the chunked work beyond. Their KV
+cache is sized as full attention's (as for every sliding-window model).
 """
 
 from __future__ import annotations

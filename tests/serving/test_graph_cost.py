@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from charon_search.catalog import load_model
@@ -99,8 +101,6 @@ def test_decode_attention_reads_an_fp8_cache_at_half_the_bytes() -> None:
 def test_sliding_window_layers_attend_over_the_window_only() -> None:
     """gpt-oss alternates full and 128-key sliding-window attention layers: a sliding layer's
     kernels read and score at most the window, whatever the context."""
-    import dataclasses
-
     from charon_search.serving.iteration_cost import GraphIterationCostModel
     from charon_search.testing import toy_cluster
 
@@ -133,3 +133,25 @@ def test_gpt_oss_has_half_of_its_layers_sliding() -> None:
     model = load_model("gpt-oss-120b")  # HF config: layer_types alternate, sliding_window 128
     cost = GraphIterationCostModel(model, load_cluster("h200-sxm-8gpu"))
     assert [(p.count, p.sliding, p.window) for p in cost._decode_parts] == [(36, 18, 128)]
+
+
+@pytest.mark.slow
+def test_llama4_chunked_layers_are_priced_as_the_chunk_window() -> None:
+    """Llama 4 Scout: 36 of its 48 layers attend within 8192-token chunks (HF layer_types
+    `chunked_attention`, every fourth layer `full_attention`), priced as an 8192-key window."""
+    from charon_search.hardware import load_cluster
+    from charon_search.serving.iteration_cost import GraphIterationCostModel
+
+    model = load_model("llama-4-scout-17b-16e")
+    cost = GraphIterationCostModel(model, load_cluster("h200-sxm-8gpu"), tp=8)
+    assert [(p.count, p.sliding, p.window) for p in cost._decode_parts] == [(48, 36, 8192)]
+    # Within one chunk every layer sees the whole context; beyond it the chunked layers stop at
+    # the chunk, so a 64k context costs far less than 48 layers of full attention would.
+    full = GraphIterationCostModel(dataclasses.replace(model, extra={
+        k: v for k, v in model.extra.items() if k != "attention_chunk_size"}),
+        load_cluster("h200-sxm-8gpu"), tp=8)
+    assert cost.decode_attention_s(8, 8 * 4096) == pytest.approx(
+        full.decode_attention_s(8, 8 * 4096))
+    long_c = 8 * 65_536
+    assert cost.decode_attention_s(8, long_c) == pytest.approx(
+        0.25 * full.decode_attention_s(8, long_c) + 0.75 * full.decode_attention_s(8, 8 * 8192))
