@@ -22,10 +22,16 @@ __all__ = ["ReducedModel", "build_reduced_model", "count_params", "hf_config_obj
 
 _PRIVATE_PREFIX = "_charon_"
 _LOCK = threading.Lock()
+_QUIET_LOCK = threading.RLock()
 
 
 def _clean(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if not k.startswith(_PRIVATE_PREFIX)}
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line (transformers' validation errors span several)."""
+    return " ".join(str(e).split())
 
 
 @contextlib.contextmanager
@@ -35,12 +41,13 @@ def quiet_transformers() -> Iterator[None]:
     on every build): the configs are published ones, the warnings say nothing to a user."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
+    with _QUIET_LOCK:  # the verbosity is process-global: one save/restore at a time
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(level)
 
 
 def hf_config_object(name: str, cfg: Mapping[str, Any]) -> Any:
@@ -56,8 +63,8 @@ def hf_config_object(name: str, cfg: Mapping[str, Any]) -> Any:
             return AutoConfig.for_model(model_type, **clean)
     except Exception as e:  # transformers raises several types for bad configs
         raise ConfigError(
-            f"model config {name!r}: transformers cannot build model_type={model_type!r}: {e}"
-        ) from e
+            f"model config {name!r}: transformers cannot build model_type={model_type!r}: "
+            f"{_one_line(e)}") from e
 
 
 class ReducedModel:
@@ -129,7 +136,7 @@ def build_reduced_model(
         except Exception as e:  # transformers raises several types for configs it cannot build
             raise ConfigError(
                 f"model {spec.name!r}: transformers cannot build it with "
-                f"attn_implementation={attn_impl!r}: {type(e).__name__}: {e}"
+                f"attn_implementation={attn_impl!r}: {type(e).__name__}: {_one_line(e)}"
             ) from e
     model.to(torch.bfloat16)
     path, layers = _find_layers(model, n_build)
