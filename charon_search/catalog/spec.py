@@ -94,6 +94,15 @@ class ModelSpec:
             return self.num_layers
         return sum(1 for t in self.layer_types if not is_linear_block(t))
 
+    @property
+    def windowed_kv_layers(self) -> int:
+        """KV layers whose attention is windowed (``sliding_layers``): they need at most
+        ``sliding_window`` keys of a sequence, the others (``num_kv_layers`` minus these)
+        all of them."""
+        flags = self.sliding_layers
+        types = self.layer_types or ("",) * len(flags)
+        return sum(1 for f, t in zip(flags, types, strict=False) if f and not is_linear_block(t))
+
 
 def is_moe_block(block_type: str) -> bool:
     """``moe`` and ``moe_linear`` blocks route tokens to experts."""

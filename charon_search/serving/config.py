@@ -297,6 +297,17 @@ class ServingConfig:
     """Reuse cached KV blocks of a shared prompt prefix (radix tree, LRU eviction)."""
     block_size: int = 16
     """Tokens per paged KV block."""
+    windowed_kv: bool | None = None
+    """Layers with sliding-window or chunked local attention (``ModelSpec.sliding_layers``:
+    gpt-oss, Llama 4) keep only their window's KV blocks of each request in a pool shared with
+    the full-attention layers (``kv_cache.KvWindow``), as vLLM's hybrid KV cache manager (the
+    v1 default) does and TensorRT-LLM's variable sliding-window cache nearly does (its
+    per-window pools are sized by layers x window). False = every layer keeps every token
+    (vLLM ``--disable-hybrid-kv-cache-manager``). None = the engine's default: True, except
+    for SGLang, whose separate SWA pool is sized at ``--swa-full-tokens-ratio`` (0.8) times the
+    full pool's tokens, so the full-attention pool stays the limit and holds only ~1.1x the
+    tokens of a cache without windows (gpt-oss: 36 / (18 + 0.8 x 18)); it is simulated as
+    False."""
     gpu_memory_utilization: float = 0.9
     """Fraction of HBM the engine may use (weights + activations + KV cache)."""
     num_kv_blocks: int = 0

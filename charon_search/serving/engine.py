@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from charon_search.serving.config import ServingConfig
 from charon_search.serving.iteration_cost import IterationCostModel
-from charon_search.serving.kv_cache import BlockPool
+from charon_search.serving.kv_cache import BlockPool, KvWindow
 from charon_search.serving.workload import RequestSpec
 
 __all__ = ["IterationRecord", "ReplicaEngine", "Request"]
@@ -89,7 +89,7 @@ class Request:
                  "generated_at_finish",
                  "hit_blocks", "hit_tokens", "join_step", "num_preemptions", "output_tokens",
                  "prefilled", "prefix_keys", "prompt_tokens", "spec", "stored0", "target",
-                 "transfer_done")
+                 "transfer_done", "window_full", "window_seq")
 
     def __init__(self, spec: RequestSpec, arrived_s: float) -> None:
         self.spec = spec
@@ -112,6 +112,10 @@ class Request:
         self.num_preemptions = 0
         self.generated_at_finish = 0.0
         self.transfer_done = False
+        self.window_full = False
+        """Decoding with at least a full window of tokens stored (``KvWindow``)."""
+        self.window_seq = -1
+        """The engine's window-heap entry of the current decode membership."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,9 @@ class ReplicaEngine:
             lasts at least ``cost.num_kernels`` x this (None: ``config.kernel_launch_overhead_s``;
             the simulator passes the cluster's calibrated ``eager_kernel_host_s`` when larger).
         adp_ranks: attention-DP ranks this replica stands for (0: no attention DP).
+        kv_window: paging of a model with sliding-window layers (``kv_cache.KvWindow``): its
+            windowed layers hold only the window's blocks of each request; None = every layer
+            holds every token.
         tokens_per_step: tokens committed per decode step (speculation: expected accepted + 1).
         decode_q: tokens processed per decoding request and step (k + 1 when verifying).
         draft_s: extra seconds of a decode step's drafting given (num_decode, kv_sum).
@@ -155,13 +162,15 @@ class ReplicaEngine:
                  on_prefilled: Callable[[Request, float], None] | None = None,
                  on_finished: Callable[[Request, float], None] | None = None,
                  record: bool = False, prefill_overhead_s: float = 0.0,
-                 launch_s: float | None = None, adp_ranks: int = 0) -> None:
+                 launch_s: float | None = None, adp_ranks: int = 0,
+                 kv_window: KvWindow | None = None) -> None:
         self.name = name
         self.role = role
         self.cost = cost
         self.cfg = config
         self.pool = BlockPool(num_kv_blocks, config.block_size,
-                              prefix_caching=config.prefix_caching and role != "decode")
+                              prefix_caching=config.prefix_caching and role != "decode",
+                              window=kv_window)
         self.overhead_s = overhead_s
         self.prefill_overhead_s = prefill_overhead_s
         self.launch_s = config.kernel_launch_overhead_s if launch_s is None else launch_s
@@ -190,6 +199,15 @@ class ReplicaEngine:
         self.dstep = 0
         self._a_sum = 0.0  # sum(stored0 - join_step * e) over the decode set
         self._hit_sum = 0  # shared (tree) blocks referenced by the decode set
+        # Windowed layers (KvWindow): a decoding request keeps min(stored, window) tokens there.
+        # Requests below a full window are summed like _a_sum; the others count a full window
+        # each; a heap holds the step at which each reaches it.
+        self._window_tokens = (kv_window.window_blocks * config.block_size
+                               if kv_window is not None else 0)
+        self._w_sum = 0.0  # sum(stored0 - join_step * e) over the requests below a full window
+        self._w_below = 0
+        self._w_full = 0
+        self._w_heap: list[tuple[int, int, Request]] = []
         self._finish_heap: list[tuple[int, int, Request]] = []
         self._heap_seq = 0
         self.busy = False
@@ -261,12 +279,33 @@ class ReplicaEngine:
         return r.stored0 + (self.dstep - r.join_step) * self.e
 
     def _decode_blocks_exact(self, extra: int) -> int:
-        bs = self.pool.block_size
-        return sum(-(-int(self._stored(r) + extra) // bs) - r.hit_blocks
-                   for r in self.decoding.values())
+        pages = self.pool.private_pages
+        return sum(pages(self._stored(r) + extra, r.hit_blocks) for r in self.decoding.values())
+
+    def _decode_blocks_upper(self, extra: int) -> int:
+        """An upper bound on ``_decode_blocks_exact(extra)`` in O(1) (amortized)."""
+        n = len(self.decoding)
+        return self.pool.decode_pages_upper(self._decode_kv_sum() + n * extra, n, self._hit_sum,
+                                            window_tokens=self._window_sum(extra))
+
+    def _window_sum(self, extra: int) -> float:
+        """``sum(min(stored + extra, window))`` tokens over the decode set, at most (the
+        requests still below a full window count ``stored + extra``)."""
+        if not self._window_tokens:
+            return 0.0
+        heap = self._w_heap
+        while heap and heap[0][0] <= self.dstep:
+            _, seq, r = heapq.heappop(heap)
+            if seq == r.window_seq and self.decoding.get(id(r)) is r and not r.window_full:
+                self._w_sum -= r.stored0 - r.join_step * self.e
+                self._w_below -= 1
+                self._w_full += 1
+                r.window_full = True
+        below = self._w_sum + self._w_below * (self.dstep * self.e + extra)
+        return below + self._w_full * self._window_tokens
 
     def _prefill_private(self, r: Request, tokens: int) -> int:
-        return max(0, self.pool.blocks_for(tokens) - r.hit_blocks)
+        return max(0, self.pool.private_pages(tokens, r.hit_blocks))
 
     # ------------------------------------------------------------------ membership changes
     def _join_decode(self, r: Request) -> None:
@@ -275,6 +314,18 @@ class ReplicaEngine:
         self.decoding[id(r)] = r
         self._a_sum += r.stored0 - r.join_step * self.e
         self._hit_sum += r.hit_blocks
+        if self._window_tokens:
+            room = self._window_tokens - r.stored0
+            r.window_full = room <= 0
+            if r.window_full:
+                self._w_full += 1
+            else:
+                self._w_sum += r.stored0 - r.join_step * self.e
+                self._w_below += 1
+                self._heap_seq += 1
+                r.window_seq = self._heap_seq
+                heapq.heappush(self._w_heap, (r.join_step + math.ceil(room / self.e - _EPS),
+                                              self._heap_seq, r))
         steps = max(1, math.ceil((r.output_tokens - r.gen0) / self.e - _EPS))
         self._heap_seq += 1
         r.finish_step = r.join_step + steps
@@ -285,6 +336,13 @@ class ReplicaEngine:
         del self.decoding[id(r)]
         self._a_sum -= r.stored0 - r.join_step * self.e
         self._hit_sum -= r.hit_blocks
+        if self._window_tokens:
+            if r.window_full:
+                self._w_full -= 1
+            else:
+                self._w_sum -= r.stored0 - r.join_step * self.e
+                self._w_below -= 1
+            r.window_full = False
         return min(float(r.output_tokens), r.gen0 + (self.dstep - r.join_step) * self.e)
 
     def _unreserve(self, r: Request) -> None:
@@ -327,10 +385,8 @@ class ReplicaEngine:
         if r.prefilled >= r.target or (r.arrived_s >= self._cutoff_s and self.decoding):
             return False
         pool = self.pool
-        n = len(self.decoding)
-        held = int((self._decode_kv_sum() + n * q) / pool.block_size) + n - self._hit_sum
-        free = pool.num_blocks - pool.private_blocks - held - (
-            pool.tree.num_pinned if pool.tree else 0)
+        held = self._decode_blocks_upper(q)
+        free = pool.num_pages - pool.private_blocks - held - pool.tree_pinned_pages
         return free >= pool.blocks_for(min(r.target - r.prefilled, budget))
 
     def start_iteration(self, now_s: float, *, allow_prefill_only: bool = True) -> float:
@@ -342,7 +398,7 @@ class ReplicaEngine:
         budget = cfg.max_num_batched_tokens
         bs = pool.block_size
         q = self.q
-        pinned_tree = pool.tree.num_pinned if pool.tree else 0
+        pinned_tree = pool.tree_pinned_pages
         # Overlap scheduler: back to back, this batch was formed when the previous one started.
         self._cutoff_s = (self._prev_start_s if cfg.overlap_scheduler
                           and self._last_end_s == now_s else math.inf)
@@ -352,10 +408,8 @@ class ReplicaEngine:
         while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
                and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
-            n = len(self.decoding)
-            upper = int((self._decode_kv_sum() + n * q) / bs) + n - self._hit_sum
-            if upper + pool.blocks_for(r.target + q) > (
-                    pool.num_blocks - pool.private_blocks - pinned_tree):
+            if self._decode_blocks_upper(q) + pool.blocks_for(r.target + q) > (
+                    pool.num_pages - pool.private_blocks - pinned_tree):
                 break
             self.waiting.popleft()
             self._join_decode(r)
@@ -373,10 +427,8 @@ class ReplicaEngine:
         # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest.
         charge = 0
         while self.decoding:
-            n = len(self.decoding)
-            limit = pool.num_blocks - pool.private_blocks - (
-                pool.tree.num_pinned if pool.tree else 0)
-            upper = int((self._decode_kv_sum() + n * q) / bs) + n - self._hit_sum
+            limit = pool.num_pages - pool.private_blocks - pool.tree_pinned_pages
+            upper = self._decode_blocks_upper(q)
             charge = upper if upper <= limit else self._decode_blocks_exact(q)
             if charge <= limit:
                 break
@@ -384,8 +436,7 @@ class ReplicaEngine:
             charge = 0
         pool.private_blocks += charge
         self._dec_charge = charge
-        if pool.tree is not None and pool.used_blocks > pool.num_blocks:
-            pool.tree.evict(pool.used_blocks - pool.num_blocks)
+        pool.evict_overflow()
         n_dec = 0 if prefill_only else len(self.decoding)
         if cfg.decode_in_budget:
             budget -= n_dec * q
@@ -422,7 +473,7 @@ class ReplicaEngine:
                 break
             if self.reserve_max:
                 need = pool.blocks_for(r.target + r.output_tokens - int(r.gen0))
-                if self._reserved and self._reserved_sum + need > pool.num_blocks:
+                if self._reserved and self._reserved_sum + need > pool.num_pages:
                     break  # GUARANTEED_NO_EVICT: wait until a running request frees its share
             take = remaining if not cfg.chunked_prefill else min(remaining, budget)
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
@@ -685,14 +736,14 @@ class ReplicaEngine:
             while self.waiting and len(batch) < cfg.max_num_seqs:
                 r = self.waiting[0]
                 need = self.pool.blocks_for(r.prompt_tokens + r.output_tokens)
-                if batch and blocks + need > self.pool.num_blocks:
+                if batch and blocks + need > self.pool.num_pages:
                     break
                 blocks += need
                 batch.append(self.waiting.popleft())
             if not batch:
                 return 0.0
             self._static_batch = batch
-            self.pool.private_blocks = min(blocks, self.pool.num_blocks)
+            self.pool.private_blocks = min(blocks, self.pool.num_pages)
             longest = max(r.prompt_tokens for r in batch)
             self._static_steps_left = max(r.output_tokens for r in batch) - 1
             self._static_ctx = longest

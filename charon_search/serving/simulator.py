@@ -27,6 +27,7 @@ from charon_search.serving.iteration_cost import (
     IterationCostModel,
     collective_s,
 )
+from charon_search.serving.kv_cache import KvWindow
 from charon_search.serving.report import ServingReport, latency_stats
 from charon_search.serving.workload import RequestSpec, WorkloadSpec
 
@@ -240,6 +241,10 @@ class ServingSimulation:
         launch = max(cfg.kernel_launch_overhead_s,
                      cluster.calibration.eager_kernel_host_s.get(cfg.engine, 0.0))
         dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
+        paged = cfg.windowed_kv if cfg.windowed_kv is not None else cfg.engine != "sglang"
+        windowed = self.model.windowed_kv_layers if paged else 0
+        window = KvWindow.for_layers(self.model.num_kv_layers - windowed, windowed,
+                                     self.model.sliding_window, cfg.block_size)
         if role == "prefill":
             # Per token, whole model, summed over the GPUs holding it: all tp ranks (heads
             # sharded), or one rank per stage under attention DP (whole heads, its requests).
@@ -255,7 +260,7 @@ class ServingSimulation:
             engines.append(ReplicaEngine(
                 f"{role}{i}", role, cost, cfg, num_kv_blocks=blocks, overhead_s=overhead,
                 prefill_overhead_s=prefill_overhead, launch_s=launch,
-                adp_ranks=pool.tp if dpa else 0,
+                adp_ranks=pool.tp if dpa else 0, kv_window=window,
                 tokens_per_step=self._e if role != "prefill" else 1.0,
                 decode_q=self._q if role != "prefill" else 1, draft_s=draft,
                 on_prefilled=self._on_prefilled, on_finished=self._on_finished,
@@ -481,7 +486,7 @@ class ServingSimulation:
         out_rate = float(out_tok[done].sum() / duration)
         prompt = sum(r.prompt_tokens for r in reqs)
         hits = sum(r.hit_tokens for r in reqs)
-        kv_util = [eng.kv_used_block_s / (eng.busy_s * eng.pool.num_blocks)
+        kv_util = [eng.kv_used_block_s / (eng.busy_s * eng.pool.num_pages)
                    for eng in self.replicas if eng.busy_s > 0]
         saved = sum(getattr(c, "saved_s", 0.0) for c in self._cost_cache.values())
         per_request = None
@@ -509,7 +514,7 @@ class ServingSimulation:
             goodput_requests_per_s=float(ok.sum() / duration),
             slo_attainment=float(ok.sum() / max(1, done.sum())), duration_s=duration,
             num_iterations=sum(eng.num_iterations for eng in self.replicas),
-            kv_capacity_tokens=self.decode_pool[0].pool.num_blocks * cfg.block_size,
+            kv_capacity_tokens=self.decode_pool[0].pool.capacity_tokens,
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
             frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s
                                 / max(1, len(self._streams)) / duration),

@@ -160,6 +160,9 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "preemptions": rep.num_preemptions,
             # What the streams would hold at once at their full lengths, per (decode) replica.
             "full_length_demand_tokens": _full_length_demand(case, decoder, sim),
+            # Windowed layers (kv_cache.KvWindow): the keys they keep of a request, at most.
+            "window_tokens": (decoder.pool.window.window_blocks * cfg.block_size
+                              if decoder.pool.window else 0),
         },
         "window": {"start_s": t0, "end_s": t1, "requests": int(keep.sum()),
                    "iterations": len(iters)},
@@ -206,8 +209,9 @@ def _ops_summary(ops: list[tuple[str, str, str, float]]) -> dict[str, Any]:
 
 def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None:
     """Tokens a (decode) replica would hold if its share of the closed-loop streams were all at
-    their longest prompt + output at once (None: an open-loop workload, or lognormal lengths,
-    ``LengthDistribution.longest``)."""
+    their longest prompt + output at once, counted like the capacity (a token in every KV
+    layer; windowed layers hold only a window's worth of a stream); None: an open-loop
+    workload, or lognormal lengths (``LengthDistribution.longest``)."""
     wl = case.workload
     if not getattr(wl, "closed_loop", False):
         return None
@@ -215,7 +219,10 @@ def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None
     if None in longest:
         return None
     replicas = sum(1 for e in sim.replicas if e.role == decoder.role)
-    return -(-wl.concurrency // max(replicas, 1)) * sum(longest)  # type: ignore[arg-type]
+    pool = decoder.pool
+    per_stream = (pool.blocks_for(sum(longest)) * pool.block_size // pool.pages_per_block
+                  if pool.window else sum(longest))  # type: ignore[arg-type]
+    return -(-wl.concurrency // max(replicas, 1)) * per_stream
 
 
 def _pool_summary(pool: Any, dp_attention: bool) -> str:
@@ -274,6 +281,8 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
     lines.append(f"  KV cache: {kv['capacity_tokens']:,} tokens per replica ({kv['kv_dtype']}, "
                  f"blocks of {kv['block_size']}), {100 * kv['utilization']:.1f} % used on "
                  f"average, {kv['preemptions']} preemptions"
+                 + (f"; sliding-window layers keep at most {kv['window_tokens']:,} tokens of "
+                    "a stream" if kv.get("window_tokens") else "")
                  + (f"; streams at full length would hold {demand:,}" if demand else ""))
     w = exp["window"]
     lines.append(f"  window {w['start_s']:.3f}-{w['end_s']:.3f} s: {w['requests']} requests, "
