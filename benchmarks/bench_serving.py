@@ -1,5 +1,6 @@
 """Serving simulator speed: 10,000 requests of Llama-3.1-70B TP4 on H100 (+ a PD-disaggregated
-case). Graphs are traced and the cost model warmed first (a run on another sample of the same
+case, and gpt-oss-120b on one H100 with its sliding-window layers paged and not: the cost of
+tracking which requests have filled their window, on a KV-bound replica). Graphs are traced and the cost model warmed first (a run on another sample of the same
 traffic); the timed runs measure the discrete-event simulation with a warm cost grid, as a search
 worker would see it.
 
@@ -59,6 +60,11 @@ def main() -> None:
         _case("llama-3.1-70b disagg prefill=1xTP4,decode=1xTP4", model, cluster,
               ServingConfig(disagg="prefill=1xTP4,decode=1xTP4"), wl.replace(rate_per_s=6.0)),
     ]
+    oss = load_model("gpt-oss-120b")
+    for windowed in (True, False):
+        cases.append(_case(f"gpt-oss-120b tp1 vllm, windowed_kv={windowed}", oss, cluster,
+                           ServingConfig(tp=1, engine="vllm", precision="fp4",
+                                         windowed_kv=windowed), wl.replace(rate_per_s=8.0)))
     print(json.dumps({"cases": cases}))
 
 
