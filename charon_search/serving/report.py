@@ -87,7 +87,10 @@ class ServingReport:
     """Simulated time from the first arrival to the last completion."""
     num_iterations: int
     kv_capacity_tokens: int
-    """KV-cache capacity per replica of the (decode) pool, in tokens."""
+    """KV-cache capacity per replica of the (decode) pool, in tokens held in every KV layer."""
+    kv_window_tokens: int = 0
+    """Tokens of a request its sliding-window / chunked-attention layers keep at most
+    (``ServingConfig.windowed_kv``); 0 = every layer keeps every token."""
     mean_tokens_per_step: float = 1.0
     """Tokens a request commits per decode step (k+1 at full speculative acceptance)."""
     dynamic_sp_saved_s: float = 0.0

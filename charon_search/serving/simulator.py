@@ -500,6 +500,7 @@ class ServingSimulation:
                 "prefix_hit_tokens": [r.hit_tokens for r in reqs],
             }
         num_gpus = cfg.num_gpus
+        window = self.decode_pool[0].pool.window
         return ServingReport(
             ttft_s=latency_stats(ttft[done]), tpot_s=latency_stats(tpot[done]), itl_s=itl,
             e2e_s=latency_stats(e2e[done]), requests_per_s=float(done.sum() / duration),
@@ -515,6 +516,7 @@ class ServingSimulation:
             slo_attainment=float(ok.sum() / max(1, done.sum())), duration_s=duration,
             num_iterations=sum(eng.num_iterations for eng in self.replicas),
             kv_capacity_tokens=self.decode_pool[0].pool.capacity_tokens,
+            kv_window_tokens=window.window_blocks * cfg.block_size if window else 0,
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
             frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s
                                 / max(1, len(self._streams)) / duration),

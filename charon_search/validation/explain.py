@@ -161,8 +161,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             # What the streams would hold at once at their full lengths, per (decode) replica.
             "full_length_demand_tokens": _full_length_demand(case, decoder, sim),
             # Windowed layers (kv_cache.KvWindow): the keys they keep of a request, at most.
-            "window_tokens": (decoder.pool.window.window_blocks * cfg.block_size
-                              if decoder.pool.window else 0),
+            "window_tokens": rep.kv_window_tokens,
         },
         "window": {"start_s": t0, "end_s": t1, "requests": int(keep.sum()),
                    "iterations": len(iters)},

@@ -65,6 +65,7 @@ def _peak_decodes(windowed: bool) -> int:
     sim, rep = run_simulation("gpt-oss-120b", toy_cluster(), cfg, reqs, cost_model=affine,
                               record_iterations=True)
     assert rep.num_completed == 64
+    assert rep.kv_window_tokens == (144 if windowed else 0)
     return max(it.num_decode for eng in sim.replicas for it in eng.records or ())
 
 
