@@ -60,13 +60,26 @@ class ValidationResult:
 
 def select_records(records: Sequence[Record], *, kind: str | None = None,
                    ids: Iterable[str] | None = None, limit: int | None = None) -> list[Record]:
-    """Filter by kind and ids (an id also selects its variants ``<id>#<n>``), then cap."""
+    """Filter by kind and ids (an id also selects its variants ``<id>#<n>``), then cap.
+
+    Raises ``ConfigError`` naming the ids no record has (with the closest known ones)."""
     out = list(records)
-    if kind:
-        out = [r for r in out if r.kind == kind]
     if ids:
         wanted = set(ids)
+        known = {r.id for r in out} | {r.parent_id for r in out if r.parent_id}
+        unknown = sorted(wanted - known)
+        if unknown:
+            import difflib
+
+            close = [m for u in unknown[:3] for m in difflib.get_close_matches(u, known, n=2)]
+            raise ConfigError(
+                f"`ids`: no record has the id {', '.join(map(repr, unknown[:5]))}"
+                + (f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else "")
+                + (f"; closest: {', '.join(close)}" if close else "")
+                + " (a record's `id` field, or the silicon CSV's `id` column)")
         out = [r for r in out if r.id in wanted or (r.parent_id in wanted)]
+    if kind:
+        out = [r for r in out if r.kind == kind]
     if limit is not None:
         out = out[: max(0, limit)]
     return out

@@ -176,6 +176,14 @@ def test_cli_bad_file(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_cli_unknown_id_is_an_error_naming_the_closest(capsys):
+    # A mistyped id must not run nothing and exit 0.
+    assert main(["validate", "--ids", "megatron_sc21_t1_530", "--kind", "training"]) == 2
+    err = capsys.readouterr().err
+    assert "no record has the id 'megatron_sc21_t1_530'" in err
+    assert "megatron_sc21_t1_530b" in err
+
+
 def _rec(rid, measured, *, model="m", tp=1, version=""):
     from charon_search.validation.records import Record
 
