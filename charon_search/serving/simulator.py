@@ -109,9 +109,14 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV
     if blocks < 1:
+        shipped = sorted(model.hf_config.get("_charon_checkpoints") or {})
+        hint = (f"; the catalog's {model.name} checkpoints are {', '.join(shipped)} "
+                f"(`precision`), not {config.precision}"
+                if shipped and config.precision not in shipped else "")
         raise InfeasibleError(
             f"{model.name} with tp={tp}, pp={pp}, ep={ep} leaves no room for KV cache on "
-            f"{cluster.gpu.name} ({cap.weights_bytes / 2**30:.1f} GiB weights per GPU)"
+            f"{cluster.gpu.name} ({cap.weights_bytes / 2**30:.1f} GiB weights per GPU at "
+            f"{config.precision}){hint}"
         )
     return blocks
 

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from charon_search.catalog import load_model
-from charon_search.errors import ConfigError
+from charon_search.errors import ConfigError, InfeasibleError
 from charon_search.ir.ops import OpKind
 from charon_search.serving._graphs import checkpoint_quant, serving_graphs
 
@@ -177,3 +177,15 @@ def test_triton_moe_kernel_tags_the_vllm_triton_rows_for_fp8_formats_only(gpt_os
     experts = [n for _, n in _gemms(prefill) if n.role == "moe.expert"]
     assert experts and all({"moe_dtype:w4a16_mxfp4", "moe_engine:vllm"} <= n.tags
                            for n in experts)
+
+
+def test_a_precision_without_a_checkpoint_that_does_not_fit_names_the_shipped_ones() -> None:
+    # gpt-oss-120b is published with MXFP4 experts only: at bf16 its 117B parameters take
+    # 217.6 GiB, more than an H100 holds, and the error says which precision the catalog has.
+    from charon_search.serving import RequestSpec, ServingConfig, simulate_serving
+
+    with pytest.raises(InfeasibleError, match=r"217\.6 GiB weights per GPU at bf16\); the "
+                                              r"catalog's gpt-oss-120b checkpoints are fp4"):
+        simulate_serving("gpt-oss-120b", "h100-sxm-8gpu", ServingConfig(),
+                         [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=100,
+                                      output_tokens=2)])
