@@ -303,11 +303,12 @@ class ServingConfig:
     the full-attention layers (``kv_cache.KvWindow``), as vLLM's hybrid KV cache manager (the
     v1 default) does and TensorRT-LLM's variable sliding-window cache nearly does (its
     per-window pools are sized by layers x window). False = every layer keeps every token
-    (vLLM ``--disable-hybrid-kv-cache-manager``). None = the engine's default: True, except
-    for SGLang, whose separate SWA pool is sized at ``--swa-full-tokens-ratio`` (0.8) times the
-    full pool's tokens, so the full-attention pool stays the limit and holds only ~1.1x the
-    tokens of a cache without windows (gpt-oss: 36 / (18 + 0.8 x 18)); it is simulated as
-    False."""
+    (vLLM ``--disable-hybrid-kv-cache-manager``). None = the engine's way: the shared pool,
+    except for SGLang, whose sliding-window layers get a pool of their own holding
+    ``--swa-full-tokens-ratio`` (0.8) times the full-attention pool's tokens
+    (``simulator.SGLANG_SWA_FULL_TOKENS_RATIO``): the full-attention pool is the limit and
+    holds ``layers / (full + 0.8 x windowed layers)`` times the tokens of a cache without
+    windows (gpt-oss: 36 / 32.4 = 1.11)."""
     gpu_memory_utilization: float = 0.9
     """Fraction of HBM the engine may use (weights + activations + KV cache)."""
     num_kv_blocks: int = 0

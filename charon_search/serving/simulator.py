@@ -42,6 +42,11 @@ _ARRIVE, _KV, _ITER = 0, 0, 1
 #: SGLang ``--mamba-full-memory-ratio`` default: linear-attention state memory over full KV
 #: memory of hybrid models (SGLang docs/basic_usage/qwen3.md, Qwen3-Next configuration tips).
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
+#: SGLang ``--swa-full-tokens-ratio`` default: the sliding-window layers' pool holds this many
+#: tokens per token of the full-attention layers' pool (``ServerArgs.swa_full_tokens_ratio``;
+#: ``ModelRunner.set_num_token_hybrid`` splits the KV memory so that
+#: ``swa_tokens x swa_layers + full_tokens x full_layers`` = all layers' tokens).
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
 
 
 def _resolve(model: ModelSpec | str, cluster: ClusterSpec | str) -> tuple[ModelSpec, ClusterSpec]:
@@ -246,8 +251,14 @@ class ServingSimulation:
         launch = max(cfg.kernel_launch_overhead_s,
                      cluster.calibration.eager_kernel_host_s.get(cfg.engine, 0.0))
         dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
-        paged = cfg.windowed_kv if cfg.windowed_kv is not None else cfg.engine != "sglang"
-        windowed = self.model.windowed_kv_layers if paged else 0
+        windowed = self.model.windowed_kv_layers if cfg.windowed_kv is not False else 0
+        if windowed and cfg.windowed_kv is None and cfg.engine == "sglang":
+            # SGLang's two pools: the full-attention layers' one is the limit (a request keeps
+            # at most a window in the other, sized at 0.8 x as many tokens).
+            layers = self.model.num_kv_layers
+            blocks = int(blocks * layers / (layers - windowed
+                                            + SGLANG_SWA_FULL_TOKENS_RATIO * windowed))
+            windowed = 0
         window = KvWindow.for_layers(self.model.num_kv_layers - windowed, windowed,
                                      self.model.sliding_window, cfg.block_size)
         if role == "prefill":

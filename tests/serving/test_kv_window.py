@@ -112,11 +112,14 @@ def test_window_bound_tracks_requests_through_the_window(monkeypatch) -> None:
     assert runs[True][0] > runs[False][0] and runs[True][1] < runs[False][1]
 
 
-@pytest.mark.parametrize(("engine", "windowed", "paged"), [
-    ("vllm", None, True), ("trtllm", None, True), ("sglang", None, False),
-    ("sglang", True, True), ("vllm", False, False)])
-def test_which_engines_page_windowed_layers(engine: str, windowed: bool | None,
-                                            paged: bool) -> None:
+@pytest.mark.parametrize(("engine", "windowed", "paged", "blocks"), [
+    ("vllm", None, True, 1000), ("trtllm", None, True, 1000), ("vllm", False, False, 1000),
+    ("sglang", True, True, 1000),
+    # SGLang's own pools: the full-attention one holds 36 / (18 + 0.8 x 18) = 1.11 x the
+    # tokens of a window-less cache, and requests use only it.
+    ("sglang", None, False, 1111), ("sglang", False, False, 1000)])
+def test_which_engines_page_windowed_layers(engine: str, windowed: bool | None, paged: bool,
+                                            blocks: int) -> None:
     from charon_search.serving import AffineIterationCostModel
     from charon_search.testing import toy_cluster
 
@@ -125,4 +128,6 @@ def test_which_engines_page_windowed_layers(engine: str, windowed: bool | None,
                             [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=500,
                                          output_tokens=4)],
                             cost_model=AffineIterationCostModel(base_s=1e-3))
-    assert (sim.replicas[0].pool.window == KvWindow(1, 1, 9)) is paged
+    pool = sim.replicas[0].pool
+    assert (pool.window == KvWindow(1, 1, 9)) is paged
+    assert pool.num_blocks == blocks
