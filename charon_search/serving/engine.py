@@ -216,7 +216,7 @@ class ReplicaEngine:
         self.num_preemptions = 0
         self.num_iterations = 0
         self.busy_s = 0.0
-        self.kv_used_block_s = 0.0
+        self.kv_used_page_s = 0.0
         self.itl = ItlHistogram()
         self.records: list[IterationRecord] | None = [] if record else None
         self._dec_charge = 0
@@ -362,7 +362,7 @@ class ReplicaEngine:
             r.target = r.prompt_tokens + int(r.gen0)
         elif self.prefilling:
             r = self.prefilling.pop()
-            self.pool.private_blocks -= self._prefill_private(r, r.prefilled)
+            self.pool.owned_pages -= self._prefill_private(r, r.prefilled)
         else:
             return False
         self._release_prefix(r, now_s)
@@ -386,8 +386,8 @@ class ReplicaEngine:
             return False
         pool = self.pool
         held = self._decode_blocks_upper(q)
-        free = pool.num_pages - pool.private_blocks - held - pool.tree_pinned_pages
-        return free >= pool.blocks_for(min(r.target - r.prefilled, budget))
+        free = pool.num_pages - pool.owned_pages - held - pool.tree_pinned_pages
+        return free >= pool.pages_for(min(r.target - r.prefilled, budget))
 
     def start_iteration(self, now_s: float, *, allow_prefill_only: bool = True) -> float:
         """Compose and cost the next batch; returns its duration (0 = nothing to run)."""
@@ -408,8 +408,8 @@ class ReplicaEngine:
         while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
                and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
-            if self._decode_blocks_upper(q) + pool.blocks_for(r.target + q) > (
-                    pool.num_pages - pool.private_blocks - pinned_tree):
+            if self._decode_blocks_upper(q) + pool.pages_for(r.target + q) > (
+                    pool.num_pages - pool.owned_pages - pinned_tree):
                 break
             self.waiting.popleft()
             self._join_decode(r)
@@ -427,14 +427,14 @@ class ReplicaEngine:
         # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest.
         charge = 0
         while self.decoding:
-            limit = pool.num_pages - pool.private_blocks - pool.tree_pinned_pages
+            limit = pool.num_pages - pool.owned_pages - pool.tree_pinned_pages
             upper = self._decode_blocks_upper(q)
             charge = upper if upper <= limit else self._decode_blocks_exact(q)
             if charge <= limit:
                 break
             self._preempt_newest(now_s)
             charge = 0
-        pool.private_blocks += charge
+        pool.owned_pages += charge
         self._dec_charge = charge
         pool.evict_overflow()
         n_dec = 0 if prefill_only else len(self.decoding)
@@ -452,7 +452,7 @@ class ReplicaEngine:
                 r, r.prefilled)
             if not pool.reserve(extra):
                 break
-            pool.private_blocks += extra
+            pool.owned_pages += extra
             chunks.append((r, take))
             budget -= take
             taken += take
@@ -472,7 +472,7 @@ class ReplicaEngine:
             if not cfg.chunked_prefill and remaining > budget and (chunks or n_dec):
                 break
             if self.reserve_max:
-                need = pool.blocks_for(r.target + r.output_tokens - int(r.gen0))
+                need = pool.pages_for(r.target + r.output_tokens - int(r.gen0))
                 if self._reserved and self._reserved_sum + need > pool.num_pages:
                     break  # GUARANTEED_NO_EVICT: wait until a running request frees its share
             take = remaining if not cfg.chunked_prefill else min(remaining, budget)
@@ -483,7 +483,7 @@ class ReplicaEngine:
                 self._release_prefix(r, now_s)
                 r.prefilled = 0
                 break
-            pool.private_blocks += extra
+            pool.owned_pages += extra
             self.waiting.popleft()
             self.prefilling.append(r)
             if self.reserve_max:
@@ -494,7 +494,7 @@ class ReplicaEngine:
             taken += take
         if prefill_only and not chunks:
             # Nothing could be admitted after all: undo the decode charge and run the decodes.
-            pool.private_blocks -= charge
+            pool.owned_pages -= charge
             self._dec_charge = 0
             return self.start_iteration(now_s, allow_prefill_only=False)
         if not chunks and not self.decoding:
@@ -533,7 +533,7 @@ class ReplicaEngine:
         self.busy = True
         self.num_iterations += 1
         self.busy_s += duration
-        self.kv_used_block_s += pool.used_blocks * duration
+        self.kv_used_page_s += pool.used_pages * duration
         if n_dec:
             self.itl.add(duration / self.e, n_dec * self.e)
         if self.records is not None:
@@ -664,7 +664,7 @@ class ReplicaEngine:
                 self._complete(r, now_s, seen_s)
         for r in done:
             self.prefilling.remove(r)
-            self.pool.private_blocks -= self._prefill_private(r, r.prefilled)
+            self.pool.owned_pages -= self._prefill_private(r, r.prefilled)
             self._insert_prefix(r, now_s)
             r.gen0 += 1
             handed_off = (r.gen0 < r.output_tokens and self.role == "prefill"
@@ -681,7 +681,7 @@ class ReplicaEngine:
                 self._join_decode(r)
         # Decode blocks are re-charged at the next start; drop this step's charge now so a
         # finished request's blocks are free for admissions.
-        self.pool.private_blocks -= self._dec_charge
+        self.pool.owned_pages -= self._dec_charge
         self._dec_charge = 0
 
     def _insert_prefix(self, r: Request, now_s: float) -> None:
@@ -735,7 +735,7 @@ class ReplicaEngine:
             blocks = 0
             while self.waiting and len(batch) < cfg.max_num_seqs:
                 r = self.waiting[0]
-                need = self.pool.blocks_for(r.prompt_tokens + r.output_tokens)
+                need = self.pool.pages_for(r.prompt_tokens + r.output_tokens)
                 if batch and blocks + need > self.pool.num_pages:
                     break
                 blocks += need
@@ -743,7 +743,7 @@ class ReplicaEngine:
             if not batch:
                 return 0.0
             self._static_batch = batch
-            self.pool.private_blocks = min(blocks, self.pool.num_pages)
+            self.pool.owned_pages = min(blocks, self.pool.num_pages)
             longest = max(r.prompt_tokens for r in batch)
             self._static_steps_left = max(r.output_tokens for r in batch) - 1
             self._static_ctx = longest
@@ -762,7 +762,7 @@ class ReplicaEngine:
         self.busy = True
         self.num_iterations += 1
         self.busy_s += duration
-        self.kv_used_block_s += self.pool.used_blocks * duration
+        self.kv_used_page_s += self.pool.used_pages * duration
         if phase == "decode":
             self.itl.add(duration, float(len(self._static_batch)))
         return duration
@@ -781,5 +781,5 @@ class ReplicaEngine:
             for r in self._static_batch:
                 self._complete(r, now_s, seen_s)
             self._static_batch = []
-            self.pool.private_blocks = 0
+            self.pool.owned_pages = 0
 

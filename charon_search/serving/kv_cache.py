@@ -169,7 +169,7 @@ class BlockPool:
         self.num_pages = num_blocks * self.pages_per_block
         self.block_size = block_size
         self.tree = RadixPrefixCache() if prefix_caching else None
-        self.private_blocks = 0
+        self.owned_pages = 0
         """Pages owned by one request each (not in the tree)."""
 
     @property
@@ -183,32 +183,32 @@ class BlockPool:
         return self.tree.num_pinned * self.pages_per_block if self.tree else 0
 
     @property
-    def used_blocks(self) -> int:
+    def used_pages(self) -> int:
         """Pages in use (private and cached)."""
-        return self.private_blocks + self.tree_pages
+        return self.owned_pages + self.tree_pages
 
     @property
-    def pinned_blocks(self) -> int:
+    def pinned_pages(self) -> int:
         """Pages that cannot be freed without preempting someone."""
-        return self.private_blocks + self.tree_pinned_pages
+        return self.owned_pages + self.tree_pinned_pages
 
     def available(self) -> int:
         """Pages obtainable now (free + evictable cached)."""
-        return self.num_pages - self.pinned_blocks
+        return self.num_pages - self.pinned_pages
 
     def reserve(self, n: int) -> bool:
         """Make ``n`` pages free (evicting cached blocks); False if impossible."""
-        free = self.num_pages - self.used_blocks
+        free = self.num_pages - self.used_pages
         if free >= n:
             return True
         if self.tree is None or self.available() < n:
             return False
         self.tree.evict(-(-(n - free) // self.pages_per_block))
-        return self.num_pages - self.used_blocks >= n
+        return self.num_pages - self.used_pages >= n
 
     def evict_overflow(self) -> None:
         """Evict cached blocks until the used pages fit the pool again."""
-        over = self.used_blocks - self.num_pages
+        over = self.used_pages - self.num_pages
         if self.tree is not None and over > 0:
             self.tree.evict(-(-over // self.pages_per_block))
 
@@ -224,7 +224,7 @@ class BlockPool:
         shared = max(0, hit_blocks - (blocks - in_window))
         return w.full_pages * (blocks - hit_blocks) + w.window_pages * (in_window - shared)
 
-    def blocks_for(self, tokens: float) -> int:
+    def pages_for(self, tokens: float) -> int:
         """Pages of a request storing ``tokens`` tokens (no shared prefix)."""
         return self.private_pages(tokens)
 

@@ -502,7 +502,7 @@ class ServingSimulation:
         out_rate = float(out_tok[done].sum() / duration)
         prompt = sum(r.prompt_tokens for r in reqs)
         hits = sum(r.hit_tokens for r in reqs)
-        kv_util = [eng.kv_used_block_s / (eng.busy_s * eng.pool.num_pages)
+        kv_util = [eng.kv_used_page_s / (eng.busy_s * eng.pool.num_pages)
                    for eng in self.replicas if eng.busy_s > 0]
         saved = sum(getattr(c, "saved_s", 0.0) for c in self._cost_cache.values())
         per_request = None

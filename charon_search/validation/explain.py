@@ -219,7 +219,7 @@ def _full_length_demand(case: ServingCase, decoder: Any, sim: Any) -> int | None
         return None
     replicas = sum(1 for e in sim.replicas if e.role == decoder.role)
     pool = decoder.pool
-    per_stream = (pool.blocks_for(sum(longest)) * pool.block_size // pool.pages_per_block
+    per_stream = (pool.pages_for(sum(longest)) * pool.block_size // pool.pages_per_block
                   if pool.window else sum(longest))  # type: ignore[arg-type]
     return -(-wl.concurrency // max(replicas, 1)) * per_stream
 

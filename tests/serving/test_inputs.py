@@ -121,7 +121,7 @@ def test_radix_tree_match_release_and_lru_eviction() -> None:
     pool = BlockPool(10, 16, prefix_caching=True)
     pool.tree.acquire([("p", 0), ("p", 1)], now_s=0.0)
     pool.tree.release([("p", 0), ("p", 1)], now_s=0.0)
-    pool.private_blocks = 8
+    pool.owned_pages = 8
     assert pool.available() == 2 and pool.reserve(2) and pool.tree.num_blocks == 0
     assert not pool.reserve(3)
 

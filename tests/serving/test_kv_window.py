@@ -29,13 +29,13 @@ def test_window_paging_of_the_catalog_models() -> None:
 def test_pages_of_a_request_follow_the_window() -> None:
     pool = BlockPool(1000, 16, prefix_caching=False, window=KvWindow(1, 1, 9))
     assert pool.num_pages == 2000 and pool.capacity_tokens == 16000
-    assert pool.blocks_for(1000) == 63 + 9      # ceil(1000 / 16) full + the window's 9
-    assert pool.blocks_for(100) == 7 + 7        # a short request: its whole length in both
+    assert pool.pages_for(1000) == 63 + 9      # ceil(1000 / 16) full + the window's 9
+    assert pool.pages_for(100) == 7 + 7        # a short request: its whole length in both
     # 60 of the 63 blocks come from the prefix cache: 3 private full blocks; the window is
     # blocks 54..62, of which 54..59 are shared, so 3 private windowed blocks.
     assert pool.private_pages(1000, 60) == 3 + 3
     plain = BlockPool(1000, 16, prefix_caching=False)
-    assert plain.blocks_for(1000) == 63 and plain.private_pages(1000, 60) == 3
+    assert plain.pages_for(1000) == 63 and plain.private_pages(1000, 60) == 3
 
 
 def test_decode_upper_bound_covers_the_exact_pages() -> None:
@@ -91,7 +91,7 @@ def test_window_bound_tracks_requests_through_the_window(monkeypatch) -> None:
             exact = self._decode_blocks_exact(0)
             assert self._decode_blocks_upper(0) >= exact
             assert self._decode_blocks_upper(0) <= exact + 2 * len(self.decoding)
-        assert self.pool.used_blocks <= self.pool.num_pages
+        assert self.pool.used_pages <= self.pool.num_pages
         checked.append(len(self.decoding))
         return d
 

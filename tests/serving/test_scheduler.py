@@ -263,7 +263,7 @@ def test_stress_prefix_cache_with_preemption_releases_everything(affine, cluster
     assert rep.num_completed == 400 and rep.num_preemptions > 0
     assert 0 < rep.prefix_hit_rate < 1
     for eng in sim.replicas:
-        assert eng.pool.private_blocks == 0
+        assert eng.pool.owned_pages == 0
         assert eng.pool.tree.num_pinned == 0
         assert eng.pool.tree.num_blocks <= eng.pool.num_blocks
 
