@@ -73,7 +73,7 @@ def select_records(records: Sequence[Record], *, kind: str | None = None,
 
             close = [m for u in unknown[:3] for m in difflib.get_close_matches(u, known, n=2)]
             raise ConfigError(
-                f"`ids`: no record has the id {', '.join(map(repr, unknown[:5]))}"
+                f"`ids` (--ids): no record has the id {', '.join(map(repr, unknown[:5]))}"
                 + (f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else "")
                 + (f"; closest: {', '.join(close)}" if close else "")
                 + " (a record's `id` field, or the silicon CSV's `id` column)")
