@@ -172,6 +172,9 @@ class ServingSimulation:
         self._e = spec.expected_tokens_per_step if spec else 1.0
         self._q = spec.num_draft_tokens + 1 if spec else 1
         self._kv_xfer_bytes_per_token = 0.0
+        self._kv_xfer_window: KvWindow | None = None
+        """The prefill pool's windowed paging: its windowed layers hand over only the
+        window's KV."""
         if config.disagg is None:
             pool = PoolConfig(num_replicas=config.dp, tp=config.tp, pp=config.pp, ep=config.ep)
             self.prefill_pool = self._make_pool("mixed", pool)
@@ -266,6 +269,7 @@ class ServingSimulation:
             # sharded), or one rank per stage under attention DP (whole heads, its requests).
             holders = (1 if dpa else pool.tp) * pool.pp
             self._kv_xfer_bytes_per_token = cost.kv_bytes_per_token() * holders
+            self._kv_xfer_window = window
             self._prefill_cluster = cluster
             self._prefill_gpus = holders
         draft = None
@@ -314,7 +318,12 @@ class ServingSimulation:
     def _on_prefilled(self, req: Request, now_s: float) -> None:
         cfg = self.config
         assert cfg.disagg is not None
-        nbytes = req.target * self._kv_xfer_bytes_per_token
+        tokens = float(req.target)
+        w = self._kv_xfer_window
+        if w is not None:  # the windowed layers' share of the bytes covers only the window
+            share = w.window_pages / w.pages_per_block
+            tokens += share * (min(tokens, w.window_blocks * cfg.block_size) - tokens)
+        nbytes = tokens * self._kv_xfer_bytes_per_token
         # Every prefill GPU sends its shard in parallel.
         per_gpu = nbytes / max(1, self._prefill_gpus)
         xfer = kv_transfer_s(per_gpu, self._prefill_cluster, cfg.disagg.kv_transfer)

@@ -131,3 +131,30 @@ def test_which_engines_page_windowed_layers(engine: str, windowed: bool | None, 
     pool = sim.replicas[0].pool
     assert (pool.window == KvWindow(1, 1, 9)) is paged
     assert pool.num_blocks == blocks
+
+
+def test_a_disaggregated_hand_over_sends_the_window_of_windowed_layers() -> None:
+    # 1,000 prompt tokens of gpt-oss: the 18 full layers send all of them, the 18 windowed
+    # layers the 144 tokens of their window: 1e5 x (500 + 72) bytes instead of 1e5 x 1,000.
+    from dataclasses import replace
+
+    from charon_search.serving import AffineIterationCostModel
+    from charon_search.serving.iteration_cost import collective_s
+    from charon_search.testing import toy_cluster
+
+    cluster = toy_cluster()
+    cm = replace(AffineIterationCostModel(base_s=5e-3, per_token_s=1e-5, per_kv_token_s=1e-7),
+                 kv_token_bytes=1e5)
+    one = [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=1000, output_tokens=10)]
+    ttft = {}
+    for windowed in (True, False):
+        cfg = ServingConfig(num_kv_blocks=20000, iteration_overhead_s=1e-3, windowed_kv=windowed,
+                            disagg={"prefill": "1xTP1", "decode": "1xTP1",
+                                    "kv_transfer": "rdma"})
+        ttft[windowed] = run_simulation("gpt-oss-120b", cluster, cfg, one,
+                                        cost_model=cm)[1].ttft_s["mean"]
+
+    def xfer(nbytes: float) -> float:
+        return collective_s("send_recv", nbytes, 2, cluster, stride=cluster.gpus_per_node)
+
+    assert ttft[False] - ttft[True] == pytest.approx(xfer(1000 * 1e5) - xfer(572 * 1e5))
