@@ -278,12 +278,12 @@ class ReplicaEngine:
     def _stored(self, r: Request) -> float:
         return r.stored0 + (self.dstep - r.join_step) * self.e
 
-    def _decode_blocks_exact(self, extra: int) -> int:
+    def _decode_pages_exact(self, extra: int) -> int:
         pages = self.pool.private_pages
         return sum(pages(self._stored(r) + extra, r.hit_blocks) for r in self.decoding.values())
 
-    def _decode_blocks_upper(self, extra: int) -> int:
-        """An upper bound on ``_decode_blocks_exact(extra)`` in O(1) (amortized)."""
+    def _decode_pages_upper(self, extra: int) -> int:
+        """An upper bound on ``_decode_pages_exact(extra)`` in O(1) (amortized)."""
         n = len(self.decoding)
         return self.pool.decode_pages_upper(self._decode_kv_sum() + n * extra, n, self._hit_sum,
                                             window_tokens=self._window_sum(extra))
@@ -385,7 +385,7 @@ class ReplicaEngine:
         if r.prefilled >= r.target or (r.arrived_s >= self._cutoff_s and self.decoding):
             return False
         pool = self.pool
-        held = self._decode_blocks_upper(q)
+        held = self._decode_pages_upper(q)
         free = pool.num_pages - pool.owned_pages - held - pool.tree_pinned_pages
         return free >= pool.pages_for(min(r.target - r.prefilled, budget))
 
@@ -408,7 +408,7 @@ class ReplicaEngine:
         while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
                and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
-            if self._decode_blocks_upper(q) + pool.pages_for(r.target + q) > (
+            if self._decode_pages_upper(q) + pool.pages_for(r.target + q) > (
                     pool.num_pages - pool.owned_pages - pinned_tree):
                 break
             self.waiting.popleft()
@@ -428,8 +428,8 @@ class ReplicaEngine:
         charge = 0
         while self.decoding:
             limit = pool.num_pages - pool.owned_pages - pool.tree_pinned_pages
-            upper = self._decode_blocks_upper(q)
-            charge = upper if upper <= limit else self._decode_blocks_exact(q)
+            upper = self._decode_pages_upper(q)
+            charge = upper if upper <= limit else self._decode_pages_exact(q)
             if charge <= limit:
                 break
             self._preempt_newest(now_s)

@@ -88,9 +88,9 @@ def test_window_bound_tracks_requests_through_the_window(monkeypatch) -> None:
     def checked_start(self, now_s, **kw):  # type: ignore[no-untyped-def]
         d = start(self, now_s, **kw)
         if self.decoding:
-            exact = self._decode_blocks_exact(0)
-            assert self._decode_blocks_upper(0) >= exact
-            assert self._decode_blocks_upper(0) <= exact + 2 * len(self.decoding)
+            exact = self._decode_pages_exact(0)
+            assert self._decode_pages_upper(0) >= exact
+            assert self._decode_pages_upper(0) <= exact + 2 * len(self.decoding)
         assert self.pool.used_pages <= self.pool.num_pages
         checked.append(len(self.decoding))
         return d
