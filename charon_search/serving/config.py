@@ -308,7 +308,10 @@ class ServingConfig:
     ``--swa-full-tokens-ratio`` (0.8) times the full-attention pool's tokens
     (``simulator.SGLANG_SWA_FULL_TOKENS_RATIO``): the full-attention pool is the limit and
     holds ``layers / (full + 0.8 x windowed layers)`` times the tokens of a cache without
-    windows (gpt-oss: 36 / 32.4 = 1.11)."""
+    windows (gpt-oss: 36 / 32.4 = 1.11); its Llama 4 chunked-attention pools
+    (``--hybrid-kvcache-ratio``) are not modelled (no saving). vLLM 0.10 to 0.12 kept Llama 4's
+    chunked layers at full length unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE``
+    was set (vllm#21761, on by default again since vllm#29627): set False for those."""
     gpu_memory_utilization: float = 0.9
     """Fraction of HBM the engine may use (weights + activations + KV cache)."""
     num_kv_blocks: int = 0

@@ -256,11 +256,13 @@ class ServingSimulation:
         dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
         windowed = self.model.windowed_kv_layers if cfg.windowed_kv is not False else 0
         if windowed and cfg.windowed_kv is None and cfg.engine == "sglang":
-            # SGLang's two pools: the full-attention layers' one is the limit (a request keeps
-            # at most a window in the other, sized at 0.8 x as many tokens).
-            layers = self.model.num_kv_layers
-            blocks = int(blocks * layers / (layers - windowed
-                                            + SGLANG_SWA_FULL_TOKENS_RATIO * windowed))
+            # SGLang's two pools for sliding windows: the full-attention layers' one is the
+            # limit (a request keeps at most a window in the other, 0.8 x as many tokens).
+            # Its Llama 4 chunked-attention pools (--hybrid-kvcache-ratio) are not modelled.
+            if not self.model.extra.get("attention_chunk_size"):
+                layers = self.model.num_kv_layers
+                blocks = int(blocks * layers / (layers - windowed
+                                                + SGLANG_SWA_FULL_TOKENS_RATIO * windowed))
             windowed = 0
         window = KvWindow.for_layers(self.model.num_kv_layers - windowed, windowed,
                                      self.model.sliding_window, cfg.block_size)

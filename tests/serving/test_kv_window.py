@@ -158,3 +158,16 @@ def test_a_disaggregated_hand_over_sends_the_window_of_windowed_layers() -> None
         return collective_s("send_recv", nbytes, 2, cluster, stride=cluster.gpus_per_node)
 
     assert ttft[False] - ttft[True] == pytest.approx(xfer(1000 * 1e5) - xfer(572 * 1e5))
+
+
+def test_sglang_does_not_scale_llama4_chunked_pools() -> None:
+    from charon_search.serving import AffineIterationCostModel
+    from charon_search.testing import toy_cluster
+
+    cfg = ServingConfig(engine="sglang", num_kv_blocks=1000)
+    sim, _ = run_simulation("llama-4-scout-17b-16e", toy_cluster(), cfg,
+                            [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=500,
+                                         output_tokens=4)],
+                            cost_model=AffineIterationCostModel(base_s=1e-3))
+    pool = sim.replicas[0].pool
+    assert pool.window is None and pool.num_blocks == 1000
