@@ -47,6 +47,10 @@ class Evaluator:
     #: Config keys that do not change what the evaluator caches between configs (a config's
     #: affinity key is the config without them); empty = no affinity.
     affinity_ignore: tuple[str, ...] = ()
+    #: Metrics a feasible record may lack (a price needs the cluster's ``cost_per_gpu_hour``);
+    #: any other metric an objective names must be in every feasible record, so a search stops
+    #: at the first feasible record without it (a misspelt metric).
+    optional_metrics: tuple[str, ...] = ("cost_per_million_tokens_usd",)
 
     def evaluate(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise NotImplementedError

@@ -36,7 +36,7 @@ import math
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,9 +310,27 @@ class _Loop:
         self.next_number = first_number
         """Trial number of the next grid trial (grid trials bypass the in-memory study)."""
         self.write_batch = write_batch
-        self.affinity: Callable[[Mapping[str, Any]], Any] = \
-            EVALUATORS.get(space.evaluator).affinity_key
+        evaluator = EVALUATORS.get(space.evaluator)
+        self.affinity: Callable[[Mapping[str, Any]], Any] = evaluator.affinity_key
+        self.optional_metrics = frozenset(evaluator.optional_metrics)
         self.distributions = {p.optuna_name: p.distribution() for p in space.params}
+
+    def check_metric_names(self, missing: Sequence[str], rec: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError`` when a feasible record lacks an objective metric its evaluator
+        always reports (the objective names a metric that does not exist)."""
+        unknown = [m for m in missing if m not in self.optional_metrics]
+        if not unknown:
+            return
+        import difflib
+
+        names = sorted((k for k, v in rec.items() if isinstance(v, (int, float))
+                        and not isinstance(v, bool)), key=lambda k: ("." in k, k))
+        close = [c for m in unknown for c in difflib.get_close_matches(m, names, n=3)]
+        raise ConfigError(
+            f"objective {self.objective.name!r}: metric(s) {unknown} are not reported by the "
+            f"{self.space.evaluator!r} evaluator"
+            + (f" (closest: {', '.join(dict.fromkeys(close))})" if close else "")
+            + f"; its records have {len(names)} numeric fields, e.g. {', '.join(names[:12])}")
 
     def note_values(self, rec: Mapping[str, Any]) -> None:
         vals = self.objective.values(rec)
@@ -419,6 +437,7 @@ class _Loop:
             evaluable = False
             cons[1] = _UNEVALUABLE_VIOLATION
             missing = [m for m in self.objective.metrics if rec.get(m) is None]
+            self.check_metric_names(missing, rec)
             rec["prune_reason"] = f"missing objective metric(s) {missing}"
         if evaluable and values is not None:
             self.note_values(rec)

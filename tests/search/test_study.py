@@ -183,6 +183,22 @@ def test_bad_storage_url_and_sampler(toy_space, toy_objective):
         run_search(toy_space, toy_objective, SearchOptions(trials=1, sampler="cmaes"))
 
 
+def test_a_misspelt_objective_metric_stops_the_search_naming_the_closest(toy_space,
+                                                                        toy_objective):
+    # Before: every trial was pruned for the missing metric and the search ended with no
+    # feasible trial and exit 0.
+    from dataclasses import replace
+
+    from charon_search.search.objective import ObjectiveTerm
+
+    wrong = replace(toy_objective, terms=(ObjectiveTerm(metric="step_time_sec",
+                                                        direction="minimize"),
+                                          *toy_objective.terms[1:]))
+    with pytest.raises(ConfigError, match=r"\['step_time_sec'\] are not reported by the "
+                                          r"'toy-analytic' evaluator \(closest: step_time_s"):
+        run_search(toy_space, wrong, SearchOptions(trials=4, workers=0))
+
+
 @pytest.mark.postgres
 def test_postgresql_storage_resume(toy_space, toy_objective):
     url = os.environ.get("CHARON_TEST_POSTGRES_URL")
