@@ -1,6 +1,7 @@
 """Inspect the profile database and evaluate the per-op predictors on held-out shapes.
 
-``charon-search profiles info`` prints the GPUs, op kinds, row counts and sources of the DB.
+``charon-search profiles info [--gpu GPU]`` prints the GPUs, op kinds, row counts and sources of
+the DB (of the named GPUs only).
 ``charon-search profiles eval [--gpu GPU] [--op-kind KIND] [--json FILE]`` trains each
 (GPU, op kind) predictor with whole shapes held out and prints MAPE of predictor vs roofline;
 ``--json`` writes ``{"rows": [{"gpu", "op_kind", "num_heldout", "mape_predictor",
@@ -74,22 +75,25 @@ def _gpus(db, names: list[str] | None) -> list[str] | None:  # type: ignore[no-u
     return out
 
 
-def _info(db) -> int:  # type: ignore[no-untyped-def]
+def _info(db, gpus: list[str] | None = None) -> int:  # type: ignore[no-untyped-def]
+    """The DB's tables (of ``gpus`` only, when given)."""
     from charon_search.units import format_bytes
 
+    tables = [t for t in db.summary() if gpus is None or t["gpu"] in gpus]
     print(f"profile DB {db.root} (content hash {db.content_hash})")
     print(f"{'gpu':20s} {'op_kind':15s} {'rows':>8s} {'size':>10s}  dtypes / variants / kernels")
     total_rows = total_bytes = 0
-    for t in db.summary():
+    for t in tables:
         total_rows += t["rows"]
         total_bytes += t["bytes"]
         variants = ",".join(v or "-" for v in t["variants"])
         print(f"{t['gpu']:20s} {t['op_kind']:15s} {t['rows']:8d} {format_bytes(t['bytes']):>10s}"
               f"  {','.join(t['dtypes'])} / {variants} / {'; '.join(t['kernels'])[:80]}")
-    print(f"total: {len(db.gpus())} GPUs, {total_rows} rows, {format_bytes(total_bytes)}")
+    print(f"total: {len({t['gpu'] for t in tables})} GPUs, {total_rows} rows, "
+          f"{format_bytes(total_bytes)}")
     print("sources (tables converted; see ATTRIBUTION.md in the DB folder):")
     projects: dict[str, int] = {}
-    for t in db.summary():
+    for t in tables:
         for src in t["sources"]:
             proj = src.rsplit(" ", 1)[0]  # "<project> <version> <table path>"
             projects[proj] = projects.get(proj, 0) + 1
@@ -166,7 +170,7 @@ def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-un
 def run(args: argparse.Namespace) -> int:
     db = _db(args.db)
     if args.action == "info":
-        return _info(db)
+        return _info(db, _gpus(db, args.gpu))
     if args.action == "fit-collectives":
         return _fit_collectives(db, args)
     return _eval(db, args)

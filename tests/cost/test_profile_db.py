@@ -230,3 +230,9 @@ def test_cli_profiles_info(capsys):
     out = capsys.readouterr().out
     assert "h100-sxm-80gb" in out and "aiconfigurator-core 0.12.0" in out
     assert "vidur@7d47513" in out
+    # --gpu narrows the listing to that GPU's tables; a GPU without data is an error.
+    assert main(["profiles", "info", "--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "h200-sxm-141gb" in out and "h100-sxm-80gb" not in out and "total: 1 GPUs" in out
+    assert main(["profiles", "info", "--gpu", "nope"]) == 2
+    assert "--gpu 'nope': no profile data" in capsys.readouterr().err
