@@ -87,6 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"charon-search {args.command}: failed: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a file the command reads or writes (outputs are checked first)
+        if args.debug:
+            raise
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"charon-search {args.command}: failed: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"charon-search {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import warnings
+from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ["silence_tracing_noise"]
+from charon_search.errors import ConfigError
+
+__all__ = ["prepare_outputs", "silence_tracing_noise"]
+
+
+def prepare_outputs(args: argparse.Namespace, flags: Mapping[str, str]) -> None:
+    """Before any work: make the folders of the output files the command will write
+    (``flags``: option -> ``args`` attribute) and check they can be written, so a finished
+    simulation is never lost to a bad output path.
+
+    Raises:
+        ConfigError: naming the option, the path and why it cannot be written.
+    """
+    for flag, attr in flags.items():
+        value = getattr(args, attr, None)
+        if not value:
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise ConfigError(f"`{flag}` {str(path)!r} is a folder; give a file path")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"`{flag}` {str(path)!r}: cannot create its folder "
+                              f"({e.strerror or e})") from e
+        if not os.access(path.parent, os.W_OK):
+            raise ConfigError(f"`{flag}` {str(path)!r}: its folder is not writable")
 
 
 def silence_tracing_noise() -> None:

@@ -11,6 +11,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from charon_search.cli._common import prepare_outputs
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -30,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.validation import result_from_json
     from charon_search.validation.accuracy import render_accuracy
 
+    prepare_outputs(args, {"--out": "out"})
     try:
         data = json.loads(args.source.read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -59,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from charon_search.cli._common import silence_tracing_noise
+    from charon_search.cli._common import prepare_outputs, silence_tracing_noise
 
     silence_tracing_noise()
+    prepare_outputs(args, {"--out": "out"})
     from charon_search.errors import ConfigError
     from charon_search.validation import default_files, load_files, select_records
 

@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from charon_search.cli._common import prepare_outputs
 from charon_search.errors import ConfigError
 from charon_search.layout import PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Layout
 from charon_search.units import format_bytes
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.memory import memory_report
     from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
 
+    prepare_outputs(args, {"--json": "json_path"})
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layout = layout_from_args(args)

@@ -21,6 +21,7 @@ import json
 import math
 from pathlib import Path
 
+from charon_search.cli._common import prepare_outputs
 from charon_search.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
@@ -168,6 +169,7 @@ def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-un
 
 
 def run(args: argparse.Namespace) -> int:
+    prepare_outputs(args, {"--json": "json"})
     db = _db(args.db)
     if args.action == "info":
         return _info(db, _gpus(db, args.gpu))

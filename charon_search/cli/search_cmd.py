@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from charon_search.cli._common import prepare_outputs
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -49,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from charon_search.search import SearchOptions, load_objective, load_space, run_search
 
+    prepare_outputs(args, {"--json": "json"})
     space = load_space(args.space)
     objective = load_objective(args.objective)
     out = args.out or str(Path("runs") / space.name)

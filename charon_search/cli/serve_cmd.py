@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from charon_search.cli._common import prepare_outputs
 from charon_search.errors import ConfigError
 from charon_search.serving.config import PRECISIONS
 
@@ -140,6 +141,8 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     from charon_search.serving import simulate_serving
 
+    prepare_outputs(args, {"--json": "json", "--requests-parquet": "requests_parquet",
+                           "--chrome-trace": "chrome_trace"})
     config, workload = build_inputs(args)
     report = simulate_serving(
         args.model, args.cluster, config, workload,

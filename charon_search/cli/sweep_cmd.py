@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from charon_search.cli._common import prepare_outputs
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from charon_search.search.sweep import load_sweep, run_sweep
 
+    prepare_outputs(args, {"--json": "json"})
     spec = load_sweep(args.sweep)
     summaries = run_sweep(spec, args.out, workers=args.workers, trials=args.trials,
                           date=args.date, ray_address=args.ray_address,

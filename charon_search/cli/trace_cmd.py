@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from charon_search.cli._common import prepare_outputs
 from charon_search.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.frontend import trace_model
     from charon_search.units import format_bytes, format_seconds
 
+    prepare_outputs(args, {"--json": "json"})
     b, s, c = _point(args)
     spec = load_model(args.model)
     gpu = _load_gpu(args.gpu)

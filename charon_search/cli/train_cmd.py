@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from charon_search.cli._common import prepare_outputs
 from charon_search.errors import ConfigError
 
 _FLAGS = {  # flag dest -> Layout field
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.training import simulate_training
     from charon_search.units import format_seconds
 
+    prepare_outputs(args, {"--json": "json", "--trace": "trace"})
     layout = build_layout(args)
     report = simulate_training(args.model, args.cluster, layout, num_gpus=args.gpus)
     d = report.to_dict()

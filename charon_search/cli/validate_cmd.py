@@ -62,9 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from charon_search.cli._common import silence_tracing_noise
+    from charon_search.cli._common import prepare_outputs, silence_tracing_noise
 
     silence_tracing_noise()
+    prepare_outputs(args, {"--json": "json_out", "--html": "html"})
     from charon_search.validation import (
         default_files,
         load_files,

@@ -41,3 +41,17 @@ def test_config_error_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no-such-model-xyz" in err[0]
     assert "Traceback" not in err[0]
+
+
+def test_outputs_are_checked_before_the_work(tmp_path, capsys: pytest.CaptureFixture[str]):
+    # A missing output folder is made; a folder given as the output file is a one-line error
+    # before anything is simulated (a finished result must not be lost to its output path).
+    args = ["memory", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
+            "--zero", "3", "--mbs", "1", "--gbs", "8", "--seq", "256"]
+    out = tmp_path / "new" / "dir" / "m.json"
+    assert main([*args, "--json", str(out)]) == 0
+    assert out.is_file()
+    capsys.readouterr()
+    assert main([*args, "--json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`--json`" in err[0] and "is a folder" in err[0]
