@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.hardware.spec import ClusterSpec
 
-__all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "run_simulation",
-           "simulate_serving"]
+__all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "kv_paging",
+           "run_simulation", "simulate_serving"]
 
 _ARRIVE, _KV, _ITER = 0, 0, 1
 #: SGLang ``--mamba-full-memory-ratio`` default: linear-attention state memory over full KV
@@ -124,6 +124,27 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
             f"{config.precision}){hint}"
         )
     return blocks
+
+
+def kv_paging(model: ModelSpec, config: ServingConfig, blocks: int
+              ) -> tuple[int, KvWindow | None]:
+    """``(blocks, window)`` of a replica whose memory holds ``blocks`` blocks of tokens in every
+    KV layer, under ``config.windowed_kv`` (``ServingConfig``): the shared page pool of vLLM
+    and TensorRT-LLM (``KvWindow``), SGLang's own pools for sliding windows (the
+    full-attention one is the limit: ``blocks x layers / (full + 0.8 x windowed layers)``
+    blocks, no window), or every layer keeping every token (``window`` None)."""
+    windowed = model.windowed_kv_layers if config.windowed_kv is not False else 0
+    if windowed and config.windowed_kv is None and config.engine == "sglang":
+        # A request keeps at most a window in SGLang's SWA pool (0.8 x the full pool's
+        # tokens). Its Llama 4 chunked-attention pools (--hybrid-kvcache-ratio) are not
+        # modelled: no saving.
+        if not model.extra.get("attention_chunk_size"):
+            layers = model.num_kv_layers
+            blocks = int(blocks * layers / (layers - windowed
+                                            + SGLANG_SWA_FULL_TOKENS_RATIO * windowed))
+        windowed = 0
+    return blocks, KvWindow.for_layers(model.num_kv_layers - windowed, windowed,
+                                       model.sliding_window, config.block_size)
 
 
 def _engine_time(explicit: float | None, calibrated: Mapping[str, float], engine: str) -> float:
@@ -254,18 +275,7 @@ class ServingSimulation:
         launch = max(cfg.kernel_launch_overhead_s,
                      cluster.calibration.eager_kernel_host_s.get(cfg.engine, 0.0))
         dpa = cfg.dp_attention if pool.dp_attention is None else pool.dp_attention
-        windowed = self.model.windowed_kv_layers if cfg.windowed_kv is not False else 0
-        if windowed and cfg.windowed_kv is None and cfg.engine == "sglang":
-            # SGLang's two pools for sliding windows: the full-attention layers' one is the
-            # limit (a request keeps at most a window in the other, 0.8 x as many tokens).
-            # Its Llama 4 chunked-attention pools (--hybrid-kvcache-ratio) are not modelled.
-            if not self.model.extra.get("attention_chunk_size"):
-                layers = self.model.num_kv_layers
-                blocks = int(blocks * layers / (layers - windowed
-                                                + SGLANG_SWA_FULL_TOKENS_RATIO * windowed))
-            windowed = 0
-        window = KvWindow.for_layers(self.model.num_kv_layers - windowed, windowed,
-                                     self.model.sliding_window, cfg.block_size)
+        blocks, window = kv_paging(self.model, cfg, blocks)
         if role == "prefill":
             # Per token, whole model, summed over the GPUs holding it: all tp ranks (heads
             # sharded), or one rank per stage under attention DP (whole heads, its requests).
