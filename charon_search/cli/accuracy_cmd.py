@@ -50,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     rel = os.path.relpath(img_dir, args.out.parent)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     import yaml
 
     cal = []

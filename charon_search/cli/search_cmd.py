@@ -63,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     summary = res.summary()
     print_summary(res, objective, out)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 

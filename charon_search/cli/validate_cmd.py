@@ -97,11 +97,9 @@ def run(args: argparse.Namespace) -> int:
         result.summary["by_fields"] = grouped
         print(render_grouped(grouped))
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(result.to_json(), indent=1, default=str))
         print(f"wrote {args.json_out}")
     if args.html:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
         args.html.write_text(render_html(result))
         print(f"wrote {args.html}")
     return 0
@@ -129,7 +127,6 @@ def _explain(records, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
         print(render_explanation(exp))
         print()
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps({"explanations": out}, indent=1, default=str))
         print(f"wrote {args.json_out}")
     return 0

@@ -386,7 +386,7 @@ class ReplicaEngine:
             return False
         pool = self.pool
         held = self._decode_pages_upper(q)
-        free = pool.num_pages - pool.owned_pages - held - pool.tree_pinned_pages
+        free = pool.available() - held
         return free >= pool.pages_for(min(r.target - r.prefilled, budget))
 
     def start_iteration(self, now_s: float, *, allow_prefill_only: bool = True) -> float:
@@ -398,7 +398,6 @@ class ReplicaEngine:
         budget = cfg.max_num_batched_tokens
         bs = pool.block_size
         q = self.q
-        pinned_tree = pool.tree_pinned_pages
         # Overlap scheduler: back to back, this batch was formed when the previous one started.
         self._cutoff_s = (self._prev_start_s if cfg.overlap_scheduler
                           and self._last_end_s == now_s else math.inf)
@@ -408,8 +407,7 @@ class ReplicaEngine:
         while (self.waiting and self.waiting[0].prefilled >= self.waiting[0].target
                and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
-            if self._decode_pages_upper(q) + pool.pages_for(r.target + q) > (
-                    pool.num_pages - pool.owned_pages - pinned_tree):
+            if self._decode_pages_upper(q) + pool.pages_for(r.target + q) > pool.available():
                 break
             self.waiting.popleft()
             self._join_decode(r)
@@ -427,7 +425,7 @@ class ReplicaEngine:
         # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest.
         charge = 0
         while self.decoding:
-            limit = pool.num_pages - pool.owned_pages - pool.tree_pinned_pages
+            limit = pool.available()
             upper = self._decode_pages_upper(q)
             charge = upper if upper <= limit else self._decode_pages_exact(q)
             if charge <= limit:
