@@ -1,8 +1,8 @@
 """Serving simulator speed: 10,000 requests of Llama-3.1-70B TP4 on H100 (+ a PD-disaggregated
 case, and gpt-oss-120b on one H100 with its sliding-window layers paged and not: the cost of
-tracking which requests have filled their window, on a KV-bound replica). Graphs are traced and the cost model warmed first (a run on another sample of the same
-traffic); the timed runs measure the discrete-event simulation with a warm cost grid, as a search
-worker would see it.
+tracking which requests have filled their window, on a KV-bound replica). Graphs are traced and
+the cost model warmed first (a run on another sample of the same traffic); the timed runs
+measure the discrete-event simulation with a warm cost grid, as a search worker would see it.
 
     python benchmarks/bench_serving.py [--num-requests 10000]
 

@@ -15,7 +15,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   and GPU (the family with the most rows): GEMM bf16 = ``torch.nn.functional.linear``
   (``vllm_default`` on A100), GEMM fp8 = ``CutlassFP8ScaledMMLinearKernel`` (per-tensor fp8),
   GEMM fp4 = the NVFP4 linear kernel where the table has one (Blackwell:
-  ``FlashInferCuteDslNvFp4LinearKernel``),
+  ``FlashInferCuteDslNvFp4LinearKernel``); block-scaled fp8 GEMMs per engine (SGLang and
+  TensorRT-LLM at their ``current`` slot, ``BLOCK_FP8_GEMM_ENGINES``),
   attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
   sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
   power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
@@ -154,6 +155,32 @@ def convert_gemm(path: str, gpu: str, source: str) -> pd.DataFrame:
             "latency_s": sub.latency.values * MS,
         }))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+#: Engines whose 128x128 block-scaled fp8 GEMM rows (``gemm_dtype`` ``fp8_block``, the dense
+#: layers of DeepSeek-V3/R1, Qwen3-FP8, MiniMax-M2.5, GLM-5 and Qwen3.5 FP8 checkpoints) are
+#: imported, each as variant ``<engine>``: SGLang's DeepGEMM ``fp8_gemm_nt`` on Hopper and
+#: Blackwell, TensorRT-LLM's own block-scaling GEMM on Hopper (``torch_flow``) and DeepGEMM on
+#: Blackwell. vLLM's table (0.24.0) is left out: its rows up to a few hundred tokens sit on a
+#: flat floor (H200 ~57 us, B200 ~170 us for every shape down to 16 x 128 x 128, where SGLang's
+#: DeepGEMM takes 3.5-5 us), the host time of an eager call measured with the kernel; from
+#: 8192 tokens they agree with SGLang's DeepGEMM rows within 16-24 % (median).
+BLOCK_FP8_GEMM_ENGINES = ("sglang", "trtllm")
+
+
+def convert_gemm_block(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:
+    """One engine's block-scaled fp8 GEMM rows: variant ``engine``, dtype ``fp8_block``; ms -> s.
+    """
+    df = _read(path)
+    sub = _most_rows(df[df.gemm_dtype == "fp8_block"])
+    if sub.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "gemm", "variant": engine, "dtype": "fp8_block",
+        "kernel": sub.kernel_source.values, "source": source,
+        "m": sub.m.values, "n": sub.n.values, "k": sub.k.values,
+        "latency_s": sub.latency.values * MS,
+    })
 
 
 def convert_attention(path: str, gpu: str, source: str, *, decode: bool) -> pd.DataFrame:
@@ -391,6 +418,10 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
         if d is not None:
             p = str(d / "gemm_perf.parquet")
             out.append(convert_gemm(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        for engine in BLOCK_FP8_GEMM_ENGINES:
+            p = str(data / system / "gemm" / engine / _slot(engine, system) / "gemm_perf.parquet")
+            if os.path.exists(p):
+                out.append(convert_gemm_block(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
         d = _vllm_dir(peers, system, "attention")
         if d is not None:
             for name, dec in (("context_attention_perf", False),

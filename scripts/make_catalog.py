@@ -116,6 +116,32 @@ CHECKPOINTS: dict[str, dict[str, tuple[str, str, str]]] = {
         "HF config.json of MiniMaxAI/MiniMax-M2.5, whose released weights are this fp8 "
         "checkpoint): 128x128 block-scaled fp8, router gate and LM head bf16")},
 }
+#: NVIDIA's NVFP4 releases (TensorRT Model Optimizer, ``quant_method`` ``modelopt``,
+#: ``quant_algo`` NVFP4: 4-bit weights and activations in groups of 16, FP8 KV cache), the
+#: ``fp4`` checkpoints of the serving rows that name the base model at NVFP4. Their config.json
+#: ``quantization_config`` (``ignore``) or, where config.json has none, the
+#: ``hf_quant_config.json`` ``exclude_modules`` list the bf16 modules.
+NVFP4_CHECKPOINTS: dict[str, tuple[str, str, str]] = {
+    "deepseek-v3": (
+        "nvidia--DeepSeek-V3.1-NVFP4", "nvidia/DeepSeek-V3.1-NVFP4",
+        "MLA's q_a, q_b, kv_a and kv_b projections and the LM head bf16, o_proj, the dense "
+        "layers' MLP and the shared and routed experts NVFP4. ASSUMED for the DeepSeek-R1/V3 "
+        "FP4 checkpoints the rows ran (nvidia/DeepSeek-R1-0528-FP4 and its kin, made with the "
+        "same ModelOpt recipe, examples/deepseek/ptq.py, which leaves attention unquantized "
+        "unless --enable_wo_quant quantizes o_proj)"),
+    "glm-5": ("nvidia--GLM-5-NVFP4", "nvidia/GLM-5-NVFP4",
+              "every attention projection, the sparse-attention indexer and the LM head bf16"),
+    "minimax-m2.5": ("nvidia--MiniMax-M2.5-NVFP4", "nvidia/MiniMax-M2.5-NVFP4",
+                     "attention, router gate and LM head bf16"),
+    "qwen3.5-397b-a17b": (
+        "nvidia--Qwen3.5-397B-A17B-NVFP4", "nvidia/Qwen3.5-397B-A17B-NVFP4",
+        "only the routed experts NVFP4: softmax and Gated DeltaNet attention, the shared "
+        "expert, the LM head (and the vision tower and MTP layer) bf16"),
+    "qwen3-235b-a22b": ("nvidia--Qwen3-235B-A22B-NVFP4", "nvidia/Qwen3-235B-A22B-NVFP4",
+                        "router gate and LM head bf16"),
+    "kimi-k2.5": ("nvidia--Kimi-K2.5-NVFP4", "nvidia/Kimi-K2.5-NVFP4",
+                  "attention and LM head (and the vision tower) bf16"),
+}
 
 #: Checkpoints whose ``quantization_config`` is not among the peer files but whose format a
 #: measurement states: catalog name -> {precision: (HF id, quantization_config, source)}.
@@ -250,6 +276,25 @@ def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
             qc["modules_to_not_convert"] = list(folded)
         out[precision] = {"hf_id": hf, "quantization_config": qc,
                           "source": f"aiconfigurator-core 0.12.0 wheel, {note}"}
+    if name in NVFP4_CHECKPOINTS:
+        stem, hf, note = NVFP4_CHECKPOINTS[name]
+        raw = json.loads((peers / f"{stem}_config.json").read_text())
+        qc = dict((raw.get("text_config") or {}).get("quantization_config")
+                  or raw.get("quantization_config") or {})
+        if not qc:
+            q = json.loads((peers / f"{stem}_hf_quant_config.json").read_text())["quantization"]
+            qc = {"quant_method": "modelopt", **{k: v for k, v in q.items()
+                                                 if k not in ("exclude_modules",
+                                                              "quantized_layers")},
+                  "ignore": q.get("exclude_modules") or []}
+        qc.pop("config_groups", None)  # the NVFP4 scheme, stated by quant_algo
+        qc["ignore"] = list(dict.fromkeys(re.sub(r"layers\.\d+\.", "layers.*.", m)
+                                          for m in qc.get("ignore") or []))
+        file = (f"{stem}_config.json `quantization_config`" if "producer" in qc
+                else f"{stem}_hf_quant_config.json")
+        out["fp4"] = {"hf_id": hf, "quantization_config": qc,
+                      "source": f"aiconfigurator-core 0.12.0 wheel, model_configs/{file} "
+                                f"(Apache-2.0; NVIDIA's ModelOpt NVFP4 release {hf}): {note}"}
     for precision, (hf, qc, note) in STATED_CHECKPOINTS.get(name, {}).items():
         out[precision] = {"hf_id": hf, "quantization_config": dict(qc), "source": note}
     return out

@@ -336,10 +336,17 @@ def _make_model(hp: Mapping[str, Any], op_kind: str = "") -> Any:
 
 def rows_for(table: ProfileTable, family: str, dtype: str) -> ProfileTable:
     """The training rows of one model family (``moe_ffn`` takes balanced routing only;
-    elementwise family ``""`` takes every variant)."""
-    by_variant = table.op_kind in ("attention", "grouped_gemm") or (
-        table.op_kind == "elementwise" and family != "")
-    return table.select(variant=family if by_variant else None, dtype=dtype)
+    elementwise and GEMM family ``""`` take every variant of the dtype)."""
+    return table.select(variant=family if _by_variant(table.op_kind, family) else None,
+                        dtype=dtype)
+
+
+def _by_variant(op_kind: str, family: str) -> bool:
+    """Whether a model of ``op_kind`` trains on one variant's rows: attention and MoE always;
+    elementwise ops and GEMMs when a family is named (an engine's own GEMM kernel rows, e.g.
+    block-scaled fp8 ``gemm`` variant ``sglang``)."""
+    return op_kind in ("attention", "grouped_gemm") or (
+        op_kind in ("elementwise", "gemm") and family != "")
 
 
 def train_predictor(key: ModelKey, rows: ProfileTable, *, num_sms: int,
@@ -395,9 +402,7 @@ class PredictorStore:
         entry = self.db.entry(gpu, op_kind) if op_kind in PREDICTED_KINDS else None
         if entry is None or dtype not in entry.get("dtypes", ()):
             return False
-        by_variant = op_kind in ("attention", "grouped_gemm") or (
-            op_kind == "elementwise" and family != "")
-        return not by_variant or family in entry.get("variants", ())
+        return not _by_variant(op_kind, family) or family in entry.get("variants", ())
 
     def get(self, gpu: str, op_kind: str, family: str, dtype: str, *,
             num_sms: int | None = None) -> OpPredictor | None:

@@ -174,6 +174,14 @@ def _moe_candidates(fam: str, dtype: str) -> list[tuple[str, str]]:
         ("moe_ffn", "bf16"), ("moe_ffn_skew", "bf16")]
 
 
+#: Tag prefix of a dense GEMM whose checkpoint stores 128x128 block-scaled fp8 weights
+#: (``serving._graphs``): ``gemm_rows:<engine>`` names whose measured ``fp8_block`` GEMM rows
+#: (profile variant ``<engine>``) price it.
+GEMM_ROWS_TAG = "gemm_rows:"
+#: Engines with block-scaled fp8 GEMM rows, in fallback order (``scripts/import_peers.py``).
+BLOCK_FP8_GEMM_ENGINES = ("sglang", "trtllm")
+
+
 def _db_dtype(dtype: str) -> str:
     return {"fp16": "bf16", "fp32": "bf16", "tf32": "bf16"}.get(dtype, dtype)
 
@@ -286,6 +294,8 @@ class FusedCostModel:
                     params["bytes"] = nbytes
             fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
+            if kind == "gemm" and node.tags:
+                fam, dtype = self._gemm_rows(node.tags, fam, dtype)
             if kind == "grouped_gemm" and node.tags:
                 moe = _moe_kernel(node.tags)
                 if moe is not None:
@@ -546,6 +556,18 @@ class FusedCostModel:
         self._gdn_curves[key] = curve
         return curve
 
+    def _gemm_rows(self, tags: frozenset[str], fam: str, dtype: str) -> tuple[str, str]:
+        """(variant, dtype) of the rows pricing a dense GEMM: for a block-scaled fp8 GEMM
+        (``gemm_rows:<engine>``) the engine's measured ``fp8_block`` rows, else another
+        engine's, else the per-tensor fp8 rows the node's dtype names."""
+        want = next((t[len(GEMM_ROWS_TAG):] for t in tags if t.startswith(GEMM_ROWS_TAG)), "")
+        if not want or self.store is None or self.gpu_key is None:
+            return fam, dtype
+        for engine in (want, *(e for e in BLOCK_FP8_GEMM_ENGINES if e != want)):
+            if self.store.available(self.gpu_key, "gemm", engine, "fp8_block"):
+                return engine, "fp8_block"
+        return fam, dtype
+
     def _profile_hit(self, kind: str, fam: str, dtype: str, params: dict[str, float]
                      ) -> float | None:
         assert self.db is not None and self.gpu_key is not None
@@ -553,7 +575,7 @@ class FusedCostModel:
             return None  # elementwise/grouped rows are not keyed like IR nodes
         if not self.db.has(self.gpu_key, kind):
             return None
-        variant = fam if kind == "attention" else ("rmsnorm" if kind == "norm" else "")
+        variant = fam if kind in ("attention", "gemm") else ("rmsnorm" if kind == "norm" else "")
         if kind == "attention":
             if params.get("v_head_dim", params.get("head_dim")) != params.get("head_dim"):
                 return None

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from charon_search.cost.selector import GEMM_ROWS_TAG
 from charon_search.errors import ConfigError
 from charon_search.ir.ops import OpKind, Role
 from charon_search.ir.symbolic import Poly
@@ -85,7 +86,8 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
         if precision in _PRECISION_BYTES:
             quant = checkpoint_quant(model, precision)
             rows_engine = _moe_rows_engine(engine, quant, ep, dp_attention)
-            graphs = {k: _with_gemm_dtype(g, quant, rows_engine, ep, moe_kernel)
+            graphs = {k: _with_gemm_dtype(g, quant, rows_engine, ep, moe_kernel,
+                                          dense_engine=engine)
                       for k, g in graphs.items()}
         moe_tp = moe_tp_degree(tp, ep)
         if moe_tp > 1 and dp_attention:
@@ -162,20 +164,31 @@ _ROLE_MODULES = {
     Role.MOE_EXPERT.value: "model.layers.1.mlp.experts.0.gate_proj",
     Role.MOE_SHARED.value: "model.layers.1.mlp.shared_experts.gate_proj",
 }
-#: HF module-name patterns of ``modules_to_not_convert`` -> the roles they keep in bf16.
+#: HF module-name patterns of ``modules_to_not_convert`` -> the roles they keep in bf16. Each
+#: names a GEMM module (or the block holding it) at the end of the entry, so the norms, the
+#: sparse-attention indexer (GLM-5: ``self_attn.indexers_proj``, ``self_attn.indexer.k_norm``)
+#: and the shared expert's one-output gate (Qwen3.5: ``mlp.shared_expert_gate``) that
+#: checkpoints also list keep their block's projections quantized. Gated DeltaNet projections
+#: (``linear_attn``) carry the attention roles, so excluding them excludes softmax attention's
+#: too (NVIDIA's Qwen3.5 NVFP4 checkpoint excludes both).
 _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
-    (r"self_attn", frozenset({Role.ATTN_QKV.value, Role.ATTN_OUT.value})),
-    (r"shared_expert", frozenset({Role.MOE_SHARED.value})),
-    (r"mlp\.(gate_up|gate|up|down)_proj", frozenset({Role.MLP_IN.value, Role.MLP_OUT.value})),
-    (r"(^|\.)experts", frozenset({Role.MOE_EXPERT.value})),  # not ``shared_experts``
+    (r"(self_attn|linear_attn)$", frozenset({Role.ATTN_QKV.value, Role.ATTN_OUT.value})),
+    (r"self_attn\.(q|k|v|qkv|q_a|q_b|kv_a|kv_b)_proj(_with_mqa)?$",
+     frozenset({Role.ATTN_QKV.value})),
+    (r"self_attn\.o_proj$", frozenset({Role.ATTN_OUT.value})),
+    (r"shared_experts?(\.(gate_up|gate|up|down)_proj)?$", frozenset({Role.MOE_SHARED.value})),
+    (r"mlp\.(gate_up|gate|up|down)_proj$", frozenset({Role.MLP_IN.value, Role.MLP_OUT.value})),
+    (r"(^|\.)experts(\.|$)", frozenset({Role.MOE_EXPERT.value})),  # not ``shared_experts``
 )
 #: MoE kernel format (aiconfigurator ``moe_dtype``: DB dtype of ``moe_ffn_skew.<engine>`` rows)
 #: of a checkpoint quantization. MXFP4 (gpt-oss): Hopper has no FP4 tensor cores, so vLLM (OAI
 #: Triton ``matmul_ogs``), TensorRT-LLM and SGLang run the experts as W4A16, dequantizing the
 #: 4-bit weights to bf16 inside the kernel; fp8 with ``weight_block_size`` [128, 128]
 #: (DeepSeek-V3/R1, Qwen3-FP8) is the block-scaled family, plain fp8 the per-tensor one.
+#: NVFP4 experts have no measured rows shipped (session 32 in docs/calibration/README.md): ""
+#: prices them with the bf16 MoE model at their half byte per weight.
 _MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8",
-               "int4_wo": "int4_wo"}
+               "int4_wo": "int4_wo", "nvfp4": ""}
 #: ``ServingConfig.moe_kernel`` -> (formats it runs, (engine, DB dtype) of its measured rows).
 #: ``marlin``: the Marlin MoE kernel (``fused_marlin_moe``: 4-bit weights, MXFP4 or int4,
 #: dequantized to bf16 in the kernel), one kernel whichever engine launches it; its rows pool
@@ -221,6 +234,9 @@ class CheckpointQuant:
     """GEMM roles at ``precision``; the others stay bf16."""
     moe_dtype: str = ""
     """Kernel format of the routed experts (``_MOE_FORMAT`` value); "" = none known."""
+    block_fp8: bool = False
+    """The quantized GEMMs hold 128x128 block-scaled fp8 weights (``weight_block_size``), which
+    engines run with block-scaled kernels (``BLOCK_FP8_GEMM_ROWS``), not per-tensor fp8 ones."""
     source: str = ""
 
 
@@ -250,13 +266,19 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
     if method == "compressed-tensors":
         method = _compressed_tensors_format(qc, f"model {model.name}: _charon_checkpoints."
                                                 f"{precision}.quantization_config")
+    if method == "modelopt":
+        method = _modelopt_format(qc, f"model {model.name}: _charon_checkpoints.{precision}."
+                                      f"quantization_config")
     if method not in _MOE_FORMAT:
         raise ConfigError(f"model {model.name}: _charon_checkpoints.{precision}.quant_method "
-                          f"must be one of ['compressed-tensors', 'fp8', 'mxfp4'], but got "
-                          f"{qc.get('quant_method')!r}")
+                          f"must be one of ['compressed-tensors', 'fp8', 'modelopt', 'mxfp4'], "
+                          f"but got {qc.get('quant_method')!r}")
     keep: frozenset[str] = frozenset()
-    for module in (*(qc.get("modules_to_not_convert") or ()), *(qc.get("ignore") or ())):
-        module = str(module)
+    for module in (*(qc.get("modules_to_not_convert") or ()), *(qc.get("ignore") or ()),
+                   *(qc.get("exclude_modules") or ())):
+        # ModelOpt writes globs ("model.layers.*.self_attn*", "*.mlp.shared_expert.*"): the
+        # module is the name before the trailing wildcard.
+        module = str(module) if str(module).startswith("re:") else str(module).rstrip("*.")
         if module.startswith("re:"):
             keep |= {role for role, name in _ROLE_MODULES.items()
                      if re.fullmatch(module[3:], name)}
@@ -266,7 +288,24 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
                 keep |= roles
     return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES - keep,
                            moe_dtype=_MOE_FORMAT[method] if Role.MOE_EXPERT.value not in keep
-                           else "", source=str(entry.get("source", "")))
+                           else "", block_fp8=method == "fp8_block",
+                           source=str(entry.get("source", "")))
+
+
+def _modelopt_format(qc: Mapping[str, Any], where: str) -> str:
+    """The kernel format of a TensorRT Model Optimizer checkpoint (``quant_method``
+    ``modelopt``): ``quant_algo`` NVFP4 (4-bit E2M1 weights and activations in groups of 16 with
+    FP8 scales) or FP8 (per-tensor).
+
+    Raises:
+        ConfigError: another ``quant_algo``.
+    """
+    algo = str(qc.get("quant_algo", ""))
+    formats = {"NVFP4": "nvfp4", "FP8": "fp8"}
+    if algo not in formats:
+        raise ConfigError(f"{where}: `quant_algo` must be one of {sorted(formats)}, but got "
+                          f"{algo!r}")
+    return formats[algo]
 
 
 def _compressed_tensors_format(qc: Mapping[str, Any], where: str) -> str:
@@ -291,8 +330,17 @@ def _compressed_tensors_format(qc: Mapping[str, Any], where: str) -> str:
     return "int4_wo"
 
 
+#: Serving engine -> whose measured block-scaled fp8 GEMM rows (profile ``gemm`` variant,
+#: dtype ``fp8_block``) price its dense GEMMs of a block-fp8 checkpoint. SGLang runs DeepGEMM's
+#: ``fp8_gemm_nt`` (Hopper and Blackwell); TensorRT-LLM its own block-scaling GEMM on Hopper and
+#: DeepGEMM on Blackwell; vLLM DeepGEMM too (``DeepGemmFp8BlockScaledMMKernel``, what its own
+#: table names from 16 tokens up on Hopper and at every size on Blackwell), priced from SGLang's
+#: DeepGEMM rows because vLLM's rows are host-bound (``scripts/import_peers.py``).
+BLOCK_FP8_GEMM_ROWS = {"sglang": "sglang", "trtllm": "trtllm", "vllm": "sglang"}
+
+
 def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: int = 1,
-                     moe_kernel: str = "") -> OpGraph:
+                     moe_kernel: str = "", dense_engine: str = "") -> OpGraph:
     """GEMMs of ``quant.quantized_roles`` run at ``quant.precision``; the rest stay bf16.
 
     Their operand bytes shrink with the element size (the quantized checkpoint stores weights
@@ -315,10 +363,14 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
         engine, moe_dtype = rows[0] or engine, rows[1] or moe_dtype
     moe_tags = frozenset({f"moe_dtype:{moe_dtype}", f"moe_engine:{engine}",
                           f"moe_ep:{ep}"} if moe_dtype else ())
+    rows = BLOCK_FP8_GEMM_ROWS.get(dense_engine or engine, "") if quant.block_fp8 else ""
+    dense_tags = frozenset({f"{GEMM_ROWS_TAG}{rows}"} if rows else ())
 
     def quantized(n: Node) -> Node:
         params, tags = n.params, n.tags | {dtype}
-        if n.kind == OpKind.GROUPED_GEMM:
+        if n.kind == OpKind.GEMM:
+            tags |= dense_tags
+        elif n.kind == OpKind.GROUPED_GEMM:
             # The bf16 MoE cost model prices expert weights at this many bytes.
             params = {**params, "weight_bytes": wbytes}
             if _str_role(n) == Role.MOE_EXPERT.value:

@@ -193,3 +193,23 @@ def test_blackwell_fp4_gemm_is_priced_from_the_measured_nvfp4_rows():
     assert fp4.provenance == bf16.provenance == "profile"
     assert fp4.duration_s == pytest.approx(12.84e-6, rel=0.01)
     assert bf16.duration_s == pytest.approx(22.6e-6, rel=0.01)
+
+
+@pytest.mark.parametrize("engine_rows,measured_s", [("sglang", 0.406e-3), ("trtllm", 0.411e-3)])
+def test_block_fp8_gemm_is_priced_from_the_engines_block_scaled_rows(engine_rows, measured_s):
+    """A dense GEMM of a 128x128 block-fp8 checkpoint runs the engine's block-scaled kernel:
+    8192^3 on a B200 takes 0.406 ms in SGLang's DeepGEMM and 0.411 ms in TensorRT-LLM's
+    (aiconfigurator-core b200_sxm/gemm/{sglang/0.5.14,trtllm/1.3.0rc20}), not the 0.717 ms of
+    vLLM's per-tensor CUTLASS fp8 row that priced it before. A GPU without block-scaled rows
+    (A100: no fp8 tensor cores, no such rows) keeps the node's own dtype."""
+    from charon_search.cost.selector import GEMM_ROWS_TAG
+
+    node = gemm_node(8192, 8192, 8192, dtype="fp8")
+    block = node.replace(tags=frozenset({"fp8", f"{GEMM_ROWS_TAG}{engine_rows}"}))
+    b200 = default_cost_model(load_cluster("b200-8gpu"))
+    got = b200.cost(block, P1)
+    assert got.provenance == "profile"
+    assert got.duration_s == pytest.approx(measured_s, rel=0.01)
+    assert b200.cost(node, P1).duration_s == pytest.approx(0.717e-3, rel=0.01)
+    a100 = default_cost_model(toy_cluster(gpu="a100-sxm-80gb"))
+    assert a100.cost(block, P1).duration_s == a100.cost(node, P1).duration_s

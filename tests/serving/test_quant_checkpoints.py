@@ -66,6 +66,50 @@ def test_block_fp8_checkpoints_quantize_attention_not_the_router():
     assert "openai--gpt-oss-120b_config.json" in gpt.source
 
 
+def test_listed_norms_indexers_and_gates_do_not_unquantize_their_blocks():
+    """GLM-5-FP8 lists its attention norms and sparse-attention indexer
+    (``self_attn.kv_a_layernorm``, ``self_attn.indexers_proj``, ``self_attn.indexer.k_norm``)
+    and Qwen3.5-FP8 its shared expert's one-output gate (``mlp.shared_expert_gate``) in
+    ``modules_to_not_convert``; the attention projections and the shared expert stay fp8.
+    A bare ``self_attn`` entry (gpt-oss) or a named projection keeps those GEMMs bf16."""
+    glm = checkpoint_quant(load_model("glm-5"), "fp8")
+    assert {"attn.qkv", "attn.out", "moe.shared", "moe.expert"} <= glm.quantized_roles
+    qwen = checkpoint_quant(load_model("qwen3.5-397b-a17b"), "fp8")
+    assert {"attn.qkv", "attn.out", "moe.shared", "moe.expert"} <= qwen.quantized_roles
+    kimi = load_model("kimi-k2.5")
+    cfg = dict(kimi.hf_config)
+    cfg["_charon_checkpoints"] = {"fp8": {"quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["model.layers.3.self_attn.o_proj", "lm_head"]}}}
+    q = checkpoint_quant(dataclasses.replace(kimi, hf_config=cfg), "fp8")
+    assert "attn.out" not in q.quantized_roles and "attn.qkv" in q.quantized_roles
+
+
+def test_nvidia_nvfp4_checkpoints_keep_their_listed_modules_bf16():
+    """NVIDIA's ModelOpt NVFP4 releases (hf_quant_config.json ``exclude_modules`` or config.json
+    ``ignore``, globs like ``model.layers.*.self_attn*``): DeepSeek-V3.1-NVFP4 keeps MLA's
+    q_a/q_b/kv_a/kv_b projections bf16 and quantizes o_proj; Qwen3.5-397B-A17B-NVFP4 quantizes
+    only the routed experts; Qwen3-235B-A22B-NVFP4 every GEMM but router and head. No NVFP4
+    expert rows are shipped, so the expert format is left to the bf16 MoE model ("")."""
+    ds = checkpoint_quant(load_model("deepseek-v3"), "fp4")
+    assert "attn.qkv" not in ds.quantized_roles
+    assert {"attn.out", "mlp.in", "mlp.out", "moe.shared", "moe.expert"} <= ds.quantized_roles
+    assert ds.moe_dtype == "" and not ds.block_fp8
+    assert "nvidia--DeepSeek-V3.1-NVFP4_hf_quant_config.json" in ds.source
+    qwen = checkpoint_quant(load_model("qwen3.5-397b-a17b"), "fp4")
+    assert "moe.expert" in qwen.quantized_roles  # (it has no dense MLP layers)
+    assert qwen.quantized_roles.isdisjoint({"attn.qkv", "attn.out", "moe.shared"})
+    q235 = checkpoint_quant(load_model("qwen3-235b-a22b"), "fp4")
+    assert {"attn.qkv", "attn.out", "moe.expert"} <= q235.quantized_roles
+    kimi = load_model("kimi-k2.5")
+    assert checkpoint_quant(kimi, "fp4").quantized_roles.isdisjoint({"attn.qkv", "attn.out"})
+    cfg = dict(kimi.hf_config)
+    cfg["_charon_checkpoints"] = {"fp4": {"quantization_config": {
+        "quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}}}
+    with pytest.raises(ConfigError, match=r"`quant_algo` must be one of \['FP8', 'NVFP4'\]"):
+        checkpoint_quant(dataclasses.replace(kimi, hf_config=cfg), "fp4")
+
+
 def test_models_without_a_shipped_checkpoint_keep_the_generic_rule():
     q = checkpoint_quant(load_model("llama-3.1-70b"), "fp8")
     assert q.moe_dtype == "fp8" and {"attn.qkv", "mlp.in"} <= q.quantized_roles
@@ -189,3 +233,24 @@ def test_a_precision_without_a_checkpoint_that_does_not_fit_names_the_shipped_on
         simulate_serving("gpt-oss-120b", "h100-sxm-8gpu", ServingConfig(),
                          [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=100,
                                       output_tokens=2)])
+
+
+@pytest.mark.parametrize("engine,rows", [("sglang", "sglang"), ("trtllm", "trtllm"),
+                                         ("vllm", "sglang")])
+def test_block_fp8_dense_gemms_name_the_engines_block_scaled_rows(engine, rows):
+    """DeepSeek-V3's fp8 checkpoint (``weight_block_size`` [128, 128]) runs its dense GEMMs
+    with block-scaled kernels: each engine's own rows, vLLM's DeepGEMM from SGLang's rows
+    (``BLOCK_FP8_GEMM_ROWS``); bf16 GEMMs (LM head) and per-tensor fp8 checkpoints carry no
+    such tag."""
+    from charon_search.cost.selector import GEMM_ROWS_TAG
+
+    prefill, _ = serving_graphs(load_model("deepseek-v3"), tp=8, pp=1, ep=1,
+                                dp_attention=False, precision="fp8", engine=engine)
+    dense = [n for _, n in _gemms(prefill) if n.kind == OpKind.GEMM]
+    tagged = {n.dtype for n in dense if f"{GEMM_ROWS_TAG}{rows}" in n.tags}
+    assert tagged == {"fp8"}
+    assert all(not any(t.startswith(GEMM_ROWS_TAG) for t in n.tags)
+               for n in dense if n.dtype == "bf16")
+    llama, _ = serving_graphs(load_model("llama-3.1-8b"), tp=1, pp=1, ep=1,
+                              dp_attention=False, precision="fp8", engine=engine)
+    assert not any(t.startswith(GEMM_ROWS_TAG) for _, n in _gemms(llama) for t in n.tags)
