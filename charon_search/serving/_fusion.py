@@ -28,6 +28,8 @@ as two kernels, MoE routing as ~25 small torch ops). Serving engines run fewer, 
    grouped GEMM's operand loads (it reads rows through ``sorted_token_ids``); the expert
    SiLU-and-mul is one kernel; the multiplication by routing weights is fused into the second
    grouped GEMM (``MUL_ROUTED_WEIGHT``); un-permute + top-k sum is one ``moe_sum`` kernel.
+   These kernels after the router GEMM then join the ``fused_experts`` node: the measured MoE
+   rows time the engine's MoE layer from the router logits on, all of them included.
 7. **Embedding**: a gather reads only the looked-up rows (``tokens x hidden``), not the whole
    table; the RoPE cos/sin table is precomputed at load time (vLLM
    ``RotaryEmbedding.cos_sin_cache``), so its per-step ops are dropped.
@@ -344,7 +346,85 @@ def _fuse_moe(graph: OpGraph) -> OpGraph:
         return None
 
     g = _fuse_runs(g, glue_key, "fused_moe")
-    return _fused_expert_ffn(g)
+    return _absorb_moe_routing(_fused_expert_ffn(g))
+
+
+def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
+    """The routing and combine kernels of one MoE layer join its ``fused_experts`` node.
+
+    What a measured MoE row times is the engine's MoE layer called with the router logits
+    (aiconfigurator's collectors call vLLM's ``FusedMoE(hidden_states, router_logits)``,
+    SGLang's and TensorRT-LLM's MoE modules likewise): the top-k / sigmoid scoring, the
+    ``moe_align_block_size`` sort, the grouped GEMMs and the weighted top-k sum
+    (``moe_sum``; FlashInfer's and TensorRT-LLM's finalize), all in one number. Priced as
+    separate nodes as well, they counted twice (DeepSeek-V3 at 8,657 prompt tokens on a B200,
+    TP 8: 23 ms of a 231 ms step). Absorbed here: the router-role ops after the router GEMM,
+    the dispatch-role ops, and the combine-role ops that read the experts' output (directly or
+    through the EP combine all-to-all). Not absorbed: the router GEMM and what feeds it, and
+    the add of a separately computed shared expert's output. Their FLOPs and bytes move onto
+    the experts node, so a roofline-priced MoE (no measured rows) still moves them.
+    """
+    nodes = graph.nodes
+    experts = [n for n in nodes if n.kind == OpKind.GROUPED_GEMM and "moe_ffn" in n.tags]
+    routers = [n for n in nodes if n.kind == OpKind.GEMM and _str(n.role) == Role.MOE_ROUTER.value]
+    if len(experts) != 1 or len(routers) != 1:
+        return graph
+    ffn, router = experts[0], routers[0]
+    producer = {t: n for n in nodes for t in n.outputs}
+    after_router = set(router.outputs)
+    expert_out = set(ffn.outputs)
+    absorbed: list[Node] = []
+    alias: dict[int, int] = {}
+    for n in nodes:
+        if n.is_comm:
+            if any(t in expert_out for t in n.inputs):
+                expert_out |= set(n.outputs)  # the EP combine all-to-all of the experts' rows
+            continue
+        if n.kind not in _GLUE_KINDS:
+            continue
+        role = _str(n.role)
+        if role == Role.MOE_ROUTER.value and not any(t in after_router for t in n.inputs):
+            continue  # before the router GEMM (e.g. a cast of its input)
+        if role == Role.MOE_COMBINE.value:
+            src = next((t for t in n.inputs if t in expert_out), None)
+            if src is None:
+                continue  # e.g. routed + shared-expert output
+        elif role in (Role.MOE_ROUTER.value, Role.MOE_DISPATCH.value):
+            src = next((t for t in n.inputs if t in producer or t in after_router), None)
+            if src is None:
+                continue
+            after_router |= set(n.outputs)
+        else:
+            continue
+        absorbed.append(n)
+        for t in n.outputs:
+            alias[t] = src
+    if not absorbed:
+        return graph
+
+    def resolve(t: int) -> int:
+        while t in alias:
+            t = alias[t]
+        return t
+
+    gone = {n.id for n in absorbed}
+    out: list[Node] = []
+    for n in nodes:
+        if n.id in gone:
+            continue
+        inputs = tuple(dict.fromkeys(resolve(t) for t in n.inputs))
+        if n.id == ffn.id:
+            n = n.replace(inputs=tuple(t for t in inputs if t not in n.outputs),
+                          flops=n.flops + sum((a.flops for a in absorbed), Poly()),
+                          bytes_read=n.bytes_read + sum((a.bytes_read for a in absorbed),
+                                                        Poly()),
+                          bytes_written=n.bytes_written + sum((a.bytes_written
+                                                               for a in absorbed), Poly()))
+        elif inputs != n.inputs:
+            n = n.replace(inputs=inputs)
+        out.append(n)
+    outputs = tuple(resolve(t) for t in graph.outputs)
+    return graph.with_nodes(out, **({"outputs": outputs} if outputs != graph.outputs else {}))
 
 
 def _fused_expert_ffn(graph: OpGraph) -> OpGraph:

@@ -81,8 +81,9 @@ def test_moe_fusion_builds_one_fused_experts_op() -> None:
         assert experts[0].params["k"](*POINT) == pytest.approx(spec.hidden_size)
         glue = [n for n in fused[block].nodes if n.role in ("moe.router", "moe.dispatch",
                                                              "moe.combine")]
-        # router GEMM, topk_softmax, moe_align_block_size, moe_sum.
-        assert len(glue) == 4
+        # The router GEMM; topk_softmax, moe_align_block_size and moe_sum are inside the
+        # fused experts op, as the measured MoE rows time them (``_absorb_moe_routing``).
+        assert [n.kind for n in glue] == [OpKind.GEMM]
         raw_glue = [n for n in raw[block].nodes if n.role in ("moe.router", "moe.dispatch",
                                                                "moe.combine")]
         assert len(raw_glue) > 10
@@ -235,7 +236,8 @@ def test_sglang_runs_deepseek_shared_expert_inside_the_routed_moe() -> None:
     assert fused.kind == OpKind.GROUPED_GEMM and "fused_shared_experts" in fused.tags
     assert fused.params["top_k"](*POINT) == 9 and fused.params["num_experts"](*POINT) == 257
     gemm = 2 * 4 * 3 * 256 * 7168
-    assert fused.flops(*POINT) == pytest.approx(9 * gemm, rel=1e-3)  # + the SiLU-and-mul
+    # + the SiLU-and-mul and the routing and combine ops the fused op absorbs
+    assert fused.flops(*POINT) == pytest.approx(9 * gemm, rel=2e-3)
     assert sum(n.flops(*POINT) for n in vllm) == pytest.approx(fused.flops(*POINT), rel=1e-12)
     assert len(vllm) > 1  # the shared expert's own GEMMs and activation
     # Expert parallelism disables the fusion (SGLang determine_num_fused_shared_experts).
