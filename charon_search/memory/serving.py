@@ -159,7 +159,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                       profile: ModelMemoryProfile | None = None,
                       linear_state_ratio: float = 0.0,
                       linear_state_requests: int = 0,
-                      moe_tp: int | None = None) -> KvCacheCapacity:
+                      moe_tp: int | None = None,
+                      quantized_roles: frozenset[str] | None = None) -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
@@ -183,6 +184,10 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             after weights and workspaces is split in that ratio.
         linear_state_requests: Without a ratio, room for this many requests' linear states
             (one per running request, as vLLM allocates them) is reserved first.
+        quantized_roles: The GEMM roles a quantized checkpoint stores at ``weight_dtype``
+            (``serving._graphs.checkpoint_quant``); every other weight (embedding, LM head,
+            norms, router, and e.g. the attention a checkpoint keeps bf16) is held in bf16.
+            None: every weight at ``weight_dtype``.
     """
     from charon_search.memory.report import _resolve
 
@@ -221,6 +226,11 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
         weights = 0.0
         for name in names:
             groups = _param_groups(prof, spec, name)
+            if quantized_roles is not None and groups.by_role:
+                for role, r_tp, r_rep, r_expert in groups.by_role:
+                    per = wbytes if role in quantized_roles else WEIGHT_DTYPE_BYTES["bf16"]
+                    weights += (r_tp / tp + r_rep + r_expert / (ep * expert_tp)) * per
+                continue
             dense = groups.tp / tp + groups.rep
             weights += (dense + groups.expert / (ep * expert_tp)) * wbytes
         act = activation_bytes if activation_bytes is not None else _forward_peak(

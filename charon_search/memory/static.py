@@ -80,6 +80,9 @@ class ParamGroups:
     expert: float = 0.0
     source: str = "traced"
     """``traced`` (from weight consumers) or ``analytic`` (from the config's shapes)."""
+    by_role: tuple[tuple[str, float, float, float], ...] = ()
+    """(role, tp, rep, expert) parameters per role of the node that reads them (traced
+    blocks only; ``()`` = not known): what a quantized checkpoint stores per GEMM role."""
 
     @property
     def total(self) -> float:
@@ -94,17 +97,23 @@ def traced_param_groups(block: TracedBlock) -> ParamGroups:
     """Group ``block``'s weights by the roles of the forward nodes that read them."""
     fwd = block.forward
     tp = rep = expert = 0.0
+    by_role: dict[str, list[float]] = {}
     for t in fwd.param_tensors:
         numel = fwd.tensors[t].numel
         n = numel.const_value() if numel.is_const() else 0.0
         roles = {fwd.node(nid).role for nid in fwd.consumers.get(t, ())}
         if Role.MOE_EXPERT in roles:
             expert += n
+            role, group = Role.MOE_EXPERT, 2
         elif roles & _TP_WEIGHT_ROLES:
             tp += n
+            role, group = min(roles & _TP_WEIGHT_ROLES, key=str), 0
         else:
             rep += n
-    return ParamGroups(tp=tp, rep=rep, expert=expert)
+            role, group = (min(roles, key=str) if roles else ""), 1
+        by_role.setdefault(str(getattr(role, "value", role)), [0.0, 0.0, 0.0])[group] += n
+    return ParamGroups(tp=tp, rep=rep, expert=expert,
+                       by_role=tuple((r, *v) for r, v in sorted(by_role.items())))
 
 
 def analytic_param_groups(spec: ModelSpec, block_name: str) -> ParamGroups:

@@ -153,13 +153,18 @@ def kv_blocks(model: ModelSpec, cluster: ClusterSpec, *, tp: int, pp: int, max_n
     """KV blocks per replica as the PyTorch executor sizes them: ``kv_fraction`` of the memory
     a forward pass of ``max_num_tokens`` leaves free (device minus weights, activations, the
     CUDA-graph pool and non-torch buffers, ``memory.serving.kv_cache_capacity`` at a
-    utilization of 1)."""
+    utilization of 1; the checkpoint's bf16 modules, such as the embedding and LM head, at 2
+    bytes a weight)."""
     from charon_search.memory.serving import kv_cache_capacity
+    from charon_search.serving._graphs import _PRECISION_BYTES, checkpoint_quant
 
+    quantized = (checkpoint_quant(model, weight_dtype).quantized_roles
+                 if weight_dtype in _PRECISION_BYTES else None)
     cap = kv_cache_capacity(model, cluster, tp=tp, pp=pp, gpu_memory_utilization=1.0,
                             max_batched_tokens=max_num_tokens, block_size=block_size,
                             kv_dtype=kv_dtype,
-                            weight_dtype={"fp4": "nvfp4"}.get(weight_dtype, weight_dtype))
+                            weight_dtype={"fp4": "nvfp4"}.get(weight_dtype, weight_dtype),
+                            quantized_roles=quantized)
     tokens = cap.available_bytes * kv_fraction / cap.kv_bytes_per_token
     return int(tokens // block_size)
 

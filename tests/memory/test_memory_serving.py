@@ -69,3 +69,28 @@ def test_capacity_rejects_bad_input() -> None:
     with pytest.raises(ConfigError, match="tp"):
         kv_cache_capacity(_llama8b(), toy_cluster(), tp=3, activation_bytes=0,
                           cuda_graph_pool_bytes=0)
+
+
+def test_quantized_checkpoint_keeps_its_bf16_modules_in_weight_memory():
+    """gpt-oss-120b's checkpoint stores only the routed experts in MXFP4 (4-bit values, scales
+    neglected); attention (with biases and sinks), router, norms, embedding and LM head are
+    bf16. From the config (h = i = 2880, 128 experts, 36 layers, 64 x 64 query and 8 x 64 KV
+    heads, vocabulary 201,088): 114,701,598,720 expert parameters at 0.5 byte and 2,127,557,952
+    others at 2 bytes, 61.61 GB on one GPU (every weight at 0.5 byte: 58.41 GB)."""
+    from charon_search.catalog import load_model
+    from charon_search.serving._graphs import checkpoint_quant
+
+    spec = load_model("gpt-oss-120b")
+    h, i, e, layers, heads, d, kv, vocab = 2880, 2880, 128, 36, 64, 64, 8, 201088
+    expert = layers * e * (h * 2 * i + 2 * i + i * h + h)
+    attn = layers * (h * heads * d + heads * d + 2 * (h * kv * d + kv * d) + heads * d * h + h
+                     + heads)
+    other = attn + layers * (h * e + e) + layers * 2 * h + h + 2 * vocab * h
+    assert (expert, other) == (114_701_598_720, 2_127_557_952)
+    roles = checkpoint_quant(spec, "fp4").quantized_roles
+    cap = kv_cache_capacity(spec, "h100-sxm-8gpu", tp=1, weight_dtype="nvfp4",
+                            quantized_roles=roles)
+    assert cap.weights_bytes == pytest.approx(0.5 * expert + 2 * other, rel=1e-3)
+    flat = kv_cache_capacity(spec, "h100-sxm-8gpu", tp=1, weight_dtype="nvfp4")
+    assert flat.weights_bytes == pytest.approx(0.5 * (expert + other), rel=1e-3)
+    assert cap.num_tokens < flat.num_tokens
