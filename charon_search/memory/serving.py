@@ -160,7 +160,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                       linear_state_ratio: float = 0.0,
                       linear_state_requests: int = 0,
                       moe_tp: int | None = None,
-                      quantized_roles: frozenset[str] | None = None) -> KvCacheCapacity:
+                      quantized_roles: frozenset[str] | None = None,
+                      quantized_weight_bytes: float = 0.0) -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
@@ -188,6 +189,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             (``serving._graphs.checkpoint_quant``); every other weight (embedding, LM head,
             norms, router, and e.g. the attention a checkpoint keeps bf16) is held in bf16.
             None: every weight at ``weight_dtype``.
+        quantized_weight_bytes: Bytes per quantized weight with its scales (MXFP4 0.53125,
+            NVFP4 0.5625); 0 = ``weight_dtype``'s bare element size.
     """
     from charon_search.memory.report import _resolve
 
@@ -228,7 +231,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             groups = _param_groups(prof, spec, name)
             if quantized_roles is not None and groups.by_role:
                 for role, r_tp, r_rep, r_expert in groups.by_role:
-                    per = wbytes if role in quantized_roles else WEIGHT_DTYPE_BYTES["bf16"]
+                    per = ((quantized_weight_bytes or wbytes) if role in quantized_roles
+                           else WEIGHT_DTYPE_BYTES["bf16"])
                     weights += (r_tp / tp + r_rep + r_expert / (ep * expert_tp)) * per
                 continue
             dense = groups.tp / tp + groups.rep

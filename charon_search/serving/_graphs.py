@@ -189,6 +189,13 @@ _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
 #: prices them with the bf16 MoE model at their half byte per weight.
 _MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8",
                "int4_wo": "int4_wo", "nvfp4": ""}
+#: Stored bytes per weight of each checkpoint format, scales included: fp8 1 (a fp32 scale per
+#: tensor or per 128x128 block, < 0.1 %); MXFP4 4 bits + one E8M0 scale byte per 32 elements (OCP
+#: Microscaling spec v1.0); NVFP4 4 bits + one FP8 E4M3 scale per 16 (NVIDIA's NVFP4 format,
+#: ModelOpt ``group_size`` 16); int4 weight-only 4 bits + one bf16 scale per group (the group
+#: size from the checkpoint's config, 128 when it names none).
+_FORMAT_WEIGHT_BYTES = {"fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.5 + 1 / 32,
+                        "nvfp4": 0.5 + 1 / 16, "int4_wo": 0.5 + 2 / 128}
 #: ``ServingConfig.moe_kernel`` -> (formats it runs, (engine, DB dtype) of its measured rows).
 #: ``marlin``: the Marlin MoE kernel (``fused_marlin_moe``: 4-bit weights, MXFP4 or int4,
 #: dequantized to bf16 in the kernel), one kernel whichever engine launches it; its rows pool
@@ -237,6 +244,9 @@ class CheckpointQuant:
     block_fp8: bool = False
     """The quantized GEMMs hold 128x128 block-scaled fp8 weights (``weight_block_size``), which
     engines run with block-scaled kernels (``BLOCK_FP8_GEMM_ROWS``), not per-tensor fp8 ones."""
+    weight_bytes: float = 0.0
+    """Stored bytes per quantized weight with its scales (``_FORMAT_WEIGHT_BYTES``); 0 = the
+    precision's bare element size (no checkpoint known)."""
     source: str = ""
 
 
@@ -286,9 +296,14 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
         for pattern, roles in _MODULE_ROLES:
             if re.search(pattern, module):
                 keep |= roles
+    wbytes = _FORMAT_WEIGHT_BYTES[method]
+    if method == "int4_wo":  # one bf16 scale per group (compressed-tensors group_size)
+        groups = [dict(g.get("weights") or {}) for g in
+                  dict(qc.get("config_groups") or {}).values()]
+        wbytes = 0.5 + 2 / float(groups[0].get("group_size") or 128)
     return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES - keep,
                            moe_dtype=_MOE_FORMAT[method] if Role.MOE_EXPERT.value not in keep
-                           else "", block_fp8=method == "fp8_block",
+                           else "", block_fp8=method == "fp8_block", weight_bytes=wbytes,
                            source=str(entry.get("source", "")))
 
 

@@ -103,8 +103,8 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     dpa = config.dp_attention if dp_attention is None else dp_attention
     weight_dtype = {"fp4": "nvfp4"}.get(config.precision, config.precision)
     # A quantized checkpoint keeps some GEMMs (and always the embedding and LM head) in bf16.
-    quantized = (checkpoint_quant(model, config.precision).quantized_roles
-                 if config.precision in _PRECISION_BYTES else None)
+    quant = (checkpoint_quant(model, config.precision)
+             if config.precision in _PRECISION_BYTES else None)
     cap = kv_cache_capacity(
         model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep, moe_tp=moe_tp_degree(tp, ep),
         gpu_memory_utilization=config.gpu_memory_utilization,
@@ -113,7 +113,9 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
         else config.max_num_batched_tokens, block_size=config.block_size,
         kv_dtype=config.kv_dtype, weight_dtype=weight_dtype,
         linear_state_ratio=SGLANG_MAMBA_FULL_MEMORY_RATIO if config.engine == "sglang" else 0.0,
-        linear_state_requests=config.max_num_seqs, quantized_roles=quantized)
+        linear_state_requests=config.max_num_seqs,
+        quantized_roles=quant.quantized_roles if quant else None,
+        quantized_weight_bytes=quant.weight_bytes if quant else 0.0)
     blocks = cap.num_blocks
     if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV

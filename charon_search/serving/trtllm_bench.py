@@ -158,13 +158,14 @@ def kv_blocks(model: ModelSpec, cluster: ClusterSpec, *, tp: int, pp: int, max_n
     from charon_search.memory.serving import kv_cache_capacity
     from charon_search.serving._graphs import _PRECISION_BYTES, checkpoint_quant
 
-    quantized = (checkpoint_quant(model, weight_dtype).quantized_roles
-                 if weight_dtype in _PRECISION_BYTES else None)
+    quant = (checkpoint_quant(model, weight_dtype)
+             if weight_dtype in _PRECISION_BYTES else None)
     cap = kv_cache_capacity(model, cluster, tp=tp, pp=pp, gpu_memory_utilization=1.0,
                             max_batched_tokens=max_num_tokens, block_size=block_size,
                             kv_dtype=kv_dtype,
                             weight_dtype={"fp4": "nvfp4"}.get(weight_dtype, weight_dtype),
-                            quantized_roles=quantized)
+                            quantized_roles=quant.quantized_roles if quant else None,
+                            quantized_weight_bytes=quant.weight_bytes if quant else 0.0)
     tokens = cap.available_bytes * kv_fraction / cap.kv_bytes_per_token
     return int(tokens // block_size)
 

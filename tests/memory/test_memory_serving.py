@@ -72,11 +72,12 @@ def test_capacity_rejects_bad_input() -> None:
 
 
 def test_quantized_checkpoint_keeps_its_bf16_modules_in_weight_memory():
-    """gpt-oss-120b's checkpoint stores only the routed experts in MXFP4 (4-bit values, scales
-    neglected); attention (with biases and sinks), router, norms, embedding and LM head are
-    bf16. From the config (h = i = 2880, 128 experts, 36 layers, 64 x 64 query and 8 x 64 KV
-    heads, vocabulary 201,088): 114,701,598,720 expert parameters at 0.5 byte and 2,127,557,952
-    others at 2 bytes, 61.61 GB on one GPU (every weight at 0.5 byte: 58.41 GB)."""
+    """gpt-oss-120b's checkpoint stores only the routed experts in MXFP4 (4 bits + one E8M0
+    scale byte per 32 elements = 0.53125 byte); attention (with biases and sinks), router,
+    norms, embedding and LM head are bf16. From the config (h = i = 2880, 128 experts, 36
+    layers, 64 x 64 query and 8 x 64 KV heads, vocabulary 201,088): 114,701,598,720 expert
+    parameters and 2,127,557,952 others at 2 bytes, 65.19 GB on one GPU (every weight at a bare
+    0.5 byte: 58.41 GB)."""
     from charon_search.catalog import load_model
     from charon_search.serving._graphs import checkpoint_quant
 
@@ -87,10 +88,12 @@ def test_quantized_checkpoint_keeps_its_bf16_modules_in_weight_memory():
                      + heads)
     other = attn + layers * (h * e + e) + layers * 2 * h + h + 2 * vocab * h
     assert (expert, other) == (114_701_598_720, 2_127_557_952)
-    roles = checkpoint_quant(spec, "fp4").quantized_roles
+    quant = checkpoint_quant(spec, "fp4")
+    assert quant.weight_bytes == 0.53125
     cap = kv_cache_capacity(spec, "h100-sxm-8gpu", tp=1, weight_dtype="nvfp4",
-                            quantized_roles=roles)
-    assert cap.weights_bytes == pytest.approx(0.5 * expert + 2 * other, rel=1e-3)
+                            quantized_roles=quant.quantized_roles,
+                            quantized_weight_bytes=quant.weight_bytes)
+    assert cap.weights_bytes == pytest.approx(0.53125 * expert + 2 * other, rel=1e-3)
     flat = kv_cache_capacity(spec, "h100-sxm-8gpu", tp=1, weight_dtype="nvfp4")
     assert flat.weights_bytes == pytest.approx(0.5 * (expert + other), rel=1e-3)
     assert cap.num_tokens < flat.num_tokens

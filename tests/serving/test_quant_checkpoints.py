@@ -92,6 +92,9 @@ def test_nvidia_nvfp4_checkpoints_keep_their_listed_modules_bf16():
     only the routed experts; Qwen3-235B-A22B-NVFP4 every GEMM but router and head. No NVFP4
     expert rows are shipped, so the expert format is left to the bf16 MoE model ("")."""
     ds = checkpoint_quant(load_model("deepseek-v3"), "fp4")
+    assert ds.weight_bytes == 0.5 + 1 / 16  # one FP8 scale per 16 values
+    assert checkpoint_quant(load_model("kimi-k2.5"), "int4").weight_bytes == 0.5 + 2 / 32
+    assert checkpoint_quant(load_model("deepseek-v3"), "fp8").weight_bytes == 1.0
     assert "attn.qkv" not in ds.quantized_roles
     assert {"attn.out", "mlp.in", "mlp.out", "moe.shared", "moe.expert"} <= ds.quantized_roles
     assert ds.moe_dtype == "" and not ds.block_fp8
