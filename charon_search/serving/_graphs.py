@@ -307,6 +307,12 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
                            source=str(entry.get("source", "")))
 
 
+def quantized_checkpoint(model: ModelSpec, precision: str) -> CheckpointQuant | None:
+    """``checkpoint_quant`` for the quantized precisions (fp8, fp4, int4); None for bf16/fp16,
+    whose checkpoints store every weight at 2 bytes."""
+    return checkpoint_quant(model, precision) if precision in _PRECISION_BYTES else None
+
+
 def _modelopt_format(qc: Mapping[str, Any], where: str) -> str:
     """The kernel format of a TensorRT Model Optimizer checkpoint (``quant_method``
     ``modelopt``): ``quant_algo`` NVFP4 (4-bit E2M1 weights and activations in groups of 16 with

@@ -98,13 +98,12 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     if config.num_kv_blocks:
         return config.num_kv_blocks
     from charon_search.memory.serving import kv_cache_capacity, moe_tp_degree
-    from charon_search.serving._graphs import _PRECISION_BYTES, checkpoint_quant
+    from charon_search.serving._graphs import quantized_checkpoint
 
     dpa = config.dp_attention if dp_attention is None else dp_attention
     weight_dtype = {"fp4": "nvfp4"}.get(config.precision, config.precision)
     # A quantized checkpoint keeps some GEMMs (and always the embedding and LM head) in bf16.
-    quant = (checkpoint_quant(model, config.precision)
-             if config.precision in _PRECISION_BYTES else None)
+    quant = quantized_checkpoint(model, config.precision)
     cap = kv_cache_capacity(
         model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep, moe_tp=moe_tp_degree(tp, ep),
         gpu_memory_utilization=config.gpu_memory_utilization,

@@ -156,10 +156,9 @@ def kv_blocks(model: ModelSpec, cluster: ClusterSpec, *, tp: int, pp: int, max_n
     utilization of 1; the checkpoint's bf16 modules, such as the embedding and LM head, at 2
     bytes a weight)."""
     from charon_search.memory.serving import kv_cache_capacity
-    from charon_search.serving._graphs import _PRECISION_BYTES, checkpoint_quant
+    from charon_search.serving._graphs import quantized_checkpoint
 
-    quant = (checkpoint_quant(model, weight_dtype)
-             if weight_dtype in _PRECISION_BYTES else None)
+    quant = quantized_checkpoint(model, weight_dtype)
     cap = kv_cache_capacity(model, cluster, tp=tp, pp=pp, gpu_memory_utilization=1.0,
                             max_batched_tokens=max_num_tokens, block_size=block_size,
                             kv_dtype=kv_dtype,
