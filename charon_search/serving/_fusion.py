@@ -353,11 +353,12 @@ def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
     """The routing and combine kernels of one MoE layer join its ``fused_experts`` node.
 
     What a measured MoE row times is the engine's MoE layer called with the router logits
-    (aiconfigurator's vLLM collector calls ``FusedMoE(hidden_states, router_logits)``; the
+    (aiconfigurator's vLLM collector calls ``FusedMoE(hidden_states, router_logits)``, its
+    SGLang collector ``experts(hidden_states, TopK(hidden_states, router_logits))``; the
     FlashInfer TRT-LLM MoE kernels, vLLM's and SGLang's Blackwell default, take the logits and
     route inside): the top-k / sigmoid scoring, the ``moe_align_block_size`` sort, the grouped
     GEMMs and the weighted top-k sum (``moe_sum``, or the kernel's finalize), in one number.
-    The other collectors' layer calls are ASSUMED to cover the same span. Priced as
+    TensorRT-LLM's collector is ASSUMED to cover the same span. Priced as
     separate nodes as well, they counted twice (DeepSeek-V3 at 8,657 prompt tokens on a B200,
     TP 8: 23 ms of a 231 ms step). Absorbed here: the router-role ops after the router GEMM,
     the dispatch-role ops, and the combine-role ops that read the experts' output (directly or
