@@ -365,6 +365,12 @@ def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
     through the EP combine all-to-all). Not absorbed: the router GEMM and what feeds it, and
     the add of a separately computed shared expert's output. Their FLOPs and bytes move onto
     the experts node, so a roofline-priced MoE (no measured rows) still moves them.
+
+    Dropped: router-role ops that only feed the router GEMM. The HF DeepSeek-V3 / Kimi-K2 /
+    GLM-5 gate casts its input and weight to fp32 before the GEMM (``F.linear(hidden_states.
+    type(torch.float32), self.weight.type(torch.float32))``); the engines run the gate on the
+    bf16 activations (vLLM ``ReplicatedLinear``, SGLang ``MoEGate`` ``F.linear`` or
+    ``dsv3_router_gemm``, TensorRT-LLM ``dsv3_router_gemm_op``), so no cast kernel runs.
     """
     nodes = graph.nodes
     experts = [n for n in nodes if n.kind == OpKind.GROUPED_GEMM and "moe_ffn" in n.tags]
@@ -377,6 +383,18 @@ def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
     expert_out = set(ffn.outputs)
     absorbed: list[Node] = []
     alias: dict[int, int] = {}
+    consumers: dict[int, set[int]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            consumers.setdefault(t, set()).add(n.id)
+    casts = [n for n in nodes if not n.is_comm and n.kind in _GLUE_KINDS
+             and _str(n.role) == Role.MOE_ROUTER.value and n.outputs
+             and all(consumers.get(t) == {router.id} for t in n.outputs)]
+    for n in casts:
+        if len(n.outputs) == len(n.inputs):
+            alias.update(zip(n.outputs, n.inputs))
+        else:
+            alias.update((t, n.inputs[0]) for t in n.outputs)
     for n in nodes:
         if n.is_comm:
             if any(t in expert_out for t in n.inputs):
@@ -401,7 +419,7 @@ def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
         absorbed.append(n)
         for t in n.outputs:
             alias[t] = src
-    if not absorbed:
+    if not absorbed and not casts:
         return graph
 
     def resolve(t: int) -> int:
@@ -409,7 +427,7 @@ def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
             t = alias[t]
         return t
 
-    gone = {n.id for n in absorbed}
+    gone = {n.id for n in (*absorbed, *casts)}
     out: list[Node] = []
     for n in nodes:
         if n.id in gone:

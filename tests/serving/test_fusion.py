@@ -268,3 +268,18 @@ def test_norm_over_all_heads_all_reduces_its_statistics(engine: str) -> None:
     _, qwen = serving_graphs(load_model("qwen3-8b"), tp=4, pp=1, ep=1, dp_attention=False,
                              precision="bf16", engine=engine)
     assert not [n for n in qwen["dense"].nodes if "norm_stat" in n.tags]
+
+
+def test_deepseek_gate_runs_on_bf16_activations_without_a_cast_kernel() -> None:
+    """The HF DeepSeek-V3 gate casts its input and weight to fp32 before the router GEMM; the
+    engines run the gate on the bf16 activations, so the cast is dropped and the router GEMM
+    reads the post-attention norm's output. What follows the GEMM (sigmoid scoring, grouped
+    top-k, sort, top-k sum) is inside the fused experts op."""
+    _, decode = serving_graphs(load_model("deepseek-v3"), tp=8, pp=1, ep=1,
+                               dp_attention=False, precision="fp8", engine="sglang")
+    g = decode["moe"]
+    router = [n for n in g.nodes if n.role == "moe.router"]
+    assert [n.kind for n in router] == [OpKind.GEMM]
+    norm = next(n for n in g.nodes if n.role == "mlp.norm")
+    assert set(norm.outputs) & set(router[0].inputs)
+    assert not [n for n in g.nodes if n.role == "moe.dispatch"]
