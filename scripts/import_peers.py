@@ -68,7 +68,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from charon_search.cost.profile_db import normalize_gpu, write_profile_db  # noqa: E402
-from charon_search.cost.selector import MLA_HEAD_DIM  # noqa: E402
+from charon_search.cost.selector import BLOCK_FP8_GEMM_ENGINES, MLA_HEAD_DIM  # noqa: E402
 
 AIC = "aiconfigurator-core 0.12.0"
 VIDUR = "vidur@7d47513"
@@ -159,13 +159,13 @@ def convert_gemm(path: str, gpu: str, source: str) -> pd.DataFrame:
 
 #: Engines whose 128x128 block-scaled fp8 GEMM rows (``gemm_dtype`` ``fp8_block``, the dense
 #: layers of DeepSeek-V3/R1, Qwen3-FP8, MiniMax-M2.5, GLM-5 and Qwen3.5 FP8 checkpoints) are
-#: imported, each as variant ``<engine>``: SGLang's DeepGEMM ``fp8_gemm_nt`` on Hopper and
-#: Blackwell, TensorRT-LLM's own block-scaling GEMM on Hopper (``torch_flow``) and DeepGEMM on
-#: Blackwell. vLLM's table (0.24.0) is left out: its rows up to a few hundred tokens sit on a
-#: flat floor (H200 ~57 us, B200 ~170 us for every shape down to 16 x 128 x 128, where SGLang's
-#: DeepGEMM takes 3.5-5 us), the host time of an eager call measured with the kernel; from
-#: 8192 tokens they agree with SGLang's DeepGEMM rows within 16-24 % (median).
-BLOCK_FP8_GEMM_ENGINES = ("sglang", "trtllm")
+#: imported, each as variant ``<engine>`` (``cost.selector.BLOCK_FP8_GEMM_ENGINES``): SGLang's
+#: DeepGEMM ``fp8_gemm_nt`` on Hopper and Blackwell, TensorRT-LLM's own block-scaling GEMM on
+#: Hopper (``torch_flow``) and DeepGEMM on Blackwell. vLLM's table (0.24.0) is left out: its
+#: rows up to a few hundred tokens sit on a flat floor (H200 ~57 us, B200 ~170 us for every
+#: shape down to 16 x 128 x 128, where SGLang's DeepGEMM takes 3.5-5 us), the host time of an
+#: eager call measured with the kernel; from 8192 tokens they agree with SGLang's DeepGEMM rows
+#: within 16-24 % (median).
 
 
 def convert_gemm_block(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:

@@ -262,6 +262,11 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str)
     }
 
 
+def _fold_layers(modules: list[str]) -> list[str]:
+    """Per-layer module names folded to ``...layers.*.<module>``, ordered, deduplicated."""
+    return list(dict.fromkeys(re.sub(r"layers\.\d+\.", "layers.*.", m) for m in modules))
+
+
 def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
     """The ``_charon_checkpoints`` block of catalog entry ``name`` (empty: none known)."""
     out: dict[str, dict[str, object]] = {}
@@ -271,9 +276,7 @@ def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
                   or raw["quantization_config"])
         skip = qc.pop("modules_to_not_convert", None)
         if skip is not None:
-            folded = dict.fromkeys(re.sub(r"^model\.layers\.\d+\.", "model.layers.*.", m)
-                                   for m in skip)  # ordered, deduplicated
-            qc["modules_to_not_convert"] = list(folded)
+            qc["modules_to_not_convert"] = _fold_layers(skip)
         out[precision] = {"hf_id": hf, "quantization_config": qc,
                           "source": f"aiconfigurator-core 0.12.0 wheel, {note}"}
     if name in NVFP4_CHECKPOINTS:
@@ -288,8 +291,7 @@ def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
                                                               "quantized_layers")},
                   "ignore": q.get("exclude_modules") or []}
         qc.pop("config_groups", None)  # the NVFP4 scheme, stated by quant_algo
-        qc["ignore"] = list(dict.fromkeys(re.sub(r"layers\.\d+\.", "layers.*.", m)
-                                          for m in qc.get("ignore") or []))
+        qc["ignore"] = _fold_layers(qc.get("ignore") or [])
         file = (f"{stem}_config.json `quantization_config`" if "producer" in qc
                 else f"{stem}_hf_quant_config.json")
         out["fp4"] = {"hf_id": hf, "quantization_config": qc,

@@ -22,7 +22,8 @@ Three in four layers attend locally (``attention_chunk_size`` 8192: a query atte
 keys of its own 8192-token chunk). They are traced as causal attention and priced as a sliding
 window of the chunk (``ModelSpec.sliding_window``): exact while a sequence fits in one chunk
 (every shipped Llama 4 record: 8192 tokens), at most twice the chunked work beyond. Their KV
-cache is sized as full attention's (as for every sliding-window model).
+cache keeps a chunk's blocks per request where the engine pages it so
+(``serving.kv_cache.KvWindow``, ``ServingConfig.windowed_kv``).
 """
 
 from __future__ import annotations

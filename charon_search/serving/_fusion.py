@@ -378,18 +378,14 @@ def _absorb_moe_routing(graph: OpGraph) -> OpGraph:
     if len(experts) != 1 or len(routers) != 1:
         return graph
     ffn, router = experts[0], routers[0]
-    producer = {t: n for n in nodes for t in n.outputs}
+    producer, consumers = graph.producer, graph.consumers
     after_router = set(router.outputs)
     expert_out = set(ffn.outputs)
     absorbed: list[Node] = []
     alias: dict[int, int] = {}
-    consumers: dict[int, set[int]] = {}
-    for n in nodes:
-        for t in n.inputs:
-            consumers.setdefault(t, set()).add(n.id)
     casts = [n for n in nodes if not n.is_comm and n.kind in _GLUE_KINDS
              and _str(n.role) == Role.MOE_ROUTER.value and n.outputs
-             and all(consumers.get(t) == {router.id} for t in n.outputs)]
+             and all(set(consumers.get(t, ())) == {router.id} for t in n.outputs)]
     for n in casts:
         if len(n.outputs) == len(n.inputs):
             alias.update(zip(n.outputs, n.inputs))

@@ -307,10 +307,15 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
                            source=str(entry.get("source", "")))
 
 
-def quantized_checkpoint(model: ModelSpec, precision: str) -> CheckpointQuant | None:
-    """``checkpoint_quant`` for the quantized precisions (fp8, fp4, int4); None for bf16/fp16,
-    whose checkpoints store every weight at 2 bytes."""
-    return checkpoint_quant(model, precision) if precision in _PRECISION_BYTES else None
+def weight_storage(model: ModelSpec, precision: str) -> dict[str, Any]:
+    """``memory.serving.kv_cache_capacity`` keyword arguments for the weights of ``model``'s
+    ``precision`` checkpoint: its weight dtype and, when quantized, the GEMM roles it stores
+    quantized (the others, the embedding and LM head always, stay bf16) and their bytes with
+    scales (``checkpoint_quant``)."""
+    quant = checkpoint_quant(model, precision) if precision in _PRECISION_BYTES else None
+    return {"weight_dtype": {"fp4": "nvfp4"}.get(precision, precision),
+            "quantized_roles": quant.quantized_roles if quant else None,
+            "quantized_weight_bytes": quant.weight_bytes if quant else 0.0}
 
 
 def _modelopt_format(qc: Mapping[str, Any], where: str) -> str:

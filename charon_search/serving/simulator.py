@@ -98,23 +98,18 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     if config.num_kv_blocks:
         return config.num_kv_blocks
     from charon_search.memory.serving import kv_cache_capacity, moe_tp_degree
-    from charon_search.serving._graphs import quantized_checkpoint
+    from charon_search.serving._graphs import weight_storage
 
     dpa = config.dp_attention if dp_attention is None else dp_attention
-    weight_dtype = {"fp4": "nvfp4"}.get(config.precision, config.precision)
-    # A quantized checkpoint keeps some GEMMs (and always the embedding and LM head) in bf16.
-    quant = quantized_checkpoint(model, config.precision)
     cap = kv_cache_capacity(
         model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep, moe_tp=moe_tp_degree(tp, ep),
         gpu_memory_utilization=config.gpu_memory_utilization,
         # Under attention DP each rank runs its share of the replica's tokens.
         max_batched_tokens=-(-config.max_num_batched_tokens // tp) if dpa
         else config.max_num_batched_tokens, block_size=config.block_size,
-        kv_dtype=config.kv_dtype, weight_dtype=weight_dtype,
+        kv_dtype=config.kv_dtype,
         linear_state_ratio=SGLANG_MAMBA_FULL_MEMORY_RATIO if config.engine == "sglang" else 0.0,
-        linear_state_requests=config.max_num_seqs,
-        quantized_roles=quant.quantized_roles if quant else None,
-        quantized_weight_bytes=quant.weight_bytes if quant else 0.0)
+        linear_state_requests=config.max_num_seqs, **weight_storage(model, config.precision))
     blocks = cap.num_blocks
     if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV

@@ -156,15 +156,11 @@ def kv_blocks(model: ModelSpec, cluster: ClusterSpec, *, tp: int, pp: int, max_n
     utilization of 1; the checkpoint's bf16 modules, such as the embedding and LM head, at 2
     bytes a weight)."""
     from charon_search.memory.serving import kv_cache_capacity
-    from charon_search.serving._graphs import quantized_checkpoint
+    from charon_search.serving._graphs import weight_storage
 
-    quant = quantized_checkpoint(model, weight_dtype)
     cap = kv_cache_capacity(model, cluster, tp=tp, pp=pp, gpu_memory_utilization=1.0,
                             max_batched_tokens=max_num_tokens, block_size=block_size,
-                            kv_dtype=kv_dtype,
-                            weight_dtype={"fp4": "nvfp4"}.get(weight_dtype, weight_dtype),
-                            quantized_roles=quant.quantized_roles if quant else None,
-                            quantized_weight_bytes=quant.weight_bytes if quant else 0.0)
+                            kv_dtype=kv_dtype, **weight_storage(model, weight_dtype))
     tokens = cap.available_bytes * kv_fraction / cap.kv_bytes_per_token
     return int(tokens // block_size)
 
