@@ -233,6 +233,7 @@ class FusedCostModel:
         self._shape_cache: dict[tuple[str, str, str], dict[tuple[Any, ...], float]] = {}
         self._gdn_curves: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray] | None] = {}
         self._dsa_curves: dict[tuple[str, bool], dict[float, tuple[np.ndarray, np.ndarray]]] = {}
+        self._gemm_rows_engine: dict[str, str | None] = {}  # GEMM_ROWS_TAG engine -> rows
 
     # ------------------------------------------------------------------ single node
     def cost(self, node: Node, point: ShapePoint) -> NodeCost | None:
@@ -563,10 +564,12 @@ class FusedCostModel:
         want = next((t[len(GEMM_ROWS_TAG):] for t in tags if t.startswith(GEMM_ROWS_TAG)), "")
         if not want or self.store is None or self.gpu_key is None:
             return fam, dtype
-        for engine in (want, *(e for e in BLOCK_FP8_GEMM_ENGINES if e != want)):
-            if self.store.available(self.gpu_key, "gemm", engine, "fp8_block"):
-                return engine, "fp8_block"
-        return fam, dtype
+        if want not in self._gemm_rows_engine:  # one index scan per engine, not per node
+            self._gemm_rows_engine[want] = next(
+                (e for e in (want, *(e for e in BLOCK_FP8_GEMM_ENGINES if e != want))
+                 if self.store.available(self.gpu_key, "gemm", e, "fp8_block")), None)
+        engine = self._gemm_rows_engine[want]
+        return (engine, "fp8_block") if engine else (fam, dtype)
 
     def _profile_hit(self, kind: str, fam: str, dtype: str, params: dict[str, float]
                      ) -> float | None:
