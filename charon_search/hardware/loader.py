@@ -138,6 +138,8 @@ _CALIBRATION_FIELDS = (
            required=False),
     _Field("frontend_output_token_s", f"frontend_output_token_{_TIME}", "mapping",
            required=False),
+    _Field("frontend_output_stream_s", f"frontend_output_stream_{_TIME}", "mapping",
+           required=False),
     _Field("prefill_iteration_overhead_s", f"prefill_iteration_overhead_{_TIME}", "mapping",
            required=False),
     _Field("eager_kernel_host_s", f"eager_kernel_host_{_TIME}", "mapping", required=False),
@@ -460,7 +462,8 @@ def _calibration_from_dict(
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
     for per_engine in ("frontend_latency", "frontend_prompt_token", "frontend_output_token",
-                       "prefill_iteration_overhead", "eager_kernel_host"):
+                       "frontend_output_stream", "prefill_iteration_overhead",
+                       "eager_kernel_host"):
         given = values.get(f"{per_engine}_s", {})
         allowed = SERVING_ENGINES + (SERVING_FRONTENDS
                                      if f"{per_engine}_s" in FRONTEND_KEYED_TIMES else ())

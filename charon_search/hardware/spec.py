@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from charon_search.errors import ConfigError
 
 #: Serving engines a cluster calibrates per-engine times for (``Calibration.frontend_latency_s``,
-#: ``frontend_prompt_token_s``, ``frontend_output_token_s``, ``prefill_iteration_overhead_s``,
-#: ``eager_kernel_host_s``); the engines ``serving.backends`` has launch profiles of.
+#: ``frontend_prompt_token_s``, ``frontend_output_token_s``, ``frontend_output_stream_s``,
+#: ``prefill_iteration_overhead_s``, ``eager_kernel_host_s``); the engines
+#: ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 #: Serving front ends that stream an engine's tokens in place of its own server
 #: (``ServingConfig.frontend``); the ``FRONTEND_KEYED_TIMES`` mappings may key them too.
@@ -21,7 +22,7 @@ SERVING_FRONTENDS = ("dynamo",)
 #: own server, a ``SERVING_FRONTENDS`` key that front end whatever the engine (the simulator
 #: looks them up by ``ServingConfig.frontend or engine``).
 FRONTEND_KEYED_TIMES = ("frontend_latency_s", "frontend_prompt_token_s",
-                        "frontend_output_token_s")
+                        "frontend_output_token_s", "frontend_output_stream_s")
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 
@@ -146,6 +147,11 @@ class Calibration:
     (``ServingConfig.frontend_output_token_s``); an engine not listed has none. A front end
     of ``SERVING_FRONTENDS`` (``dynamo``) is keyed by its own name: launched through it, every
     engine streams at its rate (``ServingConfig.frontend``)."""
+    frontend_output_stream_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine (its own server) or ``dynamo`` -> seconds that front end spends per
+    streaming request per output cycle on this cluster's hosts, tokens that wait for a cycle
+    merging into one chunk per request (``ServingConfig.frontend_output_stream_s``); a front
+    end not listed has none."""
     prefill_iteration_overhead_s: Mapping[str, float] = field(default_factory=dict)
     """Serving engine -> host seconds an iteration carrying prompt tokens adds to its GPU time
     on this cluster's hosts (``ServingConfig.prefill_iteration_overhead_s``); an engine not

@@ -418,6 +418,17 @@ class ServingConfig:
     ``1 / frontend_output_token_s`` per second they queue there: TTFT, TPOT and E2E grow and a
     closed loop's next request starts later. None = the cluster's calibrated
     ``frontend_output_token_s`` of ``frontend`` (else of ``engine``; 0 when it has none)."""
+    frontend_output_stream_s: float | None = None
+    """Front-end time per streaming request per output cycle: the server's front-end process
+    hands each request that has new tokens one stream chunk (detokenized text, the response
+    object, the HTTP write), going through the requests one after another. Tokens the engine
+    emits while the front end is still busy wait for its next cycle and *merge* into one chunk
+    per request (vLLM's ``RequestOutputCollector``), so the cost of a cycle is this times the
+    requests it serves, however many iterations it covers. It delays every token by the cycle
+    that delivers it: in a steady closed loop that lag is the same for a request's first and
+    last token, so it counts in TTFT and E2E, and TPOT stays the engine's; unlike
+    ``frontend_output_token_s`` it never caps the output rate. None = the cluster's calibrated
+    ``frontend_output_stream_s`` of ``frontend`` (else of ``engine``; 0 when it has none)."""
     prefill_iteration_overhead_s: float | None = None
     """Host time an iteration that carries prompt tokens adds to its GPU time, which the
     overlap scheduler does not hide: such iterations run eagerly (TensorRT-LLM and SGLang
@@ -454,8 +465,8 @@ class ServingConfig:
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
         _choice("frontend", self.frontend, FRONTENDS)
-        for name in ("frontend_latency_s", "frontend_prompt_token_s",
-                     "frontend_output_token_s", "prefill_iteration_overhead_s"):
+        for name in ("frontend_latency_s", "frontend_prompt_token_s", "frontend_output_token_s",
+                     "frontend_output_stream_s", "prefill_iteration_overhead_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "

@@ -97,8 +97,10 @@ class ServingReport:
     """Prefill-attention time dynamic SP saved against fixed SP, summed over iterations."""
     frontend_busy: float = 0.0
     """Fraction of the run the serving front end spent streaming output tokens (output tokens x
-    ``frontend_output_token_s`` / duration, per front end: Dynamo has one per replica): near 1
-    it, not the engine, bounds the output rate."""
+    ``frontend_output_token_s`` plus its streaming cycles' ``frontend_output_stream_s`` per
+    request served, / duration, per front end: Dynamo has one per replica): near 1 a
+    per-token front end, not the engine, bounds the output rate; a cycling one merges chunks
+    and lags instead."""
     config: Mapping[str, Any] = field(default_factory=dict)
     per_request: Mapping[str, Sequence[float]] | None = None
     """Columns ``request_id, arrived_at_s, prompt_tokens, output_tokens, ttft_s, e2e_s,

@@ -168,6 +168,41 @@ class _StreamQueue:
         return self.free_s
 
 
+class _CycleQueue:
+    """One front-end process that streams in cycles (``ServingConfig.frontend_output_stream_s``):
+    a cycle hands every request with new tokens one chunk, ``per_stream_s`` each, one after
+    another. Tokens emitted while a cycle runs wait for the next one, which starts when it
+    ends and serves each waiting request once, however many iterations its tokens came from
+    (they merge into one chunk)."""
+
+    __slots__ = ("busy_s", "end_s", "per_stream_s", "waiting")
+
+    def __init__(self, per_stream_s: float) -> None:
+        self.per_stream_s = per_stream_s
+        self.end_s = 0.0
+        """End of the running (or last) cycle."""
+        self.waiting: dict[int, int] = {}
+        """Source (replica) -> requests with tokens waiting for the next cycle."""
+        self.busy_s = 0.0
+
+    def take(self, now_s: float, streams: int, source: int = 0) -> float:
+        """``streams`` requests of replica ``source`` got tokens at ``now_s``: when their clients
+        have them (on average: the middle of the cycle that serves them)."""
+        q = self.per_stream_s
+        if self.waiting and self.end_s <= now_s:  # the next cycle started when the last ended
+            n = sum(self.waiting.values())
+            self.waiting.clear()
+            self.end_s += n * q
+            self.busy_s += n * q
+        if self.end_s <= now_s:  # idle: a cycle starts now
+            self.end_s = now_s + streams * q
+            self.busy_s += streams * q
+            return now_s + 0.5 * (streams + 1) * q
+        # Merged: a request waits once in the next cycle whichever iterations fed it.
+        self.waiting[source] = max(self.waiting.get(source, 0), streams)
+        return self.end_s + 0.5 * (sum(self.waiting.values()) + 1) * q
+
+
 class ServingSimulation:
     """One serving simulation: replicas, router, event heap, per-request results."""
 
@@ -220,14 +255,33 @@ class ServingSimulation:
         """Front-end time per streamed output token (``ServingConfig.frontend_output_token_s``):
         the engine's own server streams every replica's tokens (disaggregated: the decode
         replicas'), Dynamo one queue per replica (its ``dynamo.<engine>`` worker)."""
+        self.frontend_output_stream_s = _engine_time(config.frontend_output_stream_s,
+                                                     cal.frontend_output_stream_s, process)
+        """Front-end time per streaming request per output cycle
+        (``ServingConfig.frontend_output_stream_s``): one cycling process for the engine's own
+        server, one per replica under Dynamo, as for ``frontend_output_token_s``."""
+        per_front = self.decode_pool if config.frontend else (0,)
         self._streams: list[_StreamQueue] = []
+        self._cycles: list[_CycleQueue] = []
         if self.frontend_output_token_s > 0:
-            self._streams = [_StreamQueue(self.frontend_output_token_s)
-                             for _ in (self.decode_pool if config.frontend else (0,))]
-            for i, eng in enumerate(self.decode_pool):
-                eng.stream = self._streams[i if config.frontend else 0].take
+            self._streams = [_StreamQueue(self.frontend_output_token_s) for _ in per_front]
+        if self.frontend_output_stream_s > 0:
+            self._cycles = [_CycleQueue(self.frontend_output_stream_s) for _ in per_front]
+        for i, eng in enumerate(self.decode_pool):
+            eng.stream = self._stream_fn(i if config.frontend else 0, i)
         self._finished = 0
         self._on_finish_hook: Any = None
+
+    def _stream_fn(self, front: int, replica: int) -> Any:
+        """Replica ``replica``'s path to its clients through front end ``front``: the output
+        token queue, then the streaming cycles (None: tokens reach the clients at once)."""
+        tokens = self._streams[front].take if self._streams else None
+        cycles = self._cycles[front].take if self._cycles else None
+        if cycles is None:
+            return tokens
+        if tokens is None:
+            return lambda now_s, n: cycles(now_s, n, replica)
+        return lambda now_s, n: cycles(tokens(now_s, n), n, replica)
 
     def front_s(self, spec: RequestSpec) -> float:
         """Time ``spec`` spends in the serving front end before the engine sees it (its
@@ -555,8 +609,9 @@ class ServingSimulation:
             kv_capacity_tokens=self.decode_pool[0].pool.capacity_tokens,
             kv_window_tokens=window.window_blocks * cfg.block_size if window else 0,
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
-            frontend_busy=float(out_tok[done].sum() * self.frontend_output_token_s
-                                / max(1, len(self._streams)) / duration),
+            frontend_busy=float((out_tok[done].sum() * self.frontend_output_token_s
+                                 + sum(c.busy_s for c in self._cycles))
+                                / max(1, len(self._streams), len(self._cycles)) / duration),
             config=_jsonable_config(cfg), per_request=per_request)
 
     def write_chrome_trace(self, path: str | Path) -> None:

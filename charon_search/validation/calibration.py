@@ -100,6 +100,8 @@ class Parameter:
 PROMPT_TOKEN_GRID = (0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6, 1e-5, 1.2e-5, 1.5e-5)
 #: Grid of the front-end times per streamed output token (seconds).
 OUTPUT_TOKEN_GRID = (0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4)
+#: Grid of the front-end times per streaming request per output cycle (seconds).
+OUTPUT_STREAM_GRID = (0.0, 1e-4, 2e-4, 3e-4, 4e-4, 5e-4, 6e-4, 8e-4, 1e-3)
 
 
 def _per_engine(prefix: str, field_name: str, grid: tuple[float, ...],
@@ -163,6 +165,12 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "time {}'s serving front end spends per streamed output token, one token "
                  "after another for all requests (detokenization, writing the stream chunk): "
                  "tokens queue there once the engine emits more than its inverse per second"),
+    *_per_engine("frontend_output_stream", "frontend_output_stream_s", OUTPUT_STREAM_GRID,
+                 "time {}'s serving front end spends per streaming request per output cycle "
+                 "(the request's stream chunk: detokenized text, response object, HTTP write), "
+                 "going through the requests with new tokens one after another; tokens emitted "
+                 "meanwhile merge into the next cycle's chunk: a lag in TTFT and E2E that grows "
+                 "with the streams, not a cap on the output rate"),
     Parameter(name="frontend_output_token_dynamo_s",
               target="calibration.frontend_output_token_s.dynamo", grid=OUTPUT_TOKEN_GRID,
               default=0.0, kinds=("serving",),

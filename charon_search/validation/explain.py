@@ -153,6 +153,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "frontend_latency_s": sim.frontend_s,
             "frontend_prompt_token_s": sim.frontend_token_s,
             "frontend_output_token_s": sim.frontend_output_token_s,
+            "frontend_output_stream_s": sim.frontend_output_stream_s,
         },
         "kv_cache": {
             "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
@@ -268,6 +269,7 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
     lines.append("  engine: " + ", ".join(
         f"{k} {v * 1e6:.2f} us/token" if k in ("frontend_prompt_token_s",
                                                 "frontend_output_token_s") else
+        f"{k} {v * 1e6:.0f} us/stream" if k == "frontend_output_stream_s" else
         f"{k} {_ms(v) if k.endswith('_s') else v}" for k, v in eng.items()))
     pred = exp["predicted"]
     lines.append(f"  predicted TTFT {_ms(pred['ttft_s'])}, TPOT {_ms(pred['tpot_s'])};  "

@@ -359,22 +359,26 @@ def test_prompt_token_time_grows_with_the_prompt(affine, cluster) -> None:
                                                                           rel=1e-9)
 
 
-def test_output_tokens_reach_clients_through_the_front_end_queue(affine, cluster) -> None:
+@pytest.mark.parametrize("field", ["frontend_output_token_s", "frontend_output_stream_s"])
+def test_output_tokens_reach_clients_through_the_front_end_queue(affine, cluster,
+                                                                 field) -> None:
     """A lone request: every iteration emits one token and ends more than 1 ms after the last
     (5 ms base cost), so the front end is idle when each token comes and delays it by exactly
-    its 1 ms per token: TTFT and E2E +1 ms, TPOT unchanged."""
+    its 1 ms per token, or per stream in a cycle of one stream: TTFT and E2E +1 ms, TPOT
+    unchanged."""
     one = [_req(0, 0.0, 100, 10)]
     base = simulate_serving("debug-llama", cluster, _cfg(), one, cost_model=affine)
-    slow = simulate_serving("debug-llama", cluster, _cfg(frontend_output_token_s=1e-3), one,
+    slow = simulate_serving("debug-llama", cluster, _cfg(**{field: 1e-3}), one,
                             cost_model=affine)
     assert slow.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(1e-3, rel=1e-9)
     assert slow.e2e_s["mean"] - base.e2e_s["mean"] == pytest.approx(1e-3, rel=1e-9)
     assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-9)
-    with pytest.raises(ConfigError, match="frontend_output_token_s"):
-        ServingConfig(frontend_output_token_s=-1e-6)
+    with pytest.raises(ConfigError, match=field):
+        ServingConfig(**{field: -1e-6})
 
 
-def test_a_saturated_front_end_caps_the_output_rate(affine, cluster) -> None:
+def test_a_saturated_front_end_caps_the_output_rate_a_cycling_one_lags(affine,
+                                                                      cluster) -> None:
     """32 closed-loop streams of 64-token outputs; the engine alone emits ~4,000 tokens/s, but
     a front end taking 1 ms per token delivers 1,000/s, so by Little's law each request lasts
     32 x 64 x 1 ms ~ 2 s from its client's view (the engine runs ahead; its tokens wait in
@@ -394,6 +398,19 @@ def test_a_saturated_front_end_caps_the_output_rate(affine, cluster) -> None:
     assert slow.frontend_busy == pytest.approx(1.0, rel=0.03)
     assert f"front end busy {slow.frontend_busy:.0%}" in slow.summary()
     assert base.frontend_busy == 0.0 and "front end" not in base.summary()
+    # A front end cycling at 1 ms per *stream* (``frontend_output_stream_s``) instead: a cycle
+    # serves all 32 (32 ms, longer than an engine step), so tokens wait for the running cycle
+    # (16 ms on average) and reach the client in the middle of the next (16.5 ms): ~32.5 ms
+    # more in TTFT and E2E, while TPOT stays the engine's and the rate is not capped (the
+    # tokens a request got meanwhile merge into one chunk).
+    cyc = simulate_serving("debug-llama", cluster, _cfg(frontend_output_stream_s=1e-3), wl,
+                           cost_model=affine)
+    lag = 32 / 2 * 1e-3 + (32 + 1) / 2 * 1e-3
+    assert cyc.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(lag, rel=0.1)
+    assert cyc.e2e_s["mean"] - base.e2e_s["mean"] == pytest.approx(lag, rel=0.1)
+    assert cyc.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=0.05)
+    assert cyc.output_tokens_per_s > 3 * slow.output_tokens_per_s
+    assert cyc.frontend_busy == pytest.approx(1.0, rel=0.05)  # cycles back to back
 
 
 def test_dynamo_streams_through_one_worker_per_replica(affine, cluster) -> None:
@@ -459,6 +476,7 @@ def test_closed_loop_keeps_littles_law_with_the_latency_in_e2e(affine, cluster) 
 @pytest.mark.parametrize(("field", "value"), [("frontend_latency_s", 0.03),
                                             ("frontend_prompt_token_s", 0.03 / 256),
                                             ("frontend_output_token_s", 0.03),
+                                            ("frontend_output_stream_s", 0.03),
                                             ("prefill_iteration_overhead_s", 0.03)])
 def test_cluster_calibration_supplies_the_engines_time(affine, field, value) -> None:
     """The cluster's per-engine value applies to that engine's configurations only (one
