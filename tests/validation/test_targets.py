@@ -235,3 +235,19 @@ def test_agg_row_served_by_several_workers(shipped_records):
     assert case["num_gpus"] == 64
     assert any(a.startswith("32 aggregated workers") and "its 14 streams" in a
                for a in case["assumptions"]), case["assumptions"]
+
+
+#: InferenceX, vLLM 0.19.0, MiniMax-M2.5 FP8 on 4 B300 (TP 4), 1024/1024 tokens at concurrency
+#: 128: TTFT 206 ms, TPOT 17.8 ms. vLLM's API server hands each of the 128 streams a chunk per
+#: output cycle; the lag that adds to every token (frontend_output_stream_us: 600 us per stream,
+#: fitted on H100/H200 only, so this B300 row is held out) is most of the TTFT the engine
+#: misses: TTFT +3.5 %, TPOT -7.7 % (session 43); -33 % TTFT without it.
+VLLM_MANY_STREAMS_ROW = "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c128_cfg733"
+
+
+def test_vllm_many_streams_ttft_with_the_streaming_cycle(shipped_records):
+    res = run_validation(select_records(shipped_records, ids=[VLLM_MANY_STREAMS_ROW]))
+    err = _errors(res, VLLM_MANY_STREAMS_ROW)
+    assert abs(err["ttft_s"]) <= 0.20, err
+    assert abs(err["tpot_s"]) <= 0.20, err
+
