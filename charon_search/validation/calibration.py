@@ -116,6 +116,13 @@ def _per_engine(prefix: str, field_name: str, grid: tuple[float, ...],
                  for engine in ("trtllm", "sglang", "vllm"))
 
 
+def _dynamo(prefix: str, grid: tuple[float, ...], doc: str) -> Parameter:
+    """The serving parameter ``<prefix>_dynamo_s``: the ``dynamo`` entry of the calibration
+    mapping ``<prefix>_s``, which moves only the launches NVIDIA Dynamo serves."""
+    return Parameter(name=f"{prefix}_dynamo_s", target=f"calibration.{prefix}_s.dynamo",
+                     grid=grid, default=0.0, kinds=("serving",), doc=doc)
+
+
 PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter(name="compute_efficiency", target="gpu.compute_efficiency",
               grid=(0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85), default=0.75,
@@ -155,12 +162,10 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "time per prompt token a request spends in {}'s own server before the "
                  "scheduler sees it (turning the prompt text into token ids, input "
                  "processing): in TTFT and E2E, not in TPOT"),
-    Parameter(name="frontend_prompt_token_dynamo_s",
-              target="calibration.frontend_prompt_token_s.dynamo", grid=PROMPT_TOKEN_GRID,
-              default=0.0, kinds=("serving",),
-              doc="time per prompt token a request spends in NVIDIA Dynamo's front end "
-                  "(dynamo.frontend's tokenization and preprocessing) before the engine sees "
-                  "it, whatever the engine"),
+    _dynamo("frontend_prompt_token", PROMPT_TOKEN_GRID,
+            "time per prompt token a request spends in NVIDIA Dynamo's front end "
+            "(dynamo.frontend's tokenization and preprocessing) before the engine sees it, "
+            "whatever the engine"),
     *_per_engine("frontend_output_token", "frontend_output_token_s", OUTPUT_TOKEN_GRID,
                  "time {}'s serving front end spends per streamed output token, one token "
                  "after another for all requests (detokenization, writing the stream chunk): "
@@ -171,13 +176,14 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "going through the requests with new tokens one after another; tokens emitted "
                  "meanwhile merge into the next cycle's chunk: a lag in TTFT and E2E that grows "
                  "with the streams, not a cap on the output rate"),
-    Parameter(name="frontend_output_token_dynamo_s",
-              target="calibration.frontend_output_token_s.dynamo", grid=OUTPUT_TOKEN_GRID,
-              default=0.0, kinds=("serving",),
-              doc="time NVIDIA Dynamo's per-replica worker spends per streamed output token "
-                  "(handing it from the engine to dynamo.frontend), whatever the engine: "
-                  "tokens queue there once the replica emits more than its inverse per "
-                  "second"),
+    _dynamo("frontend_output_stream", OUTPUT_STREAM_GRID,
+            "time NVIDIA Dynamo's per-replica worker spends per streaming request per output "
+            "cycle, whatever the engine, tokens emitted meanwhile merging into the next "
+            "cycle's chunk"),
+    _dynamo("frontend_output_token", OUTPUT_TOKEN_GRID,
+            "time NVIDIA Dynamo's per-replica worker spends per streamed output token (handing "
+            "it from the engine to dynamo.frontend), whatever the engine: tokens queue there "
+            "once the replica emits more than its inverse per second"),
     *_per_engine("prefill_overhead", "prefill_iteration_overhead_s",
                  (0.0, 0.004, 0.008, 0.012, 0.016, 0.024),
                  "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "

@@ -274,7 +274,8 @@ def test_per_engine_parameter_touches_its_engines_records_only(shipped_records):
     for name in ("frontend_latency_trtllm_s", "frontend_prompt_token_trtllm_s",
                  "frontend_output_token_trtllm_s", "frontend_output_stream_trtllm_s"):
         assert PARAMETERS[name].moves(pick[0]) and not PARAMETERS[name].moves(gap), name
-    for name in ("frontend_prompt_token_dynamo_s", "frontend_output_token_dynamo_s"):
+    for name in ("frontend_prompt_token_dynamo_s", "frontend_output_token_dynamo_s",
+                 "frontend_output_stream_dynamo_s"):
         assert PARAMETERS[name].moves(gap) and not PARAMETERS[name].moves(pick[0]), name
     assert PARAMETERS["prefill_overhead_trtllm_s"].moves(gap)
     # The prompt-iteration overhead is a second per-engine mapping of the same kind.
@@ -300,7 +301,8 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
         "frontend_prompt_token_dynamo_s", "frontend_output_token_trtllm_s",
         "frontend_output_token_sglang_s", "frontend_output_token_vllm_s",
         "frontend_output_stream_trtllm_s", "frontend_output_stream_sglang_s",
-        "frontend_output_stream_vllm_s", "frontend_output_token_dynamo_s",
+        "frontend_output_stream_vllm_s", "frontend_output_stream_dynamo_s",
+        "frontend_output_token_dynamo_s",
         "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
         "prefill_overhead_vllm_s", "eager_kernel_host_trtllm_s", "eager_kernel_host_sglang_s",
         "eager_kernel_host_vllm_s"]
