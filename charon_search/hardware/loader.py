@@ -25,6 +25,7 @@ import yaml
 
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import (
+    ENGINE_KEYED_TIMES,
     FRONTEND_KEYED_TIMES,
     SERVING_ENGINES,
     SERVING_FRONTENDS,
@@ -461,12 +462,11 @@ def _calibration_from_dict(
             f"{_where(file, f'{path}.provenance')} must say where every calibrated value comes "
             f"from (`default: <reason>` or the fit); missing: {unexplained}"
         )
-    for per_engine in ("frontend_latency", "frontend_prompt_token", "frontend_output_token",
-                       "frontend_output_stream", "prefill_iteration_overhead",
-                       "eager_kernel_host"):
-        given = values.get(f"{per_engine}_s", {})
-        allowed = SERVING_ENGINES + (SERVING_FRONTENDS
-                                     if f"{per_engine}_s" in FRONTEND_KEYED_TIMES else ())
+    for mapping in ENGINE_KEYED_TIMES:
+        per_engine = mapping.removesuffix("_s")
+        given = values.get(mapping, {})
+        allowed = SERVING_ENGINES + (SERVING_FRONTENDS if mapping in FRONTEND_KEYED_TIMES
+                                     else ())
         for key, v in given.items():
             where = f"{path}.{per_engine}.{key}"
             if key not in allowed:
@@ -474,7 +474,7 @@ def _calibration_from_dict(
                                   f"allowed: {', '.join(allowed)}")
             _check_value(_Field(per_engine, per_engine, "number", rule="nonneg"), v, file,
                          where)
-        values[f"{per_engine}_s"] = {str(k): float(v) for k, v in given.items()}
+        values[mapping] = {str(k): float(v) for k, v in given.items()}
     values["provenance"] = provenance
     values["collective_alpha_s"] = {str(k): float(v) for k, v in alpha.items()}
     values["collective_bw_efficiency"] = {str(k): float(v) for k, v in eff.items()}

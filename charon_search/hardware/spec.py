@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 
 from charon_search.errors import ConfigError
 
-#: Serving engines a cluster calibrates per-engine times for (``Calibration.frontend_latency_s``,
-#: ``frontend_prompt_token_s``, ``frontend_output_token_s``, ``frontend_output_stream_s``,
-#: ``prefill_iteration_overhead_s``, ``eager_kernel_host_s``); the engines
-#: ``serving.backends`` has launch profiles of.
+#: Serving engines a cluster calibrates per-engine times for (``ENGINE_KEYED_TIMES``); the
+#: engines ``serving.backends`` has launch profiles of.
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 #: Serving front ends that stream an engine's tokens in place of its own server
 #: (``ServingConfig.frontend``); the ``FRONTEND_KEYED_TIMES`` mappings may key them too.
@@ -23,6 +21,10 @@ SERVING_FRONTENDS = ("dynamo",)
 #: looks them up by ``ServingConfig.frontend or engine``).
 FRONTEND_KEYED_TIMES = ("frontend_latency_s", "frontend_prompt_token_s",
                         "frontend_output_token_s", "frontend_output_stream_s")
+#: Every ``Calibration`` mapping keyed by serving engine (or, for ``FRONTEND_KEYED_TIMES``, by
+#: front end): the loader checks each one's keys and values.
+ENGINE_KEYED_TIMES = (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s",
+                      "eager_kernel_host_s")
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 

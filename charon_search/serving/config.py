@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from charon_search.errors import ConfigError
-from charon_search.hardware.spec import SERVING_ENGINES, SERVING_FRONTENDS
+from charon_search.hardware.spec import FRONTEND_KEYED_TIMES, SERVING_ENGINES, SERVING_FRONTENDS
 
 __all__ = [
     "DEFAULT_CUDA_GRAPH_SIZES",
@@ -465,8 +465,7 @@ class ServingConfig:
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
         _choice("frontend", self.frontend, FRONTENDS)
-        for name in ("frontend_latency_s", "frontend_prompt_token_s", "frontend_output_token_s",
-                     "frontend_output_stream_s", "prefill_iteration_overhead_s"):
+        for name in (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "
