@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from charon_search.validation.ranking import pareto_sentence
 from charon_search.validation.report import format_pct, summary_table_rows
 from charon_search.validation.runner import ValidationResult
 from charon_search.validation.stats import (
@@ -171,6 +172,32 @@ def _request_latency_section(result: ValidationResult) -> list[str]:
                        "TTFT bias", "TPOT bias"], rows), ""]
 
 
+def _ordering_section(ordering: Mapping[str, Any]) -> list[str]:
+    """How well the serving configurations of one workload are ordered
+    (``ranking.configuration_ordering``)."""
+    if not ordering:
+        return []
+    rows = []
+    for metric, c in ordering["concordance"].items():
+        eq = c.get("equal_concurrency") or {}
+        rows.append([metric, c["groups"], c["pairs"], format_pct(c["fraction"]),
+                     eq.get("pairs", "-"),
+                     format_pct(eq["fraction"]) if eq else "-"])
+    out = ["## Ordering of serving configurations", "",
+           "A search ranks configurations by their simulated metrics and verifies the best on "
+           "hardware, so what it needs is the order, not the absolute value. A workload is a "
+           "model with an input and an output length; its configurations differ in GPU, "
+           "engine, layout and concurrency. A pair counts when its measured values are at least "
+           f"{ordering['min_gap']:.0%} apart (the measurements' run-to-run spread is a few per "
+           "cent); *concordant* pairs are ordered the same way by the simulation. Throughput per "
+           "GPU is derived on both sides as concurrency x output length / (TTFT + (output "
+           "length - 1) x TPOT) / GPUs (`validation.ranking`).", "",
+           _md_table(["metric", "workloads", "pairs", "concordant", "pairs at equal "
+                      "concurrency", "concordant"], rows), ""]
+    pareto = pareto_sentence(ordering)
+    return out + ([pareto, ""] if pareto else [])
+
+
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                     img_rel: str = "img", command: str = "",
                     calibration: Sequence[Mapping[str, Any]] = (),
@@ -305,6 +332,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
     lines += [_md_table(["metric group", "records", "n", "median abs", "p90 abs", "max abs",
                          "bias", "target median / p90"], rows), ""]
     lines += _request_latency_section(result)
+    lines += _ordering_section(s.get("ordering") or {})
     header = ["", "expressed", "metric group", "n", "median abs", "p90 abs", "max abs", "bias"]
     lines += ["## Per kind", "", _md_table(header, summary_table_rows(s, "by_kind")), ""]
     lines += ["## Per source", "", _md_table(header, summary_table_rows(s, "by_source")), ""]

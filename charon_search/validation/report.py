@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from charon_search.validation.ranking import ordering_lines
 from charon_search.validation.runner import ValidationResult
 from charon_search.validation.stats import METRIC_GROUPS, error_stats, request_latency_rows
 
@@ -103,6 +104,10 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
                      f"{format_pct(rr['p90'])}; predictions of those {rr['records']} records: "
                      f"median |e| {format_pct(rr['error_median_abs'])}, p90 "
                      f"{format_pct(rr['error_p90_abs'])}")
+    order = ordering_lines(s.get("ordering") or {})
+    if order:
+        parts.append("\nordering of serving configurations (what a search relies on)")
+        parts += [f"  {line}" for line in order]
     header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
     parts.append("\nby kind\n" + _table(header, summary_table_rows(s, "by_kind")))
     parts.append("\nby source\n" + _table(header, summary_table_rows(s, "by_source")))

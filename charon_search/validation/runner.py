@@ -104,7 +104,9 @@ def _case_info(record: Record) -> dict[str, Any]:
         "origin": record.origin, "model": record.model.get("catalog") or record.model.get("name"),
         "gpu": record.hardware.get("gpu"), "num_gpus": record.hardware.get("num_gpus"),
         "fully_specified": False, "assumptions": [],
-        **({"output_len": record.config.get("output_len"),
+        **({"input_len": record.config.get("input_len"),
+            "output_len": record.config.get("output_len"),
+            "concurrency": record.config.get("concurrency"),
             "engine": str((record.extra or {}).get("backend") or "")}
            if record.kind == "serving" else {}),
     }

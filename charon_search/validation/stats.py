@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from charon_search.validation.ranking import configuration_ordering
+
 __all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "check_group_fields", "error_stats", "group_of",
            "grouped_summary", "request_latency_rows", "run_to_run", "summarize"]
 
@@ -127,8 +129,10 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
             earlier record's, ``records.repeated_measurements``).
 
     Returns:
-        ``{"totals", "by_kind", "by_source", "by_group", "by_group_fully_specified"}``; each
-        entry has ``expressed``, ``total`` and the stats of ``error_stats`` per group.
+        ``{"totals", "by_kind", "by_source", "by_group", "by_group_fully_specified", ...,
+        "run_to_run", "ordering"}``; each ``by_*`` entry has ``expressed``, ``total`` and the
+        stats of ``error_stats`` per group; ``ordering`` is
+        ``ranking.configuration_ordering`` (how well the serving configurations are ordered).
     """
     expressed = {r["id"] for r in rows}
     rep = representative_rows(rows)
@@ -158,6 +162,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
         "by_group": by_group,
         "by_group_fully_specified": by_group_full,
         "run_to_run": run_to_run(rep, records),
+        "ordering": configuration_ordering(rows, records),
         "targets": {g: {"median_abs": t[0], "p90_abs": t[1]} for g, t in TARGETS.items()},
     }
 

@@ -138,6 +138,8 @@ def test_request_latency_is_derived_from_the_ttft_tpot_pair(result):
     rid = next(r["id"] for r in res.rows if r["id"].startswith("meta_llama_llama_3_1_8b"))
     case = res.cases[rid]
     assert case["output_len"] == 128 and case["engine"] == "trtllm"
+    # the workload and load that validation.ranking groups configurations by
+    assert (case["input_len"], case["concurrency"]) == (1024, 8)
     e2e = {r["id"]: r for r in request_latency_rows(res.rows, res.cases)}
     # the CSV row: TTFT 190.95 ms, TPOT 7.944 ms; fake_serving: 200 ms, 8 ms
     assert e2e[rid]["measured"] == pytest.approx(0.1909545068625 + 127 * 0.00794357745)

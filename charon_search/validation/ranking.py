@@ -1,0 +1,261 @@
+"""How well the simulator orders serving configurations: what a configuration search relies on.
+
+A search ranks candidate configurations by their simulated metrics and sends the best ones to
+real hardware. A constant bias leaves that ranking intact; what breaks it is an error that
+differs between configurations. Two views of a validation run measure it over the measured
+sweeps, grouped by workload (model, input length, output length: the things a user fixes;
+GPU, engine, layout and concurrency are the configuration):
+
+* **pairwise concordance** (``pairwise_concordance``): over every pair of configurations of a
+  workload whose measured values differ by at least ``min_gap``, the fraction the simulation
+  orders the same way. Pairs closer than ``min_gap`` are left out: the measurements themselves
+  move a few per cent between runs of one setup (``stats.run_to_run``).
+* **Pareto agreement** (``pareto_agreement``): a serving search reports the front of output
+  tokens/s per GPU against tokens/s per user (``1 / TPOT``, InferenceX's "interactivity"). Per
+  workload, the measured front and the simulated front (each computed from its own values) are
+  compared: recall (measured front points the simulation also puts on its front), precision,
+  and the *shortfall* of every simulated-front configuration: its measured throughput per GPU
+  over the best measured throughput per GPU at the same or a higher measured interactivity.
+  A shortfall of 1.0 means that verifying the simulation's pick found the best measured
+  configuration for its latency.
+
+Throughput per GPU is derived the same way on both sides from a closed loop's Little's law,
+``concurrency * output_len / (ttft + (output_len - 1) * tpot) / num_gpus`` (the nominal output
+length, as ``stats.request_latency_rows``), so it needs the record's concurrency, output length
+and GPU count; records without them (offline benchmarks, disaggregated rows without a stated
+concurrency) are left out of the front, not of the concordance of the metrics they have.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MIN_CONFIGS", "MIN_GAP", "ConfigPoint", "configuration_ordering", "ordering_lines",
+           "pairwise_concordance", "pareto_agreement", "pareto_front", "pareto_sentence",
+           "serving_points", "workload_of"]
+
+#: Smallest measured difference of a pair that counts: 10 %, about three times the median
+#: run-to-run spread of the shipped serving TTFT (3.4 %) and above its TPOT p90 (8.7 %).
+MIN_GAP = 0.10
+#: Workloads with fewer configurations have no front worth comparing.
+MIN_CONFIGS = 4
+#: Measured metrics whose pairwise order is reported (besides the derived throughput per GPU).
+ORDERED_METRICS = ("ttft_s", "tpot_s")
+
+
+def workload_of(info: Mapping[str, Any]) -> tuple[str, int, int] | None:
+    """``(model, input_len, output_len)`` of a serving case (``None``: not a serving record
+    or lengths unknown)."""
+    if info.get("kind") != "serving" or not info.get("input_len") or not info.get("output_len"):
+        return None
+    return (str(info.get("model")), int(info["input_len"]), int(info["output_len"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigPoint:
+    """One measured configuration of a workload on the throughput / interactivity plane."""
+
+    id: str
+    measured: tuple[float, float]
+    """(output tokens/s per GPU, tokens/s per user) from the measured TTFT and TPOT."""
+    predicted: tuple[float, float]
+    """The same from the simulated TTFT and TPOT."""
+
+
+def _plane_point(ttft: float, tpot: float, concurrency: float, output_len: int,
+                 num_gpus: float) -> tuple[float, float]:
+    e2e = ttft + (output_len - 1) * tpot
+    return (concurrency * output_len / e2e / num_gpus, 1.0 / tpot)
+
+
+def serving_points(rows: Sequence[Mapping[str, Any]],
+                   cases: Mapping[str, Mapping[str, Any]]) -> dict[tuple, list[ConfigPoint]]:
+    """Workload -> its configurations with measured and predicted TTFT and TPOT, concurrency,
+    output length and GPU count (``cases[id]``: ``concurrency``, ``num_gpus``, else the
+    simulated ``sim_num_gpus``)."""
+    metrics: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for r in rows:
+        if r["metric"] in ("ttft_s", "tpot_s"):
+            metrics.setdefault(r["id"], {})[r["metric"]] = r
+    out: dict[tuple, list[ConfigPoint]] = {}
+    for rid, m in metrics.items():
+        info = cases.get(rid) or {}
+        wl = workload_of(info)
+        conc = info.get("concurrency")
+        gpus = info.get("num_gpus") or info.get("sim_num_gpus")
+        if wl is None or len(m) < 2 or not conc or not gpus:
+            continue
+        vals = [m[k][side] for side in ("measured", "predicted") for k in ("ttft_s", "tpot_s")]
+        if min(vals) <= 0:
+            continue
+        osl = wl[2]
+        out.setdefault(wl, []).append(ConfigPoint(
+            rid, _plane_point(m["ttft_s"]["measured"], m["tpot_s"]["measured"], conc, osl, gpus),
+            _plane_point(m["ttft_s"]["predicted"], m["tpot_s"]["predicted"], conc, osl, gpus)))
+    return out
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point dominates (higher or equal in both coordinates,
+    higher in one). Equal points are all kept."""
+    pts = np.asarray(points, dtype=float).reshape(-1, 2)
+    keep = []
+    for i, (x, y) in enumerate(pts):
+        ge = (pts[:, 0] >= x) & (pts[:, 1] >= y)
+        gt = (pts[:, 0] > x) | (pts[:, 1] > y)
+        if not np.any(ge & gt):
+            keep.append(i)
+    return keep
+
+
+def pareto_agreement(rows: Sequence[Mapping[str, Any]],
+                     cases: Mapping[str, Mapping[str, Any]], *,
+                     min_configs: int = MIN_CONFIGS) -> dict[str, Any]:
+    """Measured against simulated fronts of the workloads with at least ``min_configs``
+    configurations.
+
+    Returns ``{"workloads", "configs", "measured_front", "simulated_front", "both", "recall",
+    "precision", "shortfall": {"n", "median", "p10", "mean"}}`` (``recall`` / ``precision`` /
+    shortfall stats ``None`` without workloads)."""
+    workloads = configs = n_meas = n_sim = n_both = 0
+    shortfall: list[float] = []
+    for pts in serving_points(rows, cases).values():
+        if len(pts) < min_configs:
+            continue
+        workloads += 1
+        configs += len(pts)
+        meas = np.asarray([p.measured for p in pts])
+        front_m = set(pareto_front(meas))
+        front_s = set(pareto_front([p.predicted for p in pts]))
+        n_meas, n_sim, n_both = n_meas + len(front_m), n_sim + len(front_s), \
+            n_both + len(front_m & front_s)
+        for i in front_s:
+            x, y = meas[i]
+            best = meas[meas[:, 1] >= y, 0].max()
+            shortfall.append(float(x / best))
+    s = np.asarray(shortfall, dtype=float)
+    return {
+        "workloads": workloads, "configs": configs, "measured_front": n_meas,
+        "simulated_front": n_sim, "both": n_both,
+        "recall": n_both / n_meas if n_meas else None,
+        "precision": n_both / n_sim if n_sim else None,
+        "shortfall": {"n": int(s.size),
+                      "median": float(np.median(s)) if s.size else None,
+                      "p10": float(np.percentile(s, 10)) if s.size else None,
+                      "mean": float(s.mean()) if s.size else None},
+    }
+
+
+def _concordance(groups: Mapping[Any, Sequence[tuple[float, float]]],
+                 min_gap: float) -> dict[str, Any] | None:
+    pairs = concordant = used = 0
+    for vals in groups.values():
+        n0 = pairs
+        for (ma, pa), (mb, pb) in itertools.combinations(vals, 2):
+            if abs(ma - mb) < min_gap * min(ma, mb):
+                continue
+            pairs += 1
+            concordant += (ma < mb) == (pa < pb)
+        used += pairs > n0
+    if not pairs:
+        return None
+    return {"pairs": pairs, "concordant": concordant, "fraction": concordant / pairs,
+            "groups": used}
+
+
+def pairwise_concordance(rows: Sequence[Mapping[str, Any]],
+                         cases: Mapping[str, Mapping[str, Any]], *,
+                         min_gap: float = MIN_GAP) -> dict[str, Any]:
+    """Per metric of ``ORDERED_METRICS`` and for the derived throughput per GPU
+    (``output_tokens_per_s_per_gpu``): ``{"pairs", "concordant", "fraction", "groups" (workloads
+    with a counted pair), "equal_concurrency": {the same four} | None}`` over the pairs of one
+    workload whose measured
+    values differ by at least ``min_gap`` (relative to the smaller one). ``equal_concurrency``
+    keeps the pairs run at the same client concurrency: configurations compared under the same
+    load (layout, GPU, engine), which a larger load does not order by itself."""
+    by_metric: dict[str, dict[tuple, list[tuple[float, float]]]] = {}
+    conc_of: dict[str, dict[tuple, list[Any]]] = {}
+
+    def add(metric: str, wl: tuple, rid: str, measured: float, predicted: float) -> None:
+        by_metric.setdefault(metric, {}).setdefault(wl, []).append((measured, predicted))
+        conc_of.setdefault(metric, {}).setdefault(wl, []).append(
+            (cases.get(rid) or {}).get("concurrency"))
+
+    for r in rows:
+        wl = workload_of(cases.get(r["id"]) or {})
+        if r["metric"] in ORDERED_METRICS and wl is not None and r["measured"] > 0:
+            add(r["metric"], wl, r["id"], float(r["measured"]), float(r["predicted"]))
+    for wl, pts in serving_points(rows, cases).items():
+        for p in pts:
+            add("output_tokens_per_s_per_gpu", wl, p.id, p.measured[0], p.predicted[0])
+    out: dict[str, Any] = {}
+    for metric, groups in by_metric.items():
+        stats = _concordance(groups, min_gap)
+        if stats is None:
+            continue
+        same: dict[tuple, list[tuple[float, float]]] = {}
+        for wl, vals in groups.items():
+            for v, c in zip(vals, conc_of[metric][wl], strict=True):
+                if c:
+                    same.setdefault((*wl, c), []).append(v)
+        out[metric] = {**stats, "equal_concurrency": _concordance(same, min_gap)}
+    return out
+
+
+def configuration_ordering(rows: Sequence[Mapping[str, Any]],
+                           cases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"min_gap", "concordance": pairwise_concordance, "pareto": pareto_agreement}``
+    (``{}`` when no serving workload has two configurations)."""
+    conc = pairwise_concordance(rows, cases)
+    pareto = pareto_agreement(rows, cases)
+    if not conc and not pareto["workloads"]:
+        return {}
+    return {"min_gap": MIN_GAP, "min_configs": MIN_CONFIGS, "concordance": conc,
+            "pareto": pareto}
+
+
+#: Display names of the ordered metrics.
+_LABELS = {"ttft_s": "TTFT", "tpot_s": "TPOT",
+           "output_tokens_per_s_per_gpu": "output tokens/s per GPU (derived)"}
+
+
+def ordering_lines(ordering: Mapping[str, Any]) -> list[str]:
+    """Plain sentences of a ``configuration_ordering`` result for the text report of
+    ``validate`` (empty for a run without serving workloads)."""
+    if not ordering:
+        return []
+    gap = ordering["min_gap"]
+    lines = []
+    for metric, c in ordering["concordance"].items():
+        eq = c.get("equal_concurrency")
+        lines.append(
+            f"{_LABELS.get(metric, metric)}: {c['fraction']:.1%} of {c['pairs']} pairs of "
+            f"configurations of one workload ({c['groups']} "
+            f"workload{'s' if c['groups'] != 1 else ''}, measured values >= {gap:.0%} apart) "
+            "ordered as measured"
+            + (f"; at equal concurrency {eq['fraction']:.1%} of {eq['pairs']}" if eq else ""))
+    pareto = pareto_sentence(ordering)
+    return lines + ([pareto] if pareto else [])
+
+
+def pareto_sentence(ordering: Mapping[str, Any]) -> str:
+    """The Pareto agreement of a ``configuration_ordering`` result in one sentence (empty
+    without workloads)."""
+    p = ordering.get("pareto") or {}
+    if not p.get("workloads"):
+        return ""
+    sf = p["shortfall"]
+    return (f"Pareto fronts of output tokens/s per GPU against tokens/s per user (1 / TPOT), "
+            f"per workload with at least {ordering['min_configs']} configurations "
+            f"({p['workloads']} workloads, {p['configs']} configurations): the simulated front "
+            f"holds {p['both']} of the {p['measured_front']} configurations of the measured "
+            f"front (recall {p['recall']:.1%}) and {p['simulated_front']} in all (precision "
+            f"{p['precision']:.1%}). Verified on hardware, the simulated-front configurations "
+            f"reach a median {sf['median']:.1%} (mean {sf['mean']:.1%}, p10 {sf['p10']:.1%}) "
+            "of the best measured throughput per GPU at the same or a higher measured "
+            "interactivity.")
