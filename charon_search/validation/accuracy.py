@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from charon_search.validation.ranking import pareto_sentence
+from charon_search.validation.ranking import pareto_sentence, verify_sentence
 from charon_search.validation.report import format_pct, summary_table_rows
 from charon_search.validation.runner import ValidationResult
 from charon_search.validation.stats import (
@@ -194,8 +194,9 @@ def _ordering_section(ordering: Mapping[str, Any]) -> list[str]:
            "length - 1) x TPOT) / GPUs (`validation.ranking`).", "",
            _md_table(["metric", "workloads", "pairs", "concordant", "pairs at equal "
                       "concurrency", "concordant"], rows), ""]
-    pareto = pareto_sentence(ordering)
-    return out + ([pareto, ""] if pareto else [])
+    for sentence in (pareto_sentence(ordering), verify_sentence(ordering)):
+        out += [sentence, ""] if sentence else []
+    return out
 
 
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,

@@ -18,6 +18,14 @@ GPU, engine, layout and concurrency are the configuration):
   over the best measured throughput per GPU at the same or a higher measured interactivity.
   A shortfall of 1.0 means that verifying the simulation's pick found the best measured
   configuration for its latency.
+* **verifying the top k** (``verification_capture``): a user with a TPOT target (a minimum
+  interactivity) keeps the configurations simulated to meet it, verifies the k with the highest
+  simulated throughput per GPU, and deploys the best of those that meet the target when
+  measured. Per workload, ``TARGETS_PER_WORKLOAD`` targets are spread evenly on a log scale
+  from the lowest to the highest measured interactivity; the capture is the deployed
+  throughput over the best measured throughput that meets the target (0 when none of the k
+  does). A simulated pick near its target fails it as often as its TPOT error has that sign,
+  which is what verifying more than one configuration buys back.
 
 Throughput per GPU is derived the same way on both sides from a closed loop's Little's law,
 ``concurrency * output_len / (ttft + (output_len - 1) * tpot) / num_gpus`` (the nominal output
@@ -37,13 +45,17 @@ import numpy as np
 
 __all__ = ["MIN_CONFIGS", "MIN_GAP", "ConfigPoint", "configuration_ordering", "ordering_lines",
            "pairwise_concordance", "pareto_agreement", "pareto_front", "pareto_sentence",
-           "serving_points", "workload_of"]
+           "serving_points", "verification_capture", "verify_sentence", "workload_of"]
 
 #: Smallest measured difference of a pair that counts: 10 %, about three times the median
 #: run-to-run spread of the shipped serving TTFT (3.4 %) and above its TPOT p90 (8.7 %).
 MIN_GAP = 0.10
 #: Workloads with fewer configurations have no front worth comparing.
 MIN_CONFIGS = 4
+#: How many of the simulation's best configurations ``verification_capture`` verifies.
+VERIFY_TOP_K = (1, 3, 5)
+#: TPOT targets per workload of ``verification_capture``.
+TARGETS_PER_WORKLOAD = 10
 #: Measured metrics whose pairwise order is reported (besides the derived throughput per GPU).
 ORDERED_METRICS = ("ttft_s", "tpot_s")
 
@@ -151,6 +163,40 @@ def pareto_agreement(rows: Sequence[Mapping[str, Any]],
     }
 
 
+def verification_capture(rows: Sequence[Mapping[str, Any]],
+                         cases: Mapping[str, Mapping[str, Any]], *,
+                         ks: Sequence[int] = VERIFY_TOP_K,
+                         min_configs: int = MIN_CONFIGS) -> dict[str, Any]:
+    """Per k of ``ks``: ``{"targets", "mean", "median", "at_least_90", "missed"}`` over the
+    targets of the workloads with at least ``min_configs`` configurations (``at_least_90``:
+    fraction of targets where the verified pick reaches 90 % of the best; ``missed``: fraction
+    where none of the k meets the target when measured). ``{}`` without workloads."""
+    captured: dict[int, list[float]] = {k: [] for k in ks}
+    for pts in serving_points(rows, cases).values():
+        if len(pts) < min_configs:
+            continue
+        meas = np.asarray([p.measured for p in pts])
+        pred = np.asarray([p.predicted for p in pts])
+        order = np.argsort(-pred[:, 0], kind="stable")
+        lo, hi = meas[:, 1].min(), meas[:, 1].max()
+        for target in np.geomspace(lo, hi, TARGETS_PER_WORKLOAD):
+            target = min(max(target, lo), hi)  # the ends exactly, despite rounding
+            best = meas[meas[:, 1] >= target, 0].max()
+            candidates = [i for i in order if pred[i, 1] >= target]
+            for k in ks:
+                got = [meas[i, 0] for i in candidates[:k] if meas[i, 1] >= target]
+                captured[k].append(max(got, default=0.0) / best)
+    out: dict[str, Any] = {}
+    for k, v in captured.items():
+        a = np.asarray(v, dtype=float)
+        if a.size:
+            out[str(k)] = {"targets": int(a.size), "mean": float(a.mean()),
+                           "median": float(np.median(a)),
+                           "at_least_90": float((a >= 0.9).mean()),
+                           "missed": float((a == 0).mean())}
+    return out
+
+
 def _concordance(groups: Mapping[Any, Sequence[tuple[float, float]]],
                  min_gap: float) -> dict[str, Any] | None:
     pairs = concordant = used = 0
@@ -209,14 +255,15 @@ def pairwise_concordance(rows: Sequence[Mapping[str, Any]],
 
 def configuration_ordering(rows: Sequence[Mapping[str, Any]],
                            cases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"min_gap", "concordance": pairwise_concordance, "pareto": pareto_agreement}``
-    (``{}`` when no serving workload has two configurations)."""
+    """``{"min_gap", "min_configs", "concordance": pairwise_concordance, "pareto":
+    pareto_agreement, "verify_top_k": verification_capture}`` (``{}`` when no serving workload
+    has two configurations)."""
     conc = pairwise_concordance(rows, cases)
     pareto = pareto_agreement(rows, cases)
     if not conc and not pareto["workloads"]:
         return {}
     return {"min_gap": MIN_GAP, "min_configs": MIN_CONFIGS, "concordance": conc,
-            "pareto": pareto}
+            "pareto": pareto, "verify_top_k": verification_capture(rows, cases)}
 
 
 #: Display names of the ordered metrics.
@@ -240,7 +287,24 @@ def ordering_lines(ordering: Mapping[str, Any]) -> list[str]:
             "ordered as measured"
             + (f"; at equal concurrency {eq['fraction']:.1%} of {eq['pairs']}" if eq else ""))
     pareto = pareto_sentence(ordering)
-    return lines + ([pareto] if pareto else [])
+    verify = verify_sentence(ordering)
+    return lines + [x for x in (pareto, verify) if x]
+
+
+def verify_sentence(ordering: Mapping[str, Any]) -> str:
+    """``verification_capture`` of a ``configuration_ordering`` result in one sentence."""
+    v = ordering.get("verify_top_k") or {}
+    if not v:
+        return ""
+    parts = [f"top {k}: median {c['median']:.1%}, mean {c['mean']:.1%}, >= 90 % in "
+             f"{c['at_least_90']:.1%}, none meets the target in {c['missed']:.1%}"
+             for k, c in v.items()]
+    n = next(iter(v.values()))["targets"]
+    return (f"Verifying the simulation's best configurations for a TPOT target ({n} targets, "
+            f"{TARGETS_PER_WORKLOAD} per workload across its measured tokens/s per user) and "
+            "deploying the best one that meets it reaches, of the best measured throughput per "
+            "GPU that meets it: "
+            + "; ".join(parts) + ".")
 
 
 def pareto_sentence(ordering: Mapping[str, Any]) -> str:
