@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from charon_search.search.pareto import non_dominated
+
 __all__ = ["MIN_CONFIGS", "MIN_GAP", "ConfigPoint", "configuration_ordering", "ordering_lines",
            "pairwise_concordance", "pareto_agreement", "pareto_front", "pareto_sentence",
            "serving_points", "verification_capture", "verify_sentence", "workload_of"]
@@ -113,16 +115,9 @@ def serving_points(rows: Sequence[Mapping[str, Any]],
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point dominates (higher or equal in both coordinates,
-    higher in one). Equal points are all kept."""
-    pts = np.asarray(points, dtype=float).reshape(-1, 2)
-    keep = []
-    for i, (x, y) in enumerate(pts):
-        ge = (pts[:, 0] >= x) & (pts[:, 1] >= y)
-        gt = (pts[:, 0] > x) | (pts[:, 1] > y)
-        if not np.any(ge & gt):
-            keep.append(i)
-    return keep
+    """Indices of the points no other point dominates, both coordinates maximised (equal points
+    are all kept): ``search.pareto.non_dominated`` on the negated points."""
+    return non_dominated(-np.asarray(points, dtype=float).reshape(-1, 2))
 
 
 def pareto_agreement(rows: Sequence[Mapping[str, Any]],
