@@ -153,6 +153,9 @@ def render_html(result: ValidationResult) -> str:
                          format_pct(r["error"], signed=True), info.get("cluster", ""),
                          "; ".join(info.get("assumptions", []))])
     skip_rows = [[x["id"], x["reason"]] for x in result.skipped]
+    order = ordering_lines(s.get("ordering") or {})
+    order_html = ("<h2>Ordering of serving configurations</h2>"
+                  + "".join(f"<p>{esc(line)}</p>" for line in order)) if order else ""
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:left}")
     return (
@@ -161,6 +164,7 @@ def render_html(result: ValidationResult) -> str:
         f"<p>{esc(str(s.get('totals')))}</p>"
         f"<h2>By kind</h2>{table(header, summary_table_rows(s, 'by_kind'))}"
         f"<h2>By source</h2>{table(header, summary_table_rows(s, 'by_source'))}"
+        f"{order_html}"
         f"<h2>Records</h2>{table(['id', 'metric', 'measured', 'predicted', 'error', 'cluster', 'assumptions'], rec_rows)}"  # noqa: E501
         f"<h2>Not expressed</h2>{table(['id', 'reason'], skip_rows)}"
         "</body></html>"

@@ -122,6 +122,12 @@ def test_summary_carries_the_ordering_and_training_runs_none():
     lines = ordering_lines(s["ordering"])
     assert lines[0].startswith("TTFT: 100.0% of") and "recall 100.0%" in lines[-2]
     assert "top 1: median 100.0%, mean 100.0%" in lines[-1]
+    from charon_search.validation.report import render_html, render_text
+    from charon_search.validation.runner import ValidationResult
+
+    res = ValidationResult(rows=rows, skipped=[], skipped_metrics=[], cases=cases, summary=s)
+    assert "ordering of serving configurations" in render_text(res)
+    assert "<h2>Ordering of serving configurations</h2>" in render_html(res)
     training = {"t": {"kind": "training", "source": "s", "gpu": "h100", "model": "m"}}
     assert summarize([{"id": "t", "metric": "step_time_s", "measured": 1.0, "predicted": 1.1,
                        "error": 0.1}], [], training)["ordering"] == {}
