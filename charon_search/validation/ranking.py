@@ -120,9 +120,14 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return non_dominated(-np.asarray(points, dtype=float).reshape(-1, 2))
 
 
+Points = Mapping[tuple, Sequence[ConfigPoint]]
+"""``serving_points`` of a run, which the views below take precomputed when given."""
+
+
 def pareto_agreement(rows: Sequence[Mapping[str, Any]],
                      cases: Mapping[str, Mapping[str, Any]], *,
-                     min_configs: int = MIN_CONFIGS) -> dict[str, Any]:
+                     min_configs: int = MIN_CONFIGS, points: Points | None = None
+                     ) -> dict[str, Any]:
     """Measured against simulated fronts of the workloads with at least ``min_configs``
     configurations.
 
@@ -131,7 +136,7 @@ def pareto_agreement(rows: Sequence[Mapping[str, Any]],
     shortfall stats ``None`` without workloads)."""
     workloads = configs = n_meas = n_sim = n_both = 0
     shortfall: list[float] = []
-    for pts in serving_points(rows, cases).values():
+    for pts in (serving_points(rows, cases) if points is None else points).values():
         if len(pts) < min_configs:
             continue
         workloads += 1
@@ -161,13 +166,14 @@ def pareto_agreement(rows: Sequence[Mapping[str, Any]],
 def verification_capture(rows: Sequence[Mapping[str, Any]],
                          cases: Mapping[str, Mapping[str, Any]], *,
                          ks: Sequence[int] = VERIFY_TOP_K,
-                         min_configs: int = MIN_CONFIGS) -> dict[str, Any]:
+                         min_configs: int = MIN_CONFIGS, points: Points | None = None
+                         ) -> dict[str, Any]:
     """Per k of ``ks``: ``{"targets", "mean", "median", "at_least_90", "missed"}`` over the
     targets of the workloads with at least ``min_configs`` configurations (``at_least_90``:
     fraction of targets where the verified pick reaches 90 % of the best; ``missed``: fraction
     where none of the k meets the target when measured). ``{}`` without workloads."""
     captured: dict[int, list[float]] = {k: [] for k in ks}
-    for pts in serving_points(rows, cases).values():
+    for pts in (serving_points(rows, cases) if points is None else points).values():
         if len(pts) < min_configs:
             continue
         meas = np.asarray([p.measured for p in pts])
@@ -192,12 +198,12 @@ def verification_capture(rows: Sequence[Mapping[str, Any]],
     return out
 
 
-def _concordance(groups: Mapping[Any, Sequence[tuple[float, float]]],
+def _concordance(groups: Mapping[Any, Sequence[tuple[float, float, Any]]],
                  min_gap: float) -> dict[str, Any] | None:
     pairs = concordant = used = 0
     for vals in groups.values():
         n0 = pairs
-        for (ma, pa), (mb, pb) in itertools.combinations(vals, 2):
+        for (ma, pa, _), (mb, pb, _) in itertools.combinations(vals, 2):
             if abs(ma - mb) < min_gap * min(ma, mb):
                 continue
             pairs += 1
@@ -211,27 +217,27 @@ def _concordance(groups: Mapping[Any, Sequence[tuple[float, float]]],
 
 def pairwise_concordance(rows: Sequence[Mapping[str, Any]],
                          cases: Mapping[str, Mapping[str, Any]], *,
-                         min_gap: float = MIN_GAP) -> dict[str, Any]:
+                         min_gap: float = MIN_GAP, points: Points | None = None
+                         ) -> dict[str, Any]:
     """Per metric of ``ORDERED_METRICS`` and for the derived throughput per GPU
     (``output_tokens_per_s_per_gpu``): ``{"pairs", "concordant", "fraction", "groups" (workloads
     with a counted pair), "equal_concurrency": {the same four} | None}`` over the pairs of one
-    workload whose measured
-    values differ by at least ``min_gap`` (relative to the smaller one). ``equal_concurrency``
-    keeps the pairs run at the same client concurrency: configurations compared under the same
-    load (layout, GPU, engine), which a larger load does not order by itself."""
-    by_metric: dict[str, dict[tuple, list[tuple[float, float]]]] = {}
-    conc_of: dict[str, dict[tuple, list[Any]]] = {}
+    workload whose measured values differ by at least ``min_gap`` (relative to the smaller one).
+    ``equal_concurrency`` keeps the pairs run at the same client concurrency: configurations
+    compared under the same load (layout, GPU, engine), which a larger load does not order by
+    itself."""
+    # metric -> workload -> (measured, predicted, concurrency) per configuration
+    by_metric: dict[str, dict[tuple, list[tuple[float, float, Any]]]] = {}
 
     def add(metric: str, wl: tuple, rid: str, measured: float, predicted: float) -> None:
-        by_metric.setdefault(metric, {}).setdefault(wl, []).append((measured, predicted))
-        conc_of.setdefault(metric, {}).setdefault(wl, []).append(
-            (cases.get(rid) or {}).get("concurrency"))
+        conc = (cases.get(rid) or {}).get("concurrency")
+        by_metric.setdefault(metric, {}).setdefault(wl, []).append((measured, predicted, conc))
 
     for r in rows:
         wl = workload_of(cases.get(r["id"]) or {})
         if r["metric"] in ORDERED_METRICS and wl is not None and r["measured"] > 0:
             add(r["metric"], wl, r["id"], float(r["measured"]), float(r["predicted"]))
-    for wl, pts in serving_points(rows, cases).items():
+    for wl, pts in (serving_points(rows, cases) if points is None else points).items():
         for p in pts:
             add("output_tokens_per_s_per_gpu", wl, p.id, p.measured[0], p.predicted[0])
     out: dict[str, Any] = {}
@@ -239,11 +245,11 @@ def pairwise_concordance(rows: Sequence[Mapping[str, Any]],
         stats = _concordance(groups, min_gap)
         if stats is None:
             continue
-        same: dict[tuple, list[tuple[float, float]]] = {}
+        same: dict[tuple, list[tuple[float, float, Any]]] = {}
         for wl, vals in groups.items():
-            for v, c in zip(vals, conc_of[metric][wl], strict=True):
-                if c:
-                    same.setdefault((*wl, c), []).append(v)
+            for v in vals:
+                if v[2]:
+                    same.setdefault((*wl, v[2]), []).append(v)
         out[metric] = {**stats, "equal_concurrency": _concordance(same, min_gap)}
     return out
 
@@ -252,13 +258,15 @@ def configuration_ordering(rows: Sequence[Mapping[str, Any]],
                            cases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """``{"min_gap", "min_configs", "concordance": pairwise_concordance, "pareto":
     pareto_agreement, "verify_top_k": verification_capture}`` (``{}`` when no serving workload
-    has two configurations)."""
-    conc = pairwise_concordance(rows, cases)
-    pareto = pareto_agreement(rows, cases)
+    has two configurations). The workloads' points are derived once for the three views."""
+    points = serving_points(rows, cases)
+    conc = pairwise_concordance(rows, cases, points=points)
+    pareto = pareto_agreement(rows, cases, points=points)
     if not conc and not pareto["workloads"]:
         return {}
     return {"min_gap": MIN_GAP, "min_configs": MIN_CONFIGS, "concordance": conc,
-            "pareto": pareto, "verify_top_k": verification_capture(rows, cases)}
+            "pareto": pareto,
+            "verify_top_k": verification_capture(rows, cases, points=points)}
 
 
 #: Display names of the ordered metrics.
