@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from charon_search.cost.predictor import MOE_WEIGHT_BYTES
 from charon_search.cost.selector import GEMM_ROWS_TAG
 from charon_search.errors import ConfigError
 from charon_search.ir.ops import OpKind, Role
@@ -189,13 +190,14 @@ _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
 #: prices them with the bf16 MoE model at their half byte per weight.
 _MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8",
                "int4_wo": "int4_wo", "nvfp4": ""}
-#: Stored bytes per weight of each checkpoint format, scales included: fp8 1 (a fp32 scale per
-#: tensor or per 128x128 block, < 0.1 %); MXFP4 4 bits + one E8M0 scale byte per 32 elements (OCP
-#: Microscaling spec v1.0); NVFP4 4 bits + one FP8 E4M3 scale per 16 (NVIDIA's NVFP4 format,
-#: ModelOpt ``group_size`` 16); int4 weight-only 4 bits + one bf16 scale per group (the group
-#: size from the checkpoint's config, 128 when it names none).
-_FORMAT_WEIGHT_BYTES = {"fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.5 + 1 / 32,
-                        "nvfp4": 0.5 + 1 / 16, "int4_wo": 0.5 + 2 / 128}
+#: Stored bytes per weight of each checkpoint format, scales included: those of its MoE kernel
+#: format (``cost.predictor.MOE_WEIGHT_BYTES``: fp8 1, MXFP4 4 bits + one E8M0 scale byte per
+#: 32, int4 weight-only 4 bits + one bf16 scale per group of 128; ``checkpoint_quant`` takes the
+#: group size from the checkpoint's config), and NVFP4 4 bits + one FP8 E4M3 scale per 16
+#: (NVIDIA's NVFP4 format, ModelOpt ``group_size`` 16), which has no MoE kernel format here.
+_FORMAT_WEIGHT_BYTES = {"nvfp4": 0.5 + 1 / 16,
+                        **{method: MOE_WEIGHT_BYTES[fmt] for method, fmt in _MOE_FORMAT.items()
+                           if fmt in MOE_WEIGHT_BYTES}}
 #: ``ServingConfig.moe_kernel`` -> (formats it runs, (engine, DB dtype) of its measured rows).
 #: ``marlin``: the Marlin MoE kernel (``fused_marlin_moe``: 4-bit weights, MXFP4 or int4,
 #: dequantized to bf16 in the kernel), one kernel whichever engine launches it; its rows pool
