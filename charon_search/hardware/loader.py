@@ -144,6 +144,7 @@ _CALIBRATION_FIELDS = (
     _Field("prefill_iteration_overhead_s", f"prefill_iteration_overhead_{_TIME}", "mapping",
            required=False),
     _Field("eager_kernel_host_s", f"eager_kernel_host_{_TIME}", "mapping", required=False),
+    _Field("disagg_handoff_s", f"disagg_handoff_{_TIME}", "mapping", required=False),
     _Field("allocator_reserved_factor", "allocator_reserved_factor", "number", required=False,
            rule="ge1"),
     _Field("allocator_reserved_extra_bytes", f"allocator_reserved_extra_{_BYTES}", "number",

@@ -24,7 +24,7 @@ FRONTEND_KEYED_TIMES = ("frontend_latency_s", "frontend_prompt_token_s",
 #: Every ``Calibration`` mapping keyed by serving engine (or, for ``FRONTEND_KEYED_TIMES``, by
 #: front end): the loader checks each one's keys and values.
 ENGINE_KEYED_TIMES = (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s",
-                      "eager_kernel_host_s")
+                      "eager_kernel_host_s", "disagg_handoff_s")
 
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 
@@ -164,6 +164,10 @@ class Calibration:
     prompt iterations, and decode batches no graph was captured for). Such an iteration lasts at
     least operators x this, so the host bounds it once tensor parallelism has made the GPU's
     share short; an engine not listed has only ``ServingConfig.kernel_launch_overhead_s``."""
+    disagg_handoff_s: Mapping[str, float] = field(default_factory=dict)
+    """Serving engine -> seconds a disaggregated request's hand-over from its prefill replica
+    to its decode replica takes on this cluster beyond moving the KV bytes
+    (``ServingConfig.disagg_handoff_s``); an engine not listed has none."""
     allocator_reserved_factor: float = 1.0
     """peak_reserved = peak_allocated × this (caching-allocator fragmentation headroom)."""
     allocator_reserved_extra_bytes: float = 0.0

@@ -386,8 +386,9 @@ class ServingConfig:
     engine: str = ""
     """The serving engine this configuration stands for (``vllm``, ``sglang``, ``trtllm``;
     ``""`` = a generic engine). It selects the cluster's calibrated front-end times
-    (``frontend_latency_s``, ``frontend_prompt_token_s``, ``frontend_output_token_s``) and
-    prompt-iteration overhead (``prefill_iteration_overhead_s``)."""
+    (``frontend_latency_s``, ``frontend_prompt_token_s``, ``frontend_output_token_s``),
+    prompt-iteration overhead (``prefill_iteration_overhead_s``) and disaggregated hand-over
+    time (``disagg_handoff_s``)."""
     frontend_latency_s: float | None = None
     """Time a request spends in the engine's serving front end, outside the simulated
     scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
@@ -436,6 +437,13 @@ class ServingConfig:
     Python model code) and set up the new requests. It lengthens the iteration for every request
     in it, so it counts in TTFT and, through the decodes that ride along, in TPOT. None = the
     cluster's calibrated ``prefill_iteration_overhead_s[engine]`` (0 when it has none)."""
+    disagg_handoff_s: float | None = None
+    """Disaggregated serving only: time a request's hand-over from its prefill replica to its
+    decode replica takes beyond moving the KV bytes (the transfer's control plane: the decode
+    side's KV pre-allocation and handshake with the prefill worker, the completion notice, and
+    the decode scheduler polling for it). The decode replica sees the request this long after
+    its KV transfer ends, so it counts in TTFT and E2E, not in TPOT. None = the cluster's
+    calibrated ``disagg_handoff_s[engine]`` (0 when it has none)."""
     precision: str = "bf16"
     """Weight/GEMM precision."""
     kv_dtype: str = "bf16"
@@ -465,7 +473,7 @@ class ServingConfig:
         _choice("moe_kernel", self.moe_kernel, MOE_KERNELS)
         _choice("engine", self.engine, ENGINES)
         _choice("frontend", self.frontend, FRONTENDS)
-        for name in (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s"):
+        for name in (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s", "disagg_handoff_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "

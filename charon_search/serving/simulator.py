@@ -260,6 +260,10 @@ class ServingSimulation:
         """Front-end time per streaming request per output cycle
         (``ServingConfig.frontend_output_stream_s``): one cycling process for the engine's own
         server, one per replica under Dynamo, as for ``frontend_output_token_s``."""
+        self.disagg_handoff_s = _engine_time(config.disagg_handoff_s, cal.disagg_handoff_s,
+                                             config.engine)
+        """Hand-over time of a disaggregated request beyond its KV bytes
+        (``ServingConfig.disagg_handoff_s``), the engine's own transfer machinery."""
         per_front = self.decode_pool if config.frontend else (0,)
         self._streams: list[_StreamQueue] = []
         self._cycles: list[_CycleQueue] = []
@@ -393,7 +397,7 @@ class ServingSimulation:
         # Every prefill GPU sends its shard in parallel.
         per_gpu = nbytes / max(1, self._prefill_gpus)
         xfer = kv_transfer_s(per_gpu, self._prefill_cluster, cfg.disagg.kv_transfer)
-        self._push(now_s + xfer, 0, _KV, req)
+        self._push(now_s + xfer + self.disagg_handoff_s, 0, _KV, req)
 
     def _on_finished(self, req: Request, now_s: float) -> None:
         self._finished += 1

@@ -85,12 +85,15 @@ class Parameter:
         is not known is assumed to: it is re-simulated rather than wrongly reused). An entry of
         a mapping keyed by process (``FRONTEND_KEYED_TIMES``) moves only the rows that process
         serves: ``dynamo``'s the rows served through NVIDIA Dynamo (aiconfigurator's
-        gap-analysis launches, ``serving.backends.AIC_FRONTEND``), an engine's the others."""
+        gap-analysis launches, ``serving.backends.AIC_FRONTEND``), an engine's the others. A
+        mapping of ``DISAGG_ONLY_TIMES`` moves only disaggregated records."""
         field, _, key = self.target.removeprefix("calibration.").partition(".")
         if field in FRONTEND_KEYED_TIMES and key:
             through_dynamo = AIC_GAP_SOURCE in (record.notes or "")
             if through_dynamo != (key in SERVING_FRONTENDS):
                 return False
+        if field in DISAGG_ONLY_TIMES and not is_disaggregated(record):
+            return False
         engine = record_engine(record)
         return record.kind in self.kinds and (not self.engines or not engine
                                               or engine in self.engines)
@@ -102,6 +105,10 @@ PROMPT_TOKEN_GRID = (0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6, 1e-5, 1.2e-5, 1.5e
 OUTPUT_TOKEN_GRID = (0.0, 1e-5, 2e-5, 3e-5, 4e-5, 5e-5, 6e-5, 8e-5, 1e-4)
 #: Grid of the front-end times per streaming request per output cycle (seconds).
 OUTPUT_STREAM_GRID = (0.0, 1e-4, 2e-4, 3e-4, 4e-4, 5e-4, 6e-4, 8e-4, 1e-3)
+#: Grid of the disaggregated hand-over times (seconds).
+DISAGG_HANDOFF_GRID = (0.0, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3)
+#: ``Calibration`` mappings that only disaggregated deployments use.
+DISAGG_ONLY_TIMES = ("disagg_handoff_s",)
 
 
 def _per_engine(prefix: str, field_name: str, grid: tuple[float, ...],
@@ -189,6 +196,11 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
                  "host time a {} iteration carrying prompt tokens adds to its GPU time (eager "
                  "forward, new-request setup): in TTFT and, through the decodes of that "
                  "iteration, in TPOT"),
+    *_per_engine("disagg_handoff", "disagg_handoff_s", DISAGG_HANDOFF_GRID,
+                 "time a disaggregated {} request's hand-over from its prefill worker to its "
+                 "decode worker takes beyond moving the KV bytes (KV pre-allocation and "
+                 "handshake, completion notice, the decode scheduler polling for it): in TTFT "
+                 "and E2E, not in TPOT; it moves only disaggregated records"),
     *_per_engine("eager_kernel_host", "eager_kernel_host_s",
                  (0.0, 1e-5, 2e-5, 4e-5, 5.5e-5, 7e-5, 8.5e-5, 1e-4),
                  "host time per operator of a {} iteration without a CUDA graph (Python model "
@@ -203,6 +215,12 @@ def record_engine(record: Record) -> str:
     record does not name one of them."""
     engine = str((record.extra or {}).get("backend") or "").lower()
     return engine if engine in SERVING_ENGINES else ""
+
+
+def is_disaggregated(record: Record) -> bool:
+    """Whether a serving record measured a prefill/decode-disaggregated deployment (a silicon
+    row's ``mode: disagg``, or a schema record's ``disagg`` pools)."""
+    return record.config.get("mode") == "disagg" or bool(record.config.get("disagg"))
 
 
 def default_parameters(kind: str) -> list[str]:

@@ -140,6 +140,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
     if cfg.disagg is not None:
         layout = {name: _pool_summary(pool, cfg.dp_attention) for name, pool in
                   (("prefill_pool", cfg.disagg.prefill), ("decode_pool", cfg.disagg.decode))}
+        layout["disagg_handoff_s"] = sim.disagg_handoff_s
     return {
         "kind": "serving", "id": case.record.id, "cluster": case.cluster.name,
         "engine": {

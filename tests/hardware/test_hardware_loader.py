@@ -221,7 +221,7 @@ def test_calibration_rules(tmp_path: Path, cluster_raw: dict) -> None:
 
 @pytest.mark.parametrize("field", ["frontend_latency", "frontend_prompt_token",
                                    "frontend_output_token", "prefill_iteration_overhead",
-                                   "eager_kernel_host"])
+                                   "eager_kernel_host", "disagg_handoff"])
 def test_per_engine_times(tmp_path: Path, cluster_raw: dict, field: str) -> None:
     """``<field>_<unit>`` maps serving engines to seconds (ms converted once); an unknown engine
     or a negative time names the entry."""

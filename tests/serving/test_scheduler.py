@@ -196,6 +196,42 @@ def test_disaggregated_adds_kv_transfer(affine, cluster) -> None:
     assert sgl.e2e_s["mean"] == pytest.approx(dis.e2e_s["mean"])
 
 
+def test_disaggregated_hand_over_time(affine, cluster) -> None:
+    """The hand-over time H delays the decode replica's view of a request by exactly H: TTFT
+    and E2E grow by H, TPOT does not. The cluster's per-engine value applies to its engine
+    only, an explicit value wins, and an aggregated deployment never pays it."""
+    import dataclasses
+
+    from charon_search.errors import ConfigError
+
+    h = 0.12
+    one = [req(0, 0.0, 1000, 10)]
+    dis = {"prefill": "1xTP1", "decode": "1xTP1", "kv_transfer": "rdma"}
+    base = simulate_serving("debug-llama", cluster, _cfg(disagg=dis, engine="sglang"), one,
+                            cost_model=affine)
+    cal = dataclasses.replace(cluster.calibration, disagg_handoff_s={"sglang": h})
+    slow_cluster = dataclasses.replace(cluster, calibration=cal)
+    slow = simulate_serving("debug-llama", slow_cluster, _cfg(disagg=dis, engine="sglang"),
+                            one, cost_model=affine)
+    assert slow.ttft_s["mean"] - base.ttft_s["mean"] == pytest.approx(h, rel=1e-9)
+    assert slow.e2e_s["mean"] - base.e2e_s["mean"] == pytest.approx(h, rel=1e-9)
+    assert slow.tpot_s["mean"] == pytest.approx(base.tpot_s["mean"], rel=1e-12)
+    other = simulate_serving("debug-llama", slow_cluster, _cfg(disagg=dis, engine="vllm"),
+                             one, cost_model=affine)
+    vllm = simulate_serving("debug-llama", cluster, _cfg(disagg=dis, engine="vllm"), one,
+                            cost_model=affine)
+    assert other.ttft_s["mean"] == vllm.ttft_s["mean"]  # no value for vllm: none
+    explicit = simulate_serving("debug-llama", slow_cluster,
+                                _cfg(disagg=dis, engine="sglang", disagg_handoff_s=0.0), one,
+                                cost_model=affine)
+    assert explicit.ttft_s["mean"] == base.ttft_s["mean"]
+    agg = [simulate_serving("debug-llama", c, _cfg(engine="sglang"), one, cost_model=affine)
+           for c in (cluster, slow_cluster)]
+    assert agg[0].ttft_s["mean"] == agg[1].ttft_s["mean"]
+    with pytest.raises(ConfigError, match="disagg_handoff_s"):
+        ServingConfig(disagg_handoff_s=-0.1)
+
+
 def test_dynamic_sp_beats_fixed_sp_on_mixed_lengths(affine, cluster) -> None:
     from dataclasses import replace
 

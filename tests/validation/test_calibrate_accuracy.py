@@ -286,6 +286,16 @@ def test_per_engine_parameter_touches_its_engines_records_only(shipped_records):
     eager = apply_parameters(cluster, {"eager_kernel_host_vllm_s": 7e-5}).calibration
     assert eager.eager_kernel_host_s == {"vllm": 7e-5}
     assert eager.prefill_iteration_overhead_s == cluster.calibration.prefill_iteration_overhead_s
+    # The disaggregated hand-over time moves only its engine's disaggregated rows.
+    handoff = apply_parameters(cluster, {"disagg_handoff_trtllm_s": 0.075}).calibration
+    assert handoff.disagg_handoff_s == {"trtllm": 0.075}
+    split = next(r for r in rows if (r.extra or {}).get("backend") == "trtllm"
+                 and r.config.get("mode") == "disagg")
+    assert PARAMETERS["disagg_handoff_trtllm_s"].moves(split)
+    assert not PARAMETERS["disagg_handoff_sglang_s"].moves(split)
+    whole = next(r for r in rows if (r.extra or {}).get("backend") == "trtllm"
+                 and r.config.get("mode") == "agg")
+    assert not PARAMETERS["disagg_handoff_trtllm_s"].moves(whole)
 
 
 def test_default_parameters_leave_gpu_factors_to_the_caller():
@@ -304,7 +314,8 @@ def test_default_parameters_leave_gpu_factors_to_the_caller():
         "frontend_output_stream_vllm_s", "frontend_output_stream_dynamo_s",
         "frontend_output_token_dynamo_s",
         "prefill_overhead_trtllm_s", "prefill_overhead_sglang_s",
-        "prefill_overhead_vllm_s", "eager_kernel_host_trtllm_s", "eager_kernel_host_sglang_s",
+        "prefill_overhead_vllm_s", "disagg_handoff_trtllm_s", "disagg_handoff_sglang_s",
+        "disagg_handoff_vllm_s", "eager_kernel_host_trtllm_s", "eager_kernel_host_sglang_s",
         "eager_kernel_host_vllm_s"]
     assert all(not PARAMETERS[n].target.startswith("gpu.")
                for k in ("training", "serving") for n in default_parameters(k))
