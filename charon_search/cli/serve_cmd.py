@@ -4,7 +4,7 @@ Examples:
     charon-search serve --model llama-3.1-70b --cluster h100-sxm-8gpu --tp 4 \\
         --workload poisson --rate 4 --num-requests 2000 --input-len 2000 --output-len 200 \\
         --max-num-seqs 256 --max-batched-tokens 8192 --chunked-prefill --json serve.json
-    charon-search serve ... --disagg prefill=2xTP2,decode=1xTP4 --kv-transfer rdma
+    charon-search serve ... --disagg prefill=2xTP2,decode=1xTP4 --kv-transfer rdma --engine sglang
     charon-search serve ... --workload trace.csv     # arrived_at, prompt_tokens, output_tokens
 
 Engine knobs beyond these flags go in ``--config serving.yaml`` (the ``ServingConfig`` fields,
@@ -21,6 +21,7 @@ from typing import Any
 
 from charon_search.cli._common import prepare_outputs
 from charon_search.errors import ConfigError
+from charon_search.hardware.spec import SERVING_ENGINES
 from charon_search.serving.config import PRECISIONS
 
 
@@ -56,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="closed loop: spread the first wave over this many seconds (default: "
                         "one expected request lifetime, the steady state; 0 = all at once)")
     e = parser.add_argument_group("engine")
+    e.add_argument("--engine", choices=SERVING_ENGINES,
+                   help="serving engine whose calibrated host times the cluster spec supplies "
+                        "(its server's front end and streaming cycle, prompt-iteration host "
+                        "time, disaggregated hand-over); default: a generic engine with none")
     e.add_argument("--scheduler", choices=("vllm", "static"))
     e.add_argument("--max-num-seqs", type=int)
     e.add_argument("--max-batched-tokens", type=int)
@@ -100,7 +105,7 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     wl_data = dict(data.pop("workload", {}) or {})
     flags = {
         "tp": args.tp, "pp": args.pp, "ep": args.ep, "dp": args.dp, "sp": args.sp,
-        "dynamic_sp": args.dynamic_sp, "scheduler": args.scheduler,
+        "dynamic_sp": args.dynamic_sp, "engine": args.engine, "scheduler": args.scheduler,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens,
         "chunked_prefill": args.chunked_prefill, "prefix_caching": args.prefix_caching,
         "precision": args.precision, "fused_kernels": args.fused_kernels,

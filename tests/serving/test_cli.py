@@ -48,6 +48,33 @@ def test_serve_disagg_and_trace(tmp_path) -> None:
     assert data["num_gpus"] == 4 and data["num_completed"] == 100
 
 
+def test_serve_engine_flag_takes_the_clusters_hand_over_time(tmp_path) -> None:
+    """``--engine sglang`` on h100-sxm-8gpu: one disaggregated request's TTFT carries the
+    spec's calibrated SGLang hand-over (200 ms, docs/calibration/serving-disagg-handoff.yaml):
+    exactly that much more than the same run with the hand-over set to 0 in ``--config``."""
+    from charon_search.hardware import load_cluster
+
+    handoff = load_cluster("h100-sxm-8gpu").calibration.disagg_handoff_s["sglang"]
+    assert handoff == pytest.approx(0.2)
+    zero = tmp_path / "zero.yaml"
+    zero.write_text("disagg_handoff_s: 0.0\n")
+    ttft = []
+    for extra in ([], ["--config", str(zero)]):
+        out = tmp_path / f"r{len(ttft)}.json"
+        rc = main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+                   "--engine", "sglang", "--disagg", "prefill=1xTP1,decode=1xTP1",
+                   "--kv-transfer", "nvlink", "--workload", "concurrency", "--concurrency", "1",
+                   "--num-requests", "1", "--input-len", "512", "--output-len", "8",
+                   "--no-progress", "--json", str(out), *extra])
+        assert rc == 0
+        ttft.append(json.loads(out.read_text())["ttft_s"]["mean"])
+    assert ttft[0] - ttft[1] == pytest.approx(handoff, rel=1e-6)
+    with pytest.raises(SystemExit) as exc:  # argparse names the flag and its choices
+        main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+              "--engine", "tgi"])
+    assert exc.value.code == 2
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--disagg", "prefill=2"], "disagg"),
     (["--tp", "3"], "tp"),
