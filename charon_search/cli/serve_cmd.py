@@ -143,6 +143,24 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, WorkloadSpec.from_dict(wl_data)
 
 
+def _generic_engine_hint(config: Any, cluster: str) -> str:
+    """A note for a run without ``--engine`` on a cluster that calibrates per-engine host
+    times: none of them applied ("" when there is nothing to say)."""
+    if config.engine:
+        return ""
+    from charon_search.hardware import load_cluster
+    from charon_search.hardware.spec import ENGINE_KEYED_TIMES
+
+    cal = load_cluster(cluster).calibration
+    engines = sorted({e for name in ENGINE_KEYED_TIMES for e in getattr(cal, name)
+                      if e in SERVING_ENGINES})
+    if not engines:
+        return ""
+    return (f"note: a generic engine; the host times this cluster calibrates for "
+            f"{', '.join(engines)} (front end, streaming, prompt iterations, disaggregated "
+            f"hand-over) apply with --engine {'|'.join(engines)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from charon_search.serving import simulate_serving
 
@@ -153,7 +171,10 @@ def run(args: argparse.Namespace) -> int:
         args.model, args.cluster, config, workload,
         keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,
         progress=not args.no_progress and sys.stderr.isatty())
-    print(report.summary())
+    print(report.summary(), flush=True)
+    hint = _generic_engine_hint(config, args.cluster)
+    if hint:
+        print(hint, file=sys.stderr)
     if args.json:
         report.to_json(args.json)
         print(f"wrote {args.json}")

@@ -75,6 +75,18 @@ def test_serve_engine_flag_takes_the_clusters_hand_over_time(tmp_path) -> None:
     assert exc.value.code == 2
 
 
+def test_serve_without_engine_says_which_host_times_it_leaves_out(capsys) -> None:
+    """h100-sxm-8gpu calibrates host times for all three engines: a generic run names them
+    and the flag that applies them; a run with ``--engine`` says nothing."""
+    base = ["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+            "--num-requests", "5", "--no-progress"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert "generic engine" in err and "--engine sglang|trtllm|vllm" in err
+    assert main([*base, "--engine", "vllm"]) == 0
+    assert "generic engine" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--disagg", "prefill=2"], "disagg"),
     (["--tp", "3"], "tp"),
