@@ -11,7 +11,10 @@ per-record factors. Writes the fitted calibration blocks with provenance to a YA
 
 Without ``--params`` it fits the cluster-level parameters of ``--kind`` (the ``calibration:``
 block): a GPU-level factor (``gpu.*``) fitted as one value would replace each GPU's own shipped
-value, so those are fitted only when named.
+value, so those are fitted only when named. ``--holdout-by gpu`` holds out one GPU at a time
+instead of one source (a serving engine's parameter: all its rows come from one or two sources).
+
+    charon-search calibrate --kind serving --params disagg_handoff_trtllm_s --holdout-by gpu
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from charon_search.validation.calibration import PARAMETERS
+    from charon_search.validation.calibration import HOLDOUT_GROUPS, PARAMETERS
 
     parser.add_argument("files", nargs="*", type=Path,
                         help="record YAML / silicon CSV files (default: shipped data)")
@@ -48,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="existing Ray cluster for --workers (default: embedded local Ray)")
     parser.add_argument("--no-loso", action="store_true",
                         help="skip the leave-one-source-out report")
+    parser.add_argument("--holdout-by", choices=HOLDOUT_GROUPS, default="source",
+                        help="what the held-out report leaves out, one at a time: a source "
+                             "(default), or a GPU (a silicon row's system), for parameters of "
+                             "a serving engine whose rows come from one source")
     parser.add_argument("--out", type=Path, default=Path("calibration.yaml"),
                         help="YAML output (default: calibration.yaml)")
     parser.add_argument("--cache", type=Path, default=None, metavar="FILE",
@@ -145,20 +152,21 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
               f"{fit.evaluations} parameter vectors, {evaluate.pairs} record simulations)",
               file=sys.stdout)
     loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=args.sweeps,
-                                                        evaluate=evaluate)
+                                                        evaluate=evaluate, by=args.holdout_by)
     bar.close()
     for row in loso:
         print(f"  held out {row['held_out']:<44} train {row['train_median_abs_log_error']:.3f}"
               f"  test {row['test_median_abs_log_error']:.3f}  (uncalibrated "
               f"{row['test_median_abs_log_error_uncalibrated']:.3f})")
     if loso:
-        print(f"leave-one-source-out: {len(loso)} held-out fits; {evaluate.pairs} record "
-              "simulations in all")
+        print(f"leave-one-{args.holdout_by}-out: {len(loso)} held-out fits; {evaluate.pairs} "
+              "record simulations in all")
     clusters = {}
     for r in dev:
         case = to_case(r)
         clusters[case.cluster.name] = case.cluster
-    doc = calibration_document(fit, clusters, loso, kind=args.kind)
+    doc = calibration_document(fit, clusters, loso, kind=args.kind,
+                               holdout_by=args.holdout_by)
     args.out.write_text(yaml.safe_dump(doc, sort_keys=False, width=99))
     print(f"wrote {args.out}")
     if args.write:

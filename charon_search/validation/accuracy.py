@@ -111,27 +111,29 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
     kind = (f", {cal['kind']}: {', '.join(fit.get('values') or {})}" if cal.get("kind")
             else "")
     loso = cal.get("leave_one_source_out", [])
+    group = cal.get("holdout_by", "source")  # calibration.HOLDOUT_GROUPS
     wins = sum(r["test_median_abs_log_error"] < r["test_median_abs_log_error_uncalibrated"]
                - 1e-4 for r in loso)
-    verdict = (f" Held out, the fit beats the shipped specs on {wins} of {len(loso)} sources."
+    plural = "GPUs" if group == "gpu" else f"{group}s"
+    verdict = (f" Held out, the fit beats the shipped specs on {wins} of {len(loso)} {plural}."
                if loso else "")
-    lines = [f"## Calibration (leave-one-source-out{kind})", "",
+    lines = [f"## Calibration (leave-one-{group}-out{kind})", "",
              f"`charon-search calibrate` fitted {values} as one vector shared by every cluster, "
              f"on {fit.get('num_records')} development records of "
              f"{', '.join(fit.get('sources', []))} ({fit.get('evaluations')} parameter vectors "
              f"tried): median |log(pred/meas)| {_log_err(fit.get('objective', math.nan))}"
              + (f" against {_log_err(fit['uncalibrated_objective'])} as shipped"
                 if "uncalibrated_objective" in fit else "") + ". "
-             "Each row below fits on all other sources and tests on the held-out one; "
-             "*shipped* is the held-out source under the cluster specs as shipped (what every "
-             "table above uses). Errors are median |log(pred/meas)| with the relative error "
-             "they correspond to." + verdict, ""]
+             f"Each row below fits on all other {plural} and tests on the held-out one; "
+             f"*shipped* is the held-out {group} under the cluster specs as the run found them. "
+             "Errors are median |log(pred/meas)| with the relative error they correspond to."
+             + verdict, ""]
     rows = [[r["held_out"], r["train_records"], r["test_records"],
              _fitted(r["values"]),
              _log_err(r["train_median_abs_log_error"]), _log_err(r["test_median_abs_log_error"]),
              _log_err(r["test_median_abs_log_error_uncalibrated"])]
             for r in loso]
-    lines += [_md_table(["held-out source", "train n", "test n", "fitted on the others",
+    lines += [_md_table([f"held-out {group}", "train n", "test n", "fitted on the others",
                          "train", "test (fitted)", "test (shipped)"], rows), ""]
     return lines
 

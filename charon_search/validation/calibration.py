@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from charon_search.errors import ConfigError
 from charon_search.hardware.spec import FRONTEND_KEYED_TIMES, SERVING_ENGINES, SERVING_FRONTENDS
 from charon_search.validation.records import AIC_GAP_SOURCE, Record
 from charon_search.validation.runner import ValidationResult, run_validation
@@ -58,6 +59,7 @@ __all__ = [
     "default_parameters",
     "development_records",
     "fit_parameters",
+    "holdout_group",
     "leave_one_source_out",
     "write_cluster_specs",
 ]
@@ -476,22 +478,40 @@ def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
                           evaluations=len(cache))
 
 
+#: What ``leave_one_source_out`` can hold out, one group at a time: the record's source (the
+#: default), or its GPU (a silicon row's ``system``), for parameters every source shares with
+#: one engine or host (``charon-search calibrate --holdout-by``).
+HOLDOUT_GROUPS = ("source", "gpu")
+
+
+def holdout_group(record: Record, by: str) -> str:
+    """The group of ``record`` that ``leave_one_source_out(by=...)`` holds out together."""
+    from charon_search.validation.runner import source_label
+
+    if by == "source":
+        return source_label(record.source)
+    if by == "gpu":
+        return str(record.hardware.get("gpu") or "?")
+    raise ConfigError(f"`holdout_by` must be one of {list(HOLDOUT_GROUPS)}, but got {by!r}")
+
+
 def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
-                         evaluate: Evaluate | None = None, sweeps: int = 2
-                         ) -> list[dict[str, Any]]:
-    """Per development source: fit on the others, report train and held-out test error.
+                         evaluate: Evaluate | None = None, sweeps: int = 2,
+                         by: str = "source") -> list[dict[str, Any]]:
+    """Per development source (``by="source"``) or GPU (``by="gpu"``): fit on the others,
+    report train and held-out test error.
 
     Each held-out fit runs as many sweeps as the main fit (``calibrate`` passes its
     ``--sweeps``), so a held-out row's train error is what the main fit would reach without
-    that source."""
-    from charon_search.validation.runner import source_label
-
+    that group. Holding out by GPU tests a parameter that belongs to a serving engine, whose
+    rows all come from one or two sources: a source held out would take every row of its
+    engine with it."""
     evaluate = _memoized(evaluate)
-    sources = sorted({source_label(r.source) for r in records})
+    groups = sorted({holdout_group(r, by) for r in records})
     out = []
-    for held in sources:
-        train = [r for r in records if source_label(r.source) != held]
-        test = [r for r in records if source_label(r.source) == held]
+    for held in groups:
+        train = [r for r in records if holdout_group(r, by) != held]
+        test = [r for r in records if holdout_group(r, by) == held]
         if not train or not test:
             continue
         fit = fit_parameters(train, names, evaluate=evaluate, sweeps=sweeps)
@@ -505,7 +525,8 @@ def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
 
 
 def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec],
-                         loso: Sequence[Mapping[str, Any]], *, kind: str = "") -> dict[str, Any]:
+                         loso: Sequence[Mapping[str, Any]], *, kind: str = "",
+                         holdout_by: str = "source") -> dict[str, Any]:
     """The YAML written by ``calibrate``: per-cluster ``calibration`` values with provenance.
 
     ``clusters`` maps cluster name -> its spec (the fit's shared values are applied to each, so
@@ -520,6 +541,8 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
         gpu, cal = _spec_changes(spec, fit.values)
         blocks[name] = {"calibration": cal, "gpu": gpu, "provenance": prov}
     out: dict[str, Any] = {"kind": kind} if kind else {}
+    if holdout_by != "source":
+        out["holdout_by"] = holdout_by
     return {**out, "fit": dataclasses.asdict(fit), "leave_one_source_out": list(loso),
             "clusters": blocks}
 

@@ -16,6 +16,7 @@ from charon_search.validation.calibration import (
     apply_parameters,
     default_parameters,
     fit_parameters,
+    holdout_group,
     leave_one_source_out,
     write_cluster_specs,
 )
@@ -73,6 +74,29 @@ def test_loso_reports_train_and_test(synthetic):
         # the shipped A100 spec's efficiency is off by log(eff/0.65)
         assert r["test_median_abs_log_error_uncalibrated"] == pytest.approx(
             abs(math.log(shipped_eff / 0.65)), abs=1e-9)
+
+
+def test_loso_can_hold_out_a_gpu_at_a_time(shipped_records):
+    """``by="gpu"``: the four records, two relabelled as H100 runs (their measured values made
+    by the fake simulator at 0.65 on their own GPU), give one held-out fit per GPU, each on
+    the other GPU's two records; each recovers 0.65 and predicts the held-out pair exactly."""
+    from charon_search.errors import ConfigError
+
+    recs = [dataclasses.replace(r, hardware={**r.hardware, "gpu": "h100-sxm-80gb"})
+            if i % 2 else r for i, r in enumerate(select_records(shipped_records, ids=IDS))]
+    pred = {(r["id"], r["metric"]): r["predicted"]
+            for r in evaluate(recs, {"compute_efficiency": 0.65}).rows}
+    synth = [dataclasses.replace(r, measured={m: pred[(r.id, m)] for m in r.measured})
+             for r in recs]
+    rows = leave_one_source_out(synth, ["compute_efficiency"], evaluate=evaluate, by="gpu")
+    assert {r["held_out"]: (r["train_records"], r["test_records"]) for r in rows} == {
+        "a100-sxm-80gb": (2, 2), "h100-sxm-80gb": (2, 2)}
+    for r in rows:
+        assert r["values"] == {"compute_efficiency": 0.65}
+        assert r["test_median_abs_log_error"] == pytest.approx(0.0, abs=1e-9)
+    assert holdout_group(synth[0], "source") == "Narayanan et al."
+    with pytest.raises(ConfigError, match="holdout_by"):
+        holdout_group(synth[0], "engine")
 
 
 def test_memo_simulates_each_pair_once(synthetic):
@@ -163,9 +187,19 @@ def test_accuracy_command(tmp_path, shipped_records):
     cal2.write_text("kind: serving\nfit: {values: {iteration_cpu_overhead_s: 0.001}, "
                     "objective: 0.1, num_records: 3, sources: [C], evaluations: 5}\n"
                     "leave_one_source_out: []\nclusters: {}\n")
+    cal3 = tmp_path / "cal3.yaml"
+    cal3.write_text("kind: serving\nholdout_by: gpu\nfit: {values: {disagg_handoff_vllm_s: "
+                    "0.2}, objective: 0.1, num_records: 3, sources: [C], evaluations: 5}\n"
+                    "leave_one_source_out:\n- {held_out: gb200, train_records: 2, "
+                    "test_records: 1, values: {disagg_handoff_vllm_s: 0.2}, "
+                    "train_median_abs_log_error: 0.1, test_median_abs_log_error: 0.3, "
+                    "test_median_abs_log_error_uncalibrated: 0.2}\nclusters: {}\n")
     assert main(["accuracy", "--from", str(src), "--out", str(out), "--calibration",
-                 str(cal), "--calibration", str(cal2)]) == 0
+                 str(cal), "--calibration", str(cal2), "--calibration", str(cal3)]) == 0
     text = out.read_text()
+    assert "## Calibration (leave-one-gpu-out, serving: disagg_handoff_vllm_s)" in text
+    assert "| held-out gpu | train n |" in text
+    assert "beats the shipped specs on 0 of 1 GPUs." in text  # 0.3 > 0.2
     assert "## Calibration (leave-one-source-out)" in text
     assert "## Calibration (leave-one-source-out, serving: iteration_cpu_overhead_s)" in text
     assert "Held out, the fit beats the shipped specs on 1 of 1 sources." in text  # 0.01 < 0.2
