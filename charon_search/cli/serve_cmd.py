@@ -143,15 +143,14 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, WorkloadSpec.from_dict(wl_data)
 
 
-def _generic_engine_hint(config: Any, cluster: str) -> str:
-    """A note for a run without ``--engine`` on a cluster that calibrates per-engine host
-    times: none of them applied ("" when there is nothing to say)."""
+def _generic_engine_hint(config: Any, cluster: Any) -> str:
+    """A note for a run without ``--engine`` on a cluster (``ClusterSpec``) that calibrates
+    per-engine host times: none of them applied ("" when there is nothing to say)."""
     if config.engine:
         return ""
-    from charon_search.hardware import load_cluster
     from charon_search.hardware.spec import ENGINE_KEYED_TIMES
 
-    cal = load_cluster(cluster).calibration
+    cal = cluster.calibration
     engines = sorted({e for name in ENGINE_KEYED_TIMES for e in getattr(cal, name)
                       if e in SERVING_ENGINES})
     if not engines:
@@ -162,17 +161,19 @@ def _generic_engine_hint(config: Any, cluster: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from charon_search.hardware import load_cluster
     from charon_search.serving import simulate_serving
 
     prepare_outputs(args, {"--json": "json", "--requests-parquet": "requests_parquet",
                            "--chrome-trace": "chrome_trace"})
     config, workload = build_inputs(args)
+    cluster = load_cluster(args.cluster)  # once: the simulation and the note below read it
     report = simulate_serving(
-        args.model, args.cluster, config, workload,
+        args.model, cluster, config, workload,
         keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,
         progress=not args.no_progress and sys.stderr.isatty())
     print(report.summary(), flush=True)
-    hint = _generic_engine_hint(config, args.cluster)
+    hint = _generic_engine_hint(config, cluster)
     if hint:
         print(hint, file=sys.stderr)
     if args.json:

@@ -220,9 +220,9 @@ def record_engine(record: Record) -> str:
 
 
 def is_disaggregated(record: Record) -> bool:
-    """Whether a serving record measured a prefill/decode-disaggregated deployment (a silicon
-    row's ``mode: disagg``, or a schema record's ``disagg`` pools)."""
-    return record.config.get("mode") == "disagg" or bool(record.config.get("disagg"))
+    """Whether a serving record measured a prefill/decode-disaggregated deployment: its
+    ``mode: disagg``, the one test ``translate`` builds the prefill and decode pools on."""
+    return record.config.get("mode") == "disagg"
 
 
 def default_parameters(kind: str) -> list[str]:
