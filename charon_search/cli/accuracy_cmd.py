@@ -7,8 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 from pathlib import Path
 
 from charon_search.cli._common import prepare_outputs
@@ -29,23 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from charon_search.errors import ConfigError
-    from charon_search.validation import result_from_json
+    from charon_search.validation import read_result
     from charon_search.validation.accuracy import render_accuracy
 
     prepare_outputs(args, {"--out": "out"})
-    try:
-        data = json.loads(args.source.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--from {str(args.source)!r}: not a readable JSON file: {e}") from e
-    if not isinstance(data, dict) or "records" not in data or "summary" not in data:
-        raise ConfigError(f"--from {str(args.source)!r} must be the output of "
-                          "`charon-search validate --json` (keys records, skipped, summary)")
-    result = result_from_json(data)
-    # Recompute the summary so reports of older JSON files get every current block.
-    from charon_search.validation.stats import summarize
-
-    result = dataclasses.replace(result, summary=summarize(result.rows, result.skipped,
-                                                           result.cases))
+    result, data = read_result(args.source, "--from")
     img_dir = args.img_dir or args.out.parent / "img"
     import os
 

@@ -11,6 +11,13 @@ cannot be expressed are listed with the reason.
     charon-search validate --explain --ids megatron_sc21_t1_1.7b
     charon-search validate --workers 2 --json validate.json   # records on 2 Ray actors
     charon-search validate --kind serving --group-by model cluster engine --rows 0
+    charon-search validate --kind training --baseline validate.json   # what moved since then
+    charon-search validate --from new.json --baseline old.json --group-by engine
+
+``--baseline OLD.json`` compares this run with an earlier ``--json`` output, row by row: median,
+p90, bias and summed |error| per metric group before and after, how many rows got better or
+worse, and the largest improvements and regressions (``validation.compare``). ``--from RUN.json``
+reads a saved run instead of simulating, to re-summarize it or compare it.
 
 ``--explain`` prints, for each selected record (name them with ``--ids``), what the simulator did
 to reach its prediction: a training step's breakdown, cost sources and the largest operators of
@@ -54,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "process; same results either way)")
     parser.add_argument("--ray-address", default=None,
                         help="existing Ray cluster for --workers (default: embedded local Ray)")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="JSON",
+                        help="an earlier `validate --json` output: also print how each metric "
+                             "group's errors moved against it and the largest movers")
+    parser.add_argument("--from", dest="from_json", type=Path, default=None, metavar="JSON",
+                        help="summarize a saved `validate --json` output instead of simulating "
+                             "(with --baseline: compare two saved runs)")
+    parser.add_argument("--top", type=int, default=10,
+                        help="largest improvements and regressions listed with --baseline")
     parser.add_argument("--explain", action="store_true",
                         help="show how each selected record's prediction arises (step breakdown "
                              "and per-layer operators, or iteration mix and decode-step "
@@ -63,39 +78,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from charon_search.cli._common import prepare_outputs, silence_tracing_noise
-
-    silence_tracing_noise()
-    prepare_outputs(args, {"--json": "json_out", "--html": "html"})
-    from charon_search.validation import (
-        default_files,
-        load_files,
-        render_html,
-        render_text,
-        run_validation,
-        select_records,
-    )
+    from charon_search.errors import ConfigError
+    from charon_search.validation import read_result, render_html, render_text
     from charon_search.validation.report import render_grouped
     from charon_search.validation.stats import check_group_fields, grouped_summary
 
+    silence_tracing_noise()
+    prepare_outputs(args, {"--json": "json_out", "--html": "html"})
+    # Every input is checked before the simulations, not after them.
     if args.group_by:
-        check_group_fields(args.group_by)  # before the simulations, not after them
-    files = args.files or default_files()
-    records = select_records(load_files(files), kind=args.kind, ids=args.ids, limit=args.limit)
-    if args.explain:
-        return _explain(records, args)
-
-    def progress(i: int, n: int, rec) -> None:  # type: ignore[no-untyped-def]
-        if not args.quiet and (i % 25 == 0 or i == n - 1):
-            print(f"[{i + 1}/{n}] {rec.id}", file=sys.stderr, flush=True)
-
-    result = run_validation(records, progress=progress, workers=args.workers,
-                            address=args.ray_address)
+        check_group_fields(args.group_by)
+    if args.top < 0:
+        raise ConfigError(f"`--top` must be >= 0, but got {args.top}")
+    baseline = read_result(args.baseline, "--baseline")[0] if args.baseline else None
+    if args.from_json:
+        chosen = [name for name, on in (("record files", args.files), ("--ids", args.ids),
+                                        ("--kind", args.kind), ("--limit", args.limit),
+                                        ("--explain", args.explain),
+                                        ("--workers", args.workers)) if on]
+        if chosen:
+            raise ConfigError(f"`--from` re-reads a saved run, so it takes no {chosen[0]} "
+                              "(select the records when you run `validate --json`)")
+        result = read_result(args.from_json, "--from")[0]
+    else:
+        records = _select(args)
+        if args.explain:
+            return _explain(records, args)
+        result = _simulate(records, args)
     max_rows = None if args.rows < 0 else args.rows
     print(render_text(result, max_rows=max_rows))
     if args.group_by:
         grouped = grouped_summary(result.rows, result.cases, args.group_by)
         result.summary["by_fields"] = grouped
         print(render_grouped(grouped))
+    if baseline is not None:
+        from charon_search.validation.compare import compare_runs, render_comparison
+
+        comparison = compare_runs(baseline, result, group_by=args.group_by or (),
+                                  top=args.top)
+        result.summary["against_baseline"] = {"baseline": str(args.baseline), **comparison}
+        print()
+        print(render_comparison(comparison, baseline=str(args.baseline)))
     if args.json_out:
         args.json_out.write_text(json.dumps(result.to_json(), indent=1, default=str))
         print(f"wrote {args.json_out}")
@@ -103,6 +126,24 @@ def run(args: argparse.Namespace) -> int:
         args.html.write_text(render_html(result))
         print(f"wrote {args.html}")
     return 0
+
+
+def _select(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from charon_search.validation import default_files, load_files, select_records
+
+    return select_records(load_files(args.files or default_files()), kind=args.kind,
+                          ids=args.ids, limit=args.limit)
+
+
+def _simulate(records, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from charon_search.validation import run_validation
+
+    def progress(i: int, n: int, rec) -> None:  # type: ignore[no-untyped-def]
+        if not args.quiet and (i % 25 == 0 or i == n - 1):
+            print(f"[{i + 1}/{n}] {rec.id}", file=sys.stderr, flush=True)
+
+    return run_validation(records, progress=progress, workers=args.workers,
+                          address=args.ray_address)
 
 
 def _explain(records, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ from charon_search.validation.report import render_html, render_text
 from charon_search.validation.runner import (
     ValidationResult,
     merge_json,
+    read_result,
     result_from_json,
     run_validation,
     select_records,
@@ -48,6 +49,7 @@ __all__ = [
     "load_silicon_csv",
     "merge_json",
     "parse_records",
+    "read_result",
     "render_html",
     "render_text",
     "resolve_gpu",

@@ -11,7 +11,7 @@ from charon_search.validation.ranking import ordering_lines
 from charon_search.validation.runner import ValidationResult
 from charon_search.validation.stats import METRIC_GROUPS, error_stats, request_latency_rows
 
-__all__ = ["format_pct", "render_html", "render_text", "summary_table_rows"]
+__all__ = ["format_pct", "render_html", "render_text", "summary_table_rows", "text_table"]
 
 
 def format_pct(x: float | None, signed: bool = False) -> str:
@@ -51,7 +51,7 @@ def block_table_rows(blocks: Mapping[str, Any]) -> list[list[str]]:
     return out
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [len(h) for h in header]
     for r in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, r)]
@@ -65,7 +65,7 @@ def render_grouped(grouped: Mapping[str, Any]) -> str:
     """The table of ``stats.grouped_summary`` (``charon-search validate --group-by``)."""
     header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
     return (f"\nby {' / '.join(grouped['fields'])}\n"
-            + _table(header, block_table_rows(grouped["groups"])))
+            + text_table(header, block_table_rows(grouped["groups"])))
 
 
 def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
@@ -75,7 +75,7 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
              format_pct(r["error"], signed=True),
              str(result.cases.get(r["id"], {}).get("cluster", ""))] for r in result.rows]
     shown = rows if max_rows is None else rows[:max_rows]
-    parts.append(_table(["id", "metric", "measured", "predicted", "error", "cluster"], shown))
+    parts.append(text_table(["id", "metric", "measured", "predicted", "error", "cluster"], shown))
     if len(shown) < len(rows):
         parts.append(f"... {len(rows) - len(shown)} more rows (use --json for all)")
     assumed = [(rid, c["assumptions"]) for rid, c in result.cases.items()
@@ -109,8 +109,8 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
         parts.append("\nordering of serving configurations (what a search relies on)")
         parts += [f"  {line}" for line in order]
     header = ["", "expressed", "group", "n", "median|e|", "p90|e|", "max|e|", "bias"]
-    parts.append("\nby kind\n" + _table(header, summary_table_rows(s, "by_kind")))
-    parts.append("\nby source\n" + _table(header, summary_table_rows(s, "by_source")))
+    parts.append("\nby kind\n" + text_table(header, summary_table_rows(s, "by_kind")))
+    parts.append("\nby source\n" + text_table(header, summary_table_rows(s, "by_source")))
     grp = []
     for g in METRIC_GROUPS:
         for label, key in (("all", "by_group"), ("fully specified", "by_group_fully_specified")):
@@ -122,7 +122,7 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
                             format_pct(st["bias"], signed=True),
                             f"{format_pct(tgt.get('median_abs'))}/"
                             f"{format_pct(tgt.get('p90_abs'))}" if tgt else "-"])
-    parts.append("\nby metric group\n" + _table(
+    parts.append("\nby metric group\n" + text_table(
         ["group", "records", "n", "median|e|", "p90|e|", "max|e|", "bias", "target med/p90"],
         grp))
     e2e = error_stats([r["error"] for r in request_latency_rows(result.rows, result.cases)])

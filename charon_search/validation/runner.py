@@ -8,10 +8,9 @@ that cannot be predicted are listed in ``skipped_metrics``. Counts reconcile:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from charon_search.errors import ConfigError
@@ -204,7 +203,7 @@ def validate_record(rec: Record, repeat: tuple[str, bool] | None = None, *,
     try:
         case = to_case(rec)
         if cluster_transform is not None:
-            case = dataclasses.replace(case, cluster=cluster_transform(case.cluster))
+            case = replace(case, cluster=cluster_transform(case.cluster))
         info["cluster"] = case.cluster.name
         info["cluster_choice"] = case.cluster_how
         info["assumptions"] = list(case.assumptions)
@@ -307,6 +306,29 @@ def result_from_json(data: Mapping[str, Any]) -> ValidationResult:
                             summary=dict(data.get("summary", {})),
                             wall_s=float(data.get("wall_s", 0.0)),
                             coverage=[str(c) for c in data.get("coverage", [])])
+
+
+def read_result(path: Any, flag: str) -> tuple[ValidationResult, dict[str, Any]]:
+    """Read a ``validate --json`` file given on the command line as ``flag`` (for the error).
+
+    Returns the result, its summary recomputed by the current ``stats.summarize`` (so older
+    files get every current block), and the raw document.
+
+    Raises:
+        ConfigError: the file is not readable JSON or not ``validate --json`` output.
+    """
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{flag} {str(path)!r}: not a readable JSON file: {e}") from e
+    if not isinstance(data, dict) or "records" not in data or "summary" not in data:
+        raise ConfigError(f"{flag} {str(path)!r} must be the output of "
+                          "`charon-search validate --json` (keys records, skipped, summary)")
+    result = result_from_json(data)
+    return replace(result, summary=summarize(result.rows, result.skipped, result.cases)), data
 
 
 def merge_json(parts: Sequence[tuple[Mapping[str, Any], str]]) -> dict[str, Any]:
