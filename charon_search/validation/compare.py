@@ -71,14 +71,15 @@ def compare_runs(base: Any, new: Any, *, group_by: Sequence[str] = (),
 
     Returns:
         ``{"matched", "measured_changed", "groups", "by_fields", "improved", "regressed",
-        "only_base", "only_new"}``: ``groups`` maps each metric group with matched rows to
-        ``{"n", "before", "after"`` (``stats.error_stats``), ``"sum_abs_before",
+        "only_base", "not_selected", "only_new"}``: ``groups`` maps each metric group with
+        matched rows to ``{"n", "before", "after"`` (``stats.error_stats``), ``"sum_abs_before",
         "sum_abs_after", "better", "worse", "unchanged"}``; ``by_fields`` (with ``group_by``)
         is ``{"fields", "groups": {"<v1> / <v2>": {metric group: same}}}``; ``improved`` /
         ``regressed`` list ``{"id", "metric", "measured", "before", "after"}`` (predictions)
         with ``error_before`` / ``error_after``, largest |error| change first; ``only_base``
-        lists ``{"id", "reason"}`` for records predicted in ``base`` only (the reason ``new``
-        skipped them, if it says), ``only_new`` the ids predicted in ``new`` only.
+        lists ``{"id", "reason"}`` for records ``base`` predicted and ``new`` skipped (with
+        ``new``'s reason), ``not_selected`` counts those ``new`` did not run at all (a run of
+        a subset), ``only_new`` lists the ids predicted in ``new`` only.
     """
     if group_by:
         check_group_fields(group_by)
@@ -129,8 +130,10 @@ def compare_runs(base: Any, new: Any, *, group_by: Sequence[str] = (),
     ids_b = {r["id"] for r in rows_b}
     ids_n = {r["id"] for r in rows_n}
     reasons = {s["id"]: str(s.get("reason", "")) for s in skipped_n}
-    out["only_base"] = [{"id": i, "reason": reasons.get(i, "not in the new run")}
-                        for i in sorted(ids_b - ids_n)]
+    # A record the new run skipped lost its prediction; one it did not select is just absent.
+    out["only_base"] = [{"id": i, "reason": reasons[i]} for i in sorted(ids_b - ids_n)
+                        if i in reasons]
+    out["not_selected"] = len([i for i in ids_b - ids_n if i not in reasons])
     out["only_new"] = sorted(ids_n - ids_b)
     return out
 
@@ -168,8 +171,12 @@ def render_comparison(comp: Mapping[str, Any], *, baseline: str = "baseline") ->
             lines += ["", f"{title} (signed error before -> after):"]
             lines += [f"  {m['id']}  {m['metric']}: {format_pct(m['error_before'], True)} -> "
                       f"{format_pct(m['error_after'], True)}" for m in movers]
+    if comp.get("not_selected"):
+        lines += ["", f"{comp['not_selected']} records predicted in {baseline} are not in this "
+                  "run's selection"]
     if comp["only_base"]:
-        lines += ["", f"predicted in {baseline} only ({len(comp['only_base'])}):"]
+        lines += ["", f"predicted in {baseline}, skipped by this run "
+                  f"({len(comp['only_base'])}):"]
         lines += [f"  {s['id']}: {s['reason']}" for s in comp["only_base"][:20]]
         if len(comp["only_base"]) > 20:
             lines.append(f"  ... and {len(comp['only_base']) - 20} more")

@@ -64,7 +64,11 @@ def test_compare_counts_one_prediction_per_record_and_group():
     assert c["improved"][0]["after"] == pytest.approx(0.95)
     assert [m["id"] for m in c["regressed"]] == ["b"]
     assert c["only_base"] == [{"id": "f", "reason": "unknown model"}]
+    assert c["not_selected"] == 0
     assert c["only_new"] == ["g"]
+    # A run of a subset: the records it did not select are counted, not listed as lost.
+    subset = {**new, "records": [r for r in new["records"] if r["id"] != "b"]}
+    assert compare_runs(base, subset)["not_selected"] == 1
     assert "training_time" in render_comparison(c) and "unknown model" in render_comparison(c)
 
 
