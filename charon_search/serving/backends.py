@@ -161,6 +161,50 @@ def inferencex_spec_decoding_unknown(*, backend: str, model: str, mode: str,
             "does not say which")
 
 
+#: InferenceX's benchmark client builds its random prompts by decoding random token ids with the
+#: model's tokenizer as *it* loads it; the server re-tokenizes the text. Under transformers 5,
+#: ``LlamaTokenizerFast`` rebuilds its pre-tokenizer and decoder, so a DeepSeek-V3-family
+#: tokenizer (declared ``LlamaTokenizerFast`` over a ByteLevel ``tokenizer.json``) decodes to
+#: text that the server's tokenizer (SGLang repairs it, ``_fix_v5_tokenizer_components``) reads
+#: as about five times as many tokens: InferenceX PR #937 (2026-03-24) measured a 7140-token
+#: client prompt at 35921 tokens on an SGLang server with transformers 5.3.0. Its fix went into
+#: ``backend_request_func.get_tokenizer``, but ``benchmark_serving.py`` imported vLLM's
+#: ``get_tokenizer`` first wherever vLLM is installed, as SGLang's images ship it (InferenceX PR
+#: #1253 of 2026-05-01 reproduces the unfixed path inside an SGLang v0.5.10 image; PR #1428 then
+#: preferred the fixed one). So rows of an SGLang release with transformers 5 (from 0.5.10; the
+#: nightly images from 2026-03-14 on, #937's ``0313-2`` image being the last on 4.57.1) measured
+#: before 2026-05-01 ran DeepSeek prompts about 35921 / 7140 times their nominal length. The
+#: shipped rows bear it out: the 8k-prompt SGLang 0.5.10 DeepSeek rows on B300 decode 1.3-2.2x
+#: slower than their nominal contexts allow, growing with concurrency as five-fold contexts do.
+INFERENCEX_V5_PROMPT_INFLATION = 35921 / 7140
+INFERENCEX_V5_TOKENIZER_SGLANG = (0, 5, 10)
+INFERENCEX_V5_TOKENIZER_NIGHTLY_SINCE = "20260314"
+INFERENCEX_V5_TOKENIZER_FIXED = "2026-05-01"
+
+
+def inferencex_prompt_inflation(*, backend: str, version: str, model: str, mode: str,
+                                measured: str) -> tuple[float, str] | None:
+    """How much longer than nominal an InferenceX row's prompts were on the server, and why
+    (``None``: as nominal). See ``INFERENCEX_V5_PROMPT_INFLATION``: SGLang single-node rows
+    of a DeepSeek-V3-family checkpoint, on a release with transformers 5, measured (``measured``,
+    ``YYYY-MM-DD...``; empty: unknown, taken as unaffected) before the client's fix."""
+    name = model.lower()
+    if (backend != "sglang" or mode != "agg" or "deepseek" not in name
+            or not any(k in name for k in ("v3", "r1")) or not measured
+            or measured[:10] >= INFERENCEX_V5_TOKENIZER_FIXED):
+        return None
+    nightly = "nightly" in version and re.search(r"(?<!\d)(20\d{6})(?!\d)", version)
+    if not (release(version)[:3] >= INFERENCEX_V5_TOKENIZER_SGLANG
+            or (nightly and nightly.group(1) >= INFERENCEX_V5_TOKENIZER_NIGHTLY_SINCE)):
+        return None
+    return (INFERENCEX_V5_PROMPT_INFLATION,
+            f"prompts x{INFERENCEX_V5_PROMPT_INFLATION:.2f} their nominal length on the server: "
+            f"SGLang {version} runs transformers 5, and InferenceX's client (measured "
+            f"{measured[:10]}, before its fix of {INFERENCEX_V5_TOKENIZER_FIXED}) decoded its "
+            "random DeepSeek prompts with the unrepaired LlamaTokenizerFast (InferenceX PR "
+            "#937: 7140 client tokens = 35921 server tokens)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineProfile:
     """Scheduler facts of one engine for one measured configuration."""

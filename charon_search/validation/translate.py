@@ -390,6 +390,7 @@ def _serving_case(record: Record) -> ServingCase:
         BACKENDS,
         INFERENCEX,
         engine_profile,
+        inferencex_prompt_inflation,
         inferencex_spec_decoding_unknown,
     )
     from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
@@ -429,13 +430,19 @@ def _serving_case(record: Record) -> ServingCase:
         max_seqs = max(conc, 1)
         backend = str((record.extra or {}).get("backend") or "")
         aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
+        inflation = 1.0
         if not aic:
-            why = inferencex_spec_decoding_unknown(
-                backend=backend, model=str(record.model.get("name") or ""),
-                mode=str(c.get("mode", "agg")),
-                measured=str((record.extra or {}).get("measured_date") or ""))
+            facts = dict(backend=backend, model=str(record.model.get("name") or ""),
+                         mode=str(c.get("mode", "agg")),
+                         measured=str((record.extra or {}).get("measured_date") or ""))
+            why = inferencex_spec_decoding_unknown(**facts)
             if why:
                 raise Unexpressible(why)
+            longer = inferencex_prompt_inflation(
+                version=str(c.get("framework_version") or ""), **facts)
+            if longer:
+                inflation, why = longer
+                notes.append(why)
         if backend in BACKENDS:
             # Disaggregated InferenceX rows ran Dynamo recipes whose flags we do not have: the
             # engine's own defaults apply there.
@@ -478,12 +485,12 @@ def _serving_case(record: Record) -> ServingCase:
         drain = conc if n - warm < nominal else 0
         n += drain
         lengths = []
-        for nom in (isl, osl):
-            lo, hi = bench.length_bounds(nom)
-            lengths.append(LengthDistribution(value=nom) if lo == hi else
+        for nom, scale in ((isl, inflation), (osl, 1.0)):
+            lo, hi = (round(x * scale) for x in bench.length_bounds(nom))
+            lengths.append(LengthDistribution(value=lo) if lo == hi else
                            LengthDistribution(kind="uniform", low=lo, high=hi))
         pool_kw: dict[str, Any] = {}
-        lo_i, hi_i = bench.length_bounds(isl)
+        lo_i, hi_i = (round(x * inflation) for x in bench.length_bounds(isl))
         if bench.prompt_pool and lo_i == hi_i:
             # Requests draw the pool's prompts in turn; a drained warm-up drew the first ones
             # (and left them cached), the simulated requests continue after it.

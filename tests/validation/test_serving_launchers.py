@@ -109,3 +109,41 @@ def test_aiperf_rows_draw_from_a_pool_of_100_prompts(by_id) -> None:
     assert any("prompt pool of 100" in a for a in case.assumptions)
     ix = to_case(by_id[DS_H100_DISAGG]).workload
     assert ix.shared_prefix_tokens == 0
+
+
+def test_inferencex_sglang_deepseek_prompts_under_the_transformers_5_client(by_id) -> None:
+    """SGLang 0.5.10 (transformers 5) DeepSeek rows measured before InferenceX's client fix
+    ran prompts 35921 / 7140 times their nominal length on the server (InferenceX PR #937);
+    the same rows on SGLang 0.5.9 (transformers 4.57) ran them as nominal."""
+    from charon_search.serving.backends import (
+        INFERENCEX_V5_PROMPT_INFLATION,
+        inferencex_prompt_inflation,
+    )
+
+    assert INFERENCEX_V5_PROMPT_INFLATION == 35921 / 7140
+    row = by_id["dsr1_b300_sglang_fp4_agg_8192x1024_c8_cfg718"]
+    assert row.config["framework_version"] == "0.5.10.post1"
+    assert row.extra["measured_date"] == "2026-04-17"
+    wl = to_case(row).workload
+    # InferenceX's random lengths: uniform over [0.8, 1] x 8192 = 6553..8192 client tokens.
+    assert (wl.input_len.low, wl.input_len.high) == (round(6553 * 35921 / 7140),
+                                                      round(8192 * 35921 / 7140))
+    assert (wl.output_len.low, wl.output_len.high) == (819, 1024)  # outputs as nominal
+    assert any("InferenceX PR #937" in n for n in to_case(row).assumptions)
+    old = to_case(by_id["dsr1_b200_sglang_fp8_agg_1024x1024_c16_cfg87"]).workload
+    assert (old.input_len.low, old.input_len.high) == (819, 1024)
+
+    def inflated(**kw: str) -> bool:
+        facts = dict(backend="sglang", version="0.5.10.post1", model="deepseek-ai/DeepSeek-R1",
+                     mode="agg", measured="2026-04-17")
+        return inferencex_prompt_inflation(**{**facts, **kw}) is not None
+
+    assert inflated()
+    assert inflated(version="nightly-dev-cu13-20260317-1eea7448")  # after 0313-2
+    assert not inflated(version="nightly-dev-20260216-d3bae71e")   # transformers 4.57.1
+    assert not inflated(version="0.5.9")
+    assert not inflated(measured="2026-05-02")  # after the client's fix
+    assert not inflated(measured="")            # date unknown
+    assert not inflated(model="Qwen/Qwen3.5-397B-A17B")  # not a LlamaTokenizerFast model
+    assert not inflated(mode="disagg")          # srt-slurm's own client
+    assert not inflated(backend="vllm")         # vLLM's client and server share a loader
