@@ -42,7 +42,8 @@ from charon_search.hardware.spec import SERVING_ENGINES, GpuSpec
 from charon_search.serving.config import DEFAULT_CUDA_GRAPH_SIZES
 
 __all__ = ["AIPERF_AIC", "BACKENDS", "INFERENCEX", "BenchmarkProtocol", "EngineProfile",
-           "engine_profile", "inferencex_spec_decoding_unknown", "sglang_default_chunked_prefill"]
+           "engine_profile", "inferencex_prompt_inflation", "inferencex_spec_decoding_unknown",
+           "sglang_default_chunked_prefill"]
 
 BACKENDS = SERVING_ENGINES
 
@@ -147,18 +148,95 @@ INFERENCEX_70B_TRT_WAIT_RATIO = 0.9
 INFERENCEX_70B_TRT_WAIT_ITERS = 20
 
 
-def inferencex_spec_decoding_unknown(*, backend: str, model: str, mode: str,
-                                     measured: str) -> str | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MtpSibling:
+    """An InferenceX single-node configuration that ran a layout of a plain configuration with
+    speculative decoding (``spec-decoding: mtp``, EAGLE / MTP heads): from ``since`` (the PR's
+    description date) on, a row of that layout may come from either, and the rows do not say
+    which. ``model`` is a substring of the row's model name; empty / 0 fields match anything."""
+
+    since: str
+    source: str
+    backend: str
+    model: str
+    gpu: str = ""
+    precision: str = ""
+    tp: int = 0
+    ep: int = 0
+
+    def covers(self, *, backend: str, model: str, gpu: str, precision: str, tp: int,
+               ep: int) -> bool:
+        return (backend == self.backend and self.model in model.lower()
+                and gpu.startswith(self.gpu)
+                and (not self.precision or precision == self.precision)
+                and (not self.tp or tp == self.tp) and (not self.ep or ep == self.ep))
+
+
+def _sglang_mtp(since: str, key: str, pr: int, model: str, gpu: str, precision: str,
+                *layouts: tuple[int, int]) -> tuple[MtpSibling, ...]:
+    return tuple(MtpSibling(since=since, source=f"{key} of InferenceX PR #{pr}", backend="sglang",
+                            model=model, gpu=gpu, precision=precision, tp=tp, ep=ep)
+                 for tp, ep in layouts)
+
+
+#: InferenceX's speculative siblings of the single-node configurations the shipped rows come
+#: from, with the layouts they ran (their ``perf-changelog.yaml`` entries and PR descriptions;
+#: dates are the PRs' description dates). The dump shows what they do to a row: on 2026-03-25
+#: the SGLang 0.5.9 DeepSeek-R1 FP8 TP 8 rows on B200 were measured twice (1k/1k at 8 streams:
+#: 227 ms TTFT / 10.8 ms TPOT and 364 / 8.8), and TensorRT-LLM's H200 TP8 EP8 C64 1k/8k rows of
+#: one image 32.2 and 19.4 ms TPOT. Later siblings (DeepSeek-R1 FP4 B200 and FP8 H200 SGLang,
+#: 2026-05-20; GLM-5 FP8 H200, 2026-05-18) postdate every shipped row of their layouts.
+#: MiniMax-M2.5, Kimi-K2.5, gpt-oss and Llama-3 had none in that period.
+INFERENCEX_MTP_SIBLINGS: tuple[MtpSibling, ...] = (
+    # PR #392: dsr1-fp8-h200-trt-mtp, dsr1-fp8-b200-trt-mtp, dsr1-fp4-b200-trt-mtp, the layouts
+    # (TP8 EP8, attention DP at the top concurrencies) and image of the plain dsr1-*-trt configs.
+    MtpSibling(since=INFERENCEX_TRT_MTP_SINCE, backend="trtllm", model="deepseek",
+               source="the dsr1-*-trt-mtp configs of InferenceX PR #392 (same layouts and "
+                      "image)"),
+    *_sglang_mtp("2026-02-03", "dsr1-fp8-b200-sglang-mtp", 626, "deepseek", "b200", "fp8",
+                 (8, 1)),
+    *_sglang_mtp("2026-04-17", "dsr1-fp8-b300-sglang-mtp", 1059, "deepseek", "b300", "fp8",
+                 (8, 1)),
+    *_sglang_mtp("2026-03-09", "qwen3.5-fp8-b200-sglang-mtp", 898, "qwen3.5", "b200", "fp8",
+                 (4, 1)),
+    *_sglang_mtp("2026-04-03", "qwen3.5-fp8-h200-sglang-mtp", 1001, "qwen3.5", "h200", "fp8",
+                 (8, 8)),
+    # PR #1035's description falls between 2026-04-14 and 2026-04-16: the earliest is taken.
+    *_sglang_mtp("2026-04-14", "qwen3.5-fp8-b300-sglang-mtp", 1035, "qwen3.5", "b300", "fp8",
+                 (4, 0)),
+    *_sglang_mtp("2026-04-18", "qwen3.5-bf16-b200-sglang-mtp", 1074, "qwen3.5", "b200", "bf16",
+                 (8, 1)),
+    *_sglang_mtp("2026-04-18", "qwen3.5-fp4-b200-sglang-mtp", 1075, "qwen3.5", "b200", "fp4",
+                 (4, 1)),
+    *_sglang_mtp("2026-04-18", "qwen3.5-bf16-b300-sglang-mtp", 1082, "qwen3.5", "b300", "bf16",
+                 (8, 1), (4, 1)),
+    *_sglang_mtp("2026-04-18", "qwen3.5-fp4-b300-sglang-mtp", 1083, "qwen3.5", "b300", "fp4",
+                 (4, 1), (2, 2)),
+    *_sglang_mtp("2026-04-18", "glm5-fp8-b300-sglang-mtp", 1084, "glm-5", "b300", "fp8", (8, 1)),
+    *_sglang_mtp("2026-04-18", "glm5-fp8-b200-sglang-mtp", 1085, "glm-5", "b200", "fp8", (8, 1)),
+    *_sglang_mtp("2026-04-18", "glm5-fp4-b200-sglang-mtp", 1087, "glm-5", "b200", "fp4",
+                 (8, 1), (4, 1)),
+    *_sglang_mtp("2026-04-18", "glm5-fp4-b300-sglang-mtp", 1088, "glm-5", "b300", "fp4",
+                 (8, 1), (4, 1)),
+)
+
+
+def inferencex_spec_decoding_unknown(*, backend: str, model: str, mode: str, measured: str,
+                                     gpu: str = "", precision: str = "", tp: int = 0,
+                                     ep: int = 0) -> str | None:
     """Why an InferenceX row cannot be simulated because it may have run speculative decoding
-    (``None``: it cannot have). ``measured`` is the row's measurement date (``YYYY-MM-DD...``;
-    empty: unknown, taken as before any MTP configuration)."""
-    if (backend != "trtllm" or mode != "agg" or "deepseek" not in model.lower()
-            or not measured or measured[:10] < INFERENCEX_TRT_MTP_SINCE):
+    (``None``: it cannot have): a single-node row of a layout that an
+    ``INFERENCEX_MTP_SIBLINGS`` configuration also ran by the row's measurement date
+    (``measured``, ``YYYY-MM-DD...``; empty: unknown, taken as before any of them)."""
+    if mode != "agg" or not measured:
         return None
-    return (f"speculative decoding unknown: measured {measured[:10]}, when InferenceX ran its "
-            "DeepSeek-R1 TensorRT-LLM layouts both with and without MTP (the -mtp configs of "
-            f"PR #392, from {INFERENCEX_TRT_MTP_SINCE}; same layouts and image), and the row "
-            "does not say which")
+    for sib in INFERENCEX_MTP_SIBLINGS:
+        if measured[:10] >= sib.since and sib.covers(backend=backend, model=model, gpu=gpu,
+                                                    precision=precision, tp=tp, ep=ep):
+            return (f"speculative decoding unknown: measured {measured[:10]}, when InferenceX "
+                    f"ran this layout both with and without it ({sib.source}, from "
+                    f"{sib.since}), and the row does not say which")
+    return None
 
 
 #: InferenceX's benchmark client builds its random prompts by decoding random token ids with the

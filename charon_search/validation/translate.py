@@ -435,7 +435,10 @@ def _serving_case(record: Record) -> ServingCase:
             facts = dict(backend=backend, model=str(record.model.get("name") or ""),
                          mode=str(c.get("mode", "agg")),
                          measured=str((record.extra or {}).get("measured_date") or ""))
-            why = inferencex_spec_decoding_unknown(**facts)
+            why = inferencex_spec_decoding_unknown(
+                **facts, gpu=str(record.hardware.get("gpu") or ""),
+                precision=str(c.get("precision") or ""), tp=int(c.get("tp") or 1),
+                ep=int(c.get("ep") or 1))
             if why:
                 raise Unexpressible(why)
             longer = inferencex_prompt_inflation(

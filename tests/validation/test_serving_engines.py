@@ -227,6 +227,43 @@ def test_inferencex_deepseek_rows_of_unknown_speculation_are_skipped(by_id) -> N
     assert to_case(by_id[DSR1_BEFORE_MTP]).config.speculative is None
 
 
+#: The SGLang 0.5.9 FP8 TP8 EP1 layout on B200, 1k/1k at 8 streams, measured twice on
+#: 2026-03-25 (227 ms TTFT / 10.8 ms TPOT and 364 / 8.8): dsr1-fp8-b200-sglang and its EAGLE
+#: sibling dsr1-fp8-b200-sglang-mtp (InferenceX PR #626, 2026-02-03) share the layout.
+DSR1_SGLANG_TWINS = ("2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_agg_1024x1024_c8_tp8_0_ep1_0_249",
+                     "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_agg_1024x1024_c8_tp8_0_ep1_0_304")
+
+
+def test_inferencex_sglang_deepseek_rows_of_unknown_speculation_are_skipped(by_id) -> None:
+    from charon_search.serving.backends import inferencex_spec_decoding_unknown
+    from charon_search.validation.translate import Unexpressible
+
+    a, b = (by_id[i] for i in DSR1_SGLANG_TWINS)
+    assert a.config == b.config and a.extra["measured_date"] == b.extra["measured_date"]
+    assert sorted(round(r.measured["tpot_s"] * 1e3, 1) for r in (a, b)) == [8.8, 10.8]
+    for rec in (a, b):
+        with pytest.raises(Unexpressible,
+                           match="dsr1-fp8-b200-sglang-mtp of InferenceX PR #626"):
+            to_case(rec)
+    # The FP4 layout (TP8 EP8) had no speculative sibling then: it is simulated.
+    fp4 = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_agg_1024x1024_c8_tp8_0_ep8_0_248"
+    assert to_case(by_id[fp4]).config.speculative is None
+
+    def unknown(**kw: object) -> bool:
+        facts = dict(backend="sglang", model="deepseek-ai/DeepSeek-R1-0528", mode="agg",
+                     measured="2026-03-25", gpu="b200_sxm", precision="fp8", tp=8, ep=1)
+        return inferencex_spec_decoding_unknown(**{**facts, **kw}) is not None
+
+    assert unknown()
+    assert not unknown(measured="2026-02-02")  # before the sibling existed
+    assert not unknown(gpu="h200_sxm") and not unknown(precision="fp4") and not unknown(tp=4)
+    assert not unknown(mode="disagg") and not unknown(model="MiniMaxAI/MiniMax-M2.5")
+    # Qwen3.5 FP8 on B200 had its own sibling from 2026-03-09 (PR #898), at TP 4 EP 1.
+    qwen = dict(model="Qwen/Qwen3.5-397B-A17B", tp=4)
+    assert unknown(**qwen, measured="2026-03-20") and not unknown(**qwen, measured="2026-03-08")
+    assert not unknown(model="Qwen/Qwen3.5-397B-A17B", tp=8)
+
+
 def test_inferencex_sglang_glm5_and_qwen35_recipes(by_id) -> None:
     """GLM-5 (glm5_fp8_*.sh): --mem-fraction-static 0.85 on every GPU. Qwen3.5 on B200
     (qwen3.5_fp8_b200.sh): --stream-interval 30, 32768-token chunks, memory fraction 0.82. On

@@ -158,9 +158,15 @@ def test_qwen35_hybrid_tpot_b300_recipe(shipped_records):
     # InferenceX db dump, SGLang 0.5.10.post1, Qwen3.5-397B-A17B bf16 on 8 B300 (TP 8),
     # 8192/1024 tokens at concurrency 4: TPOT 6.694 ms. qwen3.5_bf16_b300.sh passes
     # --disable-radix-cache, so the overlap scheduler stays on: +4.5 % (session 38); +36 % with
-    # SGLang's defaults (overlap off for the hybrid model, 9.12 ms).
-    err = _errors(run_validation(select_records(shipped_records, ids=[QWEN35_B300_ROW])),
-                  QWEN35_B300_ROW)
+    # SGLang's defaults (overlap off for the hybrid model, 9.12 ms). Measured 2026-04-18, the day
+    # of the layout's speculative sibling (qwen3.5-bf16-b300-sglang-mtp), so ``validate`` skips
+    # the row; the recipe is checked on the row without its date.
+    import dataclasses
+
+    row = select_records(shipped_records, ids=[QWEN35_B300_ROW])[0]
+    undated = dataclasses.replace(row, extra={k: v for k, v in row.extra.items()
+                                              if k != "measured_date"})
+    err = _errors(run_validation([undated]), QWEN35_B300_ROW)
     assert abs(err["tpot_s"]) <= 0.10, err
 
 
@@ -198,15 +204,16 @@ def test_glm5_sparse_attention_long_context_row(shipped_records):
 #: * InferenceX, SGLang 0.5.9, Qwen3.5-397B-A17B FP8 on 8 B200 (TP 8), 1024/1024 tokens at
 #:   concurrency 16: TTFT 441 ms, TPOT 12.2 ms; qwen3.5_fp8_b200.sh streams every 30 tokens:
 #:   TTFT -6 %, -87 % with the first token taken as streamed at once.
-#: * InferenceX, SGLang, DeepSeek-R1 FP8 on 8 B200 (TP 8), 1024/1024 at concurrency 64: TTFT
-#:   799 ms, TPOT 22.5 ms; streamed every 10 tokens, the scheduler polling for new requests
-#:   every 30 decode batches (--scheduler-recv-interval of the B200 recipes): TTFT -8.3 %,
-#:   TPOT -3.6 % (session 24); -49 % without the polls, +9 % when session 20 took the stored
-#:   recipe's 30-token interval. (The same configuration measured on another day reads
-#:   966 ms: runs differ by ~20 %.)
+#: * InferenceX, SGLang 0.5.9, DeepSeek-R1 FP4 on 8 B200 (TP 8, EP 8), 1024/1024 at
+#:   concurrency 64: TTFT 496 ms, TPOT 16.3 ms; streamed every 10 tokens, the scheduler
+#:   polling for new requests every 30 decode batches (--scheduler-recv-interval of the B200
+#:   recipes): TTFT +4.9 %, TPOT +0.8 %; -76 % with neither, -45 % with the stream interval
+#:   alone, -25 % with the polls alone (session 46). (Until session 46 this was the FP8 TP 8
+#:   row of the same recipe family, now skipped: its layout also ran with EAGLE from
+#:   2026-02-03, InferenceX PR #626.)
 STREAM_INTERVAL_ROWS = (
     "2026_04_06_qwen3_5_397b_b200_sxm_sglang_fp8_agg_1024x1024_c16_tp8_ep1_1497",
-    "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_1024x1024_c64_tp8_ep1_294",
+    "2026_04_06_deepseek_r1_b200_sxm_sglang_fp4_agg_1024x1024_c64_tp8_ep8_1038",
 )
 
 
