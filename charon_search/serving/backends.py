@@ -191,8 +191,8 @@ INFERENCEX_MTP_SIBLINGS: tuple[MtpSibling, ...] = (
     # PR #392: dsr1-fp8-h200-trt-mtp, dsr1-fp8-b200-trt-mtp, dsr1-fp4-b200-trt-mtp, the layouts
     # (TP8 EP8, attention DP at the top concurrencies) and image of the plain dsr1-*-trt configs.
     MtpSibling(since=INFERENCEX_TRT_MTP_SINCE, backend="trtllm", model="deepseek",
-               source="the dsr1-*-trt-mtp configs of InferenceX PR #392 (same layouts and "
-                      "image)"),
+               source="the dsr1-*-trt-mtp configs of InferenceX PR #392, same layouts and "
+                      "image"),
     *_sglang_mtp("2026-02-03", "dsr1-fp8-b200-sglang-mtp", 626, "deepseek", "b200", "fp8",
                  (8, 1)),
     *_sglang_mtp("2026-04-17", "dsr1-fp8-b300-sglang-mtp", 1059, "deepseek", "b300", "fp8",

@@ -156,6 +156,14 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "frontend_output_token_s": sim.frontend_output_token_s,
             "frontend_output_stream_s": sim.frontend_output_stream_s,
         },
+        "workload": {
+            "concurrency": case.extra.get("concurrency"),
+            "prompt_tokens": _bounds(case.workload.input_len),
+            "output_tokens": _bounds(case.workload.output_len),
+            # Server-side prompts / the row's nominal ones (a client's tokenizer mismatch).
+            "prompt_scale": case.extra.get("prompt_scale", 1.0),
+            "prompt_scale_why": case.extra.get("prompt_scale_why", ""),
+        },
         "kv_cache": {
             "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
             "block_size": cfg.block_size, "utilization": rep.kv_utilization,
@@ -234,6 +242,15 @@ def _pool_summary(pool: Any, dp_attention: bool) -> str:
     return f"{pool.num_replicas} x tp{pool.tp} pp{pool.pp} ep{pool.ep}{adp}"
 
 
+def _bounds(dist: Any) -> list[int] | None:
+    """``[low, high]`` tokens of a fixed or uniform workload length (None for other kinds)."""
+    if dist.kind == "uniform":
+        return [int(dist.low), int(dist.high)]
+    if dist.kind == "empirical" and dist.values:
+        return [min(dist.values), max(dist.values)]
+    return [int(dist.value)] * 2 if dist.kind == "fixed" else None
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f} ms"
 
@@ -278,6 +295,17 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
     if exp["ttft_percentiles_s"]:
         lines.append("  measured-window TTFT spread: " + ", ".join(
             f"{k} {_ms(v)}" for k, v in exp["ttft_percentiles_s"].items()))
+    wl = exp.get("workload")
+    if wl:
+        scale = wl.get("prompt_scale", 1.0)
+        lines.append(
+            "  workload: " + (f"closed loop of {wl['concurrency']} streams, "
+                              if wl.get("concurrency") else "")
+            + ("prompts {}..{} tokens".format(*wl["prompt_tokens"])
+               if wl["prompt_tokens"] else "prompt lengths drawn from a distribution")
+            + (f" ({wl['prompt_scale_why']})" if scale != 1.0 else "")
+            + (", outputs {}..{} tokens".format(*wl["output_tokens"])
+               if wl["output_tokens"] else ""))
     kv = exp["kv_cache"]
     demand = kv["full_length_demand_tokens"]
     lines.append(f"  KV cache: {kv['capacity_tokens']:,} tokens per replica ({kv['kv_dtype']}, "

@@ -430,7 +430,7 @@ def _serving_case(record: Record) -> ServingCase:
         max_seqs = max(conc, 1)
         backend = str((record.extra or {}).get("backend") or "")
         aic = AIC_GAP_SOURCE in (record.notes or "")  # else: an InferenceX dump
-        inflation = 1.0
+        inflation, inflation_why = 1.0, ""
         if not aic:
             facts = dict(backend=backend, model=str(record.model.get("name") or ""),
                          mode=str(c.get("mode", "agg")),
@@ -444,8 +444,8 @@ def _serving_case(record: Record) -> ServingCase:
             longer = inferencex_prompt_inflation(
                 version=str(c.get("framework_version") or ""), **facts)
             if longer:
-                inflation, why = longer
-                notes.append(why)
+                inflation, inflation_why = longer
+                notes.append(inflation_why)
         if backend in BACKENDS:
             # Disaggregated InferenceX rows ran Dynamo recipes whose flags we do not have: the
             # engine's own defaults apply there.
@@ -514,6 +514,9 @@ def _serving_case(record: Record) -> ServingCase:
         extra["drain_requests"] = drain
         extra["measured_requests"] = nominal
         extra["concurrency"] = conc
+        if inflation != 1.0:
+            extra["prompt_scale"] = inflation
+            extra["prompt_scale_why"] = inflation_why
         notes.extend(f"client ({bench.name}): {line}" for line in bench.sources)
         lo_o, hi_o = bench.length_bounds(osl)
         if bench.warmup_drains and bench.warmup_turns:

@@ -39,6 +39,10 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert exp["predicted"]["tpot_s"] == pytest.approx(pred["tpot_s"], rel=1e-9)
     eng = exp["engine"]
     isl, c = 1024, 8
+    # aiperf's fixed lengths, as the row states them.
+    assert exp["workload"] == {"concurrency": c, "prompt_tokens": [isl, isl],
+                               "output_tokens": [512, 512], "prompt_scale": 1.0,
+                               "prompt_scale_why": ""}
     # aiconfigurator's trtllm.rule: max_num_tokens = max_batch_size + isl + 1500.
     assert eng["max_num_batched_tokens"] == c + isl + 1500
     prompt = exp["iterations"]["prompt"]

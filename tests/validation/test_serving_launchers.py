@@ -130,6 +130,7 @@ def test_inferencex_sglang_deepseek_prompts_under_the_transformers_5_client(by_i
                                                       round(8192 * 35921 / 7140))
     assert (wl.output_len.low, wl.output_len.high) == (819, 1024)  # outputs as nominal
     assert any("InferenceX PR #937" in n for n in to_case(row).assumptions)
+    assert to_case(row).extra["prompt_scale"] == 35921 / 7140  # validate --explain prints it
     old = to_case(by_id["dsr1_b200_sglang_fp4_agg_1024x1024_c16_cfg202"]).workload
     assert (old.input_len.low, old.input_len.high) == (819, 1024)
 
