@@ -9,7 +9,8 @@ and ``--catalog-only`` narrow the serving rows for a quicker partial report::
         --json /tmp/v.json --out /tmp/accuracy.md
 
 The calibration tables come from ``docs/calibration/*.yaml``, written by ``charon-search
-calibrate`` (``docs/calibration/README.md`` has the commands).
+calibrate`` (``docs/calibration/README.md`` has the commands). When the JSON it overwrites
+exists, the run ends with how every metric group moved against it (``validate --baseline``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main() -> int:
                          "the report includes (every *.yaml there)")
     ap.add_argument("--workers", type=int, default=0,
                     help="Ray worker actors for the simulations (0 = in this process)")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="do not compare with the JSON this run overwrites")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -101,14 +104,25 @@ def main() -> int:
         (_validate(serving, "serving", args.workers), scope),
     ]
     merged = merge_json(parts)
+    baseline = None
+    if args.json.exists() and not args.no_baseline:
+        from charon_search.validation import read_result
+
+        baseline = read_result(args.json, "--json (the previous run)")[0]
     args.json.write_text(json.dumps(merged, indent=1) + "\n")
     from charon_search.cli import main as cli
 
     os.chdir(REPO)  # the report quotes its command: keep repository-relative paths in it
     rel = [os.path.relpath(p, REPO) for p in (args.json, args.out)]
     cal = [os.path.relpath(p, REPO) for p in sorted(args.calibration_dir.glob("*.yaml"))]
-    return cli(["accuracy", "--from", rel[0], "--out", rel[1],
-                *(["--calibration", *cal] if cal else [])])
+    rc = cli(["accuracy", "--from", rel[0], "--out", rel[1],
+              *(["--calibration", *cal] if cal else [])])
+    if baseline is not None:
+        from charon_search.validation.compare import compare_runs, render_comparison
+
+        print(render_comparison(compare_runs(baseline, merged),
+                                baseline=f"the previous {rel[0]}"))
+    return rc
 
 
 if __name__ == "__main__":
