@@ -114,19 +114,20 @@ def compare_runs(base: Any, new: Any, *, group_by: Sequence[str] = (),
                              []).append((b, n))
         out["by_fields"] = {"fields": list(group_by),
                             "groups": {k: by_group(keyed[k]) for k in sorted(keyed)}}
-    moves = sorted(matched, key=lambda p: abs(float(p[1]["error"])) - abs(float(p[0]["error"])))
+    def moved(pair: tuple[Mapping[str, Any], Mapping[str, Any]]) -> float:
+        """How much the pair's |error| grew (negative: it shrank)."""
+        return abs(float(pair[1]["error"])) - abs(float(pair[0]["error"]))
 
-    def mover(b: Mapping[str, Any], n: Mapping[str, Any]) -> dict[str, Any]:
+    def mover(pair: tuple[Mapping[str, Any], Mapping[str, Any]]) -> dict[str, Any]:
+        b, n = pair
         return {"id": n["id"], "metric": n["metric"], "measured": float(n["measured"]),
                 "before": float(b["predicted"]), "after": float(n["predicted"]),
                 "error_before": float(b["error"]), "error_after": float(n["error"])}
 
-    def moved(b: Mapping[str, Any], n: Mapping[str, Any]) -> float:
-        return abs(float(n["error"])) - abs(float(b["error"]))
-
-    out["improved"] = [mover(b, n) for b, n in moves[:top] if moved(b, n) <= -CHANGE_TOLERANCE]
-    out["regressed"] = [mover(b, n) for b, n in reversed(moves[-top:] if top else [])
-                        if moved(b, n) >= CHANGE_TOLERANCE]
+    moves = sorted(matched, key=moved)
+    out["improved"] = [mover(p) for p in moves[:top] if moved(p) <= -CHANGE_TOLERANCE]
+    out["regressed"] = [mover(p) for p in reversed(moves[-top:] if top else [])
+                        if moved(p) >= CHANGE_TOLERANCE]
     ids_b = {r["id"] for r in rows_b}
     ids_n = {r["id"] for r in rows_n}
     reasons = {s["id"]: str(s.get("reason", "")) for s in skipped_n}
