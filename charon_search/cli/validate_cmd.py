@@ -13,6 +13,7 @@ cannot be expressed are listed with the reason.
     charon-search validate --kind serving --group-by model cluster engine --rows 0
     charon-search validate --kind training --baseline validate.json   # what moved since then
     charon-search validate --from new.json --baseline old.json --group-by engine
+    charon-search validate --json new.json --baseline old.json --max-regression 0.5  # a gate
 
 ``--baseline OLD.json`` compares this run with an earlier ``--json`` output, row by row: median,
 p90, bias and summed |error| per metric group before and after, how many rows got better or
@@ -69,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(with --baseline: compare two saved runs)")
     parser.add_argument("--top", type=int, default=10,
                         help="largest improvements and regressions listed with --baseline")
+    parser.add_argument("--max-regression", type=float, default=None, metavar="POINTS",
+                        help="with --baseline: exit 1 when a metric group's median or p90 "
+                             "|error| grew by more than POINTS percentage points (a gate for "
+                             "scheduled re-validation)")
     parser.add_argument("--explain", action="store_true",
                         help="show how each selected record's prediction arises (step breakdown "
                              "and per-layer operators, or iteration mix and decode-step "
@@ -90,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
         check_group_fields(args.group_by)
     if args.top < 0:
         raise ConfigError(f"`--top` must be >= 0, but got {args.top}")
+    if args.max_regression is not None and (args.max_regression < 0 or not args.baseline):
+        raise ConfigError("`--max-regression` needs `--baseline` and a value >= 0 (percentage "
+                          f"points), but got {args.max_regression} "
+                          f"{'with' if args.baseline else 'without'} a baseline")
     baseline = read_result(args.baseline, "--baseline")[0] if args.baseline else None
     if args.from_json:
         chosen = [name for name, on in (("record files", args.files), ("--ids", args.ids),
@@ -119,13 +128,20 @@ def run(args: argparse.Namespace) -> int:
         result.summary["against_baseline"] = {"baseline": str(args.baseline), **comparison}
         print()
         print(render_comparison(comparison, baseline=str(args.baseline)))
+        if args.max_regression is not None:
+            from charon_search.validation.compare import regressions
+
+            worse = regressions(comparison, args.max_regression)
+            result.summary["against_baseline"]["regressions"] = worse
+            for line in worse:
+                print(f"regression: {line}", file=sys.stderr)
     if args.json_out:
         args.json_out.write_text(json.dumps(result.to_json(), indent=1, default=str))
         print(f"wrote {args.json_out}")
     if args.html:
         args.html.write_text(render_html(result))
         print(f"wrote {args.html}")
-    return 0
+    return 1 if (result.summary.get("against_baseline") or {}).get("regressions") else 0
 
 
 def _select(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -34,7 +34,7 @@ from charon_search.validation.stats import (
     representative_rows,
 )
 
-__all__ = ["CHANGE_TOLERANCE", "compare_runs", "render_comparison"]
+__all__ = ["CHANGE_TOLERANCE", "compare_runs", "regressions", "render_comparison"]
 
 #: A row whose |error| moved by less than this (a ratio: 0.001 = 0.1 point) is unchanged.
 CHANGE_TOLERANCE = 1e-3
@@ -186,3 +186,19 @@ def render_comparison(comp: Mapping[str, Any], *, baseline: str = "baseline") ->
                   + ", ".join(comp["only_new"][:20])
                   + (" ..." if len(comp["only_new"]) > 20 else "")]
     return "\n".join(lines)
+
+
+def regressions(comp: Mapping[str, Any], max_points: float) -> list[str]:
+    """The metric groups whose median or p90 |error| grew by more than ``max_points``
+    percentage points in ``compare_runs`` output, one line each (empty: none did)."""
+    out = []
+    for g, st in comp["groups"].items():
+        for stat, name in (("median_abs", "median"), ("p90_abs", "p90")):
+            before, after = st["before"][stat], st["after"][stat]
+            if before is None or after is None:
+                continue
+            grew = (after - before) * 100
+            if grew > max_points:
+                out.append(f"{g} {name} |error| {before * 100:.1f}% -> {after * 100:.1f}% "
+                           f"(+{grew:.1f} points > {max_points:g})")
+    return out

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from charon_search.cli import main
-from charon_search.validation.compare import compare_runs, render_comparison
+from charon_search.validation.compare import compare_runs, regressions, render_comparison
 
 
 def _row(rid, metric, measured, error):
@@ -83,6 +83,17 @@ def test_compare_breaks_down_by_record_fields():
         compare_runs(base, new, group_by=["colour"])
 
 
+def test_regressions_name_the_groups_that_grew_past_the_threshold():
+    base, new = _runs()
+    c = compare_runs(base, new)
+    # serving_ttft: median 15.0 % -> 17.5 % (+2.5 points), p90 19.0 % -> 27.5 % (+8.5).
+    assert regressions(c, 2.0) == [
+        "serving_ttft median |error| 15.0% -> 17.5% (+2.5 points > 2)",
+        "serving_ttft p90 |error| 19.0% -> 27.5% (+8.5 points > 2)"]
+    assert [line.split()[1] for line in regressions(c, 5.0)] == ["p90"]
+    assert regressions(c, 10.0) == []  # training and TPOT improved or held
+
+
 def test_compare_with_top_zero_lists_no_movers():
     base, new = _runs()
     c = compare_runs(base, new, top=0)
@@ -120,6 +131,15 @@ def test_cli_baseline_of_the_same_simulator_moves_nothing(tmp_path, capsys):
     direction = "regressions" if abs(moved["error"]) > abs(before) else "improvements"
     assert f"largest {direction}" in out and IDS[1] in out
 
+    # A gate for scheduled re-validation: one record 50 points worse fails it, exit 1.
+    moved["predicted"] = moved["measured"] * (1 + abs(before) + 0.5)
+    moved["error"] = abs(before) + 0.5
+    edited.write_text(json.dumps(doc))
+    gate = ["validate", "--from", str(edited), "--baseline", str(old), "--rows", "0"]
+    assert main([*gate, "--max-regression", "0.5"]) == 1
+    assert "regression: training_time median |error|" in capsys.readouterr().err
+    assert main([*gate, "--max-regression", "60"]) == 0
+
 
 def test_cli_baseline_and_from_bad_input(tmp_path, capsys):
     assert main(["validate", "--baseline", str(tmp_path / "missing.json")]) == 2
@@ -134,3 +154,5 @@ def test_cli_baseline_and_from_bad_input(tmp_path, capsys):
     assert "`--from` re-reads a saved run, so it takes no --ids" in capsys.readouterr().err
     assert main(["validate", "--from", str(run), "--top", "-1"]) == 2
     assert "`--top` must be >= 0" in capsys.readouterr().err
+    assert main(["validate", "--from", str(run), "--max-regression", "1"]) == 2
+    assert "`--max-regression` needs `--baseline`" in capsys.readouterr().err
