@@ -174,6 +174,7 @@ class MtpSibling:
 
 def _sglang_mtp(since: str, key: str, pr: int, model: str, gpu: str, precision: str,
                 *layouts: tuple[int, int]) -> tuple[MtpSibling, ...]:
+    """One ``MtpSibling`` per ``(tp, ep)`` layout of an SGLang ``-mtp`` configuration."""
     return tuple(MtpSibling(since=since, source=f"{key} of InferenceX PR #{pr}", backend="sglang",
                             model=model, gpu=gpu, precision=precision, tp=tp, ep=ep)
                  for tp, ep in layouts)
