@@ -120,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         grouped = grouped_summary(result.rows, result.cases, args.group_by)
         result.summary["by_fields"] = grouped
         print(render_grouped(grouped))
+    worse: list[str] = []
     if baseline is not None:
-        from charon_search.validation.compare import compare_runs, render_comparison
+        from charon_search.validation.compare import compare_runs, regressions, render_comparison
 
         comparison = compare_runs(baseline, result, group_by=args.group_by or (),
                                   top=args.top)
@@ -129,8 +130,6 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(render_comparison(comparison, baseline=str(args.baseline)))
         if args.max_regression is not None:
-            from charon_search.validation.compare import regressions
-
             worse = regressions(comparison, args.max_regression)
             result.summary["against_baseline"]["regressions"] = worse
             for line in worse:
@@ -141,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         args.html.write_text(render_html(result))
         print(f"wrote {args.html}")
-    return 1 if (result.summary.get("against_baseline") or {}).get("regressions") else 0
+    return 1 if worse else 0
 
 
 def _select(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -487,13 +487,13 @@ def _serving_case(record: Record) -> ServingCase:
         # ``predict._steady_state``) and keeps the load on the turns before it.
         drain = conc if n - warm < nominal else 0
         n += drain
-        lengths = []
-        for nom, scale in ((isl, inflation), (osl, 1.0)):
-            lo, hi = (round(x * scale) for x in bench.length_bounds(nom))
-            lengths.append(LengthDistribution(value=lo) if lo == hi else
-                           LengthDistribution(kind="uniform", low=lo, high=hi))
-        pool_kw: dict[str, Any] = {}
+        # The client's drawn lengths; prompts as the server tokenized them.
         lo_i, hi_i = (round(x * inflation) for x in bench.length_bounds(isl))
+        lo_o, hi_o = bench.length_bounds(osl)
+        lengths = [LengthDistribution(value=lo) if lo == hi else
+                   LengthDistribution(kind="uniform", low=lo, high=hi)
+                   for lo, hi in ((lo_i, hi_i), (lo_o, hi_o))]
+        pool_kw: dict[str, Any] = {}
         if bench.prompt_pool and lo_i == hi_i:
             # Requests draw the pool's prompts in turn; a drained warm-up drew the first ones
             # (and left them cached), the simulated requests continue after it.
@@ -518,7 +518,6 @@ def _serving_case(record: Record) -> ServingCase:
             extra["prompt_scale"] = inflation
             extra["prompt_scale_why"] = inflation_why
         notes.extend(f"client ({bench.name}): {line}" for line in bench.sources)
-        lo_o, hi_o = bench.length_bounds(osl)
         if bench.warmup_drains and bench.warmup_turns:
             notes.append(f"{bench.warmup_turns * conc} warm-up requests drained before the "
                          "measured phase (not simulated: it starts on an idle engine)")
