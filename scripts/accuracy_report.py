@@ -8,6 +8,10 @@ and ``--catalog-only`` narrow the serving rows for a quicker partial report::
     .venv/bin/python scripts/accuracy_report.py --systems h100_sxm h200_sxm --catalog-only \
         --json /tmp/v.json --out /tmp/accuracy.md
 
+It also rewrites the shipped validated error bands (``charon_search/data/validation/
+error_bands.json``, ``charon-search accuracy --bands``) from the same run, so that they and the
+report's "Validated error bands" table agree.
+
 The calibration tables come from ``docs/calibration/*.yaml``, written by ``charon-search
 calibrate`` (``docs/calibration/README.md`` has the commands). When the JSON it overwrites
 exists, the run ends with how every metric group moved against it (``validate --baseline``).
@@ -115,7 +119,9 @@ def main() -> int:
     os.chdir(REPO)  # the report quotes its command: keep repository-relative paths in it
     rel = [os.path.relpath(p, REPO) for p in (args.json, args.out)]
     cal = [os.path.relpath(p, REPO) for p in sorted(args.calibration_dir.glob("*.yaml"))]
-    rc = cli(["accuracy", "--from", rel[0], "--out", rel[1],
+    rc = cli(["accuracy", "--from", rel[0], "--out", rel[1], "--bands",
+              os.path.relpath(REPO / "charon_search" / "data" / "validation" / "error_bands.json",
+                              REPO),
               *(["--calibration", *cal] if cal else [])])
     if baseline is not None:
         from charon_search.validation.compare import compare_runs, render_comparison

@@ -2,6 +2,8 @@
 
     charon-search validate --json validate.json
     charon-search accuracy --from validate.json --out docs/accuracy.md
+    charon-search accuracy --from validate.json --out docs/accuracy.md \
+        --bands charon_search/data/validation/error_bands.json   # + the validated error bands
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "leave-one-source-out table)")
     parser.add_argument("--img-dir", type=Path, default=None,
                         help="where the PNGs go (default: <out dir>/img)")
+    parser.add_argument("--bands", type=Path, default=None,
+                        help="also write the validated error bands (quantiles of measured / "
+                             "predicted per metric family, engine and mode) as JSON here; the "
+                             "shipped copy is charon_search/data/validation/error_bands.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.validation import read_result
     from charon_search.validation.accuracy import render_accuracy
 
-    prepare_outputs(args, {"--out": "out"})
+    prepare_outputs(args, {"--out": "out", "--bands": "bands"})
     result, data = read_result(args.source, "--from")
     img_dir = args.img_dir or args.out.parent / "img"
     import os
@@ -55,4 +61,11 @@ def run(args: argparse.Namespace) -> int:
                            generated_at=str(data.get("generated_at") or ""))
     args.out.write_text(text + "\n")
     print(f"wrote {args.out} and plots under {img_dir}")
+    if args.bands:
+        import json
+
+        from charon_search.validation.bands import compute_bands
+
+        args.bands.write_text(json.dumps(compute_bands(data), indent=1) + "\n")
+        print(f"wrote {args.bands}")
     return 0

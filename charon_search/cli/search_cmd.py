@@ -79,6 +79,11 @@ def print_summary(res, objective, out: str) -> None:  # type: ignore[no-untyped-
         f"({res.num_invalid} invalid, {res.num_errors} errors); {res.num_new_trials} new in "
         f"{res.wall_s:.1f} s ({res.trials_per_s:.1f} trials/s, {res.num_evaluations} simulated, "
         f"{res.num_memo_hits} memo hits) on {res.workers} worker(s), {res.nodes_used} node(s)")
+    if objective.guard is not None:
+        console.print(
+            f"guard {objective.guard:g}: constraints on TTFT, TPOT, step time and memory were "
+            f"checked at the {objective.guard:g} quantile of the validated error "
+            "(`guarded.<metric>` columns of trials.parquet)")
     if not res.pareto:
         console.print("no feasible trial: no Pareto front")
         return

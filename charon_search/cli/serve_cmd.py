@@ -173,6 +173,13 @@ def run(args: argparse.Namespace) -> int:
         keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,
         progress=not args.no_progress and sys.stderr.isatty())
     print(report.summary(), flush=True)
+    from charon_search.validation.bands import serving_band_lines
+
+    band = serving_band_lines(report.ttft_s["mean"], report.tpot_s["mean"],
+                              engine=config.engine,
+                              mode="disagg" if config.disagg is not None else "agg")
+    if band:
+        print("\n".join(band), flush=True)
     hint = _generic_engine_hint(config, cluster)
     if hint:
         print(hint, file=sys.stderr)

@@ -12,15 +12,25 @@ An objective file (``objectives/<name>.yaml``)::
       - peak_memory_bytes <= device
       - num_gpus <= budget
     limits: {budget: 64}
+    guard: 0.9          # optional: constraints hold at the validated error's 90th percentile
 
 Metric names are the flat record keys the evaluators return (``StepReport``/``ServingReport`` field
 names; nested percentiles flattened as ``ttft_s.p90``). A constraint is ``<metric> <= <bound>`` or
 ``<metric> >= <bound>``; the bound is a number, ``device`` (the device memory of the evaluated
 point, record key ``device_memory_bytes``) or a name from ``limits``.
+
+``guard: q`` (one of ``validation.bands.GUARD_LEVELS``) checks each constraint on a metric that
+``charon-search validate`` measured the simulator's error on (serving TTFT and TPOT, per engine
+and mode; training step time, throughput and peak memory) against the prediction scaled by the
+validated ratio of measured to predicted at quantile ``q`` (``validation.bands``): a point is
+feasible when the constraint would still hold for a measurement that many of the validated rows
+fall within. The trial record gets ``guarded.<metric>`` (the value checked) and
+``guard_band.<metric>`` (the band used).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -35,7 +45,7 @@ __all__ = ["DIRECTIONS", "Bound", "Objective", "ObjectiveTerm", "load_objective"
 
 DIRECTIONS = ("minimize", "maximize")
 OPERATORS = ("<=", ">=")
-_KEYS = ("name", "description", "objectives", "constraints", "limits")
+_KEYS = ("name", "description", "objectives", "constraints", "limits", "guard")
 _TERM_KEYS = ("metric", "direction")
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>|==|=)\s*(\S+)\s*$")
 #: The bound ``device`` refers to this record key (GPU memory capacity, bytes).
@@ -64,9 +74,13 @@ class Bound:
             return None if v is None else float(v)
         return self.bound
 
-    def violation(self, record: Mapping[str, Any]) -> float | None:
-        """Relative violation (> 0 violated, <= 0 satisfied); None when the metric is absent."""
-        value, limit = record.get(self.metric), self.limit(record)
+    def violation(self, record: Mapping[str, Any],
+                  value: float | None = None) -> float | None:
+        """Relative violation (> 0 violated, <= 0 satisfied); None when the metric is absent.
+        ``value`` replaces the record's value of the metric (a guarded one)."""
+        if value is None:
+            value = record.get(self.metric)
+        limit = self.limit(record)
         if value is None or limit is None:
             return None
         value = float(value)
@@ -86,6 +100,8 @@ class Objective:
     limits: Mapping[str, float] = field(default_factory=dict)
     description: str = ""
     path: str = ""
+    guard: float | None = None
+    """Quantile of the validated error the constraints must hold at (None: the prediction)."""
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -113,12 +129,46 @@ class Objective:
         return [v if t.direction == "minimize" else -v for v, t in zip(values, self.terms)]
 
     def violations(self, record: Mapping[str, Any]) -> list[tuple[Bound, float]]:
-        """Each constraint with its relative violation (missing metrics count as satisfied)."""
+        """Each constraint with its relative violation (missing metrics count as satisfied),
+        on the guarded value where ``guard`` is set and a band covers the metric."""
         out = []
         for b in self.constraints:
-            v = b.violation(record)
+            g = self.guarded(b, record)
+            v = b.violation(record, None if g is None else g[0])
             out.append((b, 0.0 if v is None else v))
         return out
+
+    def guarded(self, bound: Bound, record: Mapping[str, Any]) -> tuple[float, str] | None:
+        """``(value, band label)``: the constrained metric of ``record`` scaled so that the
+        validated measurements satisfy ``bound`` with probability ``guard`` when the scaled
+        value does; None without a guard, a band, or the metric. A time or memory ``P`` is
+        measured as ``P * r`` (``r`` = measured / predicted), a rate as ``P / r``: an upper
+        bound on a time takes ``r`` at ``guard``, a lower bound at ``1 - guard``, and the
+        other way round for rates."""
+        value = record.get(bound.metric)
+        if self.guard is None or value is None:
+            return None
+        from charon_search.validation.bands import metric_family
+
+        fam = metric_family(bound.metric, serving="engine" in record)
+        if fam is None:
+            return None
+        family, rate = fam
+        band = _shipped_bands().lookup(family, str(record.get("engine") or ""),
+                                       str(record.get("mode") or ""))
+        if band is None:
+            return None
+        upper = (bound.op == "<=") != rate
+        r = band.ratio(self.guard if upper else round(1.0 - self.guard, 2))
+        v = float(value)
+        return (v / r if rate else v * r), band.label
+
+    def annotate(self, record: dict[str, Any]) -> None:
+        """Add ``guarded.<metric>`` and ``guard_band.<metric>`` for each guarded constraint."""
+        for b in self.constraints:
+            g = self.guarded(b, record)
+            if g is not None:
+                record[f"guarded.{b.metric}"], record[f"guard_band.{b.metric}"] = g
 
     @classmethod
     def from_dict(cls, data: Any, *, path: str = "<objective>") -> Objective:
@@ -165,8 +215,18 @@ class Objective:
             raise ConfigError(f"{path}: field `constraints` must be a list of "
                               f"'METRIC <=|>= BOUND' strings")
         constraints = tuple(_parse_bound(c, i, limits, path) for i, c in enumerate(cons_raw))
+        guard = data.get("guard")
+        if guard is not None:
+            from charon_search.validation.bands import GUARD_LEVELS
+
+            if isinstance(guard, bool) or not isinstance(guard, int | float) or not any(
+                    math.isclose(float(guard), q) for q in GUARD_LEVELS):
+                raise ConfigError(f"{path}: field `guard` must be one of {list(GUARD_LEVELS)} "
+                                  f"(a quantile of the validated error), but got {guard!r}")
+            guard = float(guard)
         return cls(name=str(data["name"]), terms=tuple(terms), constraints=constraints,
-                   limits=limits, description=str(data.get("description", "")), path=path)
+                   limits=limits, description=str(data.get("description", "")), path=path,
+                   guard=guard)
 
 
 def _parse_bound(text: Any, i: int, limits: Mapping[str, float], path: str) -> Bound:
@@ -195,6 +255,13 @@ def _parse_bound(text: Any, i: int, limits: Mapping[str, float], path: str) -> B
                 f"{path}: field `{where}` bound must be one of {bounds_allowed}, but got {rhs!r}"
             ) from None
     return Bound(metric=metric, op=op, bound=bound, text=f"{metric} {op} {rhs}")
+
+
+@functools.cache
+def _shipped_bands() -> Any:
+    from charon_search.validation.bands import load_bands
+
+    return load_bands()
 
 
 def load_objective(path: str | Path) -> Objective:

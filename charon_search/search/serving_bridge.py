@@ -90,7 +90,9 @@ def evaluate_serving(ev: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
     model, cluster = ev.model(cfg["model"]), ev.cluster(cfg["cluster"])
     config = serving_config_from(cfg)
     workload = WorkloadSpec.from_dict(workload_from(cfg))
-    rec: dict[str, Any] = {"num_gpus": config.num_gpus,
+    # ``engine`` and ``mode`` pick the validated error band of an objective's ``guard``.
+    rec: dict[str, Any] = {"num_gpus": config.num_gpus, "engine": config.engine or "",
+                           "mode": cfg.get("mode", "aggregated"),
                            "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes)}
     report = simulate_serving(model, cluster, config, workload)
     flat = flatten_report(report)

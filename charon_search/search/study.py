@@ -386,9 +386,9 @@ class _Loop:
                 key = config_key(cfg)
                 if key in self.memo:
                     self.num_memo_hits += 1
-                    self.finish(trial, cfg, {**self.memo[key], "memo_hit": True}, point)
+                    ok = self.finish(trial, cfg, {**self.memo[key], "memo_hit": True}, point)
                     done += 1
-                    progress.advance(self, feasible=bool(self.memo[key].get("feasible")))
+                    progress.advance(self, feasible=ok)
                     continue
                 if key in in_flight:
                     in_flight[key].append((trial, cfg, point))
@@ -410,15 +410,17 @@ class _Loop:
                 for i, (trial, cfg, point) in enumerate(in_flight.pop(key)):
                     if i:
                         self.num_memo_hits += 1
-                    self.finish(trial, cfg, rec if i == 0 else {**rec, "memo_hit": True}, point)
+                    ok = self.finish(trial, cfg, rec if i == 0 else {**rec, "memo_hit": True},
+                                     point)
                     done += 1
-                    progress.advance(self, feasible=bool(rec.get("feasible")))
+                    progress.advance(self, feasible=ok)
             self.flush()
 
     def finish(self, trial: Any, cfg: Mapping[str, Any], rec: dict[str, Any],
-               point: Mapping[str, Any] | None = None) -> None:
+               point: Mapping[str, Any] | None = None) -> bool:
         """Tell the in-memory study (``trial`` from ``ask``) or, for a grid ``point``
-        (``trial`` None), number it here; queue the finished trial for the durable storage."""
+        (``trial`` None), number it here; queue the finished trial for the durable storage.
+        Returns whether the trial is feasible (evaluated and within every constraint)."""
         import optuna
 
         rec = dict(rec)
@@ -428,10 +430,16 @@ class _Loop:
         cons = [0.0 if valid else _INVALID_VIOLATION,
                 0.0 if evaluable or not valid else _UNEVALUABLE_VIOLATION]
         violated = []
+        if evaluable:
+            self.objective.annotate(rec)
         for b, v in self.objective.violations(rec):
             cons.append(v)
             if v > 0:
-                violated.append(f"{b.text} (got {rec.get(b.metric)!r})")
+                guarded = rec.get(f"guarded.{b.metric}")
+                violated.append(f"{b.text} (got {rec.get(b.metric)!r}" + (
+                    "" if guarded is None else
+                    f", {guarded:.4g} at the validated error's {self.objective.guard:g} "
+                    "quantile") + ")")
         values = self.objective.values(rec) if evaluable else None
         if values is None and evaluable:
             evaluable = False
@@ -477,6 +485,7 @@ class _Loop:
                 constraints=dict(zip(self.constraint_names, cons)))
         self.unflushed.append(done)
         self.num_new += 1
+        return bool(rec["feasible"])
 
     def flush(self, *, force: bool = False) -> None:
         """Copy finished trials to the durable storage in one batch, on the writer thread.

@@ -201,6 +201,29 @@ def _ordering_section(ordering: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _bands_section(result: ValidationResult, generated_at: str) -> list[str]:
+    """The validated error bands of this run (``validation.bands``)."""
+    from charon_search.validation.bands import MIN_GROUP_ROWS, compute_bands, render_bands
+
+    doc = compute_bands({"records": result.rows, "cases": result.cases,
+                         "generated_at": generated_at})
+    if not doc["bands"]:
+        return []
+    return ["## Validated error bands", "",
+            "Quantiles r_q of measured / predicted (of the implied step time for a throughput "
+            "metric), one row per record and metric group: a measurement fell at or below "
+            "r_q x the prediction in a fraction q of the rows. Serving groups are the engine "
+            f"and deployment mode with at least {MIN_GROUP_ROWS} rows, the engine, and all "
+            "engines. `charon-search accuracy --bands FILE` writes them as JSON; the shipped "
+            "copy (`charon_search/data/validation/error_bands.json`) gives `charon-search "
+            "serve` its error lines and an objective's `guard: q` its margins. The serving "
+            "rows compare benchmark means, so a guard applies the mean's ratio to whichever "
+            "percentile a constraint names; the bands are the errors as measured, tails and "
+            "all: a group holding the unexplained rows of *Largest errors* has a wide "
+            "r90 and r95.", "",
+            render_bands(doc), ""]
+
+
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
                     img_rel: str = "img", command: str = "",
                     calibration: Sequence[Mapping[str, Any]] = (),
@@ -400,6 +423,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
             [[g, str(v["pairs"]), format_pct(v["median"]), format_pct(v["p90"]),
               format_pct(v["max"]), str(v["records"]), format_pct(v["error_median_abs"]),
               format_pct(v["error_p90_abs"])] for g, v in r2r.items()]), ""]
+    lines += _bands_section(result, generated_at)
     lines += ["## Not yet expressible", ""]
     reasons = Counter(x["reason"] for x in result.skipped)
     lines += [_md_table(["records", "reason"], [[str(n), reason] for reason, n in

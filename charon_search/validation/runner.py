@@ -106,6 +106,7 @@ def _case_info(record: Record) -> dict[str, Any]:
         **({"input_len": record.config.get("input_len"),
             "output_len": record.config.get("output_len"),
             "concurrency": record.config.get("concurrency"),
+            "mode": str(record.config.get("mode") or "agg"),
             "engine": str((record.extra or {}).get("backend") or "")}
            if record.kind == "serving" else {}),
     }

@@ -100,6 +100,40 @@ def test_trials_parquet_columns_and_constraints(toy_space, toy_objective, tmp_pa
             assert r["prune_reason"].startswith("memory:")
 
 
+def test_a_guard_holds_constraints_at_the_validated_error(toy_space, toy_exhaustive, tmp_path):
+    """``guard: 0.9``: a point is feasible when its step time times the 90th percentile of
+    measured / predicted training step time (the shipped bands) meets the limit, and its peak
+    memory times that of training peak memory fits the device."""
+    from charon_search.search.objective import Objective
+    from charon_search.validation.bands import load_bands
+
+    bands = load_bands()
+    t90, m90 = (bands.lookup(f).ratio(0.9) for f in ("training_time", "training_memory"))
+    assert t90 > 1.0 and m90 > 1.0
+    limit = float(np.median([r["step_time_s"] for r in toy_exhaustive]))
+    guarded = Objective.from_dict({
+        "name": "toy-guarded", "guard": 0.9,
+        "objectives": [{"metric": "step_time_s", "direction": "minimize"},
+                       {"metric": "gpu_s_per_token", "direction": "minimize"}],
+        "constraints": ["peak_memory_bytes <= device", f"step_time_s <= {limit!r}"]})
+    out = tmp_path / "guard"
+    res = run_search(toy_space, guarded, SearchOptions(trials=100_000, workers=0, sampler="grid",
+                                                       out_dir=str(out), html=False))
+    fits = [r for r in toy_exhaustive if r["step_time_s"] * t90 <= limit
+            and r["peak_memory_bytes"] * m90 <= r["device_memory_bytes"]]
+    plain = [r for r in toy_exhaustive if r["step_time_s"] <= limit]
+    assert 0 < len(fits) < len(plain)               # the margin removes some points
+    assert res.num_feasible == len(fits)
+    rows = pq.read_table(out / "trials.parquet").to_pylist()
+    scaled = [r for r in rows if r.get("guarded.step_time_s") is not None]
+    assert scaled and all(r["guarded.step_time_s"] == pytest.approx(r["step_time_s"] * t90)
+                          for r in scaled)
+    assert all("training_time all engines" in r["guard_band.step_time_s"] for r in scaled)
+    squeezed = [r for r in scaled if not r["feasible"] and r["step_time_s"] <= limit]
+    assert squeezed and all("validated error's 0.9 quantile" in r["prune_reason"]
+                            for r in squeezed)
+
+
 def test_memoized_configs_are_not_simulated_again(toy_space, toy_objective):
     res = run_search(toy_space, toy_objective,
                      SearchOptions(trials=120, workers=0, sampler="nsga2", seed=0))
