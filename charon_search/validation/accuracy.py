@@ -221,7 +221,30 @@ def _bands_section(result: ValidationResult, generated_at: str) -> list[str]:
             "percentile a constraint names; the bands are the errors as measured, tails and "
             "all: a group holding the unexplained rows of *Largest errors* has a wide "
             "r90 and r95.", "",
-            render_bands(doc), ""]
+            render_bands(doc), "", *_coverage_lines(result)]
+
+
+def _coverage_lines(result: ValidationResult) -> list[str]:
+    """Held-out coverage of the bands (``validation.bands.held_out_coverage``)."""
+    from charon_search.validation.bands import held_out_coverage
+
+    levels = (0.5, 0.9, 0.95)
+    cov = held_out_coverage({"records": result.rows, "cases": result.cases}, levels)
+    if not cov:
+        return []
+    head = [f"within r{round(q * 100)}" for q in levels]
+    rows = [[fam, str(v["n"]), *(format_pct(v["within"][q]) for q in levels)]
+            for fam, v in cov.items()]
+    per = [[fam, src, str(a["n"]), format_pct(a["within"][0.9])]
+           for fam, v in cov.items() for src, a in sorted(v["by_source"].items())
+           if a["n"] >= 10]
+    return ["Held out, leave one source out: the bands recomputed without a source, and the "
+            "fraction of that source's rows whose measured / predicted is at or below their "
+            "group's r_q. A band that carries to measurements it did not see holds about q "
+            "of them.", "",
+            _md_table(["family", "rows", *head], rows), "",
+            "Per source (sources with at least 10 rows), within r90:", "",
+            _md_table(["family", "source", "rows", "within r90"], per), ""]
 
 
 def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,

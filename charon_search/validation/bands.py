@@ -18,6 +18,10 @@ accuracy_report.py`` does both). The bands are the measured errors as they are, 
 a band is only as specific as the rows behind it (a group with fewer than ``MIN_GROUP_ROWS``
 rows falls back to its engine, then to all engines).
 
+Whether a band carries to measurements it did not see is checked like the calibration, leaving
+one source out (``held_out_coverage``, a table of ``docs/accuracy.md``): the fraction of a
+source's rows within the ``r_q`` of bands computed without it should be about ``q``.
+
 The serving rows compare the *mean* TTFT and TPOT of a benchmark run; a guard applies that
 ratio to whichever statistic a constraint names (``ttft_s.p90``), an approximation the report
 states.
@@ -37,8 +41,8 @@ import numpy as np
 from charon_search.errors import ConfigError
 
 __all__ = ["BAND_LEVELS", "FAMILIES", "GUARD_LEVELS", "MIN_GROUP_ROWS", "Band", "ErrorBands",
-           "bands_path", "compute_bands", "load_bands", "metric_family", "render_bands",
-           "serving_band_lines"]
+           "bands_path", "compute_bands", "held_out_coverage", "load_bands", "metric_family",
+           "render_bands", "serving_band_lines"]
 
 #: Quantile levels stored for each band (symmetric, so a lower bound can use ``1 - q``).
 BAND_LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -242,4 +246,55 @@ def serving_band_lines(ttft_s: float, tpot_s: float, *, engine: str = "", mode: 
     if out:
         out.insert(0, f"validated error (p{round(low * 100)}-p{round(high * 100)} of measured / "
                       "predicted over the shipped rows, `charon-search validate`):")
+    return out
+
+
+def _row_ratio(row: Mapping[str, Any]) -> float | None:
+    err = row.get("error")
+    if err is None or not math.isfinite(float(err)) or float(err) <= -1.0:
+        return None
+    e = float(err)
+    return (1.0 + e) if _throughput_like(row["metric"]) else 1.0 / (1.0 + e)
+
+
+def held_out_coverage(data: Mapping[str, Any], levels: Sequence[float] = (0.5, 0.9, 0.95),
+                      *, min_rows: int = MIN_GROUP_ROWS) -> dict[str, Any]:
+    """How well the bands carry to measurements they did not see: for each source, bands
+    computed without it (``compute_bands`` on the other sources), and the fraction of the
+    source's rows whose ratio is at most ``r_q`` of their group. A band that generalizes covers
+    about ``q`` of the held-out rows. Returns ``{family: {"n", "within": {q: fraction},
+    "by_source": {source: {"n", "within": {q: fraction}}}}}``."""
+    from charon_search.validation.stats import group_of, representative_rows
+
+    cases = data.get("cases") or {}
+    records = list(data.get("records") or [])
+    fam_of = {g: f for f, g in FAMILIES.items()}
+    rows = [r for r in representative_rows(records)
+            if group_of(r["metric"]) in fam_of and _row_ratio(r) is not None]
+    sources = sorted({str((cases.get(r["id"]) or {}).get("source") or "") for r in rows})
+    out: dict[str, Any] = {}
+    for src in sources:
+        rest = {"records": [r for r in records
+                            if str((cases.get(r["id"]) or {}).get("source") or "") != src],
+                "cases": cases}
+        bands = ErrorBands(compute_bands(rest, min_rows=min_rows))
+        for r in rows:
+            case = cases.get(r["id"]) or {}
+            if str(case.get("source") or "") != src:
+                continue
+            family = fam_of[str(group_of(r["metric"]))]
+            band = bands.lookup(family, str(case.get("engine") or ""), str(case.get("mode") or ""))
+            if band is None:
+                continue
+            ratio = _row_ratio(r)
+            assert ratio is not None
+            fam = out.setdefault(family, {"n": 0, "hits": [0] * len(levels), "by_source": {}})
+            per = fam["by_source"].setdefault(src, {"n": 0, "hits": [0] * len(levels)})
+            for acc in (fam, per):
+                acc["n"] += 1
+                for i, q in enumerate(levels):
+                    acc["hits"][i] += ratio <= band.ratio(q)
+    for fam in out.values():
+        for acc in (fam, *fam["by_source"].values()):
+            acc["within"] = {q: h / acc["n"] for q, h in zip(levels, acc.pop("hits"))}
     return out

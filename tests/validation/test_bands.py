@@ -17,6 +17,7 @@ from charon_search.validation.bands import (
     BAND_LEVELS,
     ErrorBands,
     compute_bands,
+    held_out_coverage,
     load_bands,
     metric_family,
 )
@@ -91,6 +92,22 @@ def test_lookup_falls_back_from_engine_and_mode_to_all_engines():
     assert bands.lookup("serving_tpot", "vllm") is None
     with pytest.raises(ConfigError, match="levels"):
         ErrorBands({"levels": [0.5], "bands": []})
+
+
+def test_held_out_coverage_uses_bands_computed_without_the_source():
+    """Source A measured exactly the prediction, source B twice it: held out, A's rows sit
+    under B's band (all within r50 and r90), B's rows above A's (none within)."""
+    rows, cases = [], {}
+    for src, err in (("A", 0.0), ("B", -0.5)):
+        for i in range(10):
+            r, c = _serving(f"{src}{i}", "vllm", "agg", err)
+            rows.append(r)
+            cases[r["id"]] = {**c, "source": src}
+    cov = held_out_coverage({"records": rows, "cases": cases}, (0.5, 0.9), min_rows=5)
+    ttft = cov["serving_ttft"]
+    assert ttft["n"] == 20 and ttft["within"] == {0.5: 0.5, 0.9: 0.5}
+    assert ttft["by_source"]["A"] == {"n": 10, "within": {0.5: 1.0, 0.9: 1.0}}
+    assert ttft["by_source"]["B"] == {"n": 10, "within": {0.5: 0.0, 0.9: 0.0}}
 
 
 def test_metric_families_of_constrained_fields():
