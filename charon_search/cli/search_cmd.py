@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("space", help="space YAML (spaces/<name>.yaml) or a name in spaces/")
     parser.add_argument("--objective", required=True,
                         help="objective YAML (objectives/<name>.yaml) or a name in objectives/")
+    parser.add_argument("--guard", type=float, default=None, metavar="Q",
+                        help="check the objective's TTFT, TPOT, step-time and memory "
+                             "constraints at quantile Q (0.5, 0.75, 0.9 or 0.95) of the "
+                             "validated error instead of at the prediction; overrides the "
+                             "objective file's `guard`")
     parser.add_argument("--trials", type=int, default=200,
                         help="total trials the study should hold (default 200)")
     parser.add_argument("--workers", type=int, default=1,
@@ -54,6 +59,12 @@ def run(args: argparse.Namespace) -> int:
     prepare_outputs(args, {"--json": "json"})
     space = load_space(args.space)
     objective = load_objective(args.objective)
+    if args.guard is not None:
+        import dataclasses
+
+        from charon_search.search.objective import check_guard
+
+        objective = dataclasses.replace(objective, guard=check_guard(args.guard, "`--guard`"))
     out = args.out or str(Path("runs") / space.name)
     res = run_search(space, objective, SearchOptions(
         trials=args.trials, workers=args.workers, sampler=args.sampler, seed=args.seed,

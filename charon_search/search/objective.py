@@ -41,7 +41,7 @@ from typing import Any
 from charon_search.errors import ConfigError
 from charon_search.search.space import reject_unknown_keys
 
-__all__ = ["DIRECTIONS", "Bound", "Objective", "ObjectiveTerm", "load_objective"]
+__all__ = ["DIRECTIONS", "Bound", "Objective", "ObjectiveTerm", "check_guard", "load_objective"]
 
 DIRECTIONS = ("minimize", "maximize")
 OPERATORS = ("<=", ">=")
@@ -217,16 +217,21 @@ class Objective:
         constraints = tuple(_parse_bound(c, i, limits, path) for i, c in enumerate(cons_raw))
         guard = data.get("guard")
         if guard is not None:
-            from charon_search.validation.bands import GUARD_LEVELS
-
-            if isinstance(guard, bool) or not isinstance(guard, int | float) or not any(
-                    math.isclose(float(guard), q) for q in GUARD_LEVELS):
-                raise ConfigError(f"{path}: field `guard` must be one of {list(GUARD_LEVELS)} "
-                                  f"(a quantile of the validated error), but got {guard!r}")
-            guard = float(guard)
+            guard = check_guard(guard, f"{path}: field `guard`")
         return cls(name=str(data["name"]), terms=tuple(terms), constraints=constraints,
                    limits=limits, description=str(data.get("description", "")), path=path,
                    guard=guard)
+
+
+def check_guard(value: Any, where: str) -> float:
+    """``value`` as a guard level; ``ConfigError`` naming ``where`` and the allowed levels."""
+    from charon_search.validation.bands import GUARD_LEVELS
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not any(
+            math.isclose(float(value), q) for q in GUARD_LEVELS):
+        raise ConfigError(f"{where} must be one of {list(GUARD_LEVELS)} (a quantile of the "
+                          f"validated error), but got {value!r}")
+    return float(value)
 
 
 def _parse_bound(text: Any, i: int, limits: Mapping[str, float], path: str) -> Bound:

@@ -222,6 +222,14 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
             durable.set_metric_names(list(objective.metrics))
         durable.set_user_attr("space", space.name)
         durable.set_user_attr("objective", objective.name)
+        durable.set_user_attr("guard", objective.guard)
+    elif durable.user_attrs.get("guard") != objective.guard:
+        # The stored trials' constraints were checked at the other guard: mixing would count
+        # feasibility two ways in one front.
+        raise ConfigError(
+            f"study {study_name!r} in {storage_desc} checked its constraints with guard "
+            f"{durable.user_attrs.get('guard')}, but objective {objective.name!r} has guard "
+            f"{objective.guard}; use another --study-name or --out")
     previous = durable.get_trials(deepcopy=False,
                                   states=(optuna.trial.TrialState.COMPLETE,))
 

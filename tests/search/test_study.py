@@ -134,6 +134,31 @@ def test_a_guard_holds_constraints_at_the_validated_error(toy_space, toy_exhaust
                             for r in squeezed)
 
 
+def test_a_study_resumes_only_under_its_own_guard(toy_space, toy_objective, tmp_path):
+    """``search --guard`` overrides the objective's; a study keeps the guard it started with."""
+    from charon_search.cli import main
+
+    space = os.path.join(os.path.dirname(__file__), "data", "toy-space.yaml")
+    objective = os.path.join(os.path.dirname(__file__), "data", "toy-objective.yaml")
+    out = tmp_path / "g"
+    base = ["search", space, "--objective", objective, "--workers", "0", "--quiet",
+            "--no-html", "--out", str(out)]
+    assert main([*base, "--trials", "6", "--guard", "0.9"]) == 0
+    from charon_search.validation.bands import load_bands
+
+    m90 = load_bands().lookup("training_memory").ratio(0.9)
+    rows = pq.read_table(out / "trials.parquet").to_pylist()
+    guarded = [r for r in rows if r.get("guarded.peak_memory_bytes") is not None]
+    assert guarded and all(r["guarded.peak_memory_bytes"] == pytest.approx(
+        r["peak_memory_bytes"] * m90) for r in guarded)
+    with pytest.raises(ConfigError, match=r"guard 0\.9, but objective 'toy-fast-cheap' "
+                                          r"has guard None"):
+        run_search(toy_space, toy_objective,
+                   SearchOptions(trials=8, workers=0, out_dir=str(out), html=False))
+    assert main([*base, "--trials", "8", "--guard", "0.9"]) == 0       # same guard: resumes
+    assert len(pq.read_table(out / "trials.parquet")) == 8
+
+
 def test_memoized_configs_are_not_simulated_again(toy_space, toy_objective):
     res = run_search(toy_space, toy_objective,
                      SearchOptions(trials=120, workers=0, sampler="nsga2", seed=0))
