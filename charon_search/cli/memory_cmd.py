@@ -42,6 +42,13 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                    help="activation recompute")
     g.add_argument("--precision", choices=PRECISIONS, default=None, help="GEMM precision")
     g.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
+    g.add_argument("--selective-policy", dest="selective_policy", default=None,
+                   help="what --recompute selective keeps: attention (re-runs the attention "
+                        "core) | op (torchtitan op-level SAC: keeps every second matmul)")
+    g.add_argument("--attention-kernel", dest="attention_kernel", default=None,
+                   help="flash | flash2 | flash_triton | eager (eager saves the scores)")
+    g.add_argument("--pp-layout", dest="pp_layout", default=None,
+                   help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L'")
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:

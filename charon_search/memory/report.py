@@ -66,9 +66,10 @@ class MemoryOptions:
     recipe: str | StateRecipe | None = None
     """Bytes per parameter of params/grads/optimizer: a key of ``STATE_RECIPES`` or a recipe;
     ``None`` picks ``mixed`` for Adam and ``sgd`` for SGD."""
-    selective_policy: str = "attention"
+    selective_policy: str | None = None
     """``attention``: Megatron selective recompute of the attention core; ``op``: torchtitan's
-    per-op selective activation checkpointing (store every other mm and fused attention)."""
+    per-op selective activation checkpointing (store every other mm and fused attention);
+    ``None``: the layout's ``selective_policy``, the one its compute cost is priced with."""
     fp8_saved_activations: bool | None = None
     """Keep FP8 copies of saved GEMM inputs under ``precision='fp8'`` (Transformer Engine does;
     torchao float8 saves the bf16 input). ``None``: True for fp8."""
@@ -131,7 +132,7 @@ class MemoryOptions:
         return cls(**{**base, **overrides})
 
     def __post_init__(self) -> None:
-        if self.selective_policy not in SELECTIVE_POLICIES:
+        if self.selective_policy is not None and self.selective_policy not in SELECTIVE_POLICIES:
             raise ConfigError(f"`selective_policy` must be one of {list(SELECTIVE_POLICIES)}, "
                               f"but got {self.selective_policy!r}")
         if self.loss_impl not in LOSS_IMPLS:
@@ -325,6 +326,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
     compiled = layout.fused_kernels if opts.compiled is None else opts.compiled
     prof = profile or model_profile(spec, phase="train", attn_impl=attn_impl)
     recipe = _recipe(opts, layout)
+    policy = opts.selective_policy or layout.selective_policy
     cal = cl.calibration
 
     per_stage = _stage_layers(_layer_types(spec), layout.pp, layout.vpp, layout.pp_layout)
@@ -409,10 +411,9 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             if loss:
                 kept, transient = _loss_block(ev, opts.loss_impl)
             else:
-                kept = _kept(ev, mode, opts.selective_policy, compiled)
-                transient = _transient(ev, mode, opts.selective_policy, kept)
-            keeps_inputs = mode == "none" or (mode == "selective"
-                                              and opts.selective_policy == "attention")
+                kept = _kept(ev, mode, policy, compiled)
+                transient = _transient(ev, mode, policy, kept)
+            keeps_inputs = mode == "none" or (mode == "selective" and policy == "attention")
             if opts.sp_saves_gathered_inputs and keeps_inputs:
                 kept += ev["col_gather_extra"]
             if opts.fused_saved and keeps_inputs:
@@ -442,7 +443,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
         stages=tuple(stages), device_memory_bytes=cl.gpu.hbm_capacity_bytes,
         gpu_name=cl.gpu.name,
         assumptions={"attn_impl": attn_impl, "recipe": _recipe_name(opts, layout),
-                     "selective_policy": opts.selective_policy, "fp8_saved": fp8_saved,
+                     "selective_policy": policy, "fp8_saved": fp8_saved,
                      "compiled": compiled, "loss_impl": opts.loss_impl,
                      "sp_saves_gathered_inputs": opts.sp_saves_gathered_inputs,
                      "fused_saved": opts.fused_saved,

@@ -45,6 +45,31 @@ def test_compiled_sac_drops_the_unread_down_projection_output(llama) -> None:
     assert acts[0] - acts[1] == spec.num_layers * 2 * B * S * H
 
 
+def test_the_layouts_selective_policy_reaches_the_memory_model(llama) -> None:
+    """``charon-search train``/``memory`` and the search evaluators call ``memory_report`` without
+    options: the layout's ``selective_policy`` (the one its compute is priced with) decides what
+    selective recompute keeps, unless a framework's options name one."""
+    spec, prof = llama
+    base = Layout(micro_batch_size=B, global_batch_size=B, seq_len=S, recompute="selective")
+    op = dataclasses.replace(base, selective_policy="op")
+
+    def acts(layout, **kw):
+        return memory_report(spec, layout, toy_cluster(), profile=prof,
+                             options=MemoryOptions(**kw)).stages[0].saved_activations_bytes
+
+    ev = _ev(prof, "dense")
+    assert acts(op) == acts(base, selective_policy="op")
+    assert acts(base) == acts(op, selective_policy="attention")
+    # per dense layer: compiled per-op SAC (Layout.fused_kernels) keeps what its backward reads
+    # of the must-save set, attention-core recompute everything but the core's internals
+    assert base.fused_kernels
+    assert acts(base) - acts(op) == pytest.approx(
+        spec.num_layers * (ev["selective_saved"] - ev["op_sac_needed"]), rel=1e-9)
+    assert acts(base) > acts(op)
+    assert memory_report(spec, op, toy_cluster(), profile=prof).assumptions[
+        "selective_policy"] == "op"
+
+
 def test_eager_loss_model_reproduces_the_traced_hf_loss(llama) -> None:
     _, prof = llama
     ev = _ev(prof, "lm_head")
