@@ -14,42 +14,15 @@ import json
 from pathlib import Path
 
 from charon_search.cli._common import prepare_outputs
+from charon_search.cli.train_cmd import add_layout_arguments
 from charon_search.errors import ConfigError
-from charon_search.layout import PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Layout
+from charon_search.layout import Layout
 from charon_search.units import format_bytes
 
 __all__ = ["FRAMEWORKS", "add_arguments", "add_layout_arguments", "layout_from_args", "run"]
 
 #: Frameworks ``MemoryOptions.for_framework`` knows conventions for.
 FRAMEWORKS = ("torchtitan", "megatron")
-
-def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
-    """The layout flags of ``charon-search train`` (same names and meaning; ``--layout`` YAML
-    overridden by individual flags), parsed by ``layout_from_args``."""
-    g = parser.add_argument_group("layout")
-    g.add_argument("--layout", default=None, help="layout YAML (keys of charon_search.Layout)")
-    g.add_argument("--gpus", type=int, default=None,
-                   help="GPUs in the job; dp defaults to gpus/(tp*pp*cp)")
-    for flag in ("tp", "pp", "cp", "dp", "ep", "vpp"):
-        g.add_argument(f"--{flag}", type=int, default=None, help=f"{flag} degree")
-    g.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule")
-    g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
-    g.add_argument("--mbs", type=int, default=None, help="micro-batch size (sequences)")
-    g.add_argument("--gbs", type=int, default=None, help="global batch size (sequences)")
-    g.add_argument("--seq", type=int, default=None, help="sequence length (tokens)")
-    g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
-                   help="activation recompute")
-    g.add_argument("--precision", choices=PRECISIONS, default=None, help="GEMM precision")
-    g.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
-    g.add_argument("--selective-policy", dest="selective_policy", default=None,
-                   help="what --recompute selective keeps: attention (re-runs the attention "
-                        "core) | op (torchtitan op-level SAC: keeps every second matmul)")
-    g.add_argument("--attention-kernel", dest="attention_kernel", default=None,
-                   help="flash | flash2 | flash_triton | eager (eager saves the scores)")
-    g.add_argument("--pp-layout", dest="pp_layout", default=None,
-                   help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L'")
-
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
     """``Layout`` from the flags, with the rules of ``charon-search train`` (one parser:

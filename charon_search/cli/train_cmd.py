@@ -29,31 +29,49 @@ _FLAGS = {  # flag dest -> Layout field
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="catalog name or HF config path")
     p.add_argument("--cluster", required=True, help="cluster name or YAML path")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs used (checked against degrees)")
-    for name in ("tp", "pp", "cp", "dp", "ep", "vpp", "zero", "mbs", "gbs", "seq"):
-        p.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--schedule", default=None)
-    p.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
-    p.add_argument("--recompute", default=None, help="none | selective | full")
-    p.add_argument("--precision", default=None, help="bf16 | fp16 | fp8 | fp32")
-    p.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
-    p.add_argument("--attention-kernel", dest="attention_kernel", default=None,
+    add_layout_arguments(p)
+    p.add_argument("--json", default=None, help="write the StepReport JSON here")
+    p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    """The layout flags (``--layout`` YAML overridden by individual flags), parsed by
+    ``build_layout``; ``charon-search train`` and ``charon-search memory`` share them."""
+    from charon_search.layout import PRECISIONS, RECOMPUTE_MODES, SCHEDULES
+
+    g = parser.add_argument_group("layout")
+    g.add_argument("--layout", default=None, help="layout YAML (keys of charon_search.Layout)")
+    g.add_argument("--gpus", type=int, default=None,
+                   help="GPUs in the job (checked against the degrees); dp defaults to "
+                        "gpus/(tp*pp*cp)")
+    for flag in ("tp", "pp", "cp", "dp", "ep", "vpp"):
+        g.add_argument(f"--{flag}", type=int, default=None, help=f"{flag} degree")
+    g.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule")
+    g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
+    g.add_argument("--mbs", type=int, default=None, help="micro-batch size (sequences)")
+    g.add_argument("--gbs", type=int, default=None, help="global batch size (sequences)")
+    g.add_argument("--seq", type=int, default=None, help="sequence length (tokens)")
+    g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
+                   help="activation recompute")
+    g.add_argument("--precision", choices=PRECISIONS, default=None, help="GEMM precision")
+    g.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
+    g.add_argument("--attention-kernel", dest="attention_kernel", default=None,
                    help="flash (the GPU's best fused kernel) | flash2 (FlashAttention-2) | "
-                        "flash_triton (Triton FlashAttention) | eager (unfused core attention)")
-    p.add_argument("--fp8-recipe", dest="fp8_recipe", default=None,
+                        "flash_triton (Triton FlashAttention) | eager (unfused core attention, "
+                        "its scores saved)")
+    g.add_argument("--fp8-recipe", dest="fp8_recipe", default=None,
                    help="tensorwise | rowwise | delayed | blockwise")
-    p.add_argument("--selective-policy", dest="selective_policy", default=None,
-                   help="attention (attention core) | op (torchtitan op-level SAC)")
-    p.add_argument("--fsdp-backward-prefetch", dest="fsdp_backward_prefetch", default=None,
+    g.add_argument("--selective-policy", dest="selective_policy", default=None,
+                   help="what --recompute selective keeps: attention (re-runs the attention "
+                        "core) | op (torchtitan op-level SAC: keeps every second matmul)")
+    g.add_argument("--fsdp-backward-prefetch", dest="fsdp_backward_prefetch", default=None,
                    help="ZeRO-3 backward all-gather: pre (before the layer's gradients; FSDP2) "
                         "| post (after them, queued with the reduce-scatters; FSDP1 "
                         "BACKWARD_POST, Composer's default)")
-    p.add_argument("--pp-layout", dest="pp_layout", default=None,
+    g.add_argument("--pp-layout", dest="pp_layout", default=None,
                    help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
                         "virtual stage's layers (t), embedding (E, first) and LM head (L, last)")
-    p.add_argument("--layout", default=None, help="layout YAML (Layout fields)")
-    p.add_argument("--json", default=None, help="write the StepReport JSON here")
-    p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")
 
 
 def build_layout(args: argparse.Namespace) -> Any:
