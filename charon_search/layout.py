@@ -16,7 +16,8 @@ from charon_search.errors import ConfigError
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
-__all__ = ["PP_LAYOUT_TOKENS", "PRECISIONS", "RECOMPUTE_MODES", "RECOMPUTE_MODULES", "SCHEDULES",
+__all__ = ["OUTPUT_DISCARDING_MODULES", "PP_LAYOUT_TOKENS", "PRECISIONS", "RECOMPUTE_MODES",
+           "RECOMPUTE_MODULES", "SCHEDULES",
            "Layout", "pp_layout_stages"]
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
@@ -25,6 +26,12 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 #: (``megatron/core/transformer/transformer_config.py``).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
+#: Recompute modules whose checkpoint also frees the module's *output* after its consumers ran
+#: (re-made before their backward), not only its internals: Megatron-Core
+#: ``TransformerConfig.recompute_modules`` ("moe_act", "layernorm", and "mla_up_proj" use
+#: output-discarding checkpointing, "core_attn", "mlp", "moe", and "shared_experts" use normal
+#: checkpointing).
+OUTPUT_DISCARDING_MODULES = frozenset({"moe_act", "layernorm", "mla_up_proj"})
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CP_RING_IMPLS = ("overlapped", "torch_traced")

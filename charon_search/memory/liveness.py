@@ -25,7 +25,7 @@ matrix-vector product per timeline (microseconds), never a new walk.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -136,6 +136,14 @@ class BlockActivations:
     bwd_live: np.ndarray
     """Live bytes after each backward step, including saved tensors not yet freed."""
     num_saved_tensors: int = 0
+    module_saved: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per Megatron-Core recompute module (``layout.RECOMPUTE_MODULES``): the saved bytes its
+    checkpoint frees. Normal checkpointing frees the tensors the module makes and only it
+    reads; output-discarding checkpointing (``layout.OUTPUT_DISCARDING_MODULES``) frees
+    everything saved that the module makes, its output included."""
+    module_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per recompute module: its inputs from outside it that are not saved anyway, which the
+    checkpoint keeps instead (``core_inputs`` for ``core_attn``)."""
 
     def evaluate(self, point: ShardingPoint) -> dict[str, float]:
         """Bytes of every summary at ``point`` (keys: the array names, ``selective_saved``,
@@ -162,6 +170,10 @@ class BlockActivations:
             "fwd_peak_noloss": _peak(self.fwd_live_noloss, w),
             "bwd_peak_noloss": _peak(self.bwd_live_noloss, w),
         }
+        for m, row in self.module_saved.items():
+            out[f"module_saved:{m}"] = float(row @ w)
+        for m, row in self.module_inputs.items():
+            out[f"module_inputs:{m}"] = float(row @ w)
         col = float(self.saved_col_inputs @ w)
         if point.sequence_parallel and point.tp > 1:
             # Bytes the all-gathered copies add over the sharded ones: (tp - 1) x sharded.
@@ -346,6 +358,8 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         elif node.kind == OpKind.ATTENTION:
             op_saved.extend(t for t in node.outputs if t not in walk.alias)
     op_saved = list(dict.fromkeys(op_saved))
+    module_saved, module_inputs = _module_summaries(fwd, walk, rows, saved_roots, saved_set,
+                                                    shared_in, consumers_fwd)
     return BlockActivations(
         name=block.name,
         monomials=rows.monomials,
@@ -367,7 +381,49 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         fwd_live=fwd_live,
         bwd_live=bwd_live,
         num_saved_tensors=len(saved_roots),
+        module_saved=module_saved,
+        module_inputs=module_inputs,
     )
+
+
+def _module_summaries(fwd: OpGraph, walk: _Walk, rows: _Rows, saved_roots: list[int],
+                      saved_set: set[int], shared_in: list[int],
+                      consumers_fwd: dict[int, list[Node]],
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``module_saved`` / ``module_inputs`` of every recompute module with nodes in ``fwd``
+    (the nodes ``passes.recompute.module_nodes`` re-runs)."""
+    from charon_search.layout import OUTPUT_DISCARDING_MODULES, RECOMPUTE_MODULES
+    from charon_search.passes.recompute import module_nodes
+
+    dropped: dict[str, np.ndarray] = {}
+    inputs: dict[str, np.ndarray] = {}
+    shared = set(shared_in)
+    for m in RECOMPUTE_MODULES:
+        ids = {n.id for n in module_nodes(fwd, (m,))}
+        if not ids:
+            continue
+        discard = m in OUTPUT_DISCARDING_MODULES
+        freed = []
+        for t in saved_roots:
+            prod = fwd.producer.get(t)
+            if prod is None or prod not in ids:
+                continue
+            if discard or all(u.id in ids for u in consumers_fwd.get(t, [])):
+                freed.append(t)
+        kept_in: list[int] = []
+        for node in fwd.nodes:
+            if node.id not in ids:
+                continue
+            for t in node.inputs:
+                r = walk.root(t)
+                if t in walk.params or r in shared or r in saved_set:
+                    continue
+                prod = fwd.producer.get(r)
+                if prod is None or prod not in ids:
+                    kept_in.append(r)
+        dropped[m] = rows.sum(freed)
+        inputs[m] = rows.sum(dict.fromkeys(kept_in))
+    return dropped, inputs
 
 
 _NORMS = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -411,7 +411,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
             if loss:
                 kept, transient = _loss_block(ev, opts.loss_impl)
             else:
-                kept = _kept(ev, mode, policy, compiled)
+                kept = _kept(ev, mode, policy, compiled, layout.recompute_modules)
                 transient = _transient(ev, mode, policy, kept)
             keeps_inputs = mode == "none" or (mode == "selective" and policy == "attention")
             if opts.sp_saves_gathered_inputs and keeps_inputs:
@@ -500,11 +500,20 @@ def _evaluate(prof: ModelMemoryProfile, point: ShardingPoint) -> dict[str, dict[
     return out
 
 
-def _kept(ev: Mapping[str, float], mode: str, policy: str, compiled: bool = False) -> float:
-    """Saved bytes one layer keeps between its forward and backward (traced dtype)."""
+def _kept(ev: Mapping[str, float], mode: str, policy: str, compiled: bool = False,
+          modules: Sequence[str] = ()) -> float:
+    """Saved bytes one layer keeps between its forward and backward (traced dtype).
+
+    Selective recompute with Megatron-Core ``recompute_modules`` keeps the layer's saved set
+    less what each module's checkpoint frees, plus the module inputs it keeps instead
+    (``BlockActivations.module_saved`` / ``module_inputs``; summed per module)."""
     if mode == "full":
         return ev["block_input"]
     if mode == "selective":
+        if modules:
+            return (ev["saved"]
+                    - sum(ev.get(f"module_saved:{m}", 0.0) for m in modules)
+                    + sum(ev.get(f"module_inputs:{m}", 0.0) for m in modules))
         if policy == "op":
             return ev["op_sac_needed"] if compiled else ev["op_sac_saved"]
         return ev["selective_saved"]

@@ -37,7 +37,7 @@ from charon_search.ir import Node, OpGraph, OpKind, Phase, Role
 from charon_search.passes._rewrite import GraphBuilder
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
-__all__ = ["RecomputePass"]
+__all__ = ["RecomputePass", "module_nodes"]
 
 
 _SAVED_KINDS = frozenset({OpKind.ATTENTION, OpKind.GROUPED_GEMM, OpKind.EMBEDDING})
@@ -64,8 +64,9 @@ def _mla_up_proj(n: Node) -> bool:
     return n.kind == OpKind.NORM or n.module_path.endswith(("q_b_proj", "kv_b_proj"))
 
 
-def _module_recompute(fwd: OpGraph, modules: tuple[str, ...]) -> list[Node]:
-    """Forward nodes re-run for Megatron-Core ``--recompute-modules``."""
+def module_nodes(fwd: OpGraph, modules: tuple[str, ...] | list[str]) -> list[Node]:
+    """Forward nodes Megatron-Core ``--recompute-modules`` re-runs (the compute side here; the
+    memory model's per-module saved bytes, ``memory.liveness``, use the same selection)."""
     unknown = sorted(set(modules) - set(_MODULE_ROLES))
     if unknown:
         raise PassError(f"recompute_modules must be among {sorted(_MODULE_ROLES)}, got "
@@ -123,7 +124,7 @@ class RecomputePass(Pass):
         if ctx.recompute == "full":
             chosen = list(fwd.nodes)
         elif ctx.recompute_modules:
-            chosen = _module_recompute(fwd, ctx.recompute_modules)
+            chosen = module_nodes(fwd, ctx.recompute_modules)
         elif ctx.selective_policy == "op":
             chosen = _op_sac(fwd)
         else:

@@ -70,6 +70,38 @@ def test_the_layouts_selective_policy_reaches_the_memory_model(llama) -> None:
         "selective_policy"] == "op"
 
 
+def test_megatron_recompute_modules_free_their_saved_bytes(llama) -> None:
+    """``recompute_modules`` on debug-llama (h 64, ffn 160), per layer: ``mlp`` (normal
+    checkpointing) frees the four b x s x ffn bf16 tensors HF's SwiGLU saves (gate and up
+    outputs, SiLU output, their product) and keeps nothing new (its input is saved anyway);
+    ``layernorm`` (output-discarding) frees everything its two RMSNorms save, their bf16
+    outputs included (bf16 output + bf16 normalised + fp32 copy of b x s x h, fp32 rstd of
+    b x s), and keeps their bf16 inputs; ``core_attn`` is Megatron's attention-core selective
+    recompute."""
+    spec, prof = llama
+    ev = _ev(prof, "dense")
+    F = 160
+    assert ev["module_saved:mlp"] == 4 * 2 * B * S * F
+    assert ev["module_inputs:mlp"] == 0
+    assert ev["module_saved:layernorm"] == 2 * (2 + 2 + 4) * B * S * H + 2 * 4 * B * S
+    assert ev["module_inputs:layernorm"] == 2 * 2 * B * S * H
+    assert (ev["module_saved:core_attn"], ev["module_inputs:core_attn"]) == (
+        ev["saved_core"], ev["core_inputs"])
+
+    def acts(modules):
+        layout = Layout(micro_batch_size=B, global_batch_size=B, seq_len=S,
+                        recompute="selective", recompute_modules=modules)
+        return memory_report(spec, layout, toy_cluster(),
+                             profile=prof).stages[0].saved_activations_bytes
+
+    attn = acts(())
+    assert acts(("core_attn",)) == attn
+    freed = (ev["module_saved:mlp"] + ev["module_saved:layernorm"]
+             - ev["module_inputs:layernorm"] - ev["module_saved:core_attn"]
+             + ev["module_inputs:core_attn"])
+    assert attn - acts(("mlp", "layernorm")) == pytest.approx(spec.num_layers * freed, rel=1e-9)
+
+
 def test_eager_loss_model_reproduces_the_traced_hf_loss(llama) -> None:
     _, prof = llama
     ev = _ev(prof, "lm_head")
