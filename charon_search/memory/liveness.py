@@ -318,36 +318,22 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         saved_nl, fwd_nl, bwd_nl = saved_roots, fwd_live, bwd_live
 
     # ----------------------------------------------------------------- saved subsets
-    core = []
     gemm_in = []
     col_in = []
     for t in saved_roots:
-        prod = fwd.producer.get(t)
-        if prod is not None and fwd.node(prod).role == Role.ATTN_CORE:
-            users = consumers_fwd.get(t, [])
-            if all(u.role == Role.ATTN_CORE for u in users):
-                core.append(t)
         users = consumers_fwd.get(t, [])
         if any(u.kind in _GEMMS for u in users):
             gemm_in.append(t)
         if walk.cls.get(t) == _SEQ and any(u.kind in _GEMMS and u.role in _COLUMN
                                            for u in users):
             col_in.append(t)
-    # Tensors entering the attention core from outside: recompute needs them, so selective
-    # recompute keeps them even where autograd saved only copies made inside the core (e.g.
-    # the q/k/v reshapes HF GPT-2 makes before its bmm).
+    # The attention core as Megatron's selective recompute re-runs it (normal checkpointing):
+    # what only the core reads is dropped; tensors entering it from outside are kept even where
+    # autograd saved only copies made inside the core (e.g. the q/k/v reshapes HF GPT-2 makes
+    # before its bmm).
     core_ids = {node.id for node in fwd.nodes if node.role == Role.ATTN_CORE}
-    core_in: list[int] = []
-    for node in fwd.nodes:
-        if node.id not in core_ids:
-            continue
-        for t in node.inputs:
-            r = walk.root(t)
-            if t in walk.params or r in shared_in or r in saved_set:
-                continue
-            prod = fwd.producer.get(r)
-            if prod is None or prod not in core_ids:
-                core_in.append(r)
+    core, core_in = _checkpointed(fwd, walk, core_ids, False, saved_roots, saved_set,
+                                  set(shared_in), consumers_fwd)
     op_saved = list(hidden_in)
     mm_count = 0
     for node in fwd.nodes:
@@ -366,7 +352,7 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         saved=rows.sum(saved_roots),
         saved_core=rows.sum(core),
         saved_gemm_input=rows.sum(gemm_in),
-        core_inputs=rows.sum(dict.fromkeys(core_in)),
+        core_inputs=rows.sum(core_in),
         block_input=rows.sum(hidden_in),
         shared_inputs=rows.sum(shared_in),
         op_sac_saved=rows.sum(op_saved),
@@ -386,6 +372,34 @@ def block_activations(block: TracedBlock) -> BlockActivations:
     )
 
 
+def _checkpointed(fwd: OpGraph, walk: _Walk, ids: set[int], discard_output: bool,
+                  saved_roots: list[int], saved_set: set[int], shared: set[int],
+                  consumers_fwd: dict[int, list[Node]]) -> tuple[list[int], list[int]]:
+    """``(freed, kept)`` of checkpointing the forward nodes ``ids``: the saved tensors they make
+    that the checkpoint drops (only what they alone read; with ``discard_output``, everything,
+    their output included), and their inputs from outside that it keeps instead (not already
+    saved, not parameters or model-wide tensors)."""
+    freed = []
+    for t in saved_roots:
+        prod = fwd.producer.get(t)
+        if prod is None or prod not in ids:
+            continue
+        if discard_output or all(u.id in ids for u in consumers_fwd.get(t, [])):
+            freed.append(t)
+    kept: list[int] = []
+    for node in fwd.nodes:
+        if node.id not in ids:
+            continue
+        for t in node.inputs:
+            r = walk.root(t)
+            if t in walk.params or r in shared or r in saved_set:
+                continue
+            prod = fwd.producer.get(r)
+            if prod is None or prod not in ids:
+                kept.append(r)
+    return freed, list(dict.fromkeys(kept))
+
+
 def _module_summaries(fwd: OpGraph, walk: _Walk, rows: _Rows, saved_roots: list[int],
                       saved_set: set[int], shared_in: list[int],
                       consumers_fwd: dict[int, list[Node]],
@@ -402,27 +416,10 @@ def _module_summaries(fwd: OpGraph, walk: _Walk, rows: _Rows, saved_roots: list[
         ids = {n.id for n in module_nodes(fwd, (m,))}
         if not ids:
             continue
-        discard = m in OUTPUT_DISCARDING_MODULES
-        freed = []
-        for t in saved_roots:
-            prod = fwd.producer.get(t)
-            if prod is None or prod not in ids:
-                continue
-            if discard or all(u.id in ids for u in consumers_fwd.get(t, [])):
-                freed.append(t)
-        kept_in: list[int] = []
-        for node in fwd.nodes:
-            if node.id not in ids:
-                continue
-            for t in node.inputs:
-                r = walk.root(t)
-                if t in walk.params or r in shared or r in saved_set:
-                    continue
-                prod = fwd.producer.get(r)
-                if prod is None or prod not in ids:
-                    kept_in.append(r)
+        freed, kept_in = _checkpointed(fwd, walk, ids, m in OUTPUT_DISCARDING_MODULES,
+                                       saved_roots, saved_set, shared, consumers_fwd)
         dropped[m] = rows.sum(freed)
-        inputs[m] = rows.sum(dict.fromkeys(kept_in))
+        inputs[m] = rows.sum(kept_in)
     return dropped, inputs
 
 
