@@ -159,6 +159,26 @@ def test_a_study_resumes_only_under_its_own_guard(toy_space, toy_objective, tmp_
     assert len(pq.read_table(out / "trials.parquet")) == 8
 
 
+def test_a_guarded_search_with_unreadable_bands_stops_before_any_trial(toy_space,
+                                                                       toy_objective, tmp_path,
+                                                                       monkeypatch):
+    import dataclasses
+
+    import charon_search.validation.bands as bands_mod
+    from charon_search.search.objective import _shipped_bands
+
+    monkeypatch.setattr(bands_mod, "bands_path", lambda: tmp_path / "missing.json")
+    _shipped_bands.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"error bands .*missing\.json"):
+            run_search(toy_space, dataclasses.replace(toy_objective, guard=0.9),
+                       SearchOptions(trials=4, workers=0, out_dir=str(tmp_path / "o"),
+                                     html=False))
+        assert not (tmp_path / "o").exists()
+    finally:
+        _shipped_bands.cache_clear()
+
+
 def test_memoized_configs_are_not_simulated_again(toy_space, toy_objective):
     res = run_search(toy_space, toy_objective,
                      SearchOptions(trials=120, workers=0, sampler="nsga2", seed=0))

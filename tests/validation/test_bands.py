@@ -185,3 +185,17 @@ def test_serve_prints_the_engines_band_around_its_prediction(tmp_path, capsys):
     assert float(got.group(1)) == pytest.approx(ttft * lo * 1e3, abs=0.051)
     assert float(got.group(2)) == pytest.approx(ttft * hi * 1e3, abs=0.051)
     assert "validated error" in text and band.label in line
+
+
+def test_unreadable_bands_cost_serve_its_line_not_its_result(tmp_path, monkeypatch, capsys):
+    import charon_search.validation.bands as bands_mod
+
+    bad = tmp_path / "error_bands.json"
+    bad.write_text("{not json")
+    monkeypatch.setattr(bands_mod, "bands_path", lambda: bad)
+    out = tmp_path / "serve.json"
+    assert main(["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu",
+                 "--num-requests", "3", "--no-progress", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["num_completed"] == 3
+    err = capsys.readouterr().err
+    assert "no validated error band" in err and "not JSON" in err
