@@ -30,7 +30,6 @@ fall within. The trial record gets ``guarded.<metric>`` (the value checked) and
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Mapping
@@ -148,13 +147,13 @@ class Objective:
         value = record.get(bound.metric)
         if self.guard is None or value is None:
             return None
-        from charon_search.validation.bands import metric_family
+        from charon_search.validation.bands import metric_family, shipped_bands
 
         fam = metric_family(bound.metric, serving="engine" in record)
         if fam is None:
             return None
         family, rate = fam
-        band = _shipped_bands().lookup(family, str(record.get("engine") or ""),
+        band = shipped_bands().lookup(family, str(record.get("engine") or ""),
                                        str(record.get("mode") or ""))
         if band is None:
             return None
@@ -260,13 +259,6 @@ def _parse_bound(text: Any, i: int, limits: Mapping[str, float], path: str) -> B
                 f"{path}: field `{where}` bound must be one of {bounds_allowed}, but got {rhs!r}"
             ) from None
     return Bound(metric=metric, op=op, bound=bound, text=f"{metric} {op} {rhs}")
-
-
-@functools.cache
-def _shipped_bands() -> Any:
-    from charon_search.validation.bands import load_bands
-
-    return load_bands()
 
 
 def load_objective(path: str | Path) -> Objective:

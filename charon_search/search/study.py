@@ -205,9 +205,9 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         raise ConfigError(f"`trials >= 0` must hold, but got {options.trials}")
     SAMPLERS.get(options.sampler)  # unknown names fail before anything starts
     if objective.guard is not None:  # so do unreadable error bands
-        from charon_search.search.objective import _shipped_bands
+        from charon_search.validation.bands import shipped_bands
 
-        _shipped_bands()
+        shipped_bands()
     ctx = context or RuleContext()
     study_name = options.study_name or space.name
     storage, storage_desc = make_storage(options.storage, options.out_dir)

@@ -29,6 +29,7 @@ states.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -42,7 +43,7 @@ from charon_search.errors import ConfigError
 
 __all__ = ["BAND_LEVELS", "FAMILIES", "GUARD_LEVELS", "MIN_GROUP_ROWS", "Band", "ErrorBands",
            "bands_path", "compute_bands", "held_out_coverage", "load_bands", "metric_family",
-           "render_bands", "serving_band_lines"]
+           "render_bands", "serving_band_lines", "shipped_bands"]
 
 #: Quantile levels stored for each band (symmetric, so a lower bound can use ``1 - q``).
 BAND_LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -212,6 +213,12 @@ def load_bands(path: str | Path | None = None) -> ErrorBands:
     if not isinstance(doc, Mapping):
         raise ConfigError(f"error bands {str(p)!r}: must be a JSON object")
     return ErrorBands(doc, path=str(p))
+
+
+@functools.cache
+def shipped_bands() -> ErrorBands:
+    """The shipped bands, read once per process (objectives' guards)."""
+    return load_bands()
 
 
 def render_bands(doc: Mapping[str, Any]) -> str:

@@ -165,10 +165,10 @@ def test_a_guarded_search_with_unreadable_bands_stops_before_any_trial(toy_space
     import dataclasses
 
     import charon_search.validation.bands as bands_mod
-    from charon_search.search.objective import _shipped_bands
+    from charon_search.validation.bands import shipped_bands
 
     monkeypatch.setattr(bands_mod, "bands_path", lambda: tmp_path / "missing.json")
-    _shipped_bands.cache_clear()
+    shipped_bands.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"error bands .*missing\.json"):
             run_search(toy_space, dataclasses.replace(toy_objective, guard=0.9),
@@ -176,7 +176,7 @@ def test_a_guarded_search_with_unreadable_bands_stops_before_any_trial(toy_space
                                      html=False))
         assert not (tmp_path / "o").exists()
     finally:
-        _shipped_bands.cache_clear()
+        shipped_bands.cache_clear()
 
 
 def test_memoized_configs_are_not_simulated_again(toy_space, toy_objective):
