@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trials per combination (default: the sweep's)")
     parser.add_argument("--date", default=None,
                         help="partition label of this run (default: the sweep's or today UTC)")
+    parser.add_argument("--guard", type=float, default=None, metavar="Q",
+                        help="check every run's TTFT, TPOT, step-time and memory constraints "
+                             "at quantile Q (0.5, 0.75, 0.9 or 0.95) of the validated error "
+                             "(overrides the objectives' `guard`)")
     parser.add_argument("--ray-address", default=None, help="existing Ray cluster")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the run summaries")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -34,9 +38,14 @@ def run(args: argparse.Namespace) -> int:
 
     prepare_outputs(args, {"--json": "json"})
     spec = load_sweep(args.sweep)
+    guard = None
+    if args.guard is not None:
+        from charon_search.search.objective import check_guard
+
+        guard = check_guard(args.guard, "`--guard`")
     summaries = run_sweep(spec, args.out, workers=args.workers, trials=args.trials,
                           date=args.date, ray_address=args.ray_address,
-                          progress=not args.quiet)
+                          progress=not args.quiet, guard=guard)
     for s in summaries:
         print(f"{s['sweep']} model={s['model']} gpu={s['gpu']} date={s['date']}: "
               f"{s['num_trials']} trials, {s['num_feasible']} feasible, "

@@ -20,6 +20,7 @@ journal files under ``OUT/_studies/`` so an interrupted sweep resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,8 +109,11 @@ def _safe(label: str) -> str:
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = None,
               trials: int | None = None, date: str | None = None,
-              ray_address: str | None = None, progress: bool = False) -> list[dict[str, Any]]:
-    """Run every (entry, model, gpu) search; write the partitioned dataset; return summaries."""
+              ray_address: str | None = None, progress: bool = False,
+              guard: float | None = None) -> list[dict[str, Any]]:
+    """Run every (entry, model, gpu) search; write the partitioned dataset; return summaries.
+    ``guard`` replaces every objective's guard (``search.objective``): capacity that holds at
+    that quantile of the validated error. Rows and summaries carry the guard used."""
     from charon_search.search.objective import load_objective
     from charon_search.search.results import write_parquet
     from charon_search.search.space import load_space
@@ -128,6 +132,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
         for entry in spec.entries:
             base = load_space(entry.space)
             objective = load_objective(entry.objective)
+            if guard is not None:
+                objective = dataclasses.replace(objective, guard=guard)
             for model in entry.models:
                 for label, cluster in entry.gpus:
                     space = base.with_fixed(model=model, cluster=cluster)
@@ -141,11 +147,13 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
                         study_name=f"{spec.name}-{model}-{label}-{day}-{base.name}"))
                     front = {r["trial_number"] for r in res.pareto}
                     rows = [{**r, "pareto": r["trial_number"] in front, "space": base.name,
-                             "objective": objective.name, "cluster": cluster}
+                             "objective": objective.name, "guard": objective.guard,
+                             "cluster": cluster}
                             for r in res.rows]
                     write_parquet(rows, out.joinpath(*parts, f"part-{_safe(base.name)}.parquet"))
                     summaries.append({"sweep": spec.name, "model": model, "gpu": label,
-                                      "date": day, "space": base.name, **res.summary()})
+                                      "date": day, "space": base.name,
+                                      "guard": objective.guard, **res.summary()})
     finally:
         if started_ray:
             import ray

@@ -68,3 +68,30 @@ def test_sweep_malformed(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_sweep(p)
     assert str(p) in str(e.value) and "'gpu'" in str(e.value) and "gpus" in str(e.value)
+
+
+def test_sweep_guard_reaches_every_run(tmp_path, capsys):
+    """``sweep --guard 0.9``: every run checks its constraints at the validated error's 90th
+    percentile; the dataset rows and the summaries say so."""
+    from charon_search.validation.bands import load_bands
+
+    m90 = load_bands().lookup("training_memory").ratio(0.9)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "toy", "trials": 8, "sampler": "random", "date": "2026-12-05",
+        "runs": [{"space": str(DATA / "toy-space.yaml"),
+                  "objective": str(DATA / "toy-objective.yaml"),
+                  "models": ["m-a"], "gpus": {"h100": "c-h100"}}]}))
+    js = tmp_path / "s.json"
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "ds"), "--workers", "0",
+                 "--guard", "0.9", "--json", str(js), "--quiet"]) == 0
+    assert [s["guard"] for s in json.loads(js.read_text())] == [0.9]
+    table = ds.dataset(tmp_path / "ds", partitioning="hive", format="parquet",
+                       exclude_invalid_files=True).to_table().to_pylist()
+    assert {r["guard"] for r in table} == {0.9}
+    guarded = [r for r in table if r.get("guarded.peak_memory_bytes") is not None]
+    assert guarded and all(r["guarded.peak_memory_bytes"] == pytest.approx(
+        r["peak_memory_bytes"] * m90) for r in guarded)
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "ds2"), "--workers", "0",
+                 "--guard", "0.8"]) == 2
+    assert "`--guard` must be one of" in capsys.readouterr().err
