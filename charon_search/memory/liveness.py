@@ -327,13 +327,6 @@ def block_activations(block: TracedBlock) -> BlockActivations:
         if walk.cls.get(t) == _SEQ and any(u.kind in _GEMMS and u.role in _COLUMN
                                            for u in users):
             col_in.append(t)
-    # The attention core as Megatron's selective recompute re-runs it (normal checkpointing):
-    # what only the core reads is dropped; tensors entering it from outside are kept even where
-    # autograd saved only copies made inside the core (e.g. the q/k/v reshapes HF GPT-2 makes
-    # before its bmm).
-    core_ids = {node.id for node in fwd.nodes if node.role == Role.ATTN_CORE}
-    core, core_in = _checkpointed(fwd, walk, core_ids, False, saved_roots, saved_set,
-                                  set(shared_in), consumers_fwd)
     op_saved = list(hidden_in)
     mm_count = 0
     for node in fwd.nodes:
@@ -346,13 +339,18 @@ def block_activations(block: TracedBlock) -> BlockActivations:
     op_saved = list(dict.fromkeys(op_saved))
     module_saved, module_inputs = _module_summaries(fwd, walk, rows, saved_roots, saved_set,
                                                     shared_in, consumers_fwd)
+    # Megatron's attention-core selective recompute is the ``core_attn`` module (normal
+    # checkpointing): what only the core reads is dropped; tensors entering it from outside are
+    # kept even where autograd saved only copies made inside the core (e.g. the q/k/v reshapes
+    # HF GPT-2 makes before its bmm).
+    none = np.zeros(rows.width)
     return BlockActivations(
         name=block.name,
         monomials=rows.monomials,
         saved=rows.sum(saved_roots),
-        saved_core=rows.sum(core),
+        saved_core=module_saved.get("core_attn", none),
         saved_gemm_input=rows.sum(gemm_in),
-        core_inputs=rows.sum(core_in),
+        core_inputs=module_inputs.get("core_attn", none),
         block_input=rows.sum(hidden_in),
         shared_inputs=rows.sum(shared_in),
         op_sac_saved=rows.sum(op_saved),
