@@ -51,11 +51,12 @@ BAND_LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 GUARD_LEVELS = tuple(q for q in BAND_LEVELS if q >= 0.5)
 #: A serving group (engine x mode, or engine) with fewer rows falls back to a wider one.
 MIN_GROUP_ROWS = 30
-#: Band family -> the validate metric group it is computed from (``validation.stats``).
-FAMILIES = {"serving_ttft": "serving_ttft", "serving_tpot": "serving_tpot",
-            "training_time": "training_time", "training_memory": "training_memory"}
+#: Band families: the validate metric groups (``validation.stats``) bands are computed for.
+FAMILIES = ("serving_ttft", "serving_tpot", "training_time", "training_memory")
 #: Deployment modes as validate records them (``config.mode``) and as search records do.
 _MODES = {"agg": "agg", "aggregated": "agg", "disagg": "disagg", "disaggregated": "disagg"}
+#: A band's mode as reports print it.
+_MODE_NAMES = {"agg": "aggregated", "disagg": "disaggregated"}
 ANY = "*"
 
 
@@ -87,7 +88,7 @@ def metric_family(metric: str, *, serving: bool) -> tuple[str, bool] | None:
         return None
     from charon_search.validation.stats import METRIC_GROUPS
 
-    if base in ("peak_memory_bytes",):
+    if base == "peak_memory_bytes":
         return "training_memory", False
     if base in METRIC_GROUPS["training_time"] or base in ("gpu_s_per_token",):
         return "training_time", _throughput_like(base)
@@ -115,13 +116,20 @@ class Band:
     @property
     def label(self) -> str:
         who = "all engines" if self.engine == ANY else self.engine
-        mode = "" if self.mode == ANY else (" aggregated" if self.mode == "agg"
-                                            else " disaggregated")
+        mode = f" {_MODE_NAMES[self.mode]}" if self.mode in _MODE_NAMES else ""
         return f"{self.family} {who}{mode}, n={self.n}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "engine": self.engine, "mode": self.mode, "n": self.n,
                 "ratios": [round(r, 4) for r in self.ratios]}
+
+
+def _row_ratio(row: Mapping[str, Any]) -> float | None:
+    err = row.get("error")
+    if err is None or not math.isfinite(float(err)) or float(err) <= -1.0:
+        return None
+    e = float(err)
+    return (1.0 + e) if _throughput_like(row["metric"]) else 1.0 / (1.0 + e)
 
 
 def _quantiles(ratios: Sequence[float]) -> tuple[float, ...]:
@@ -138,11 +146,10 @@ def compute_bands(data: Mapping[str, Any], *, min_rows: int = MIN_GROUP_ROWS) ->
     cases = data.get("cases") or {}
     groups: dict[tuple[str, str, str], list[float]] = {}
     for row in representative_rows(data.get("records") or []):
-        family = next((f for f, g in FAMILIES.items() if g == group_of(row["metric"])), None)
-        err = row.get("error")
-        if family is None or err is None or not math.isfinite(float(err)) or err <= -1.0:
+        family = group_of(row["metric"])
+        ratio = _row_ratio(row)
+        if family not in FAMILIES or ratio is None:
             continue
-        ratio = (1.0 + float(err)) if _throughput_like(row["metric"]) else 1.0 / (1.0 + float(err))
         keys = [(family, ANY, ANY)]
         if family.startswith("serving_"):
             case = cases.get(row["id"]) or {}
@@ -227,7 +234,7 @@ def render_bands(doc: Mapping[str, Any]) -> str:
     lines = [f"| family | engine | mode | n | {head} |",
              "|" + "---|" * (4 + len(BAND_LEVELS))]
     for b in doc.get("bands") or []:
-        mode = {"agg": "aggregated", "disagg": "disaggregated"}.get(b["mode"], "all")
+        mode = _MODE_NAMES.get(b["mode"], "all")
         engine = "all" if b["engine"] == ANY else b["engine"]
         cells = " | ".join(f"{r:.2f}" for r in b["ratios"])
         lines.append(f"| {b['family']} | {engine} | {mode} | {b['n']} | {cells} |")
@@ -256,14 +263,6 @@ def serving_band_lines(ttft_s: float, tpot_s: float, *, engine: str = "", mode: 
     return out
 
 
-def _row_ratio(row: Mapping[str, Any]) -> float | None:
-    err = row.get("error")
-    if err is None or not math.isfinite(float(err)) or float(err) <= -1.0:
-        return None
-    e = float(err)
-    return (1.0 + e) if _throughput_like(row["metric"]) else 1.0 / (1.0 + e)
-
-
 def held_out_coverage(data: Mapping[str, Any], levels: Sequence[float] = (0.5, 0.9, 0.95),
                       *, min_rows: int = MIN_GROUP_ROWS) -> dict[str, Any]:
     """How well the bands carry to measurements they did not see: for each source, bands
@@ -275,9 +274,8 @@ def held_out_coverage(data: Mapping[str, Any], levels: Sequence[float] = (0.5, 0
 
     cases = data.get("cases") or {}
     records = list(data.get("records") or [])
-    fam_of = {g: f for f, g in FAMILIES.items()}
     rows = [r for r in representative_rows(records)
-            if group_of(r["metric"]) in fam_of and _row_ratio(r) is not None]
+            if group_of(r["metric"]) in FAMILIES and _row_ratio(r) is not None]
     sources = sorted({str((cases.get(r["id"]) or {}).get("source") or "") for r in rows})
     out: dict[str, Any] = {}
     for src in sources:
@@ -289,7 +287,7 @@ def held_out_coverage(data: Mapping[str, Any], levels: Sequence[float] = (0.5, 0
             case = cases.get(r["id"]) or {}
             if str(case.get("source") or "") != src:
                 continue
-            family = fam_of[str(group_of(r["metric"]))]
+            family = str(group_of(r["metric"]))
             band = bands.lookup(family, str(case.get("engine") or ""), str(case.get("mode") or ""))
             if band is None:
                 continue
