@@ -9,6 +9,8 @@ Examples:
 
 Engine knobs beyond these flags go in ``--config serving.yaml`` (the ``ServingConfig`` fields,
 plus an optional ``workload:`` section with the ``WorkloadSpec`` fields); flags override it.
+``--engine`` stands for that engine launched with its own defaults
+(``serving.engine_defaults``), which the flags and the file override field by field.
 """
 
 from __future__ import annotations
@@ -58,9 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "one expected request lifetime, the steady state; 0 = all at once)")
     e = parser.add_argument_group("engine")
     e.add_argument("--engine", choices=SERVING_ENGINES,
-                   help="serving engine whose calibrated host times the cluster spec supplies "
-                        "(its server's front end and streaming cycle, prompt-iteration host "
-                        "time, disaggregated hand-over); default: a generic engine with none")
+                   help="serving engine to stand for: its own scheduler defaults (schedule, "
+                        "chunk size, overlap scheduler, prefix caching, custom all-reduce; "
+                        "flags below override them) and the host times the cluster spec "
+                        "calibrates for it (front end, streaming cycle, prompt iterations, "
+                        "disaggregated hand-over); default: a generic engine with none")
+    e.add_argument("--engine-version", metavar="RELEASE",
+                   help="the --engine release whose defaults apply (default: the newest the "
+                        "shipped measurements hold, e.g. 0.19.0 for vllm)")
     e.add_argument("--scheduler", choices=("vllm", "static"))
     e.add_argument("--max-num-seqs", type=int)
     e.add_argument("--max-batched-tokens", type=int)
@@ -96,13 +103,18 @@ def _load_file(path: str) -> dict[str, Any]:
     return data
 
 
-def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(ServingConfig, WorkloadSpec) from ``--config`` plus the flags."""
-    from charon_search.serving import ServingConfig, SpeculativeConfig, WorkloadSpec
+def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]:
+    """(ServingConfig, WorkloadSpec, a line naming the engine defaults applied or "") from
+    ``--config`` plus the flags, for ``cluster`` (a ``ClusterSpec``)."""
+    from charon_search.catalog import load_model
+    from charon_search.catalog.spec import is_linear_block
+    from charon_search.serving import SpeculativeConfig, WorkloadSpec
     from charon_search.serving.config import parse_disagg
+    from charon_search.serving.engine_defaults import describe, engine_serving_config
 
     data = _load_file(args.config) if args.config else {}
     wl_data = dict(data.pop("workload", {}) or {})
+    version = str(args.engine_version or data.pop("engine_version", "") or "")
     flags = {
         "tp": args.tp, "pp": args.pp, "ep": args.ep, "dp": args.dp, "sp": args.sp,
         "dynamic_sp": args.dynamic_sp, "engine": args.engine, "scheduler": args.scheduler,
@@ -119,7 +131,6 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
         data["speculative"] = SpeculativeConfig(
             num_draft_tokens=args.spec_k,
             acceptance_rate=0.7 if args.spec_acceptance is None else args.spec_acceptance)
-    config = ServingConfig.from_dict(data, where=args.config or "serve flags")
     kind = args.workload or wl_data.get("arrival") or "poisson"
     if kind not in ("poisson", "gamma", "concurrency", "burst", "trace"):
         wl_data["arrival"] = "trace"
@@ -140,7 +151,13 @@ def build_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
         wl_data.update(shared_prefix_tokens=isl, num_prefixes=args.prompt_pool)
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")
-    return config, WorkloadSpec.from_dict(wl_data)
+    workload = WorkloadSpec.from_dict(wl_data)
+    model = load_model(args.model) if data.get("engine") else None
+    config, profile = engine_serving_config(
+        data, gpu=cluster.gpu.name, where=args.config or "serve flags", version=version,
+        prompt_tokens=[r.prompt_tokens for r in workload.generate()] if model else [],
+        linear_attention=bool(model) and any(is_linear_block(t) for t in model.layer_types))
+    return config, workload, describe(config, profile, version) if profile else ""
 
 
 def _generic_engine_hint(config: Any, cluster: Any) -> str:
@@ -166,8 +183,10 @@ def run(args: argparse.Namespace) -> int:
 
     prepare_outputs(args, {"--json": "json", "--requests-parquet": "requests_parquet",
                            "--chrome-trace": "chrome_trace"})
-    config, workload = build_inputs(args)
-    cluster = load_cluster(args.cluster)  # once: the simulation and the note below read it
+    cluster = load_cluster(args.cluster)  # once: the inputs, the simulation and a note read it
+    config, workload, defaults = build_inputs(args, cluster)
+    if defaults:
+        print(defaults, file=sys.stderr)
     report = simulate_serving(
         args.model, cluster, config, workload,
         keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,

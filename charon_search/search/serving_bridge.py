@@ -10,6 +10,8 @@ Config keys of a serving space:
   ``cuda_graph``, ``cuda_graph_sizes``, ``gpu_memory_utilization``...).
 * Pool keys ``prefill_<f>`` / ``decode_<f>`` with ``f`` in ``replicas``, ``tp``, ``pp``, ``ep``,
   ``cluster`` (disaggregated only), and ``kv_transfer``.
+* ``engine`` (a ``ServingConfig`` field): the engine's own scheduler defaults apply to every
+  field the config leaves out (``serving.engine_defaults``); ``engine_version`` picks its release.
 * ``spec_k`` (speculative draft tokens; 0 = off) and ``spec_acceptance`` (per-token acceptance).
 * ``cuda_graph_max`` (largest captured batch; graphs at 1, 2, 4, 8, 16, 24, ... up to it).
 * ``workload_<field>``: overrides one ``WorkloadSpec`` field (e.g. ``workload_concurrency``
@@ -19,7 +21,7 @@ Config keys of a serving space:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charon_search.errors import ConfigError
@@ -30,7 +32,8 @@ __all__ = ["MODES", "evaluate_serving", "serving_config_from"]
 MODES = ("aggregated", "disaggregated")
 _POOL_KEYS = {"replicas": "num_replicas", "tp": "tp", "pp": "pp", "ep": "ep", "cluster": "cluster"}
 _SEARCH_ONLY = {"model", "cluster", "workload", "mode", "spec_k", "spec_acceptance",
-                "kv_transfer", "cuda_graph_max", "num_gpus", "min_gpus", "max_gpus"}
+                "engine_version", "kv_transfer", "cuda_graph_max", "num_gpus", "min_gpus",
+                "max_gpus"}
 
 
 def _cuda_graph_sizes(max_size: int) -> tuple[int, ...]:
@@ -40,9 +43,13 @@ def _cuda_graph_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(sizes) or (1,)
 
 
-def serving_config_from(cfg: Mapping[str, Any]) -> Any:
-    """Build the ``ServingConfig`` a flat search config describes."""
+def serving_config_from(cfg: Mapping[str, Any], *, gpu: str = "",
+                        prompt_tokens: Sequence[int] = (), linear_attention: bool = False) -> Any:
+    """Build the ``ServingConfig`` a flat search config describes; with an ``engine``, that
+    engine's defaults on ``gpu`` for a workload of ``prompt_tokens`` fill what it leaves out
+    (``serving.engine_defaults.engine_serving_config``)."""
     from charon_search.serving import ServingConfig
+    from charon_search.serving.engine_defaults import engine_serving_config
 
     mode = cfg.get("mode", "aggregated")
     if mode not in MODES:
@@ -71,7 +78,10 @@ def serving_config_from(cfg: Mapping[str, Any]) -> Any:
             pools[pool] = {dst: cfg[f"{pool}_{src}"] for src, dst in _POOL_KEYS.items()
                            if f"{pool}_{src}" in cfg}
         kw["disagg"] = {**pools, "kv_transfer": cfg.get("kv_transfer", "rdma")}
-    return ServingConfig.from_dict(kw)
+    config, _ = engine_serving_config(kw, gpu=gpu, prompt_tokens=prompt_tokens,
+                                      linear_attention=linear_attention,
+                                      version=str(cfg.get("engine_version") or ""))
+    return config
 
 
 def workload_from(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,11 +95,15 @@ def workload_from(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def evaluate_serving(ev: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run ``simulate_serving`` for one flat config; ``ev`` caches models and clusters."""
+    from charon_search.catalog.spec import is_linear_block
     from charon_search.serving import WorkloadSpec, simulate_serving
 
     model, cluster = ev.model(cfg["model"]), ev.cluster(cfg["cluster"])
-    config = serving_config_from(cfg)
     workload = WorkloadSpec.from_dict(workload_from(cfg))
+    config = serving_config_from(
+        cfg, gpu=cluster.gpu.name,
+        prompt_tokens=[r.prompt_tokens for r in workload.generate()] if cfg.get("engine") else (),
+        linear_attention=any(is_linear_block(t) for t in model.layer_types))
     # ``engine`` and ``mode`` pick the validated error band of an objective's ``guard``.
     rec: dict[str, Any] = {"num_gpus": config.num_gpus, "engine": config.engine or "",
                            "mode": cfg.get("mode", "aggregated"),
