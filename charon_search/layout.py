@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from charon_search.config_fields import typed_kwargs
 from charon_search.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -215,6 +216,10 @@ class Layout:
                 f"(global_batch_size={self.global_batch_size}, "
                 f"micro_batch_size={self.micro_batch_size}, dp={self.dp})"
             )
+        for name in ("hsdp_shard", "recompute_num_layers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"`{name}` must be an integer >= 0, but got "
+                                  f"{getattr(self, name)}")
         if self.hsdp_shard and (self.dp % self.hsdp_shard or self.zero_stage == 0):
             raise ConfigError(
                 f"`hsdp_shard` must divide dp and needs zero_stage >= 1, but got "
@@ -287,12 +292,9 @@ class Layout:
     # ------------------------------------------------------------------ I/O
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "layout") -> Layout:
-        """Build from a mapping (YAML), rejecting unknown keys with the allowed ones."""
-        allowed = {f.name for f in fields(cls)}
-        stray = sorted(set(data) - allowed)
-        if stray:
-            raise ConfigError(f"{where}: unknown key(s) {stray}; allowed: {sorted(allowed)}")
-        return cls(**dict(data))
+        """Build from a mapping (YAML), rejecting unknown keys with the allowed ones and values
+        of the wrong kind (``config_fields.typed_kwargs``)."""
+        return cls(**typed_kwargs(cls, data, where))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -113,7 +113,11 @@ def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]
     from charon_search.serving.engine_defaults import describe, engine_serving_config
 
     data = _load_file(args.config) if args.config else {}
-    wl_data = dict(data.pop("workload", {}) or {})
+    wl_data = data.pop("workload", None) or {}
+    if not isinstance(wl_data, dict):
+        raise ConfigError(f"{args.config}: `workload` must be a mapping of WorkloadSpec fields, "
+                          f"but got {wl_data!r}")
+    wl_data = dict(wl_data)
     version = str(args.engine_version or data.pop("engine_version", "") or "")
     flags = {
         "tp": args.tp, "pp": args.pp, "ep": args.ep, "dp": args.dp, "sp": args.sp,
@@ -124,9 +128,15 @@ def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]
     }
     data.update({k: v for k, v in flags.items() if v is not None})
     if args.disagg:
+        given = [f"--{k}" for k in ("tp", "pp", "dp") if getattr(args, k) is not None]
+        if given:
+            raise ConfigError(f"`--disagg` gives each pool its own degrees (e.g. "
+                              f"prefill=2xTP2,decode=1xTP4PP2), but got {', '.join(given)} too")
         data["disagg"] = parse_disagg(args.disagg, args.kv_transfer or "rdma")
     elif args.kv_transfer:
         raise ConfigError("`--kv-transfer` needs `--disagg`")
+    if args.spec_acceptance is not None and not args.spec_k:
+        raise ConfigError("`--spec-acceptance` needs `--spec-k K` (speculative draft tokens)")
     if args.spec_k:
         data["speculative"] = SpeculativeConfig(
             num_draft_tokens=args.spec_k,
@@ -138,6 +148,12 @@ def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]
         wl_data.setdefault("num_requests", 0)
     else:
         wl_data["arrival"] = kind
+    for flag, value, kinds in (("--concurrency", args.concurrency, ("concurrency",)),
+                               ("--rate", args.rate, ("poisson", "gamma")),
+                               ("--cv", args.cv, ("gamma",))):
+        if value is not None and wl_data["arrival"] not in kinds:
+            raise ConfigError(f"`{flag}` applies to a {' or '.join(kinds)} workload, but the "
+                              f"workload is {kind!r}")
     wl_flags = {"rate_per_s": args.rate, "cv": args.cv, "num_requests": args.num_requests,
                 "input_len": args.input_len, "output_len": args.output_len,
                 "concurrency": args.concurrency, "seed": args.seed,
@@ -149,15 +165,39 @@ def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]
             raise ConfigError(f"`--prompt-pool` needs N >= 1 and a fixed `--input-len`, but got "
                               f"(prompt_pool={args.prompt_pool}, input_len={isl!r})")
         wl_data.update(shared_prefix_tokens=isl, num_prefixes=args.prompt_pool)
+    workload = WorkloadSpec.from_dict(wl_data)  # unknown keys first: `concurency: 4`
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")
-    workload = WorkloadSpec.from_dict(wl_data)
     model = load_model(args.model) if data.get("engine") else None
     config, profile = engine_serving_config(
         data, gpu=cluster.gpu.name, where=args.config or "serve flags", version=version,
         prompt_tokens=[r.prompt_tokens for r in workload.generate()] if model else [],
         linear_attention=bool(model) and any(is_linear_block(t) for t in model.layer_types))
+    _check_gpus(config, cluster)
     return config, workload, describe(config, profile, version) if profile else ""
+
+
+def _check_gpus(config: Any, cluster: Any) -> None:
+    """The GPUs a configuration deploys fit its cluster (a disaggregated pool placed on a
+    cluster of its own, ``@name``, is checked against that one)."""
+    from charon_search.hardware import load_cluster
+
+    if config.disagg is None:
+        needs = [(cluster, config.num_gpus, f"tp*pp*sp*dp = {config.num_gpus}")]
+    else:
+        needs = []
+        for name in ("prefill", "decode"):
+            pool = getattr(config.disagg, name)
+            gpus = pool.num_replicas * pool.gpus_per_replica
+            needs.append((load_cluster(pool.cluster) if pool.cluster else cluster, gpus,
+                          f"{name} {pool.num_replicas}x{pool.gpus_per_replica} = {gpus}"))
+        home = [n for n in needs if n[0] is cluster]
+        if len(home) == 2:
+            needs = [(cluster, home[0][1] + home[1][1], f"{home[0][2]} + {home[1][2]}")]
+    for cl, gpus, what in needs:
+        if gpus > cl.num_gpus:
+            raise ConfigError(f"the configuration needs more GPUs than cluster {cl.name!r} "
+                              f"holds: {what} > {cl.num_gpus}")
 
 
 def _generic_engine_hint(config: Any, cluster: Any) -> str:

@@ -94,7 +94,12 @@ def build_layout(args: argparse.Namespace) -> Any:
         val = getattr(args, flag, None)
         if val is not None:
             data[fld] = val
+    if args.gpus is not None and args.gpus < 1:
+        raise ConfigError(f"`--gpus` must be a positive integer, but got {args.gpus}")
     if "dp" not in data and args.gpus:
+        for k in ("tp", "pp", "cp"):  # degrees >= 1 before dividing by them
+            if data.get(k, 1) < 1:
+                raise ConfigError(f"`{k}` must be a positive integer, but got {data[k]}")
         denom = data.get("tp", 1) * data.get("pp", 1) * data.get("cp", 1)
         if args.gpus % denom:
             raise ConfigError(f"`tp * pp * cp` must divide gpus, but got (tp*pp*cp={denom}, "

@@ -29,6 +29,11 @@ ENGINE_KEYED_TIMES = (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s",
 __all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 
 
+#: Fused-attention kernel generations a GPU's attention costs can represent: 1 FlashAttention in
+#: Triton, 2 FlashAttention-2, 3 FlashAttention-3 / cuDNN / TRT-LLM (``cost.attention_kernels``).
+ATTENTION_KERNEL_GENS = (1, 2, 3)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
     """One accelerator model."""
@@ -68,6 +73,13 @@ class GpuSpec:
     """Field name -> where the figure comes from."""
     description: str = ""
     """Free text for people (part, memory type, power)."""
+
+    def __post_init__(self) -> None:
+        # ``cost.attention_kernels.GEN_SLOWDOWN`` relates generations 1 -> 2 -> 3.
+        if self.attention_kernel_gen not in ATTENTION_KERNEL_GENS:
+            raise ConfigError(f"`attention_kernel_gen` of GPU {self.name} must be one of "
+                              f"{list(ATTENTION_KERNEL_GENS)}, but got "
+                              f"{self.attention_kernel_gen!r}")
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; fp32 falls back to tf32 tensor cores."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from charon_search.config_fields import typed_kwargs
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import FRONTEND_KEYED_TIMES, SERVING_ENGINES, SERVING_FRONTENDS
 
@@ -76,11 +77,7 @@ def _positive_int(name: str, value: object) -> None:
 
 
 def _strict_kwargs(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    allowed = {f.name for f in fields(cls)}
-    stray = sorted(set(data) - allowed)
-    if stray:
-        raise ConfigError(f"{where}: unknown key(s) {stray}; allowed: {sorted(allowed)}")
-    return dict(data)
+    return typed_kwargs(cls, data, where)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -462,6 +459,13 @@ class ServingConfig:
             object.__setattr__(self, "disagg", DisaggConfig.from_dict(self.disagg))
         if isinstance(self.speculative, Mapping):
             object.__setattr__(self, "speculative", SpeculativeConfig.from_dict(self.speculative))
+        if not isinstance(self.disagg, (DisaggConfig, type(None))):
+            raise ConfigError(f"`disagg` must be 'prefill=NxTPa,decode=MxTPb' or a mapping with "
+                              f"prefill and decode pools, but got {self.disagg!r}")
+        if not isinstance(self.speculative, (SpeculativeConfig, type(None))):
+            raise ConfigError(f"`speculative` must be a mapping of SpeculativeConfig fields "
+                              f"(num_draft_tokens, acceptance_rate, method, draft_model), but "
+                              f"got {self.speculative!r}")
         object.__setattr__(self, "cuda_graph_sizes", tuple(self.cuda_graph_sizes))
         for name in ("tp", "pp", "ep", "dp", "sp", "max_num_seqs", "max_num_batched_tokens",
                      "block_size", "stream_interval", "scheduler_recv_interval"):

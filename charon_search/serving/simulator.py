@@ -739,6 +739,8 @@ def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:
         if pp > model.num_layers:
             raise ConfigError(f"`pp <= num_layers` must hold, but got (pp={pp}, "
                               f"num_layers={model.num_layers})")
-        if ep > 1 and (not model.is_moe or model.num_experts % ep):
+        if ep > 1 and not model.is_moe:
+            raise ConfigError(f"`ep > 1` needs a MoE model, but {model.name} is dense (ep={ep})")
+        if ep > 1 and model.num_experts % ep:
             raise ConfigError(f"`ep` must divide num_experts of a MoE model, but got "
                               f"(ep={ep}, num_experts={model.num_experts})")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from charon_search.config_fields import typed_kwargs
 from charon_search.errors import ConfigError
 
 __all__ = [
@@ -71,7 +72,8 @@ class LengthDistribution:
         if self.kind == "fixed" and self.value < 1:
             raise ConfigError(f"`length.value >= 1` must hold, but got {self.value}")
         if self.kind == "uniform" and not 1 <= self.low <= self.high:
-            raise ConfigError(f"`1 <= low <= high` must hold, but got ({self.low=}, {self.high=})")
+            raise ConfigError(f"`1 <= low <= high` must hold, but got (low={self.low}, "
+                              f"high={self.high})")
         if self.kind == "lognormal" and (self.mean <= 0 or self.sigma < 0):
             raise ConfigError(f"lognormal needs mean > 0, sigma >= 0, got ({self.mean=}, "
                               f"{self.sigma=})")
@@ -101,19 +103,25 @@ class LengthDistribution:
         return np.clip(out, self.minimum, self.maximum).astype(np.int64)
 
     @classmethod
-    def coerce(cls, value: int | Mapping[str, Any] | LengthDistribution) -> LengthDistribution:
+    def coerce(cls, value: int | Mapping[str, Any] | LengthDistribution, *,
+               where: str = "length") -> LengthDistribution:
+        """A distribution from a length (``fixed``) or a mapping of its fields; errors name
+        ``where`` (e.g. ``workload.input_len``)."""
         if isinstance(value, LengthDistribution):
             return value
-        if isinstance(value, (int, np.integer)):
-            return cls(kind="fixed", value=int(value))
-        allowed = {f.name for f in dataclasses.fields(cls)}
-        stray = sorted(set(value) - allowed)
-        if stray:
-            raise ConfigError(f"length: unknown key(s) {stray}; allowed: {sorted(allowed)}")
-        kw = dict(value)
-        if "values" in kw:
-            kw["values"] = tuple(int(v) for v in kw["values"])
-        return cls(**kw)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            kw: dict[str, Any] = {"kind": "fixed", "value": int(value)}
+        elif isinstance(value, Mapping):
+            kw = typed_kwargs(cls, value, where)
+            if "values" in kw:
+                kw["values"] = tuple(kw["values"])
+        else:
+            raise ConfigError(f"{where}: must be a token count or a mapping of "
+                              f"LengthDistribution fields, but got {value!r}")
+        try:
+            return cls(**kw)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +190,10 @@ class WorkloadSpec:
         if self.think_time_s < 0 or (self.ramp_up_s is not None and self.ramp_up_s < 0):
             raise ConfigError(f"`think_time_s >= 0` and `ramp_up_s >= 0` must hold, but got "
                               f"({self.think_time_s=}, {self.ramp_up_s=})")
+        if not self.time_scale > 0:
+            raise ConfigError(f"`workload.time_scale > 0` must hold, but got {self.time_scale}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"`workload.seed` must be an integer >= 0, but got {self.seed}")
         if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:
             raise ConfigError("`shared_prefix_tokens >= 0` and `num_prefixes >= 1` must hold")
         if self.prefix_offset < 0 or not 0 <= self.cached_prefixes <= self.num_prefixes:
@@ -242,14 +254,10 @@ class WorkloadSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkloadSpec:
-        allowed = {f.name for f in dataclasses.fields(cls)}
-        stray = sorted(set(data) - allowed)
-        if stray:
-            raise ConfigError(f"workload: unknown key(s) {stray}; allowed: {sorted(allowed)}")
-        kw = dict(data)
+        kw = typed_kwargs(cls, data, "workload")
         for k in ("input_len", "output_len"):
             if k in kw:
-                kw[k] = LengthDistribution.coerce(kw[k])
+                kw[k] = LengthDistribution.coerce(kw[k], where=f"workload.{k}")
         return cls(**kw)
 
 
@@ -269,7 +277,9 @@ def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec
     if not p.exists():
         shipped = Path(__file__).resolve().parent.parent / "data" / "traces" / p.name
         if not shipped.exists():
-            raise ConfigError(f"workload trace {str(p)!r} does not exist (shipped traces: "
+            raise ConfigError(f"workload trace {str(p)!r} does not exist; a workload is one of "
+                              f"{[a for a in ARRIVALS if a != 'trace']} or a trace file (shipped "
+                              f"traces: "
                               f"{sorted(x.name for x in shipped.parent.glob('*.csv'))})")
         p = shipped
     try:
@@ -291,6 +301,7 @@ def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec
             f"workload trace {str(p)!r} lacks column(s) {missing}; required: "
             f"{list(TRACE_COLUMNS)} (optional: prefix_id, prefix_tokens); found: {sorted(table)}"
         )
+    _check_trace_values(cols, str(p))
     n = len(cols["arrived_at"])
     t = np.asarray(cols["arrived_at"], dtype=float) * time_scale
     order = np.argsort(t, kind="stable")
@@ -309,6 +320,26 @@ def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec
                                prompt_tokens=max(1, prompt), output_tokens=output,
                                prefix_id=p_id, prefix_tokens=p_tok))
     return out
+
+
+def _check_trace_values(cols: Mapping[str, Sequence[Any]], where: str) -> None:
+    """Every row holds a finite arrival time (seconds, any origin: times are taken relative to
+    the first), a prompt of >= 1 tokens and >= 0 output tokens (0 counts as the one token a
+    request always gets), as whole numbers; prefix columns, where present, whole numbers."""
+    rules = {"arrived_at": (False, None), "prompt_tokens": (True, 1), "output_tokens": (True, 0),
+             "prefix_id": (True, None), "prefix_tokens": (True, 0)}
+    for col, (whole, low) in rules.items():
+        for row, v in enumerate(cols.get(col, ())):
+            if v is None and col.startswith("prefix"):
+                continue
+            ok = (isinstance(v, (int, float, np.integer, np.floating))
+                  and not isinstance(v, bool) and np.isfinite(v)
+                  and (not whole or float(v).is_integer()) and (low is None or v >= low))
+            if not ok:
+                kind = "a whole number" if whole else "a finite number"
+                bound = f" >= {low}" if low is not None else ""
+                raise ConfigError(f"workload trace {where!r}: `{col}` must be {kind}{bound} "
+                                  f"in every row, but row {row + 1} holds {v!r}")
 
 
 def workload_from_requests(requests: Sequence[RequestSpec]) -> list[RequestSpec]:

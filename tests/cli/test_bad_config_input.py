@@ -1,0 +1,146 @@
+"""Bad values in layout and serving inputs: one clear error naming the field, exit 2, never a
+traceback or a silently different run (``config_fields.typed_kwargs`` and the CLI checks)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from charon_search.cli import main
+from charon_search.config_fields import typed_kwargs
+from charon_search.errors import ConfigError
+from charon_search.hardware import load_gpu
+from charon_search.layout import Layout
+from charon_search.serving import ServingConfig, WorkloadSpec
+from charon_search.serving.workload import read_trace
+
+TRAIN = ["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8"]
+SERVE = ["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--num-requests", "4",
+         "--no-progress"]
+
+
+@pytest.mark.parametrize("value, needle", [
+    ({"sequence_parallel": "false"}, "`sequence_parallel` must be true or false, but got 'false'"),
+    ({"async_tp": 5}, "`async_tp` must be true or false"),
+    ({"recompute_num_layers": "3"}, "`recompute_num_layers` must be an integer"),
+    ({"recompute_modules": 5}, "`recompute_modules` must be a list of strings"),
+    ({"expert_load_imbalance": "high"}, "`expert_load_imbalance` must be a number"),
+    ({"micro_batch_size": [1, 2]}, "`micro_batch_size` must be an integer"),
+    ({"seq_len": 4096.5}, "`seq_len` must be an integer"),
+    ({"tensor_paralel": 2}, "did you mean"),
+])
+def test_layout_values_of_the_wrong_kind(value, needle) -> None:
+    with pytest.raises(ConfigError, match=None) as e:
+        Layout.from_dict({"tp": 2, **value}, where="l.yaml")
+    assert needle in str(e.value) and str(e.value).startswith("l.yaml: ")
+
+
+def test_the_kinds_a_yaml_file_writes_are_accepted() -> None:
+    """YAML integers for float fields, lists for tuples, a space-separated module list."""
+    lay = Layout.from_dict({"tp": 2, "sequence_parallel": True, "expert_load_imbalance": 2,
+                            "recompute": "selective", "recompute_modules": "layernorm mlp"})
+    assert lay.expert_load_imbalance == 2 and lay.recompute_modules == ("layernorm", "mlp")
+    assert ServingConfig.from_dict({"cuda_graph_sizes": [1, 2, 4],
+                                    "gpu_memory_utilization": 1}).cuda_graph_sizes == (1, 2, 4)
+    with pytest.raises(ConfigError, match="must be a mapping of Layout fields"):
+        typed_kwargs(Layout, [("tp", 2)], "l.yaml")
+
+
+@pytest.mark.parametrize("layout, needle", [
+    ("hsdp_shard: -2\nzero_stage: 1\n", "`hsdp_shard` must be an integer >= 0, but got -2"),
+    ("recompute: full\nrecompute_num_layers: -3\n", "`recompute_num_layers` must be an integer"),
+    ("sequence_parallel: maybe\n", "must be true or false, but got 'maybe'"),
+])
+def test_train_layout_file_errors_exit_2(tmp_path, capsys, layout, needle) -> None:
+    f = tmp_path / "layout.yaml"
+    f.write_text("tp: 2\n" + layout)
+    assert main([*TRAIN, "--layout", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--tp", "--pp", "--cp"])
+def test_zero_degree_flags_exit_2(capsys, flag) -> None:
+    assert main([*TRAIN, flag, "0"]) == 2
+    assert f"`{flag[2:]}` must be a positive integer, but got 0" in capsys.readouterr().err
+    assert main(["memory", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
+                 flag, "0"]) == 2
+
+
+def test_negative_gpu_count_names_gpus(capsys) -> None:
+    assert main([*TRAIN[:-1], "-8"]) == 2
+    assert "`--gpus` must be a positive integer, but got -8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config, needle", [
+    ("chunked_prefill: 'no'\n", "`chunked_prefill` must be true or false, but got 'no'"),
+    ("gpu_memory_utilization: high\n", "`gpu_memory_utilization` must be a number"),
+    ("cuda_graph_sizes: 64\n", "`cuda_graph_sizes` must be a list of integers"),
+    ("speculative: 3\n", "`speculative` must be a mapping of SpeculativeConfig fields"),
+    ("workload: [1, 2]\n", "`workload` must be a mapping of WorkloadSpec fields"),
+    ("workload: {arrival: concurrency, concurency: 4}\n", "did you mean ['concurrency']"),
+    ("workload: {concurrency: '4'}\n", "workload: `concurrency` must be an integer"),
+    ("workload: {input_len: {kind: fixed, value: '256'}}\n",
+     "workload.input_len: `value` must be an integer"),
+    ("workload: {seed: -3}\n", "`workload.seed` must be an integer >= 0, but got -3"),
+    ("workload: {input_len: {kind: uniform, low: 64, high: 8}}\n",
+     "workload.input_len: `1 <= low <= high` must hold, but got (low=64, high=8)"),
+])
+def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> None:
+    f = tmp_path / "serving.yaml"
+    f.write_text(config)
+    assert main([*SERVE, "--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tp", "8", "--dp", "4"], "needs more GPUs than cluster 'h100-sxm-8gpu' holds: "
+                                 "tp*pp*sp*dp = 32 > 8"),
+    (["--disagg", "prefill=4xTP2,decode=2xTP4"], "prefill 4x2 = 8 + decode 2x4 = 8 > 8"),
+    (["--disagg", "prefill=1xTP2,decode=1xTP2", "--tp", "4"], "but got --tp too"),
+    (["--workload", "poisson", "--concurrency", "4"], "`--concurrency` applies to a concurrency"),
+    (["--workload", "concurrency", "--concurrency", "4", "--rate", "2"], "`--rate` applies"),
+    (["--spec-acceptance", "0.8"], "`--spec-acceptance` needs `--spec-k K`"),
+    (["--seed", "-1"], "`workload.seed` must be an integer >= 0"),
+    (["--input-len", "-256"], "workload.input_len: `length.value >= 1` must hold"),
+    (["--workload", "poison"], "a workload is one of ['poisson', 'gamma', 'concurrency', "
+                               "'burst'] or a trace file"),
+    (["--ep", "2"], "`ep > 1` needs a MoE model"),
+])
+def test_serve_flag_errors_exit_2(capsys, argv, needle) -> None:
+    assert main([*SERVE, *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("rows, needle", [
+    ("0.0,abc,64", "`prompt_tokens` must be a whole number >= 1 in every row, but row 1"),
+    ("0.0,,64", "`prompt_tokens` must be a whole number >= 1 in every row, but row 1 holds None"),
+    ("0.0,-512,64", "row 1 holds -512"),
+    ("0.0,512.7,64", "row 1 holds 512.7"),
+    ("0.0,512,-3", "`output_tokens` must be a whole number >= 0"),
+])
+def test_trace_values_are_checked(tmp_path, rows, needle) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text(f"arrived_at,prompt_tokens,output_tokens\n{rows}\n0.5,256,32\n")
+    with pytest.raises(ConfigError) as e:
+        read_trace(f)
+    assert needle in str(e.value)
+
+
+def test_trace_times_are_relative_and_zero_outputs_count_one(tmp_path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("arrived_at,prompt_tokens,output_tokens\n-1.0,512,0\n-0.5,256,32\n")
+    reqs = read_trace(f)
+    assert [r.arrived_at_s for r in reqs] == [0.0, 0.5]
+    assert [r.output_tokens for r in reqs] == [1, 32]
+    with pytest.raises(ConfigError, match="time_scale > 0"):
+        WorkloadSpec(arrival="trace", trace_path=str(f), time_scale=-1)
+
+
+def test_gpu_attention_kernel_generation_is_checked() -> None:
+    with pytest.raises(ConfigError, match=r"`attention_kernel_gen` of GPU h100-sxm-80gb must be "
+                                          r"one of \[1, 2, 3\], but got 9"):
+        dataclasses.replace(load_gpu("h100-sxm-80gb"), attention_kernel_gen=9)
