@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "validated error instead of at the prediction; overrides the "
                              "objective file's `guard`")
     parser.add_argument("--trials", type=int, default=200,
-                        help="total trials the study should hold (default 200)")
+                        help="total trials the study should hold, >= 1 (default 200)")
     parser.add_argument("--workers", type=int, default=1,
                         help="Ray worker actors (default 1; 0 = evaluate in this process)")
     parser.add_argument("--out", default=None,
@@ -43,9 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", default=None,
                         help="existing Ray cluster (auto, ray://host:10001); default RAY_ADDRESS "
                              "or an embedded local Ray")
-    parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="sampler seed, 0 to 2**32 - 1 (default 0)")
     parser.add_argument("--population-size", type=int, default=None,
-                        help="NSGA-II population (default 50)")
+                        help="NSGA-II population, >= 2 (default 50)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="write a JSON summary (num_trials, num_feasible, num_infeasible, "
                              "pareto_size, wall_s, trials_per_s, workers, nodes_used)")
@@ -55,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from charon_search.search import SearchOptions, load_objective, load_space, run_search
+    from charon_search.search.study import check_search_numbers
 
+    check_search_numbers(trials=args.trials, seed=args.seed,
+                         population_size=args.population_size, flags=True)
     prepare_outputs(args, {"--json": "json"})
     space = load_space(args.space)
     objective = load_objective(args.objective)

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="Ray worker actors (default: the sweep's `workers`, else 1)")
     parser.add_argument("--trials", type=int, default=None,
-                        help="trials per combination (default: the sweep's)")
+                        help="trials per combination, >= 1 (default: the sweep's)")
     parser.add_argument("--date", default=None,
                         help="partition label of this run (default: the sweep's or today UTC)")
     parser.add_argument("--guard", type=float, default=None, metavar="Q",
@@ -34,8 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from charon_search.errors import ConfigError
+    from charon_search.search.study import check_search_numbers
     from charon_search.search.sweep import load_sweep, run_sweep
 
+    if args.trials is not None:
+        check_search_numbers(trials=args.trials, flags=True)
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"`--workers` must be >= 0 (0 = evaluate in this process), but got "
+                          f"{args.workers}")
     prepare_outputs(args, {"--json": "json"})
     spec = load_sweep(args.sweep)
     guard = None

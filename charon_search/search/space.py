@@ -17,11 +17,18 @@ A space file (``spaces/<name>.yaml``) looks like::
     family: [recompute]                 # config keys that colour the Pareto plot
 
 Parameter types: ``categorical`` (``choices``), ``int`` (``low``, ``high``, optional ``step``)
-and ``log_int`` (``low``, ``high``; with ``base`` only powers of ``base`` in [low, high], sampled
-through their integer exponent so samplers keep the ordering, e.g. Optuna parameter
-``log2_tp``; without ``base`` Optuna's log-uniform integer). Optuna rejects value spaces that
-depend on other parameters, so every parameter has a fixed range and validity rules remove
-invalid combinations before anything is simulated.
+and ``log_int`` (``low``, ``high``; with ``base`` (an integer >= 2) only powers of ``base`` in
+[low, high], sampled through their integer exponent so samplers keep the ordering, e.g. Optuna
+parameter ``log2_tp``; without ``base`` Optuna's log-uniform integer). Optuna rejects value
+spaces that depend on other parameters, so every parameter has a fixed range and validity rules
+remove invalid combinations before anything is simulated.
+
+For the ``training`` and ``serving`` evaluators, loading also checks what the evaluator will
+read, without simulating: every ``fixed`` key and parameter name is a config key it reads
+(``evaluator_keys``), and the fixed values, every categorical choice and the ``example`` build
+the config it builds first (``build_config``: the ``Layout``; the workload and
+``ServingConfig``), so a typo is one ``ConfigError`` naming the field instead of trials that all
+fail or a value silently ignored.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import ast
 import itertools
 import math
 import operator
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -44,7 +52,8 @@ from charon_search.search.rules import CONSTRAINTS, NORMALIZERS, RuleContext
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PARAM_TYPES", "Param", "SearchSpace", "load_space"]
+__all__ = ["PARAM_TYPES", "Param", "SearchSpace", "build_config", "evaluator_keys",
+           "load_space"]
 
 PARAM_TYPES = ("categorical", "int", "log_int")
 _SPACE_KEYS = ("name", "description", "evaluator", "fixed", "params", "derived", "normalize",
@@ -269,21 +278,34 @@ class SearchSpace:
                     f"{path}: field `family` names unknown key {f!r}; allowed: {sorted(known)}"
                 )
         example = dict(data.get("example") or {})
-        if example:
-            by_name = {p.name: p for p in params}
-            if set(example) != set(by_name):
-                raise ConfigError(f"{path}: field `example` must set exactly the params "
-                                  f"{sorted(by_name)}, but got {sorted(example)}")
-            for k, v in example.items():
-                if v not in by_name[k].values():
-                    raise ConfigError(f"{path}: field `example.{k}` must be one of "
-                                      f"{list(by_name[k].values())}, but got {v!r}")
-        return cls(
+        by_name = {p.name: p for p in params}
+        if example and set(example) != set(by_name):
+            raise ConfigError(f"{path}: field `example` must set exactly the params "
+                              f"{sorted(by_name)}, but got {sorted(example)}")
+        space = cls(
             name=str(data["name"]), evaluator=evaluator, params=params, fixed=fixed,
             derived=derived, normalize=normalize, constraints=constraints, family=family,
             description=str(data.get("description", "")), source=str(data.get("source", "")),
             example=example, path=path,
         )
+        # What the evaluator reads is checked before any trial: a misspelt key or a bad fixed
+        # value would otherwise be ignored or make every trial fail, and a bad choice would be
+        # sampled (the choices first, so a choice's typo is not blamed on `example`).
+        _check_config_keys(space)
+        _check_builds(space)
+        for k, v in example.items():
+            if v not in by_name[k].values():
+                raise ConfigError(f"{path}: field `example.{k}` must be one of "
+                                  f"{list(by_name[k].values())}, but got {v!r}")
+        if example:
+            cfg, reason = space.config(example)
+            if reason is None:
+                try:
+                    build_config(evaluator, cfg)
+                except ConfigError as e:
+                    raise ConfigError(f"{path}: field `example` does not make a valid "
+                                      f"{evaluator!r} config: {e}") from None
+        return space
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -305,15 +327,186 @@ def _hashable(v: Any) -> Any:
     return v
 
 
+# ---------------------------------------------------------------- evaluator configs
+#: Sampled points tried when looking for one that makes a valid evaluator config.
+_BUILD_TRIES = 48
+
+
+def evaluator_keys(evaluator: str) -> frozenset[str] | None:
+    """The config keys the ``training``/``serving`` evaluator reads; None for other evaluators
+    (their keys are not known here, so they are not checked)."""
+    import dataclasses
+
+    if evaluator == "training":
+        from charon_search.layout import Layout
+
+        return frozenset({f.name for f in dataclasses.fields(Layout)}
+                         | {"model", "cluster", "num_gpus"})
+    if evaluator == "serving":
+        from charon_search.search.serving_bridge import _POOL_KEYS, _SEARCH_ONLY
+        from charon_search.serving import ServingConfig, WorkloadSpec
+
+        return frozenset({f.name for f in dataclasses.fields(ServingConfig)} | _SEARCH_ONLY
+                         | {f"{pool}_{k}" for pool in ("prefill", "decode") for k in _POOL_KEYS}
+                         | {f"workload_{f.name}" for f in dataclasses.fields(WorkloadSpec)})
+    return None
+
+
+def build_config(evaluator: str, cfg: Mapping[str, Any],
+                 cache: dict[str, Any] | None = None) -> None:
+    """Build what the ``training``/``serving`` evaluator builds from ``cfg`` before simulating
+    (the ``Layout``; the ``WorkloadSpec`` and ``ServingConfig``), without simulating; nothing
+    for other evaluators. ``cache`` keeps generated workloads between calls.
+
+    Raises:
+        ConfigError: the evaluator would reject ``cfg`` (a bad value, a misspelt key).
+    """
+    if evaluator == "training":
+        from charon_search.search.evaluators import layout_from_config
+
+        layout_from_config(cfg)
+    elif evaluator == "serving":
+        from charon_search.search.serving_bridge import serving_config_from, workload_from
+        from charon_search.serving import WorkloadSpec
+
+        data = workload_from(cfg)
+        seed = data.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise ConfigError(f"`workload.seed` must be an integer in [0, 2**32 - 1], but got "
+                              f"{seed!r}")
+        workload = WorkloadSpec.from_dict(data)
+        prompts: list[int] = []
+        if cfg.get("engine"):
+            key = repr(sorted(data.items(), key=lambda kv: kv[0]))
+            if cache is not None and key in cache:
+                prompts = cache[key]
+            else:
+                try:
+                    prompts = [r.prompt_tokens for r in workload.generate()]
+                except (ValueError, TypeError, OSError) as e:
+                    raise ConfigError(f"`workload` cannot generate its requests: {e}") from None
+                if cache is not None:
+                    cache[key] = prompts
+        serving_config_from(cfg, gpu="", prompt_tokens=prompts)
+
+
+def _check_config_keys(space: SearchSpace) -> None:
+    """Every ``fixed`` key and parameter name is a key the evaluator reads."""
+    import difflib
+
+    allowed = evaluator_keys(space.evaluator)
+    if allowed is None:
+        return
+    names = [("fixed", k) for k in space.fixed] + [("params", p.name) for p in space.params]
+    for section, key in names:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=3)
+            hint = f"did you mean {close}? " if close else ""
+            raise ConfigError(
+                f"{space.path}: field `{section}.{key}` is not a config key of the "
+                f"{space.evaluator!r} evaluator (it would be ignored); {hint}"
+                f"allowed: {sorted(allowed)}")
+
+
+def _check_builds(space: SearchSpace) -> None:
+    """The fixed values, and every choice of every categorical parameter, make a config the
+    evaluator accepts, tried on the ``example`` point and a seeded sample of the grid.
+
+    A choice is rejected only when no tried point holding it builds while another point does;
+    when no point builds at all, the error names the ``fixed`` key (or the choice) it is about.
+    """
+    import random
+
+    if evaluator_keys(space.evaluator) is None:
+        return
+    values = {p.name: p.values() for p in space.params}
+    rng = random.Random(0)
+    cache: dict[str, Any] = {}
+
+    def sample(**pinned: Any) -> Iterator[dict[str, Any]]:
+        for _ in range(_BUILD_TRIES):
+            yield {k: pinned[k] if k in pinned else rng.choice(v) for k, v in values.items()}
+
+    def error(point: Mapping[str, Any]) -> ConfigError | bool:
+        """Why ``point`` does not build; False: it builds; True: its derived values are
+        invalid (the space's rules report that per trial), so it tells nothing."""
+        cfg, reason = space.config(point)
+        if reason is not None:
+            return True
+        try:
+            build_config(space.evaluator, cfg, cache)
+        except ConfigError as e:
+            return e
+        return False
+
+    example_ok = bool(space.example) and all(
+        v in values[k] for k, v in space.example.items())
+    first: ConfigError | None = None
+    good: dict[str, Any] | None = None
+    for point in itertools.chain([dict(space.example)] if example_ok else [], sample()):
+        e = error(point)
+        if e is False:
+            good = point
+            break
+        if isinstance(e, ConfigError):
+            first = first or e
+    categorical = [p for p in space.params if p.type == "categorical"]
+    where = f"{space.path}: field"
+    if good is None:
+        if first is None:
+            return
+        msg = str(first)
+        for p in categorical:
+            for c in p.choices:
+                if re.search(rf"but got {re.escape(repr(c))}(?![\w.])", msg):
+                    raise ConfigError(f"{where} `params.{p.name}.choices` holds {c!r}, which "
+                                      f"the {space.evaluator!r} evaluator rejects: {msg}")
+        keys = [k for k in space.fixed if f"`{k}`" in msg or f"`{k}." in msg
+                or msg.startswith((f"{k}:", f"{k}."))]
+        at = f"`fixed.{keys[0]}`" if keys else "`fixed` (or a parameter's range)"
+        raise ConfigError(f"{where} {at} makes no valid {space.evaluator!r} config: {msg}")
+    for p in categorical:
+        for c in p.choices:
+            e = error({**good, p.name: c})
+            if not isinstance(e, ConfigError):
+                continue
+            if any(error(point) is False for point in sample(**{p.name: c})):
+                continue
+            raise ConfigError(f"{where} `params.{p.name}.choices` holds {c!r}, which the "
+                              f"{space.evaluator!r} evaluator rejects: {e}")
+
+
 # ---------------------------------------------------------------- helpers
 def _resolve(path: str | Path, folder: str) -> Path:
+    """``path`` if it exists, else (a relative path) ``folder/<path>.yaml`` or
+    ``folder/<path>`` (``folder`` relative to the working directory, as the shipped
+    ``spaces/``, ``objectives/`` and ``sweeps/``); ``ConfigError`` naming the close matches
+    among ``folder``'s names otherwise."""
+    import difflib
+
     p = Path(path)
     if p.exists():
         return p
-    for cand in (Path(folder) / f"{p}.yaml", Path(folder) / p):
-        if cand.exists():
-            return cand
-    raise ConfigError(f"{path}: no such file (nor {folder}/{p}.yaml)")
+    if not p.is_absolute():
+        for cand in (Path(folder) / f"{p}.yaml", Path(folder) / p):
+            if cand.exists():
+                return cand
+    bare = not p.is_absolute() and len(p.parts) == 1 and p.suffix not in (".yaml", ".yml")
+    if bare:  # a shipped name: the close ones among the folder's names
+        names = sorted(f.stem for f in Path(folder).glob("*.yaml"))
+        close = difflib.get_close_matches(p.name, names, n=3)
+    else:  # a path: the close ones among the YAML files beside it
+        names = sorted(f.name for f in p.parent.glob("*.y*ml")) if p.parent.is_dir() else []
+        close = [str(p.parent / n) for n in difflib.get_close_matches(p.name, names, n=3)]
+    msg = f"{path}: no such file" + (f", nor a name in {folder}/" if bare else "")
+    if close:
+        msg += f"; did you mean {close}?"
+    if bare and names:
+        msg += f" {folder}/ holds {names}"
+    elif bare:
+        msg += (f"; there is no {folder}/ folder in {Path.cwd()} (run from the repository "
+                "root or give the file's path)")
+    raise ConfigError(msg)
 
 
 def _read_yaml(p: Path) -> Any:
@@ -321,6 +514,9 @@ def _read_yaml(p: Path) -> Any:
         return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read the file: {getattr(e, 'strerror', None) or e}") \
+            from e
 
 
 def reject_unknown_keys(data: Mapping, allowed: tuple[str, ...], path: str, where: str) -> None:
@@ -370,9 +566,9 @@ def _parse_param(name: str, spec: Any, path: str) -> Param:
                               f"but got {step!r}")
         return Param(name=name, type=kind, low=low, high=high, step=step)
     base = spec.get("base", 0)
-    if not isinstance(base, int) or base == 1 or base < 0:
-        raise ConfigError(f"{path}: field `{where}.base` must be 0 (any integer) or an integer "
-                          f">= 2, but got {base!r}")
+    if "base" in spec and (not isinstance(base, int) or isinstance(base, bool) or base < 2):
+        raise ConfigError(f"{path}: field `{where}.base` must be an integer >= 2 (leave it out "
+                          f"for any integer, log-uniform), but got {base!r}")
     if low < 1:
         raise ConfigError(f"{path}: `low >= 1` must hold for log_int `{where}`, but got {low}")
     param = Param(name=name, type=kind, low=low, high=high, base=base)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import time
 import uuid
 import warnings
@@ -59,7 +60,8 @@ from charon_search.search.space import SearchSpace, config_key
 from charon_search.search.storage import make_storage
 from charon_search.search.worker import make_executor
 
-__all__ = ["SAMPLERS", "SearchOptions", "SearchResult", "make_storage", "run_search"]
+__all__ = ["SAMPLERS", "SearchOptions", "SearchResult", "check_ray_address",
+           "check_search_numbers", "make_storage", "run_search"]
 
 SAMPLERS: Registry[Callable[..., Any]] = Registry("sampler")
 
@@ -72,7 +74,8 @@ _UNEVALUABLE_VIOLATION = 10.0
 def _nsga2(seed: int | None, population_size: int | None) -> Any:
     import optuna
 
-    return optuna.samplers.NSGAIISampler(seed=seed, population_size=population_size or 50)
+    return optuna.samplers.NSGAIISampler(
+        seed=seed, population_size=50 if population_size is None else population_size)
 
 
 @SAMPLERS.register("tpe")
@@ -111,12 +114,13 @@ class SearchOptions:
     """How to run a search."""
 
     trials: int
-    """Total trials the study should hold (a resumed study runs only the missing ones)."""
+    """Total trials the study should hold, >= 1 (a resumed study runs only the missing ones)."""
     workers: int = 1
     """Ray actors; 0 evaluates in the driver process (no Ray)."""
     sampler: str = "nsga2"
     """``nsga2`` (default), ``tpe``, ``gp``, ``random`` or ``grid`` (every valid point once)."""
     seed: int | None = 0
+    """Sampler seed in [0, 2**32 - 1]; None = random."""
     storage: str | None = None
     """Optuna storage URL; None = journal file ``OUT/study.journal`` (in memory without OUT)."""
     study_name: str | None = None
@@ -126,7 +130,7 @@ class SearchOptions:
     out_dir: str | None = None
     progress: bool = False
     population_size: int | None = None
-    """NSGA-II population (default 50)."""
+    """NSGA-II population, >= 2 (None: 50)."""
     flush_every: int = 64
     flush_interval_s: float = 2.0
     html: bool = True
@@ -201,9 +205,11 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if options.trials < 0:
-        raise ConfigError(f"`trials >= 0` must hold, but got {options.trials}")
+    check_search_numbers(trials=options.trials, seed=options.seed,
+                         population_size=options.population_size)
     SAMPLERS.get(options.sampler)  # unknown names fail before anything starts
+    if options.workers > 0 and evaluator is None:  # before Ray retries a dead address forever
+        check_ray_address(options.ray_address or os.environ.get("RAY_ADDRESS") or None)
     if objective.guard is not None:  # so do unreadable error bands
         from charon_search.validation.bands import shipped_bands
 
@@ -298,6 +304,74 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     )
 
 
+#: Largest sampler seed (NumPy's legacy seeding takes 32-bit seeds).
+MAX_SEED = 2**32 - 1
+#: How long ``check_ray_address`` waits for a TCP connection to the cluster's address.
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_search_numbers(*, trials: Any = 1, seed: Any = 0, population_size: Any = None,
+                         flags: bool = False) -> None:
+    """``trials >= 1``, ``0 <= seed <= 2**32 - 1`` (or None: random) and ``population_size
+    >= 2`` (or None: the sampler's default), all integers.
+
+    Args:
+        flags: name the values as the command-line flags (``--population-size``) instead of
+            the ``SearchOptions`` fields (``population_size``).
+
+    Raises:
+        ConfigError: naming the value and its allowed range.
+    """
+    def name(field_name: str) -> str:
+        return f"--{field_name.replace('_', '-')}" if flags else field_name
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not is_int(trials) or trials < 1:
+        raise ConfigError(f"`{name('trials')}` must be an integer >= 1 (the trials the study "
+                          f"should hold), but got {trials!r}")
+    if seed is not None and (not is_int(seed) or not 0 <= seed <= MAX_SEED):
+        raise ConfigError(f"`{name('seed')}` must be an integer in [0, 2**32 - 1], but got "
+                          f"{seed!r}")
+    if population_size is not None and (not is_int(population_size) or population_size < 2):
+        raise ConfigError(f"`{name('population_size')}` must be an integer >= 2 (NSGA-II "
+                          f"population; leave it out for 50), but got {population_size!r}")
+
+
+def check_ray_address(address: str | None) -> None:
+    """Fail fast when ``address`` (``host:port`` of a cluster's GCS, or ``ray://host:port``)
+    does not accept a TCP connection within ``RAY_CONNECT_TIMEOUT_S``: ``ray.init`` would
+    retry it for ever. Nothing for no address, ``auto``/``local`` (Ray resolves them), an
+    address without a port, or when Ray is already initialised in this process.
+
+    Raises:
+        ConfigError: naming the address and why it cannot be reached.
+    """
+    import socket
+    import sys
+
+    if not address or address in ("auto", "local"):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    hostport = address.removeprefix("ray://").rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    host = host.strip("[]")  # [::1]:6379
+    try:
+        with socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ConfigError(
+            f"Ray address {address!r} (`--ray-address` or RAY_ADDRESS) cannot be reached: "
+            f"connecting to {host}:{port} failed ({reason}); start the cluster there "
+            "(`ray start --head`), fix the address, or leave it out for a local Ray") from None
+
+
 class _Loop:
     """Driver state of one search invocation."""
 
@@ -325,6 +399,8 @@ class _Loop:
         evaluator = EVALUATORS.get(space.evaluator)
         self.affinity: Callable[[Mapping[str, Any]], Any] = evaluator.affinity_key
         self.optional_metrics = frozenset(evaluator.optional_metrics)
+        self.seen_keys: set[str] = set()
+        """Record keys seen in this run (a constraint's metric must be one of them)."""
         self.distributions = {p.optuna_name: p.distribution() for p in space.params}
 
     def check_metric_names(self, missing: Sequence[str], rec: Mapping[str, Any]) -> None:
@@ -335,14 +411,38 @@ class _Loop:
             return
         import difflib
 
-        names = sorted((k for k, v in rec.items() if isinstance(v, (int, float))
-                        and not isinstance(v, bool)), key=lambda k: ("." in k, k))
+        names = _numeric_fields(rec)
         close = [c for m in unknown for c in difflib.get_close_matches(m, names, n=3)]
         raise ConfigError(
             f"objective {self.objective.name!r}: metric(s) {unknown} are not reported by the "
             f"{self.space.evaluator!r} evaluator"
             + (f" (closest: {', '.join(dict.fromkeys(close))})" if close else "")
             + f"; its records have {len(names)} numeric fields, e.g. {', '.join(names[:12])}")
+
+    def check_constraint_metrics(self, rec: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError`` when an evaluated (not pruned) record lacks a record key that
+        an objective constraint reads (its metric, or the key of a bound such as ``device``)
+        and no earlier record of this run had it: the constraint names a metric that does
+        not exist, and would otherwise count as satisfied by every trial. Pruned records
+        legitimately lack metrics and are not checked."""
+        for i, b in enumerate(self.objective.constraints):
+            keys = [b.metric] + ([b.bound] if isinstance(b.bound, str) else [])
+            for key in keys:
+                if key in rec or key in self.seen_keys or key in self.optional_metrics:
+                    continue
+                import difflib
+
+                names = _numeric_fields(rec)
+                close = difflib.get_close_matches(key, names, n=3)
+                what = (f"names metric {key!r}" if key == b.metric else
+                        f"compares with record key {key!r}")
+                raise ConfigError(
+                    f"{self.objective.path or self.objective.name}: field `constraints[{i}]` "
+                    f"({b.text!r}) {what}, which the {self.space.evaluator!r} evaluator does "
+                    f"not report"
+                    + (f" (did you mean {close}?)" if close else "")
+                    + f"; its records have {len(names)} numeric fields, e.g. "
+                    f"{', '.join(names[:12])}")
 
     def note_values(self, rec: Mapping[str, Any]) -> None:
         vals = self.objective.values(rec)
@@ -442,7 +542,9 @@ class _Loop:
         cons = [0.0 if valid else _INVALID_VIOLATION,
                 0.0 if evaluable or not valid else _UNEVALUABLE_VIOLATION]
         violated = []
+        self.seen_keys.update(rec)
         if evaluable:
+            self.check_constraint_metrics(rec)
             self.objective.annotate(rec)
         for b, v in self.objective.violations(rec):
             cons.append(v)
@@ -580,6 +682,12 @@ def _grouped(items: list[tuple[dict[str, Any], dict[str, Any]]],
         k = affinity(item[1])
         groups.setdefault(i if k is None else k, []).append(item)
     return [item for g in groups.values() for item in g]
+
+
+def _numeric_fields(rec: Mapping[str, Any]) -> list[str]:
+    """A record's numeric keys, top-level names first (for error messages)."""
+    return sorted((k for k, v in rec.items() if isinstance(v, (int, float))
+                   and not isinstance(v, bool)), key=lambda k: ("." in k, k))
 
 
 def _builtin(v: Any) -> Any:

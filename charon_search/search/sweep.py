@@ -62,6 +62,7 @@ class SweepSpec:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Load and validate ``sweeps/<name>.yaml``; ``ConfigError`` names file, field and choices."""
     from charon_search.search.space import _read_yaml, _resolve, reject_unknown_keys
+    from charon_search.search.study import MAX_SEED
 
     p = _resolve(path, "sweeps")
     data = _read_yaml(p)
@@ -71,6 +72,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     reject_unknown_keys(data, _KEYS, where, "")
     if "name" not in data or not isinstance(data.get("runs"), list) or not data["runs"]:
         raise ConfigError(f"{where}: fields `name` and a non-empty list `runs` are required")
+    default_trials = _int_field(data.get("trials", 100), f"{where}: field `trials`", 1)
     entries = []
     for i, run in enumerate(data["runs"]):
         at = f"runs[{i}]"
@@ -92,15 +94,27 @@ def load_sweep(path: str | Path) -> SweepSpec:
         else:
             raise ConfigError(f"{where}: field `{at}.gpus` must be a list of cluster names or a "
                               f"mapping label -> cluster name")
+        trials = _int_field(run["trials"], f"{where}: field `{at}.trials`", 1) \
+            if "trials" in run else default_trials
         entries.append(SweepEntry(
             space=str(run["space"]), objective=str(run["objective"]),
-            models=tuple(str(m) for m in models), gpus=pairs,
-            trials=int(run.get("trials", data.get("trials", 100))),
+            models=tuple(str(m) for m in models), gpus=pairs, trials=trials,
             sampler=str(run.get("sampler", data.get("sampler", "nsga2")))))
     date = str(data.get("date") or "")
-    return SweepSpec(name=str(data["name"]), entries=tuple(entries), seed=int(data.get("seed", 0)),
-                     workers=int(data.get("workers", 1)), date=date,
+    seed = _int_field(data.get("seed", 0), f"{where}: field `seed`", 0, MAX_SEED)
+    workers = _int_field(data.get("workers", 1), f"{where}: field `workers`", 0)
+    return SweepSpec(name=str(data["name"]), entries=tuple(entries), seed=seed,
+                     workers=workers, date=date,
                      description=str(data.get("description", "")), path=where)
+
+
+def _int_field(value: Any, where: str, low: int, high: int | None = None) -> int:
+    """``value`` as an integer in [low, high]; ``ConfigError`` naming ``where`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+            high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{where} must be an integer {allowed}, but got {value!r}")
+    return value
 
 
 def _safe(label: str) -> str:
@@ -117,15 +131,26 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
     from charon_search.search.objective import load_objective
     from charon_search.search.results import write_parquet
     from charon_search.search.space import load_space
-    from charon_search.search.study import SearchOptions, run_search
+    from charon_search.search.study import (
+        SearchOptions,
+        check_ray_address,
+        check_search_numbers,
+        run_search,
+    )
 
+    if trials is not None:
+        check_search_numbers(trials=trials)
     out = Path(out_dir)
     day = date or spec.date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     n_workers = spec.workers if workers is None else workers
+    if n_workers < 0:
+        raise ConfigError(f"`workers` must be >= 0 (0 = evaluate in this process), but got "
+                          f"{n_workers}")
     started_ray = False
     if n_workers > 0:
         from charon_search.search.worker import init_ray
 
+        check_ray_address(ray_address)  # what init_ray connects to (None: a local Ray)
         started_ray = init_ray(ray_address, n_workers)
     summaries = []
     try:
@@ -141,7 +166,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
                              f"gpu={_safe(label)}", f"date={_safe(day)}")
                     study_dir = out.joinpath("_studies", *parts)
                     res = run_search(space, objective, SearchOptions(
-                        trials=trials or entry.trials, workers=n_workers,
+                        trials=entry.trials if trials is None else trials, workers=n_workers,
                         sampler=entry.sampler, seed=spec.seed, out_dir=str(study_dir),
                         ray_address=ray_address, progress=progress,
                         study_name=f"{spec.name}-{model}-{label}-{day}-{base.name}"))
