@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from charon_search.errors import ConfigError
     from charon_search.validation import read_result
-    from charon_search.validation.accuracy import render_accuracy
+    from charon_search.validation.accuracy import check_calibration, render_accuracy
 
     prepare_outputs(args, {"--out": "out", "--bands": "bands"})
     result, data = read_result(args.source, "--from")
@@ -50,9 +50,7 @@ def run(args: argparse.Namespace) -> int:
             doc = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:
             raise ConfigError(f"--calibration {str(path)!r}: {e}") from e
-        if not isinstance(doc, dict) or "fit" not in doc:
-            raise ConfigError(f"--calibration {str(path)!r} must be the YAML written by "
-                              "`charon-search calibrate` (keys fit, leave_one_source_out)")
+        check_calibration(doc, f"--calibration {str(path)!r}")
         cal.append(doc)
     text = render_accuracy(result, img_dir=img_dir, img_rel=rel, calibration=cal,
                            command=f"charon-search accuracy --from {args.source.name} "

@@ -72,6 +72,22 @@ def run(args: argparse.Namespace) -> int:
     prepare_outputs(args, {"--out": "out"})
     from charon_search.errors import ConfigError
     from charon_search.validation import default_files, load_files, select_records
+    from charon_search.validation.calibration import check_parameters
+
+    # Every flag is checked before the first simulation, not after an hour of them.
+    if args.sweeps < 1:
+        raise ConfigError(f"`--sweeps` must be >= 1 (coordinate-descent sweeps), but got "
+                          f"{args.sweeps}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"`--limit` must be >= 1 (the first N records), but got {args.limit}")
+    if args.workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 = in this process), but got "
+                          f"{args.workers}")
+    if args.write is not None and not args.write.is_dir():
+        raise ConfigError(f"`--write` {str(args.write)!r} must be an existing folder of cluster "
+                          "YAML files (<cluster>.yaml), e.g. charon_search/cluster_specs")
+    if args.params:
+        check_parameters(args.params, args.kind)
 
     records = select_records(load_files(args.files or default_files()), kind=args.kind,
                              ids=args.ids)
@@ -83,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         records = [r for r in records
                    if r.origin != "silicon" or r.hardware.get("gpu") in args.systems]
     if args.limit is not None:
-        records = records[: max(0, args.limit)]
+        records = records[: args.limit]
     from tqdm import tqdm
 
     from charon_search.cache import cache_dir
@@ -97,9 +113,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"--cache {str(store)!r}: cannot write the store ({e.strerror}); "
                           "give a writable file path") from e
-    if args.workers < 0:
-        raise ConfigError(f"--workers must be >= 0 (0 = in this process), but got "
-                          f"{args.workers}")
     bar = tqdm(desc="calibrate", unit="sim", file=sys.stderr, disable=None)
     executor = None
     if args.workers:
@@ -170,6 +183,16 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
     args.out.write_text(yaml.safe_dump(doc, sort_keys=False, width=99))
     print(f"wrote {args.out}")
     if args.write:
-        for path in write_cluster_specs(doc, args.write):
+        written = write_cluster_specs(doc, args.write)
+        for path in written:
             print(f"updated calibration block of {path}")
+        missing = [f"{name}.yaml" for name in sorted(set(doc["clusters"])
+                                                     - {p.stem for p in written})]
+        if missing:
+            # The fit is in --out already; say which spec files were not there to update.
+            print(f"calibrate: --write {str(args.write)!r} has no {', '.join(missing)}: "
+                  f"{'that' if len(missing) == 1 else 'those'} calibration block(s) not "
+                  f"written (they are in {args.out})", file=sys.stderr)
+            if not written:
+                return 1
     return 0

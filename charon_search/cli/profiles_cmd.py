@@ -168,7 +168,16 @@ def _fit_collectives(db, args: argparse.Namespace) -> int:  # type: ignore[no-un
     return 0
 
 
+#: Fewest training rows a predictor is trained on (``cost.predictor.heldout_evaluation``
+#: leaves out a table with fewer): a smaller ``--max-train-rows`` would print an empty table.
+MIN_TRAIN_ROWS = 8
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.max_train_rows is not None and args.max_train_rows < MIN_TRAIN_ROWS:
+        raise ConfigError(f"`--max-train-rows` must be >= {MIN_TRAIN_ROWS} (a predictor trains "
+                          f"on at least {MIN_TRAIN_ROWS} rows; leave it out to use every row), "
+                          f"but got {args.max_train_rows}")
     prepare_outputs(args, {"--json": "json"})
     db = _db(args.db)
     if args.action == "info":

@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         check_group_fields(args.group_by)
     if args.top < 0:
         raise ConfigError(f"`--top` must be >= 0, but got {args.top}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"`--limit` must be >= 1 (validate the first N records), but got "
+                          f"{args.limit}")
+    if args.rows < -1:
+        raise ConfigError(f"`--rows` must be >= 0 (0 = none) or -1 (all), but got {args.rows}")
     if args.max_regression is not None and (args.max_regression < 0 or not args.baseline):
         raise ConfigError("`--max-regression` needs `--baseline` and a value >= 0 (percentage "
                           f"points), but got {args.max_regression} "
@@ -165,6 +170,7 @@ def _explain(records, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     from charon_search.errors import ConfigError
     from charon_search.validation import Unexpressible, to_case
     from charon_search.validation.explain import explain_case, render_explanation
+    from charon_search.validation.runner import check_record_names
 
     if not records:
         raise ConfigError("`--explain` found no record: name them with `--ids` (ids are in the "
@@ -175,6 +181,7 @@ def _explain(records, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     out = []
     for rec in records:
         try:
+            check_record_names(rec)
             exp = explain_case(to_case(rec))
         except Unexpressible as e:
             print(f"explain {rec.id}: not expressible: {e}")

@@ -27,7 +27,7 @@ from charon_search.validation.stats import (
 #: Panels per kind in the scatter figure.
 MAX_PANELS = 6
 
-__all__ = ["render_accuracy", "scatter_plots"]
+__all__ = ["check_calibration", "render_accuracy", "scatter_plots"]
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -102,6 +102,89 @@ def _fitted(values: Mapping[str, float]) -> str:
             return (f"{k} = {v * 1e6:g} us" if 0 < v < 1e-3 else f"{k} = {v * 1e3:g} ms")
         return f"{k} = {v:g}"
     return ", ".join(one(k, float(v)) for k, v in values.items())
+
+
+#: Fields of a ``leave_one_source_out`` row of a ``calibrate`` output (all but ``held_out`` and
+#: ``values`` are numbers).
+_LOSO_FIELDS = ("held_out", "train_records", "test_records", "values",
+                "train_median_abs_log_error", "test_median_abs_log_error",
+                "test_median_abs_log_error_uncalibrated")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _values_problem(values: Any) -> str:
+    """Why ``values`` is not a mapping of parameter name -> number ("" when it is)."""
+    if not isinstance(values, Mapping):
+        return f"is {type(values).__name__} {values!r:.60}"
+    bad = next((k for k, v in values.items() if not _is_number(v)), None)
+    return "" if bad is None else f"has {bad!r}: {values[bad]!r:.60}, not a number"
+
+
+def check_calibration(cal: Any, where: str) -> None:
+    """Check the shape of a ``charon-search calibrate`` output before reporting it.
+
+    ``fit`` must be a mapping whose ``values`` map parameter names to numbers (``objective``,
+    ``uncalibrated_objective``, ``num_records``, ``evaluations`` numbers and ``sources`` a list,
+    when present); ``leave_one_source_out`` (optional) a list of mappings with the keys
+    ``_LOSO_FIELDS``; ``kind`` (optional) ``training`` or ``serving``; ``holdout_by``
+    (optional) one of ``calibration.HOLDOUT_GROUPS``.
+
+    Raises:
+        ConfigError: naming ``where`` and the first bad field.
+    """
+    from charon_search.errors import ConfigError
+    from charon_search.validation.calibration import HOLDOUT_GROUPS
+
+    shape = ("the YAML written by `charon-search calibrate` (keys fit, leave_one_source_out)")
+    if not isinstance(cal, Mapping) or "fit" not in cal:
+        raise ConfigError(f"{where} must be {shape}")
+    fit = cal["fit"]
+    if not isinstance(fit, Mapping):
+        raise ConfigError(f"{where}: `fit` must be a mapping with `values` (parameter -> "
+                          f"number), but got {type(fit).__name__} {fit!r:.60}; it must be "
+                          f"{shape}")
+    why = _values_problem(fit.get("values") or {})
+    if why:
+        raise ConfigError(f"{where}: `fit.values` must map parameter names to numbers, but it "
+                          f"{why}")
+    for k in ("objective", "uncalibrated_objective", "num_records", "evaluations"):
+        if k in fit and not _is_number(fit[k]):
+            raise ConfigError(f"{where}: `fit.{k}` must be a number, but got {fit[k]!r:.60}")
+    if "sources" in fit and not isinstance(fit["sources"], list):
+        raise ConfigError(f"{where}: `fit.sources` must be a list of source names, but got "
+                          f"{fit['sources']!r:.60}")
+    kind = cal.get("kind")
+    if kind is not None and kind not in ("training", "serving"):
+        raise ConfigError(f"{where}: `kind` must be one of ['training', 'serving'], but got "
+                          f"{kind!r:.60}")
+    by = cal.get("holdout_by", "source")
+    if by not in HOLDOUT_GROUPS:
+        raise ConfigError(f"{where}: `holdout_by` must be one of {list(HOLDOUT_GROUPS)}, but "
+                          f"got {by!r:.60}")
+    loso = cal.get("leave_one_source_out", [])
+    if not isinstance(loso, list):
+        raise ConfigError(f"{where}: `leave_one_source_out` must be a list of held-out fits "
+                          f"({{{', '.join(_LOSO_FIELDS)}}}), but got {type(loso).__name__} "
+                          f"{loso!r:.60}")
+    for i, row in enumerate(loso):
+        what = f"{where}: `leave_one_source_out[{i}]`"
+        if not isinstance(row, Mapping):
+            why = f"is {type(row).__name__} {row!r:.60}"
+        elif missing := [k for k in _LOSO_FIELDS if k not in row]:
+            why = f"lacks {', '.join(missing)}"
+        elif bad := next((k for k in _LOSO_FIELDS[1:] if k != "values"
+                          and not _is_number(row[k])), None):
+            why = f"has `{bad}` {row[bad]!r:.60}, not a number"
+        elif values_why := _values_problem(row["values"]):
+            why = f"has `values` that {values_why}"
+        else:
+            continue
+        raise ConfigError(f"{what} {why}; each held-out fit must be a mapping "
+                          f"{{{', '.join(_LOSO_FIELDS)}}} (values: parameter -> number, the "
+                          "others numbers but held_out)")
 
 
 def _calibration_section(cal: Mapping[str, Any]) -> list[str]:

@@ -56,6 +56,7 @@ __all__ = [
     "MemoizedEvaluate",
     "Parameter",
     "apply_parameters",
+    "check_parameters",
     "default_parameters",
     "development_records",
     "fit_parameters",
@@ -232,6 +233,24 @@ def default_parameters(kind: str) -> list[str]:
     named."""
     return [n for n, p in PARAMETERS.items()
             if kind in p.kinds and not p.target.startswith("gpu.")]
+
+
+def check_parameters(names: Sequence[str], kind: str) -> None:
+    """Raise ``ConfigError`` unless every parameter of ``names`` is known and moves records of
+    ``kind`` (a serving engine's front-end time fitted on training records would "fit" the
+    grid's first value, whatever it is)."""
+    unknown = [n for n in names if n not in PARAMETERS]
+    if unknown:
+        raise ConfigError(f"`params` (--params): unknown parameter(s) {unknown}; must be among "
+                          f"{sorted(PARAMETERS)}")
+    wrong = [n for n in names if kind not in PARAMETERS[n].kinds]
+    if wrong:
+        fits = sorted(n for n, p in PARAMETERS.items() if kind in p.kinds)
+        raise ConfigError(
+            f"`params` (--params): {', '.join(wrong)} "
+            f"{'moves' if len(wrong) == 1 else 'move'} only "
+            f"{'/'.join(sorted({k for n in wrong for k in PARAMETERS[n].kinds}))} records, but "
+            f"the records are of kind {kind!r} (--kind); parameters for {kind} records: {fits}")
 
 
 def development_records(records: Sequence[Record],
@@ -445,7 +464,15 @@ def _memoized(evaluate: Evaluate | None) -> MemoizedEvaluate:
 def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
                    evaluate: Evaluate | None = None, sweeps: int = 2,
                    start: Mapping[str, float] | None = None) -> CalibrationFit:
-    """Coordinate descent over each parameter's grid, minimizing the median |log error|."""
+    """Coordinate descent over each parameter's grid, minimizing the median |log error|.
+
+    Raises:
+        ConfigError: ``sweeps`` < 1 (no sweep would try any value: the "fit" would be the
+            defaults).
+    """
+    if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 1:
+        raise ConfigError(f"`sweeps` (--sweeps) must be an integer >= 1 (coordinate-descent "
+                          f"sweeps), but got {sweeps!r}")
     evaluate = _memoized(evaluate)
     values = {n: float((start or {}).get(n, PARAMETERS[n].default)) for n in names}
     cache: dict[tuple[tuple[str, float], ...], float] = {}
@@ -565,6 +592,9 @@ def write_cluster_specs(doc: Mapping[str, Any], spec_dir: Path) -> list[Path]:
     are untouched (comments inside the block are not kept). Fitted GPU efficiencies are not
     written (GPU files belong to the hardware owner); they stay in the calibration output.
     """
+    if not spec_dir.is_dir():
+        raise ConfigError(f"`spec_dir` (--write) {str(spec_dir)!r} must be an existing folder "
+                          "of cluster YAML files (<cluster>.yaml)")
     written = []
     for name, block in doc["clusters"].items():
         path = spec_dir / f"{name}.yaml"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -517,8 +518,12 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
     ``extra`` holds the row's system, backend and mode, and ``measured_date`` (``YYYY-MM-DD``)
     when the provenance column states one.
 
+    A ``silicon_ttft_ms`` / ``silicon_tpot_ms`` of 0 means "not measured" (the metric is left
+    out); a row needs one of them positive.
+
     Raises:
-        ConfigError: missing columns, non-numeric values, a mode other than agg/disagg.
+        ConfigError: missing columns, non-numeric values, a negative or non-finite latency,
+            a mode other than agg/disagg (naming the line and the row id).
     """
     path = Path(path)
     with path.open(newline="") as fh:
@@ -543,6 +548,11 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
             isl, osl = _opt_int(row, "isl", where), _opt_int(row, "osl", where)
             if not isl or not osl:
                 raise ConfigError(f"{where}: columns `isl` and `osl` must be positive integers")
+            for col, ms in (("silicon_ttft_ms", ttft_ms), ("silicon_tpot_ms", tpot_ms)):
+                if not math.isfinite(ms) or ms < 0:
+                    raise ConfigError(f"{where} (id {rid}): column `{col}` must be a finite "
+                                      "number of milliseconds >= 0 (0 = not measured), but got "
+                                      f"{row[col]!r}")
             measured = {}
             if ttft_ms > 0:
                 measured["ttft_s"] = ttft_ms * 1e-3

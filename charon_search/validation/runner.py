@@ -20,8 +20,8 @@ from charon_search.validation.records import Record, independent_reruns, repeate
 from charon_search.validation.stats import summarize
 from charon_search.validation.translate import ServingCase, TrainingCase, to_case
 
-__all__ = ["ValidationResult", "merge_json", "result_from_json", "run_validation",
-           "select_records", "validate_record"]
+__all__ = ["ValidationResult", "check_record_names", "check_result_json", "merge_json",
+           "result_from_json", "run_validation", "select_records", "validate_record"]
 
 #: Assumptions about these fields make a record "not fully specified" (the targets of issue 8
 #: apply to fully specified records): they change the simulated work, not only its labelling.
@@ -61,7 +61,11 @@ def select_records(records: Sequence[Record], *, kind: str | None = None,
                    ids: Iterable[str] | None = None, limit: int | None = None) -> list[Record]:
     """Filter by kind and ids (an id also selects its variants ``<id>#<n>``), then cap.
 
-    Raises ``ConfigError`` naming the ids no record has (with the closest known ones)."""
+    Raises ``ConfigError`` naming the ids no record has (with the closest known ones), or for
+    a negative ``limit``."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 0):
+        raise ConfigError(f"`limit` (--limit) must be an integer >= 0, but got {limit!r}")
     out = list(records)
     if ids:
         wanted = set(ids)
@@ -80,7 +84,7 @@ def select_records(records: Sequence[Record], *, kind: str | None = None,
     if kind:
         out = [r for r in out if r.kind == kind]
     if limit is not None:
-        out = out[: max(0, limit)]
+        out = out[:limit]
     return out
 
 
@@ -187,6 +191,54 @@ def run_validation(
                             cases=cases, summary=summary, wall_s=time.perf_counter() - t0)
 
 
+#: How alike (``difflib`` ratio) an uncatalogued ``model.catalog`` name and a catalog name must
+#: be for the record to be taken as misspelled (``gpt-1.7bb``) rather than as naming a model the
+#: catalog does not have (``palm-540b``, or a shape built from the record's fields).
+_MISSPELLED = 0.85
+
+
+def check_record_names(rec: Record) -> None:
+    """Raise ``Unexpressible`` (the record is skipped with the reason) when it names what does
+    not exist: a silicon row's ``backend`` that is no serving engine (it would be simulated as a
+    generic engine), or a published record's ``model.catalog`` that is not in the model catalog
+    but close to a name that is (it would be simulated as a shape built from the record, or
+    skipped as an unknown model, with no hint of the misspelling)."""
+    import difflib
+
+    if rec.origin == "silicon":
+        from charon_search.hardware.spec import SERVING_ENGINES
+
+        backend = str((rec.extra or {}).get("backend") or "")
+        if backend not in SERVING_ENGINES:
+            close = ([backend.lower()] if backend.lower() in SERVING_ENGINES
+                     else difflib.get_close_matches(backend, SERVING_ENGINES, n=1))
+            raise Unexpressible(f"unknown backend {backend!r} (silicon CSV column `backend`): "
+                                f"must be one of {sorted(SERVING_ENGINES)}"
+                                + (f"; closest: {close[0]}" if close else ""))
+        return
+    cat = rec.model.get("catalog")
+    if rec.origin != "published" or not cat:
+        return
+    from charon_search.errors import CharonError
+    from charon_search.validation.names import resolve_model_name
+
+    try:
+        resolve_model_name(str(cat))
+    except Unexpressible:
+        try:
+            from charon_search.catalog import list_models
+
+            known = sorted(str(n) for n in list_models())
+        except (ImportError, CharonError):
+            known = []
+        close = difflib.get_close_matches(str(cat), known, n=3, cutoff=_MISSPELLED)
+        if close:
+            raise Unexpressible(
+                f"unknown model.catalog {cat!r}: not in the model catalog; closest: "
+                f"{', '.join(close)} (name one of them, or set `model.catalog` to null to build "
+                "the model from the record's architecture fields)") from None
+
+
 def validate_record(rec: Record, repeat: tuple[str, bool] | None = None, *,
                     simulate_training: Callable[..., Any] | None = None,
                     simulate_serving: Callable[..., Any] | None = None,
@@ -202,6 +254,7 @@ def validate_record(rec: Record, repeat: tuple[str, bool] | None = None, *,
         info["repeats"], info["repeats_same_setup"] = repeat
     out = {"info": info, "rows": rows, "skipped": skipped, "skipped_metrics": skipped_metrics}
     try:
+        check_record_names(rec)
         case = to_case(rec)
         if cluster_transform is not None:
             case = replace(case, cluster=cluster_transform(case.cluster))
@@ -298,8 +351,84 @@ def _layout_summary(case: TrainingCase) -> str:
     return " ".join(parts)
 
 
+#: Fields of a ``validate --json`` list entry: ``records`` (the predicted metrics; the last three
+#: are numbers), ``skipped`` and ``skipped_metrics``.
+_ROW_FIELDS = ("id", "metric", "measured", "predicted", "error")
+_SKIP_FIELDS = ("id", "reason")
+_SKIP_METRIC_FIELDS = ("id", "metric", "reason")
+
+
+def _entry_problem(entry: Any, fields: Sequence[str], numbers: Sequence[str]) -> str:
+    """Why ``entry`` is not a mapping with ``fields`` (strings, but ``numbers``); "" if it is."""
+    if not isinstance(entry, Mapping):
+        return f"is {type(entry).__name__} {entry!r:.60}"
+    missing = [k for k in fields if k not in entry]
+    if missing:
+        return f"(id {entry.get('id')!r:.60}) lacks {', '.join(missing)}"
+    for k in fields:
+        v = entry[k]
+        if k in numbers:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return f"(id {entry.get('id')!r:.60}) has `{k}` {v!r:.60}, not a number"
+        elif not isinstance(v, str):
+            return f"(id {entry.get('id')!r:.60}) has `{k}` {v!r:.60}, not a string"
+    return ""
+
+
+def check_result_json(data: Any, where: str,
+                      required: Sequence[str] = ("records", "summary")) -> None:
+    """Check the shape of a ``validate --json`` document (``where`` names it in the error).
+
+    The keys ``required`` must be present; ``records`` must be a list of ``{"id", "metric",
+    "measured", "predicted", "error"}`` (the last three numbers) whose ids have an entry in
+    ``cases`` (a mapping of id -> mapping), ``skipped`` a list of ``{"id", "reason"}``,
+    ``skipped_metrics`` a list of ``{"id", "metric", "reason"}``, ``summary`` a mapping;
+    ``wall_s`` (a number) and ``coverage`` (a list) are optional.
+
+    Raises:
+        ConfigError: naming ``where`` and the first bad entry.
+    """
+    if not isinstance(data, Mapping) or any(k not in data for k in required):
+        raise ConfigError(f"{where} must be the output of `charon-search validate --json` "
+                          "(keys records, skipped, summary)")
+    cases = data.get("cases", {})
+    if not isinstance(cases, Mapping) or not all(isinstance(c, Mapping)
+                                                 for c in cases.values()):
+        raise ConfigError(f"{where}: `cases` must be a mapping of record id -> mapping, but got "
+                          f"{cases!r:.80}")
+    lists = (("records", _ROW_FIELDS, ("measured", "predicted", "error")),
+             ("skipped", _SKIP_FIELDS, ()), ("skipped_metrics", _SKIP_METRIC_FIELDS, ()))
+    for key, fields, numbers in lists:
+        entries = data.get(key, [])
+        if not isinstance(entries, list):
+            raise ConfigError(f"{where}: `{key}` must be a list of {{{', '.join(fields)}}}, "
+                              f"but got {type(entries).__name__} {entries!r:.60}")
+        for i, entry in enumerate(entries):
+            why = _entry_problem(entry, fields, numbers)
+            if not why and key == "records" and entry["id"] not in cases:
+                why = f"(id {entry['id']!r}) has no entry in `cases`"
+            if why:
+                shape = "{" + ", ".join(fields) + "}" + (
+                    f" ({', '.join(numbers)} numbers)" if numbers else "")
+                raise ConfigError(f"{where}: `{key}[{i}]` {why}; each entry of `{key}` must "
+                                  f"be a mapping {shape}")
+    if not isinstance(data.get("summary", {}), Mapping):
+        raise ConfigError(f"{where}: `summary` must be a mapping, but got "
+                          f"{type(data['summary']).__name__}")
+    wall = data.get("wall_s", 0.0)
+    if isinstance(wall, bool) or not isinstance(wall, int | float):
+        raise ConfigError(f"{where}: `wall_s` must be a number, but got {wall!r:.60}")
+    if not isinstance(data.get("coverage", []), list):
+        raise ConfigError(f"{where}: `coverage` must be a list of strings")
+
+
 def result_from_json(data: Mapping[str, Any]) -> ValidationResult:
-    """Rebuild a result from ``to_json`` output (for ``accuracy`` and ``calibrate``)."""
+    """Rebuild a result from ``to_json`` output (for ``accuracy`` and ``calibrate``).
+
+    Raises:
+        ConfigError: ``data`` is not ``validate --json`` output (``check_result_json``).
+    """
+    check_result_json(data, "validate JSON", required=("records",))
     return ValidationResult(rows=list(data.get("records", [])),
                             skipped=list(data.get("skipped", [])),
                             skipped_metrics=list(data.get("skipped_metrics", [])),
@@ -325,9 +454,7 @@ def read_result(path: Any, flag: str) -> tuple[ValidationResult, dict[str, Any]]
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"{flag} {str(path)!r}: not a readable JSON file: {e}") from e
-    if not isinstance(data, dict) or "records" not in data or "summary" not in data:
-        raise ConfigError(f"{flag} {str(path)!r} must be the output of "
-                          "`charon-search validate --json` (keys records, skipped, summary)")
+    check_result_json(data, f"{flag} {str(path)!r}")
     result = result_from_json(data)
     return replace(result, summary=summarize(result.rows, result.skipped, result.cases)), data
 

@@ -138,7 +138,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
     rep = representative_rows(rows)
 
     def block(filter_key: str) -> dict[str, Any]:
-        return _block(rep, expressed, records, lambda info: str(info[filter_key]))
+        return _block(rep, expressed, records, lambda info: str(info.get(filter_key)))
 
     by_group: dict[str, Any] = {}
     by_group_full: dict[str, Any] = {}
