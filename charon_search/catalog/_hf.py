@@ -6,6 +6,7 @@ Imports torch and transformers lazily (only when a model is built or counted).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import json
 import threading
@@ -58,6 +59,12 @@ def hf_config_object(name: str, cfg: Mapping[str, Any]) -> Any:
     model_type = clean.pop("model_type", None)
     if not model_type:
         raise ConfigError(f"model config {name!r} must have a `model_type` key")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=5)
+        raise ConfigError(f"model config {name!r}: transformers has no model_type "
+                          f"{model_type!r}" + (f"; closest: {close}" if close else ""))
     try:
         with quiet_transformers():
             return AutoConfig.for_model(model_type, **clean)

@@ -144,3 +144,13 @@ def test_gpu_attention_kernel_generation_is_checked() -> None:
     with pytest.raises(ConfigError, match=r"`attention_kernel_gen` of GPU h100-sxm-80gb must be "
                                           r"one of \[1, 2, 3\], but got 9"):
         dataclasses.replace(load_gpu("h100-sxm-80gb"), attention_kernel_gen=9)
+
+
+def test_unknown_hf_model_type_names_the_close_ones(tmp_path, capsys) -> None:
+    """One line with the closest transformers model types, not the ~1,000 it knows."""
+    f = tmp_path / "config.json"
+    f.write_text('{"model_type": "lamma", "hidden_size": 64}')
+    assert main(["trace", str(f), "--seq", "128"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "transformers has no model_type 'lamma'; closest: ['llama'" in err
+    assert len(err) < 300
