@@ -174,9 +174,11 @@ def _where(file: str, path: str) -> str:
     return f"{file}: `{path}`" if path else file
 
 
-def _check_value(f: _Field, value: Any, file: str, path: str) -> Any:
-    """Type- and rule-check one value (already in SI); return it normalized."""
+def _check_value(f: _Field, value: Any, file: str, path: str, shown: Any = None) -> Any:
+    """Type- and rule-check one value (already in SI); return it normalized. ``shown``: the
+    value as the file wrote it (before a unit conversion), for the error message."""
     loc = _where(file, path)
+    shown = value if shown is None else shown
     if f.kind in ("number", "int"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{loc} must be a number, but got {value!r}")
@@ -193,7 +195,7 @@ def _check_value(f: _Field, value: Any, file: str, path: str) -> Any:
         if f.rule:
             ok, text = rules[f.rule]
             if not ok(value):
-                raise ConfigError(f"{loc} must be {text}, but got {value!r}")
+                raise ConfigError(f"{loc} must be {text}, but got {shown!r}")
         return value
     if f.kind == "str":
         if not isinstance(value, str) or not value.strip():
@@ -239,6 +241,7 @@ def _parse_block(
             raise ConfigError(
                 f"{_where(file, sub)} sets `{si_key}` a second time (also `{yaml_keys[si_key]}`)"
             )
+        written = value
         if factor != 1.0:
             if f.kind == "mapping":
                 if not isinstance(value, Mapping):
@@ -246,7 +249,8 @@ def _parse_block(
                 value = {k: _scaled(v, factor, file, f"{sub}.{k}") for k, v in value.items()}
             else:
                 value = _scaled(value, factor, file, sub)
-        out[si_key] = _check_value(f, value, file, sub)
+        out[si_key] = _check_value(f, value, file, sub,
+                                   written if f.kind in ("number", "int") else None)
         yaml_keys[si_key] = key
     missing = [f.yaml_hint for f in fields if f.required and f.si_name not in out]
     if missing:

@@ -154,3 +154,18 @@ def test_unknown_hf_model_type_names_the_close_ones(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert "transformers has no model_type 'lamma'; closest: ['llama'" in err
     assert len(err) < 300
+
+
+def test_spec_errors_show_the_value_as_written(tmp_path, capsys) -> None:
+    """A GiB field is checked in bytes but reported in the file's unit."""
+    from pathlib import Path
+
+    import charon_search
+
+    shipped = Path(charon_search.__file__).parent / "cluster_specs" / "gpus" / "h100-sxm-80gb.yaml"
+    text = shipped.read_text().replace("hbm_capacity_gib: 80", "hbm_capacity_gib: -80", 1)
+    assert "hbm_capacity_gib: -80" in text
+    f = tmp_path / "h100.yaml"
+    f.write_text(text)
+    assert main(["specs", "check", str(f)]) == 2
+    assert "`hbm_capacity_gib` must be > 0, but got -80\n" in capsys.readouterr().err
