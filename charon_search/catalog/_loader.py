@@ -141,6 +141,7 @@ def spec_from_config(
 
     cfg = dict(cfg)
     hf = hf_config_object(name, cfg)
+    _check_sizes_stated(name, cfg, hf)
     fields = _spec_fields(name, hf)
     spec = ModelSpec(name=name, hf_config=cfg, **fields)
     if count_params:
@@ -148,6 +149,29 @@ def spec_from_config(
 
         spec = dataclasses.replace(spec, num_params=_count(spec))
     return spec
+
+
+#: Sizes a config.json must state itself: transformers fills a missing one with its reference
+#: checkpoint's default (a bare ``{"model_type": "llama"}`` builds Llama-2-7B), a model nobody
+#: asked for.
+REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+def _check_sizes_stated(name: str, cfg: Mapping[str, Any], hf: Any) -> None:
+    """``ConfigError`` naming the ``REQUIRED_SIZES`` that ``cfg`` (or its nested text config)
+    leaves out, under any of the spellings the config class maps them to (``n_embd``...)."""
+    stated = set(cfg)
+    aliases: dict[str, str] = dict(getattr(type(hf), "attribute_map", {}) or {})
+    for sub in ("text_config", "llm_config", "language_config"):
+        if isinstance(cfg.get(sub), Mapping):
+            stated |= set(cfg[sub])
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    aliases.update(getattr(type(text), "attribute_map", {}) or {})
+    missing = [k for k in REQUIRED_SIZES if k not in stated and aliases.get(k) not in stated]
+    if missing:
+        raise ConfigError(f"model config {name!r} must state {', '.join(missing)} (transformers "
+                          f"would fill in its own defaults for model_type "
+                          f"{cfg.get('model_type')!r})")
 
 
 #: model types whose MLP is two matrices with an activation between (no gate).

@@ -169,3 +169,20 @@ def test_spec_errors_show_the_value_as_written(tmp_path, capsys) -> None:
     f.write_text(text)
     assert main(["specs", "check", str(f)]) == 2
     assert "`hbm_capacity_gib` must be > 0, but got -80\n" in capsys.readouterr().err
+
+
+def test_a_config_json_must_state_its_sizes(tmp_path, capsys) -> None:
+    """A bare {"model_type": "llama"} would be transformers' Llama-2-7B defaults; GPT-2's own
+    spellings (n_embd, n_layer, n_head) count as stated."""
+    from charon_search.catalog import load_model
+
+    bare = tmp_path / "bare.json"
+    bare.write_text('{"model_type": "llama"}')
+    assert main(["trace", str(bare), "--seq", "128"]) == 2
+    assert "must state hidden_size, num_hidden_layers, num_attention_heads" in \
+        capsys.readouterr().err
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text('{"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4, '
+                    '"vocab_size": 1000, "n_positions": 512}')
+    spec = load_model(str(gpt2))
+    assert (spec.hidden_size, spec.num_layers, spec.num_attention_heads) == (256, 2, 4)
