@@ -26,7 +26,11 @@ from typing import Any
 
 from charon_search.errors import ConfigError
 
-__all__ = ["typed_kwargs"]
+__all__ = ["MAX_SEED", "typed_kwargs"]
+
+#: Largest seed a run takes (a workload's and the search samplers' alike): NumPy's legacy
+#: seeding takes 32-bit seeds.
+MAX_SEED = 2**32 - 1
 
 _KIND = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 

@@ -370,11 +370,7 @@ def build_config(evaluator: str, cfg: Mapping[str, Any],
         from charon_search.serving import WorkloadSpec
 
         data = workload_from(cfg)
-        seed = data.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-            raise ConfigError(f"`workload.seed` must be an integer in [0, 2**32 - 1], but got "
-                              f"{seed!r}")
-        workload = WorkloadSpec.from_dict(data)
+        workload = WorkloadSpec.from_dict(data)  # checks the seed's range too
         prompts: list[int] = []
         if cfg.get("engine"):
             key = repr(sorted(data.items(), key=lambda kv: kv[0]))

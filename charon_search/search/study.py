@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from charon_search.config_fields import MAX_SEED
 from charon_search.errors import ConfigError
 from charon_search.registry import Registry
 from charon_search.search.objective import Objective
@@ -304,8 +305,6 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     )
 
 
-#: Largest sampler seed (NumPy's legacy seeding takes 32-bit seeds).
-MAX_SEED = 2**32 - 1
 #: How long ``check_ray_address`` waits for a TCP connection to the cluster's address.
 RAY_CONNECT_TIMEOUT_S = 5.0
 

@@ -76,10 +76,6 @@ def _positive_int(name: str, value: object) -> None:
         raise ConfigError(f"`{name}` must be a positive integer, but got {value!r}")
 
 
-def _strict_kwargs(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    return typed_kwargs(cls, data, where)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpeculativeConfig:
     """Speculative decoding with a draft model or MTP heads."""
@@ -131,7 +127,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SpeculativeConfig:
-        kw = _strict_kwargs(cls, data, "speculative")
+        kw = typed_kwargs(cls, data, "speculative")
         if isinstance(kw.get("acceptance_rate"), list):
             kw["acceptance_rate"] = tuple(kw["acceptance_rate"])
         return cls(**kw)
@@ -172,7 +168,7 @@ class PoolConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolConfig:
-        return cls(**_strict_kwargs(cls, data, "pool"))
+        return cls(**typed_kwargs(cls, data, "pool"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,7 +188,7 @@ class DisaggConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DisaggConfig:
-        kw = _strict_kwargs(cls, data, "disagg")
+        kw = typed_kwargs(cls, data, "disagg")
         for k in ("prefill", "decode"):
             if k not in kw:
                 raise ConfigError(f"disagg: missing key {k!r}")
@@ -531,5 +527,5 @@ class ServingConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "serving config") -> ServingConfig:
         """Build from a mapping (YAML/JSON); unknown keys raise ``ConfigError``."""
-        return cls(**_strict_kwargs(cls, data, where))
+        return cls(**typed_kwargs(cls, data, where))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from charon_search.config_fields import typed_kwargs
+from charon_search.config_fields import MAX_SEED, typed_kwargs
 from charon_search.errors import ConfigError
 
 __all__ = [
@@ -192,8 +192,9 @@ class WorkloadSpec:
                               f"({self.think_time_s=}, {self.ramp_up_s=})")
         if not self.time_scale > 0:
             raise ConfigError(f"`workload.time_scale > 0` must hold, but got {self.time_scale}")
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"`workload.seed` must be an integer >= 0, but got {self.seed}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"`workload.seed` must be an integer in [0, 2**32 - 1], but got "
+                              f"{self.seed}")
         if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:
             raise ConfigError("`shared_prefix_tokens >= 0` and `num_prefixes >= 1` must hold")
         if self.prefix_offset < 0 or not 0 <= self.cached_prefixes <= self.num_prefixes:

@@ -83,7 +83,7 @@ def test_negative_gpu_count_names_gpus(capsys) -> None:
     ("workload: {concurrency: '4'}\n", "workload: `concurrency` must be an integer"),
     ("workload: {input_len: {kind: fixed, value: '256'}}\n",
      "workload.input_len: `value` must be an integer"),
-    ("workload: {seed: -3}\n", "`workload.seed` must be an integer >= 0, but got -3"),
+    ("workload: {seed: -3}\n", "`workload.seed` must be an integer in [0, 2**32 - 1], but got -3"),
     ("workload: {input_len: {kind: uniform, low: 64, high: 8}}\n",
      "workload.input_len: `1 <= low <= high` must hold, but got (low=64, high=8)"),
 ])
@@ -103,7 +103,7 @@ def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> No
     (["--workload", "poisson", "--concurrency", "4"], "`--concurrency` applies to a concurrency"),
     (["--workload", "concurrency", "--concurrency", "4", "--rate", "2"], "`--rate` applies"),
     (["--spec-acceptance", "0.8"], "`--spec-acceptance` needs `--spec-k K`"),
-    (["--seed", "-1"], "`workload.seed` must be an integer >= 0"),
+    (["--seed", "-1"], "`workload.seed` must be an integer in [0, 2**32 - 1], but got -1"),
     (["--input-len", "-256"], "workload.input_len: `length.value >= 1` must hold"),
     (["--workload", "poison"], "a workload is one of ['poisson', 'gamma', 'concurrency', "
                                "'burst'] or a trace file"),
