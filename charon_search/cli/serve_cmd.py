@@ -103,10 +103,10 @@ def _load_file(path: str) -> dict[str, Any]:
     return data
 
 
-def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]:
+def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[Any, Any, str]:
     """(ServingConfig, WorkloadSpec, a line naming the engine defaults applied or "") from
-    ``--config`` plus the flags, for ``cluster`` (a ``ClusterSpec``)."""
-    from charon_search.catalog import load_model
+    ``--config`` plus the flags, for ``model`` (a ``ModelSpec``) on ``cluster`` (a
+    ``ClusterSpec``)."""
     from charon_search.catalog.spec import is_linear_block
     from charon_search.serving import SpeculativeConfig, WorkloadSpec
     from charon_search.serving.config import parse_disagg
@@ -168,11 +168,10 @@ def build_inputs(args: argparse.Namespace, cluster: Any) -> tuple[Any, Any, str]
     workload = WorkloadSpec.from_dict(wl_data)  # unknown keys first: `concurency: 4`
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")
-    model = load_model(args.model) if data.get("engine") else None
     config, profile = engine_serving_config(
         data, gpu=cluster.gpu.name, where=args.config or "serve flags", version=version,
-        prompt_tokens=[r.prompt_tokens for r in workload.generate()] if model else [],
-        linear_attention=bool(model) and any(is_linear_block(t) for t in model.layer_types))
+        prompt_tokens=[r.prompt_tokens for r in workload.generate()] if data.get("engine")
+        else [], linear_attention=any(is_linear_block(t) for t in model.layer_types))
     _check_gpus(config, cluster)
     return config, workload, describe(config, profile, version) if profile else ""
 
@@ -218,17 +217,19 @@ def _generic_engine_hint(config: Any, cluster: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from charon_search.catalog import load_model
     from charon_search.hardware import load_cluster
     from charon_search.serving import simulate_serving
 
     prepare_outputs(args, {"--json": "json", "--requests-parquet": "requests_parquet",
                            "--chrome-trace": "chrome_trace"})
-    cluster = load_cluster(args.cluster)  # once: the inputs, the simulation and a note read it
-    config, workload, defaults = build_inputs(args, cluster)
+    # Once each: the inputs, the simulation and the notes below read them.
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    config, workload, defaults = build_inputs(args, model, cluster)
     if defaults:
         print(defaults, file=sys.stderr)
     report = simulate_serving(
-        args.model, cluster, config, workload,
+        model, cluster, config, workload,
         keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,
         progress=not args.no_progress and sys.stderr.isatty())
     print(report.summary(), flush=True)
