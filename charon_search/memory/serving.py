@@ -1,10 +1,21 @@
 """Serving memory: weights per GPU, activation workspace, CUDA-graph pool, KV-cache capacity.
 
-Follows vLLM's accounting (``vllm/worker/worker.py`` ``determine_num_available_blocks``, V1
-``gpu_worker.py``): the engine may use ``gpu_memory_utilization`` of the device; weights, the
-peak activation of a profile forward pass over ``max_batched_tokens`` tokens, the CUDA-graph pool
-and non-torch memory (CUDA context, NCCL) come off the top; the rest holds KV blocks of
-``block_size`` tokens.
+Three engines, three meanings of the memory fraction a launch sets (``MEMORY_RULES``):
+
+- ``total`` (vLLM ``gpu_memory_utilization``, ``vllm/worker/worker.py``
+  ``determine_num_available_blocks``, V1 ``gpu_worker.py``): the engine may use that share of
+  the device; weights, the peak activation of a profile forward pass over
+  ``max_batched_tokens`` tokens, the CUDA-graph pool and non-torch memory (CUDA context, NCCL)
+  come off the top; the rest holds KV blocks of ``block_size`` tokens.
+- ``static`` (SGLang ``mem_fraction_static``, "the fraction of the memory used for static
+  allocation (model weights and KV cache memory pool)"; ``ModelRunner.profile_max_num_token``:
+  ``rest = free after loading - free before loading x (1 - fraction)``): weights and KV share
+  that fraction of the memory free before loading (the device less non-torch memory);
+  activations and CUDA graphs live in the rest.
+- ``free`` (TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction``,
+  ``KvCacheCreator._cal_max_tokens``): that share of the memory left free after the weights,
+  a profiling forward pass over ``max_batched_tokens`` tokens, the CUDA-graph pool and
+  non-torch memory.
 """
 
 from __future__ import annotations
@@ -22,8 +33,16 @@ from charon_search.memory.liveness import ShardingPoint
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
 from charon_search.memory.report import stage_layers
 
-__all__ = ["WEIGHT_DTYPE_BYTES", "KvCacheCapacity", "dsa_indexer_bytes_per_token",
-           "kv_bytes_per_token", "kv_cache_capacity", "moe_tp_degree"]
+__all__ = ["MEMORY_RULES", "MEMORY_RULE_KNOBS", "WEIGHT_DTYPE_BYTES", "KvCacheCapacity",
+           "dsa_indexer_bytes_per_token", "kv_bytes_per_token", "kv_cache_capacity",
+           "moe_tp_degree"]
+
+#: What an engine's memory fraction is a fraction of (module docstring): vLLM's of the whole
+#: device, SGLang's of the memory for weights and KV, TensorRT-LLM's of the memory left free.
+MEMORY_RULES = ("total", "static", "free")
+#: Each rule's knob, as its engine names it.
+MEMORY_RULE_KNOBS = {"total": "gpu_memory_utilization", "static": "mem_fraction_static",
+                     "free": "free_gpu_memory_fraction"}
 
 #: Bytes per weight of the serving precisions (int4/nvfp4: 4-bit values; scales neglected).
 WEIGHT_DTYPE_BYTES: dict[str, float] = {
@@ -161,7 +180,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                       linear_state_requests: int = 0,
                       moe_tp: int | None = None,
                       quantized_roles: frozenset[str] | None = None,
-                      quantized_weight_bytes: float = 0.0) -> KvCacheCapacity:
+                      quantized_weight_bytes: float = 0.0,
+                      memory_rule: str = "total") -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
@@ -171,7 +191,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
         moe_tp: Ranks each expert is split over; None = ``moe_tp_degree(tp, ep)`` (the
             ``tp / ep`` ranks expert parallelism leaves). Attention-DP replicas pass ``tp=1``
             (attention and dense layers whole on each rank) and their ``moe_tp``.
-        gpu_memory_utilization: Share of device memory the engine may use, in (0, 1].
+        gpu_memory_utilization: The launch's memory fraction, in (0, 1], read under
+            ``memory_rule``.
         max_batched_tokens: Tokens of the largest forward pass (chunked-prefill budget).
         block_size: Tokens per KV block.
         kv_dtype, weight_dtype: Storage dtypes.
@@ -191,6 +212,9 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             None: every weight at ``weight_dtype``.
         quantized_weight_bytes: Bytes per quantized weight with its scales (MXFP4 0.53125,
             NVFP4 0.5625); 0 = ``weight_dtype``'s bare element size.
+        memory_rule: ``total`` (vLLM), ``static`` (SGLang) or ``free`` (TensorRT-LLM): what
+            ``gpu_memory_utilization`` is a fraction of (module docstring). Under ``static`` the
+            activation and CUDA-graph bytes are reported but held outside the fraction.
     """
     from charon_search.memory.report import _resolve
 
@@ -202,6 +226,9 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError("`0 < gpu_memory_utilization <= 1` must hold, but got "
                           f"{gpu_memory_utilization}")
+    if memory_rule not in MEMORY_RULES:
+        raise ConfigError(f"`memory_rule` must be one of {list(MEMORY_RULES)}, but got "
+                          f"{memory_rule!r}")
     if weight_dtype not in WEIGHT_DTYPE_BYTES:
         raise ConfigError(f"`weight_dtype` must be one of {sorted(WEIGHT_DTYPE_BYTES)}, "
                           f"but got {weight_dtype!r}")
@@ -243,7 +270,14 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             prof, names, tokens=min(CUDA_GRAPH_MAX_BATCH, max_batched_tokens), tp=tp, decode=True)
         kv_layers = sum(1 for t in layers if not is_linear_block(t))
         per_token = kv_bytes_per_token(spec, tp=tp, num_layers=kv_layers, kv_dtype=kv_dtype)
-        avail = max(0.0, budget - weights - act - graphs - non_torch)
+        if memory_rule == "static":
+            avail = max(0.0, gpu_memory_utilization * (cl.gpu.hbm_capacity_bytes - non_torch)
+                        - weights)
+        elif memory_rule == "free":
+            avail = max(0.0, gpu_memory_utilization * (cl.gpu.hbm_capacity_bytes - weights - act
+                                                       - graphs - non_torch))
+        else:
+            avail = max(0.0, budget - weights - act - graphs - non_torch)
         per_state = linear_state_bytes_per_request(
             spec, tp=tp, num_layers=sum(1 for t in layers if is_linear_block(t)))
         states = 0.0

@@ -83,6 +83,87 @@ def sglang_default_chunked_prefill(gpu: str | GpuSpec) -> int:
         SGLANG_CHUNKED_PREFILL_SIZE_SMALL
 
 
+#: SGLang's default ``--mem-fraction-static`` (0.5.x ``ServerArgs._handle_gpu_memory_settings``):
+#: ``round((gpu_mem - reserved) / gpu_mem, 3)`` with ``gpu_mem`` the device's MiB and
+#: ``reserved`` (MiB) = 512 ("constant meta data, e.g. from attention backend") + 1.5 x
+#: max(chunked_prefill_size, 2048) ("for activation during large prefill"; max_prefill_tokens
+#: when chunking is off) + 2 x cuda_graph_max_bs ("for cuda graphs") + tp x pp / 8 x 1024
+#: ("adjustments for large parallel size"); attention DP adds 3 x cuda_graph_max_bs x dp, and
+#: 1.5 x cuda_graph_max_bs x dp more above 300; on GPUs above 60 GiB at least 10 GiB; EAGLE /
+#: MTP drafts add 2 GiB on top. (Its ``adjust_mem_fraction_for_vlm`` for multimodal models is
+#: not modelled.)
+SGLANG_RESERVED_BASE_MIB = 512
+SGLANG_RESERVED_PER_PREFILL_TOKEN_MIB = 1.5
+SGLANG_RESERVED_MIN_PREFILL_TOKENS = 2048
+SGLANG_RESERVED_PER_GRAPH_BS_MIB = 2
+SGLANG_RESERVED_PER_RANK_MIB = 1024 / 8
+SGLANG_RESERVED_FLOOR_MIB = 10 * 1024
+SGLANG_RESERVED_FLOOR_ABOVE_MIB = 60 * 1024
+SGLANG_RESERVED_SPECULATIVE_MIB = 2 * 1024
+#: SGLang's default ``cuda_graph_max_bs`` by GPU memory (the same ``ServerArgs`` method): 256
+#: below tensor parallelism 4 and 512 from it on 60-160 GiB GPUs ("H100, H200, A100"), 512 from
+#: 160 GiB ("B200"), and its fallback 160 elsewhere.
+SGLANG_GRAPH_BS_LARGE_GPU = 512
+SGLANG_GRAPH_BS = (256, 512)
+SGLANG_GRAPH_BS_FALLBACK = 160
+
+
+def sglang_default_mem_fraction(gpu: GpuSpec, *, tp: int, pp: int = 1, prefill_tokens: int,
+                                cuda_graph_max_bs: int = 0, dp_attention: int = 0,
+                                speculative: bool = False) -> float:
+    """SGLang's ``mem_fraction_static`` when a launch passes none (rule above): on ``gpu``, a
+    replica of ``tp`` x ``pp`` ranks chunking prefills at ``prefill_tokens``, capturing decode
+    graphs up to ``cuda_graph_max_bs`` (0: SGLang's default for the GPU), ``dp_attention``
+    attention-DP ranks (0: none) and a speculative draft model where ``speculative``."""
+    mib = gpu.hbm_capacity_bytes / 2**20
+    bs = cuda_graph_max_bs or (
+        SGLANG_GRAPH_BS_LARGE_GPU if mib >= SGLANG_LARGE_GPU_MIB else
+        SGLANG_GRAPH_BS[tp >= 4] if mib >= SGLANG_RESERVED_FLOOR_ABOVE_MIB else
+        SGLANG_GRAPH_BS_FALLBACK)
+    reserved = (SGLANG_RESERVED_BASE_MIB
+                + SGLANG_RESERVED_PER_PREFILL_TOKEN_MIB
+                * max(prefill_tokens, SGLANG_RESERVED_MIN_PREFILL_TOKENS)
+                + SGLANG_RESERVED_PER_GRAPH_BS_MIB * bs + SGLANG_RESERVED_PER_RANK_MIB * tp * pp)
+    if dp_attention:
+        reserved += 3 * bs * dp_attention + (1.5 * bs * dp_attention if bs > 300 else 0.0)
+    if mib > SGLANG_RESERVED_FLOOR_ABOVE_MIB:
+        reserved = max(reserved, SGLANG_RESERVED_FLOOR_MIB)
+    if speculative:
+        reserved += SGLANG_RESERVED_SPECULATIVE_MIB
+    return round((mib - reserved) / mib, 3)
+
+
+#: An engine's memory rule (``memory.serving.MEMORY_RULES``) and its fraction when a launch
+#: sets none: vLLM ``gpu_memory_utilization`` 0.9 of the device (``CacheConfig`` default);
+#: TensorRT-LLM ``free_gpu_memory_fraction`` 0.9 of the memory left free (``KvCacheConfig``
+#: default); SGLang a static share computed per launch (``sglang_default_mem_fraction``).
+ENGINE_MEMORY_RULES = {"vllm": ("total", 0.9), "trtllm": ("free", 0.9), "sglang": ("static", 0.0)}
+#: A launch of no named engine: vLLM's accounting.
+DEFAULT_MEMORY_RULE = ENGINE_MEMORY_RULES["vllm"]
+
+
+def engine_memory(config: Any, gpu: GpuSpec, *, tp: int, pp: int,
+                  dp_attention: bool) -> tuple[str, float]:
+    """``(memory rule, fraction)`` a ``ServingConfig`` replica of ``tp`` x ``pp`` ranks sizes
+    its KV cache by: ``config.gpu_memory_utilization`` read as its engine's knob, or that
+    engine's default (``ENGINE_MEMORY_RULES``; SGLang's from its prefill chunk, largest
+    captured decode batch, attention DP and draft model)."""
+    rule, fraction = ENGINE_MEMORY_RULES.get(config.engine, DEFAULT_MEMORY_RULE)
+    if config.gpu_memory_utilization is not None:
+        return rule, float(config.gpu_memory_utilization)
+    if rule != "static":
+        return rule, fraction
+    sizes = tuple(config.cuda_graph_sizes) if config.cuda_graph else ()
+    return rule, sglang_default_mem_fraction(
+        gpu, tp=tp, pp=pp,
+        prefill_tokens=(config.max_num_batched_tokens if config.chunked_prefill
+                        else config.max_prefill_tokens or config.max_num_batched_tokens),
+        # A launch that lists its sizes captures up to the largest; else SGLang's own default.
+        cuda_graph_max_bs=0 if sizes == DEFAULT_CUDA_GRAPH_SIZES else max(sizes, default=0),
+        dp_attention=tp if dp_attention else 0,
+        speculative=config.speculative is not None)
+
+
 #: aiconfigurator's rules size prefill limits as ``isl + 1500`` (sglang.rule
 #: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
 #: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).
@@ -389,6 +470,9 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 
+#: ``kv_cache_config.free_gpu_memory_fraction | default(0.80)`` in aiconfigurator's TensorRT-LLM
+#: ``extra_engine_args.<version>.yaml.j2`` templates (its generator passes no value of its own).
+AIC_TRTLLM_FREE_MEMORY_FRACTION = 0.8
 #: aiconfigurator's generated launches (``generator/config/backend_templates/<engine>/run.sh.j2``,
 #: ai-dynamo/aiconfigurator) start ``python3 -m dynamo.frontend`` and one ``python3 -m
 #: dynamo.<engine>`` worker per replica: Dynamo, not the engine's own server, streams the tokens.
@@ -542,7 +626,11 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             max_num_batched_tokens=max_batch_size + isl + AIC_PREFILL_HEADROOM_TOKENS,
             max_prefill_tokens=0, prefix_caching=False, kv_admission="reserve_max",
             overlap_scheduler=True, cuda_graph_sizes=graphs,
+            gpu_memory_utilization=AIC_TRTLLM_FREE_MEMORY_FRACTION if aic else 0.0,
             sources=(*graphs_src,
+                *((f"kv_cache_config.free_gpu_memory_fraction {AIC_TRTLLM_FREE_MEMORY_FRACTION} "
+                   "of the memory left free (aiconfigurator extra_engine_args template "
+                   "default)",) if aic else ()),
                 "TensorRT-LLM overlap scheduler on (aiconfigurator trtllm.rule agg "
                 "disable_overlap_scheduler = false; LlmArgs default): host work hidden",
                 "TensorRT-LLM in-flight batching: context and generation requests in one "
@@ -682,6 +770,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
     fp4_blackwell = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
+    mem = INFERENCEX_DSR1_SGLANG_MEM_FRACTION[fp4_blackwell]
     if fp4_blackwell:
         tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
         recipe = "benchmarks/dsr1_fp4_b200.sh, reused on B300"
@@ -692,8 +781,9 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
-        allreduce_norm_fusion=fp4_blackwell,
+        allreduce_norm_fusion=fp4_blackwell, gpu_memory_utilization=mem,
         sources=(
+            f"--mem-fraction-static {mem} ({recipe.split(':')[0]})",
             *(("--enable-flashinfer-allreduce-fusion (dsr1_fp4_b200.sh): the RMSNorm after "
                "each TP all-reduce runs in the all-reduce kernel",) if fp4_blackwell else ()),
             *((f"--scheduler-recv-interval {recv} (InferenceX dsr1_fp4_b200.sh, "
@@ -767,6 +857,10 @@ def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
 #: not modelled, dominates there.
 INFERENCEX_DSR1_SGLANG_RECV_INTERVALS = (10, 30)
 INFERENCEX_DSR1_SGLANG_RECV_RELAX_CONC = 16
+#: ``--mem-fraction-static`` of InferenceX's SGLang DeepSeek-R1 recipes: 0.82 in
+#: ``dsr1_fp8_h200.sh`` (both branches), 0.85 in ``dsr1_fp4_b200.sh`` (indexed by "FP4 on
+#: Blackwell").
+INFERENCEX_DSR1_SGLANG_MEM_FRACTION = (0.82, 0.85)
 #: GPUs whose InferenceX DeepSeek-R1 SGLang recipes pass ``--scheduler-recv-interval``.
 INFERENCEX_DSR1_SGLANG_RECV_GPUS = ("b200", "b300")
 

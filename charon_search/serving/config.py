@@ -305,8 +305,14 @@ class ServingConfig:
     (``--hybrid-kvcache-ratio``) are not modelled (no saving). vLLM 0.10 to 0.12 kept Llama 4's
     chunked layers at full length unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE``
     was set (vllm#21761, on by default again since vllm#29627): set False for those."""
-    gpu_memory_utilization: float = 0.9
-    """Fraction of HBM the engine may use (weights + activations + KV cache)."""
+    gpu_memory_utilization: float | None = None
+    """The launch's memory fraction, read as ``engine``'s own knob
+    (``memory.serving.MEMORY_RULES``): vLLM ``--gpu-memory-utilization`` (share of the device
+    for weights, activations and KV), SGLang ``--mem-fraction-static`` (share for weights and
+    KV; activations and CUDA graphs outside it), TensorRT-LLM ``free_gpu_memory_fraction``
+    (share of the memory left free after weights and a profiling pass); no engine: vLLM's.
+    None = the engine's default (vLLM and TensorRT-LLM 0.9, SGLang its per-launch rule,
+    ``serving.backends.engine_memory``)."""
     num_kv_blocks: int = 0
     """Override the KV-cache capacity in blocks per replica (0 = from the memory model)."""
     cuda_graph: bool = True
@@ -488,10 +494,11 @@ class ServingConfig:
                               f"{self.max_prefill_tokens!r}")
         _choice("precision", self.precision, PRECISIONS)
         _choice("kv_dtype", self.kv_dtype, KV_DTYPES)
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if self.gpu_memory_utilization is not None and not (
+                0.0 < self.gpu_memory_utilization <= 1.0):
             raise ConfigError(
-                f"`0 < gpu_memory_utilization <= 1` must hold, but got "
-                f"{self.gpu_memory_utilization}"
+                f"`0 < gpu_memory_utilization <= 1` must hold (or null: the engine's default), "
+                f"but got {self.gpu_memory_utilization}"
             )
         if self.num_kv_blocks < 0:
             raise ConfigError(f"`num_kv_blocks >= 0` must hold, but got {self.num_kv_blocks}")

@@ -99,11 +99,13 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
         return config.num_kv_blocks
     from charon_search.memory.serving import kv_cache_capacity, moe_tp_degree
     from charon_search.serving._graphs import weight_storage
+    from charon_search.serving.backends import engine_memory
 
     dpa = config.dp_attention if dp_attention is None else dp_attention
+    rule, fraction = engine_memory(config, cluster.gpu, tp=tp, pp=pp, dp_attention=dpa)
     cap = kv_cache_capacity(
         model, cluster, tp=1 if dpa else tp, pp=pp, ep=ep, moe_tp=moe_tp_degree(tp, ep),
-        gpu_memory_utilization=config.gpu_memory_utilization,
+        gpu_memory_utilization=fraction, memory_rule=rule,
         # Under attention DP each rank runs its share of the replica's tokens.
         max_batched_tokens=-(-config.max_num_batched_tokens // tp) if dpa
         else config.max_num_batched_tokens, block_size=config.block_size,

@@ -152,17 +152,17 @@ def kv_blocks(model: ModelSpec, cluster: ClusterSpec, *, tp: int, pp: int, max_n
               block_size: int, kv_dtype: str, weight_dtype: str, kv_fraction: float) -> int:
     """KV blocks per replica as the PyTorch executor sizes them: ``kv_fraction`` of the memory
     a forward pass of ``max_num_tokens`` leaves free (device minus weights, activations, the
-    CUDA-graph pool and non-torch buffers, ``memory.serving.kv_cache_capacity`` at a
-    utilization of 1; the checkpoint's bf16 modules, such as the embedding and LM head, at 2
-    bytes a weight)."""
+    CUDA-graph pool and non-torch buffers: ``memory.serving.kv_cache_capacity``'s ``free``
+    rule; the checkpoint's bf16 modules, such as the embedding and LM head, at 2 bytes a
+    weight)."""
     from charon_search.memory.serving import kv_cache_capacity
     from charon_search.serving._graphs import weight_storage
 
-    cap = kv_cache_capacity(model, cluster, tp=tp, pp=pp, gpu_memory_utilization=1.0,
-                            max_batched_tokens=max_num_tokens, block_size=block_size,
-                            kv_dtype=kv_dtype, **weight_storage(model, weight_dtype))
-    tokens = cap.available_bytes * kv_fraction / cap.kv_bytes_per_token
-    return int(tokens // block_size)
+    cap = kv_cache_capacity(model, cluster, tp=tp, pp=pp, gpu_memory_utilization=kv_fraction,
+                            memory_rule="free", max_batched_tokens=max_num_tokens,
+                            block_size=block_size, kv_dtype=kv_dtype,
+                            **weight_storage(model, weight_dtype))
+    return cap.num_blocks
 
 
 def perf_overview_engine(model: ModelSpec, cluster: ClusterSpec, *, tp: int, pp: int, isl: int,

@@ -165,6 +165,8 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "prompt_scale_why": case.extra.get("prompt_scale_why", ""),
         },
         "kv_cache": {
+            # The engine's memory knob as the top-level configuration sizes its replicas.
+            "memory": _memory_knob(cfg, case.cluster),
             "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
             "block_size": cfg.block_size, "utilization": rep.kv_utilization,
             "preemptions": rep.num_preemptions,
@@ -308,7 +310,8 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
                if wl["output_tokens"] else ""))
     kv = exp["kv_cache"]
     demand = kv["full_length_demand_tokens"]
-    lines.append(f"  KV cache: {kv['capacity_tokens']:,} tokens per replica ({kv['kv_dtype']}, "
+    lines.append(f"  KV cache: {kv['capacity_tokens']:,} tokens per replica ({kv['memory']}, "
+                 f"{kv['kv_dtype']}, "
                  f"blocks of {kv['block_size']}), {100 * kv['utilization']:.1f} % used on "
                  f"average, {kv['preemptions']} preemptions"
                  + (f"; sliding-window layers keep at most {kv['window_tokens']:,} tokens of "
@@ -341,3 +344,14 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
 def _op_lines(ops: list[Mapping[str, Any]]) -> list[str]:
     return [f"    {_ms(op['seconds']):>12s}  {op['kind']:<14s} {op['source']:<10s} {op['name']}"
             for op in ops]
+
+
+def _memory_knob(cfg: Any, cluster: Any) -> str:
+    """``"<engine knob> <fraction>"``, e.g. ``mem_fraction_static 0.842``: the memory fraction
+    the configuration's engine sizes its KV cache by (``serving.backends.engine_memory``)."""
+    from charon_search.memory.serving import MEMORY_RULE_KNOBS
+    from charon_search.serving.backends import engine_memory
+
+    rule, fraction = engine_memory(cfg, cluster.gpu, tp=cfg.tp, pp=cfg.pp,
+                                   dp_attention=cfg.dp_attention)
+    return f"{MEMORY_RULE_KNOBS[rule]} {fraction:g}"

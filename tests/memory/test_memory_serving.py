@@ -97,3 +97,31 @@ def test_quantized_checkpoint_keeps_its_bf16_modules_in_weight_memory():
     flat = kv_cache_capacity(spec, "h100-sxm-8gpu", tp=1, weight_dtype="nvfp4")
     assert flat.weights_bytes == pytest.approx(0.5 * (expert + other), rel=1e-3)
     assert cap.num_tokens < flat.num_tokens
+
+
+@pytest.mark.parametrize("rule", ["static", "free"])
+def test_engine_memory_rules_closed_form(rule: str) -> None:
+    """SGLang's static fraction holds weights + KV of the memory free before loading (the
+    activations and graphs outside it); TensorRT-LLM's free fraction is a share of what the
+    weights, activations and graphs leave (``memory.serving`` docstring)."""
+    spec = _llama8b()
+    act, graphs = GIB, 0.5 * GIB
+    total = kv_cache_capacity(spec, toy_cluster(), tp=2, gpu_memory_utilization=0.85,
+                              activation_bytes=act, cuda_graph_pool_bytes=graphs)
+    cap = kv_cache_capacity(spec, toy_cluster(), tp=2, gpu_memory_utilization=0.85,
+                            activation_bytes=act, cuda_graph_pool_bytes=graphs,
+                            memory_rule=rule)
+    w, device, extra = cap.weights_bytes, 80 * GIB, cap.non_torch_bytes
+    expected = (0.85 * (device - extra) - w if rule == "static"
+                else 0.85 * (device - w - act - graphs - extra))
+    assert cap.available_bytes == pytest.approx(expected)
+    assert cap.num_blocks == int(expected // cap.kv_bytes_per_token) // 16
+    # vLLM's rule takes everything off 0.85 of the device: the smallest of the three here.
+    assert total.available_bytes == pytest.approx(0.85 * device - w - act - graphs - extra)
+    assert total.num_blocks < cap.num_blocks
+
+
+def test_unknown_memory_rule_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"memory_rule.*total"):
+        kv_cache_capacity(_llama8b(), toy_cluster(), tp=1, memory_rule="sglang",
+                          activation_bytes=0, cuda_graph_pool_bytes=0)

@@ -94,6 +94,8 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert 0 < kv["utilization"] <= c * (isl + 512) / kv["capacity_tokens"]
     assert kv["preemptions"] == 0
     assert f"{kv['capacity_tokens']:,} tokens per replica" in render_explanation(exp)
+    # Sized as TensorRT-LLM does, by aiconfigurator's template fraction of the free memory.
+    assert kv["memory"] == "free_gpu_memory_fraction 0.8"
 
 
 def test_cli_explain_writes_json_and_rejects_unknown_ids(tmp_path, capsys):
