@@ -233,6 +233,11 @@ def run(args: argparse.Namespace) -> int:
         keep_requests=bool(args.requests_parquet), chrome_trace=args.chrome_trace,
         progress=not args.no_progress and sys.stderr.isatty())
     print(report.summary(), flush=True)
+    from charon_search.serving.backends import memory_knob
+
+    print(f"KV cache {report.kv_capacity_tokens:,} tokens per "
+          + ("decode replica" if config.disagg is not None else
+             f"replica ({memory_knob(config, cluster.gpu)})"), flush=True)
     from charon_search.validation.bands import serving_band_lines
 
     try:

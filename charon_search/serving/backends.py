@@ -164,6 +164,17 @@ def engine_memory(config: Any, gpu: GpuSpec, *, tp: int, pp: int,
         speculative=config.speculative is not None)
 
 
+def memory_knob(config: Any, gpu: GpuSpec) -> str:
+    """``"<knob> <fraction>"`` (e.g. ``mem_fraction_static 0.842``): the memory setting a
+    ``ServingConfig`` replica sizes its KV cache by, named as its engine names it
+    (``engine_memory`` at the configuration's own degrees)."""
+    from charon_search.memory.serving import MEMORY_RULE_KNOBS
+
+    rule, fraction = engine_memory(config, gpu, tp=config.tp, pp=config.pp,
+                                   dp_attention=config.dp_attention)
+    return f"{MEMORY_RULE_KNOBS[rule]} {fraction:g}"
+
+
 #: aiconfigurator's rules size prefill limits as ``isl + 1500`` (sglang.rule
 #: ``max_prefill_tokens``; the benchmark deployments' ``rule_plugin/benchmark/trtllm.rule``
 #: ``agg max_num_tokens = max_batch_size + isl + 1500``; its non-benchmark trtllm.rule adds 500).

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from charon_search.serving.backends import memory_knob
 from charon_search.validation.predict import measured_skip, predicted_latencies
 from charon_search.validation.translate import ServingCase, TrainingCase
 
@@ -166,7 +167,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
         },
         "kv_cache": {
             # The engine's memory knob as the top-level configuration sizes its replicas.
-            "memory": _memory_knob(cfg, case.cluster),
+            "memory": memory_knob(cfg, case.cluster.gpu),
             "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
             "block_size": cfg.block_size, "utilization": rep.kv_utilization,
             "preemptions": rep.num_preemptions,
@@ -345,13 +346,3 @@ def _op_lines(ops: list[Mapping[str, Any]]) -> list[str]:
     return [f"    {_ms(op['seconds']):>12s}  {op['kind']:<14s} {op['source']:<10s} {op['name']}"
             for op in ops]
 
-
-def _memory_knob(cfg: Any, cluster: Any) -> str:
-    """``"<engine knob> <fraction>"``, e.g. ``mem_fraction_static 0.842``: the memory fraction
-    the configuration's engine sizes its KV cache by (``serving.backends.engine_memory``)."""
-    from charon_search.memory.serving import MEMORY_RULE_KNOBS
-    from charon_search.serving.backends import engine_memory
-
-    rule, fraction = engine_memory(cfg, cluster.gpu, tp=cfg.tp, pp=cfg.pp,
-                                   dp_attention=cfg.dp_attention)
-    return f"{MEMORY_RULE_KNOBS[rule]} {fraction:g}"

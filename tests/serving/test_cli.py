@@ -33,7 +33,11 @@ def test_serve_writes_report(tmp_path, capsys) -> None:
     assert data["ttft_s"]["mean"] > 0 and data["tpot_s"]["mean"] > 0
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "decode" for e in events)
-    assert "TTFT" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TTFT" in out
+    # No engine named: vLLM's accounting, 0.9 of the device.
+    assert (f"KV cache {data['kv_capacity_tokens']:,} tokens per replica "
+            "(gpu_memory_utilization 0.9)") in out
 
 
 @pytest.mark.slow
