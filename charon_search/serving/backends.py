@@ -234,6 +234,13 @@ INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS = 60
 INFERENCEX_TRT_MTP_SINCE = "2026-01-07"
 #: InferenceX ``benchmarks/gptoss_fp4_h200_trt.sh``: ``trtllm-serve --max_num_tokens 20000``.
 INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS = 20000
+#: ``kv_cache_config.free_gpu_memory_fraction`` of InferenceX's TensorRT-LLM recipes: DeepSeek-R1
+#: 0.75 on Hopper (``dsr1_fp8_h200_trt.sh``) and 0.8 on Blackwell (``dsr1_fp4_b200_trt.sh``, and
+#: ``dsr1_fp8_b200_trt.sh`` but for 0.7 at 1k prompts from 256 streams and 0.75 at 8k prompts on
+#: TP 4, not modelled); gpt-oss 0.85 (``gptoss_fp4_h200_trt.sh``, ``gptoss_fp4_b200_trt.sh``).
+#: The Llama-3.3-70B recipe (``70b_fp8_h200_trt_slurm.sh``) sets none: TensorRT-LLM's 0.9.
+INFERENCEX_DSR1_TRT_FREE_MEMORY = {"hopper": 0.75, "blackwell": 0.8}
+INFERENCEX_GPTOSS_TRT_FREE_MEMORY = 0.85
 #: InferenceX ``benchmarks/70b_fp8_h200_trt_slurm.sh``, 1k/1k at TP < 8:
 #: ``batch_wait_max_tokens_ratio: 0.9``, ``batch_wait_timeout_iters: 20``.
 INFERENCEX_70B_TRT_WAIT_RATIO = 0.9
@@ -1000,13 +1007,19 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_siz
         max_tokens = max(INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS,
                          -(-(max_batch_size + isl + 64) // 64) * 64)
         adp = max(int(attention_dp), 1)
+        arch = "blackwell" if _fp4_tensor_cores(gpu) else "hopper"
+        free = INFERENCEX_DSR1_TRT_FREE_MEMORY[arch]
         return EngineProfile(
             backend="trtllm", prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_tokens * adp, max_prefill_tokens=0,
             prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
             adp_balance_timeout_iters=INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS if adp > 1 else 0,
+            gpu_memory_utilization=free,
             sources=(
                 *common,
+                f"kv_cache_config free_gpu_memory_fraction {free} (InferenceX "
+                + ("dsr1_fp4_b200_trt.sh / dsr1_fp8_b200_trt.sh)" if arch == "blackwell"
+                   else "dsr1_fp8_h200_trt.sh)"),
                 f"--max_num_tokens {max_tokens} = max(8192, round_up_64(C + isl + 64)) "
                 "(InferenceX benchmarks/dsr1_fp8_h200_trt.sh at 1fc5d73)"
                 + (f", per attention-DP rank: x{adp} ranks (TensorRT-LLM: \"Max num tokens in "
@@ -1023,8 +1036,11 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_siz
             max_num_batched_tokens=INFERENCEX_GPTOSS_TRT_MAX_NUM_TOKENS, max_prefill_tokens=0,
             prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
             moe_kernel="mxfp8" if blackwell else "", kv_dtype="fp8" if blackwell else "bf16",
+            gpu_memory_utilization=INFERENCEX_GPTOSS_TRT_FREE_MEMORY,
             sources=(
                 *common,
+                f"kv_cache_config free_gpu_memory_fraction {INFERENCEX_GPTOSS_TRT_FREE_MEMORY} "
+                "(InferenceX gptoss_fp4_h200_trt.sh, gptoss_fp4_b200_trt.sh)",
                 ("kv_cache_config dtype: fp8 (InferenceX gptoss_fp4_b200_trt.sh)" if blackwell
                  else "kv_cache_config dtype: auto (InferenceX gptoss_fp4_h200_trt.sh): the "
                  "checkpoint's bf16 attention dtype (gpt-oss declares no KV-cache scheme)"),

@@ -72,3 +72,15 @@ def test_bad_fraction_names_the_field() -> None:
 
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         ServingConfig(gpu_memory_utilization=0.0)
+
+
+@pytest.mark.parametrize(("model", "gpu", "fraction"), [
+    ("deepseek-ai/DeepSeek-R1", "h200-sxm-141gb", 0.75),  # dsr1_fp8_h200_trt.sh
+    ("deepseek-ai/DeepSeek-R1", "b200", 0.8),  # dsr1_fp4_b200_trt.sh
+    ("openai/gpt-oss-120b", "h200-sxm-141gb", 0.85),  # gptoss_fp4_h200_trt.sh
+    ("meta-llama/Llama-3.3-70B-Instruct", "h200-sxm-141gb", None),  # none: the 0.9 default
+])
+def test_inferencex_trtllm_recipes_set_their_free_memory_fraction(model, gpu, fraction) -> None:
+    kw = engine_profile("trtllm", isl=1024, osl=1024, max_batch_size=64, tp=8,
+                        launcher="inferencex", model=model, gpu=gpu).config_kwargs()
+    assert kw.get("gpu_memory_utilization") == fraction
