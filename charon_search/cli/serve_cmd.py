@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--max-batched-tokens", type=int)
     e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--memory-fraction", type=float, metavar="F",
+                   help="the engine's memory setting, read as the engine reads it: vLLM "
+                        "--gpu-memory-utilization (share of the device), SGLang "
+                        "--mem-fraction-static (share for weights and KV), TensorRT-LLM "
+                        "free_gpu_memory_fraction (share of the memory left free); default: the "
+                        "engine's own (`gpu_memory_utilization` in --config)")
     e.add_argument("--precision", choices=PRECISIONS,
                    help="weight/GEMM precision; int4 = 4-bit integer weights (W4A16) of a "
                         "checkpoint the catalog ships (e.g. kimi-k2.5)")
@@ -125,6 +131,7 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens,
         "chunked_prefill": args.chunked_prefill, "prefix_caching": args.prefix_caching,
         "precision": args.precision, "fused_kernels": args.fused_kernels,
+        "gpu_memory_utilization": args.memory_fraction,
     }
     data.update({k: v for k, v in flags.items() if v is not None})
     if args.disagg:

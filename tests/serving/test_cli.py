@@ -115,3 +115,16 @@ def test_serve_prompt_pool_hits_the_prefix_cache(tmp_path) -> None:
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["prefix_hit_rate"] == pytest.approx(32 * 496 / (40 * 512))
+
+
+def test_serve_memory_fraction_is_read_as_the_engines_setting(capsys) -> None:
+    """``--memory-fraction 0.8`` with ``--engine sglang`` is SGLang's static fraction (weights
+    and KV): the printed setting says so, and a bad value names the field."""
+    base = ["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--engine",
+            "sglang", "--workload", "concurrency", "--concurrency", "2", "--num-requests", "4",
+            "--input-len", "64", "--output-len", "4", "--no-progress"]
+    assert main([*base, "--memory-fraction", "0.8"]) == 0
+    assert "(mem_fraction_static 0.8)" in capsys.readouterr().out
+    assert main([*base, "--memory-fraction", "1.5"]) == 2
+    assert "gpu_memory_utilization" in capsys.readouterr().err
+
