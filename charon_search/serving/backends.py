@@ -90,8 +90,11 @@ def sglang_default_chunked_prefill(gpu: str | GpuSpec) -> int:
 #: when chunking is off) + 2 x cuda_graph_max_bs ("for cuda graphs") + tp x pp / 8 x 1024
 #: ("adjustments for large parallel size"); attention DP adds 3 x cuda_graph_max_bs x dp, and
 #: 1.5 x cuda_graph_max_bs x dp more above 300; on GPUs above 60 GiB at least 10 GiB; EAGLE /
-#: MTP drafts add 2 GiB on top. (Its ``adjust_mem_fraction_for_vlm`` for multimodal models is
-#: not modelled.)
+#: MTP drafts add 2 GiB on top. The rule of sgl-project/sglang#10975 ("General heuristics for
+#: --mem-fraction-static"), which the 0.5.6-0.5.10 silicon rows' releases carry; releases before
+#: it reserved a flat (9.5 + tp x pp / 2) GiB on 35-90 GiB GPUs and (12 + tp x pp / 2) GiB up to
+#: 160 GiB. Its ``adjust_mem_fraction_for_vlm`` for multimodal checkpoints (x 0.95 x a ViT-size
+#: factor) is not modelled: the catalog ships the language models' configs only.
 SGLANG_RESERVED_BASE_MIB = 512
 SGLANG_RESERVED_PER_PREFILL_TOKEN_MIB = 1.5
 SGLANG_RESERVED_MIN_PREFILL_TOKENS = 2048
