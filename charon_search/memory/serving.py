@@ -248,7 +248,6 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
         raise ConfigError(f"`moe_tp` must be a positive integer, but got {moe_tp!r}")
     cal = cl.calibration
     non_torch = cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes * (tp > 1 or pp > 1)
-    budget = cl.gpu.hbm_capacity_bytes * gpu_memory_utilization
     best: KvCacheCapacity | None = None
     for i, layers in enumerate(stages):
         names = list(layers) + (["embedding"] if i == 0 else []) + (
@@ -277,7 +276,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             avail = max(0.0, gpu_memory_utilization * (cl.gpu.hbm_capacity_bytes - weights - act
                                                        - graphs - non_torch))
         else:
-            avail = max(0.0, budget - weights - act - graphs - non_torch)
+            avail = max(0.0, gpu_memory_utilization * cl.gpu.hbm_capacity_bytes - weights - act
+                        - graphs - non_torch)
         per_state = linear_state_bytes_per_request(
             spec, tp=tp, num_layers=sum(1 for t in layers if is_linear_block(t)))
         states = 0.0

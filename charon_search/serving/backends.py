@@ -107,6 +107,7 @@ SGLANG_RESERVED_SPECULATIVE_MIB = 2 * 1024
 #: below tensor parallelism 4 and 512 from it on 60-160 GiB GPUs ("H100, H200, A100"), 512 from
 #: 160 GiB ("B200"), and its fallback 160 elsewhere.
 SGLANG_GRAPH_BS_LARGE_GPU = 512
+SGLANG_GRAPH_BS_MIN_GPU_MIB = 60 * 1024
 SGLANG_GRAPH_BS = (256, 512)
 SGLANG_GRAPH_BS_FALLBACK = 160
 
@@ -121,7 +122,7 @@ def sglang_default_mem_fraction(gpu: GpuSpec, *, tp: int, pp: int = 1, prefill_t
     mib = gpu.hbm_capacity_bytes / 2**20
     bs = cuda_graph_max_bs or (
         SGLANG_GRAPH_BS_LARGE_GPU if mib >= SGLANG_LARGE_GPU_MIB else
-        SGLANG_GRAPH_BS[tp >= 4] if mib >= SGLANG_RESERVED_FLOOR_ABOVE_MIB else
+        SGLANG_GRAPH_BS[tp >= 4] if mib >= SGLANG_GRAPH_BS_MIN_GPU_MIB else
         SGLANG_GRAPH_BS_FALLBACK)
     reserved = (SGLANG_RESERVED_BASE_MIB
                 + SGLANG_RESERVED_PER_PREFILL_TOKEN_MIB

@@ -345,4 +345,3 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
 def _op_lines(ops: list[Mapping[str, Any]]) -> list[str]:
     return [f"    {_ms(op['seconds']):>12s}  {op['kind']:<14s} {op['source']:<10s} {op['name']}"
             for op in ops]
-
