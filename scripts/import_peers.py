@@ -26,7 +26,8 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   top-k and the sparse MLA kernel (``convert_dsa``).
   Quantized MoE (``QUANT_MOE_DTYPES``: per-tensor ``fp8``, 128x128 ``fp8_block``,
   ``w4a16_mxfp4``, ``w4a8_mxfp4_mxfp8`` (MXFP4 weights with MXFP8 activations, Blackwell),
-  ``int4_wo``) is read per engine, since each engine ships its own MoE kernels:
+  ``int4_wo``, ``nvfp4`` (NVFP4 weights and activations, Blackwell)) is read per engine,
+  since each engine ships its own MoE kernels:
   vLLM, TensorRT-LLM and SGLang at their ``current`` slot of ``query_versions.yaml``
   (``BACKEND_VERSION``), power-law 1.01 routing only (the routing aiconfigurator's own SDK
   prices serving with: ``sdk/config.py`` ``workload_distribution = "power_law"``, alpha 1.01 in
@@ -91,13 +92,20 @@ BACKEND_VERSION: dict[str, tuple[str, dict[str, str]]] = {
 }
 #: Quantized MoE kernel dtypes imported (aiconfigurator ``moe_dtype`` names, kept verbatim as
 #: the DB dtype): the formats of the checkpoints the catalog ships (``_charon_checkpoints``).
-QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4_wo")
+QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4_wo", "nvfp4")
 #: (engine, moe_dtype) -> the kernel family the engine runs by default, where the table holds
 #: several: vLLM's ``Fp8MoEMethod`` takes FlashInfer's CUTLASS MoE for block fp8 only with
 #: ``VLLM_USE_FLASHINFER_MOE_FP8=1`` (default off, ``vllm/envs.py``) and otherwise the Triton
 #: fused-MoE experts (DeepGEMM for large batches); the FlashInfer rows also cover only part of
 #: the shapes (H200 0.24.0: no EP=1 rows of Qwen3-235B's experts).
-PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts"}
+#: TensorRT-LLM's NVFP4 experts: its ``moe_torch_flow_min_latency`` rows, not the CUTLASS ones
+#: (``moe_torch_flow_cutlass``, the most rows). They time the TRT-LLM-gen MoE kernels that
+#: ``moe_config.backend: TRTLLM`` runs (InferenceX's DeepSeek-R1 FP4 recipes pass it): for
+#: DeepSeek's experts on B200 they are within 30 % of the FlashInfer TRT-LLM-gen rows that
+#: SGLang and vLLM measured (same kernels), from 1 to 16,384 tokens, where the CUTLASS rows
+#: are 1.5-3x slower (docs/calibration/README.md, session 50).
+PREFERRED_MOE_KERNEL = {("vllm", "fp8_block"): "vllm_fp8moe_triton_tritonexperts",
+                        ("trtllm", "nvfp4"): "moe_torch_flow_min_latency"}
 #: SGLang version folder of the wide-EP (DeepEP) generation MoE tables (the only one holding
 #: them on Blackwell; Hopper also has 0.5.6.post2).
 DEEPEP_SGLANG_VERSION = "0.5.10"

@@ -66,11 +66,13 @@ NUM_SMS: dict[str, int] = {
 #: v1.0); int4 weight-only 4 bits + one bf16 scale per group of 128 (aiconfigurator's
 #: ``int4_wo`` / GPTQ-style group size). Marlin rows (``w4a16_marlin``) pool MXFP4 and int4
 #: checkpoints and use MXFP4's bytes (int4's are 3 % lower). ``w4a8_mxfp4_mxfp8`` stores the
-#: same MXFP4 weights (its MXFP8 activations are not expert weights).
+#: same MXFP4 weights (its MXFP8 activations are not expert weights). NVFP4: 4 bits + one FP8
+#: E4M3 scale per 16 elements (NVIDIA's NVFP4 format, ModelOpt ``group_size`` 16).
 MOE_WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "fp8_block": 1.0,
                                       "w4a16_mxfp4": 0.5 + 1 / 32, "int4_wo": 0.5 + 2 / 128,
                                       "w4a16_marlin": 0.5 + 1 / 32,
-                                      "w4a8_mxfp4_mxfp8": 0.5 + 1 / 32}
+                                      "w4a8_mxfp4_mxfp8": 0.5 + 1 / 32,
+                                      "nvfp4": 0.5 + 1 / 16}
 TILE = 128
 """GEMM output tile edge used for the wave-quantization feature."""
 
@@ -516,9 +518,10 @@ def synthetic_nodes(op_kind: str, cols: Mapping[str, np.ndarray], dtype: str) ->
 
 #: Profile dtype of a quantized MoE kernel -> the tensor-core dtype it computes in (the roofline's
 #: peak): block-scaled fp8 runs fp8 MMAs; W4A16 kernels dequantize 4-bit weights to bf16; MXFP4
-#: weights with MXFP8 activations run Blackwell's mixed-precision MMAs at the fp8 rate.
+#: weights with MXFP8 activations run Blackwell's mixed-precision MMAs at the fp8 rate; NVFP4
+#: quantizes the activations too and runs FP4 MMAs.
 ROOFLINE_COMPUTE_DTYPE = {"fp8_block": "fp8", "w4a16_mxfp4": "bf16", "int4_wo": "bf16",
-                          "w4a16_marlin": "bf16", "w4a8_mxfp4_mxfp8": "fp8"}
+                          "w4a16_marlin": "bf16", "w4a8_mxfp4_mxfp8": "fp8", "nvfp4": "fp4"}
 
 
 def roofline_seconds(op_kind: str, cols: Mapping[str, np.ndarray], gpu_key: str, dtype: str

@@ -186,18 +186,18 @@ _MODULE_ROLES: tuple[tuple[str, frozenset[str]], ...] = (
 #: Triton ``matmul_ogs``), TensorRT-LLM and SGLang run the experts as W4A16, dequantizing the
 #: 4-bit weights to bf16 inside the kernel; fp8 with ``weight_block_size`` [128, 128]
 #: (DeepSeek-V3/R1, Qwen3-FP8) is the block-scaled family, plain fp8 the per-tensor one.
-#: NVFP4 experts have no measured rows shipped (session 32 in docs/calibration/README.md): ""
-#: prices them with the bf16 MoE model at their half byte per weight.
+#: NVFP4 (NVIDIA's ModelOpt checkpoints) runs each engine's measured NVFP4 MoE kernel on
+#: Blackwell (FlashInfer's TRT-LLM-gen kernels for vLLM and SGLang, TensorRT-LLM's own
+#: TRT-LLM-gen rows: ``scripts/import_peers.py`` ``PREFERRED_MOE_KERNEL``); GPUs without NVFP4
+#: rows (Hopper) fall back to the bf16 MoE model at the format's bytes per weight.
 _MOE_FORMAT = {"mxfp4": "w4a16_mxfp4", "fp8_block": "fp8_block", "fp8": "fp8",
-               "int4_wo": "int4_wo", "nvfp4": ""}
+               "int4_wo": "int4_wo", "nvfp4": "nvfp4"}
 #: Stored bytes per weight of each checkpoint format, scales included: those of its MoE kernel
 #: format (``cost.predictor.MOE_WEIGHT_BYTES``: fp8 1, MXFP4 4 bits + one E8M0 scale byte per
 #: 32, int4 weight-only 4 bits + one bf16 scale per group of 128; ``checkpoint_quant`` takes the
-#: group size from the checkpoint's config), and NVFP4 4 bits + one FP8 E4M3 scale per 16
-#: (NVIDIA's NVFP4 format, ModelOpt ``group_size`` 16), which has no MoE kernel format here.
-_FORMAT_WEIGHT_BYTES = {"nvfp4": 0.5 + 1 / 16,
-                        **{method: MOE_WEIGHT_BYTES[fmt] for method, fmt in _MOE_FORMAT.items()
-                           if fmt in MOE_WEIGHT_BYTES}}
+#: group size from the checkpoint's config), NVFP4 4 bits + one FP8 E4M3 scale per 16.
+_FORMAT_WEIGHT_BYTES = {method: MOE_WEIGHT_BYTES[fmt] for method, fmt in _MOE_FORMAT.items()
+                        if fmt in MOE_WEIGHT_BYTES}
 #: ``ServingConfig.moe_kernel`` -> (formats it runs, (engine, DB dtype) of its measured rows).
 #: ``marlin``: the Marlin MoE kernel (``fused_marlin_moe``: 4-bit weights, MXFP4 or int4,
 #: dequantized to bf16 in the kernel), one kernel whichever engine launches it; its rows pool

@@ -88,16 +88,22 @@ def test_convert_moe_quant_units_variant_and_one_family(tmp_path):
     assert (r.n, r.k, r.group_size, r.tokens, r.top_k) == (1024, 7168, 4, 64, 8)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """A small DB: the H200 W4A16 rows of every engine plus a quarter of the bf16 rows."""
-    df = default_profile_db().table(GPU, "grouped_gemm").to_pandas()
-    keep = (df.dtype == "w4a16_mxfp4") | ((df.variant == "moe_ffn") & (df.index % 4 == 0))
-    root = tmp_path_factory.mktemp("qmoe")
+def _quant_rows_model(tmp_path_factory, gpu: str, dtype: str) -> FusedCostModel:
+    """A small DB: ``gpu``'s ``dtype`` MoE rows of every engine plus a quarter of the bf16
+    rows, with quickly trained predictors."""
+    df = default_profile_db().table(gpu, "grouped_gemm").to_pandas()
+    keep = (df.dtype == dtype) | ((df.variant == "moe_ffn") & (df.index % 4 == 0))
+    root = tmp_path_factory.mktemp(dtype)
     write_profile_db(df[keep], root)
     db = ProfileDB(root)
-    return FusedCostModel(toy_cluster(gpu=GPU), db=db, store=P.PredictorStore(
+    return FusedCostModel(toy_cluster(gpu=gpu), db=db, store=P.PredictorStore(
         db, hyperparams=SMALL_HP, use_disk_cache=False))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The H200 W4A16 rows of every engine plus a quarter of the bf16 rows."""
+    return _quant_rows_model(tmp_path_factory, GPU, "w4a16_mxfp4")
 
 
 def _expert(tokens: float, tags: tuple[str, ...] = ()) -> Node:
@@ -401,3 +407,80 @@ def test_shipped_b200_triton_rows_are_slower_than_the_default_flashinfer_rows():
         assert default == pytest.approx(B200_FLASHINFER_MS[tokens] * 1e-3, rel=0.01), tokens
     assert B200_TRITON_MS[4096] / B200_FLASHINFER_MS[4096] > 1.8
 
+
+
+# ---------------------------------------------------------------------------- NVFP4 MoE
+B200 = "b200-sxm-180gb"
+#: DeepSeek-V3/R1's routed experts (hidden 7168, expert FFN 2048, 256 experts, top-8) at EP 8,
+#: power-law 1.01 routing, NVFP4 weights and activations on B200; ms per layer from
+#: aiconfigurator-core 0.12.0 ``b200_sxm/moe/<engine>/<version>/moe_perf.parquet``: TensorRT-LLM
+#: 1.3.0rc20 ``moe_torch_flow_min_latency``, SGLang 0.5.14 ``sglang_flashinfer_trtllm_moe``,
+#: vLLM 0.24.0 FlashInfer TRT-LLM-gen (``..._trtllmnvfp4expertsmonolithic``).
+DSV3_EP8 = {"top_k": 8, "num_experts": 256, "n": 2048, "k": 7168, "group_size": 8}
+NVFP4_EP8_MS = {"trtllm": {128: 0.123136, 16384: 1.009005},
+                "sglang": {128: 0.130106, 16384: 1.263490},
+                "vllm": {128: 0.138618, 16384: 1.386560}}
+
+
+def test_shipped_nvfp4_rows_per_engine():
+    db = default_profile_db()
+    for engine, table in NVFP4_EP8_MS.items():
+        for tokens, ms in table.items():
+            got = db.exact(B200, "grouped_gemm", f"moe_ffn_skew.{engine}", "nvfp4",
+                           {"tokens": tokens, **DSV3_EP8})
+            assert got == pytest.approx(ms * 1e-3, rel=1e-4), (engine, tokens)
+    trt = db.table(B200, "grouped_gemm").select(variant="moe_ffn_skew.trtllm", dtype="nvfp4")
+    assert set(trt.columns["kernel"].tolist()) == {"moe_torch_flow_min_latency"}
+
+
+def test_trtllm_nvfp4_takes_its_trtllm_gen_rows_not_the_cutlass_ones(tmp_path):
+    """TensorRT-LLM's table holds a CUTLASS NVFP4 MoE (more rows) and its TRT-LLM-gen one
+    (``moe_torch_flow_min_latency``), the kernel ``moe_config.backend: TRTLLM`` runs: the
+    import keeps the latter (``PREFERRED_MOE_KERNEL``)."""
+    cols = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk",
+            "num_experts", "moe_tp_size", "moe_ep_size", "distribution", "latency"]
+    shape = [7168, 2048, 8, 256, 1, 8, "power_law_1.01"]
+    rows = [["moe_torch_flow_cutlass", "nvfp4", t, *shape, 0.3] for t in (1, 64, 1024)]
+    rows += [["moe_torch_flow_min_latency", "nvfp4", 64, *shape, 0.11]]
+    path = tmp_path / "moe.csv"
+    pd.DataFrame(rows, columns=cols).to_csv(path, index=False)
+    mod = _import_script()
+    out = mod.convert_moe_quant(str(path), B200, "t", "trtllm")
+    assert list(out.kernel.unique()) == ["moe_torch_flow_min_latency"]
+    assert out.latency_s.tolist() == pytest.approx([0.11e-3])
+    # Another engine keeps the family with the most rows.
+    assert list(mod.convert_moe_quant(str(path), B200, "t", "sglang").kernel.unique()) == [
+        "moe_torch_flow_cutlass"]
+
+
+@pytest.fixture(scope="module")
+def b200_nvfp4_model(tmp_path_factory):
+    """The B200 NVFP4 MoE rows of every engine plus a quarter of the bf16 rows."""
+    return _quant_rows_model(tmp_path_factory, B200, "nvfp4")
+
+
+@pytest.mark.parametrize("engine", sorted(NVFP4_EP8_MS))
+def test_nvfp4_expert_node_is_priced_from_its_engines_rows(b200_nvfp4_model, engine):
+    """An EP-8 rank of DeepSeek's experts: ``tokens / 8`` tokens x top-8 over 32 local experts,
+    looked up as the measured EP-8 row of the global tokens (within 15 %)."""
+    tags = ("moe_dtype:nvfp4", f"moe_engine:{engine}", "moe_ep:8")
+    local = {**DSV3_EP8, "num_experts": 32}
+    local.pop("group_size")
+    for tokens, ms in NVFP4_EP8_MS[engine].items():
+        node = _node(tokens / 8, local, tags)
+        dur, prov, detail = b200_nvfp4_model._cost_nodes([node], 1, 1, 1)
+        assert (prov[0], detail[0]) == ("predictor", "moe-ffn-rate")
+        assert dur[0] == pytest.approx(ms * 1e-3, rel=0.15), (engine, tokens)
+
+
+def test_nvfp4_prefill_experts_beat_the_bf16_model_at_half_bytes(b200_nvfp4_model):
+    """Before the NVFP4 rows, these experts were the bf16 MoE model at 0.5625 bytes per weight:
+    right for weight-bound decode, but a bf16 FLOP rate for a compute-bound prefill. At 16,384
+    tokens the measured FP4 kernel (1.44 TFLOP a rank in ~1.0 ms) is faster than that price."""
+    local = {**DSV3_EP8, "num_experts": 32}
+    local.pop("group_size")
+    tagged = _node(16384 / 8, local, ("moe_dtype:nvfp4", "moe_engine:trtllm", "moe_ep:8"))
+    bf16 = _node(16384 / 8, local, ())
+    fp4_s = b200_nvfp4_model._cost_nodes([tagged], 1, 1, 1)[0][0]
+    bf16_s = b200_nvfp4_model._cost_nodes([bf16], 1, 1, 1)[0][0]
+    assert fp4_s < 0.8 * bf16_s

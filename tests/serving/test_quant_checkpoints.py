@@ -89,15 +89,15 @@ def test_nvidia_nvfp4_checkpoints_keep_their_listed_modules_bf16():
     """NVIDIA's ModelOpt NVFP4 releases (hf_quant_config.json ``exclude_modules`` or config.json
     ``ignore``, globs like ``model.layers.*.self_attn*``): DeepSeek-V3.1-NVFP4 keeps MLA's
     q_a/q_b/kv_a/kv_b projections bf16 and quantizes o_proj; Qwen3.5-397B-A17B-NVFP4 quantizes
-    only the routed experts; Qwen3-235B-A22B-NVFP4 every GEMM but router and head. No NVFP4
-    expert rows are shipped, so the expert format is left to the bf16 MoE model ("")."""
+    only the routed experts; Qwen3-235B-A22B-NVFP4 every GEMM but router and head. Their
+    routed experts run the engines' measured NVFP4 MoE kernels (``nvfp4``)."""
     ds = checkpoint_quant(load_model("deepseek-v3"), "fp4")
     assert ds.weight_bytes == 0.5 + 1 / 16  # one FP8 scale per 16 values
     assert checkpoint_quant(load_model("kimi-k2.5"), "int4").weight_bytes == 0.5 + 2 / 32
     assert checkpoint_quant(load_model("deepseek-v3"), "fp8").weight_bytes == 1.0
     assert "attn.qkv" not in ds.quantized_roles
     assert {"attn.out", "mlp.in", "mlp.out", "moe.shared", "moe.expert"} <= ds.quantized_roles
-    assert ds.moe_dtype == "" and not ds.block_fp8
+    assert ds.moe_dtype == "nvfp4" and not ds.block_fp8
     assert "nvidia--DeepSeek-V3.1-NVFP4_hf_quant_config.json" in ds.source
     qwen = checkpoint_quant(load_model("qwen3.5-397b-a17b"), "fp4")
     assert "moe.expert" in qwen.quantized_roles  # (it has no dense MLP layers)
