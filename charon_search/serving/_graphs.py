@@ -90,6 +90,9 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
             graphs = {k: _with_gemm_dtype(g, quant, rows_engine, ep, moe_kernel,
                                           dense_engine=engine)
                       for k, g in graphs.items()}
+            if engine == "trtllm" and dp_attention and ep > 1 and quant.moe_dtype == "nvfp4":
+                graphs = {k: _post_quant_dispatch(g, quant.weight_bytes)
+                          for k, g in graphs.items()}
         moe_tp = moe_tp_degree(tp, ep)
         if moe_tp > 1 and dp_attention:
             graphs = {k: gather_experts_tp(g, tp, moe_tp) for k, g in graphs.items()}
@@ -104,6 +107,25 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
                 graphs = {k: fuse_shared_experts(g, shared) for k, g in graphs.items()}
         out.append(graphs)
     return out[0], out[1]
+
+
+#: Bytes per element of the activations an expert-parallel dispatch moves unless quantized.
+_ACTIVATION_BYTES = 2.0
+
+
+def _post_quant_dispatch(graph: OpGraph, element_bytes: float) -> OpGraph:
+    """TensorRT-LLM quantizes an NVFP4 MoE's input before its expert-parallel all-to-all: with
+    attention DP and EP, ``CutlassFusedMoE`` / ``WideEPMoE`` set ``use_postquant_alltoall``
+    (``TRTLLM_MOE_POST_QUANT_ALLTOALLV``, default "1", and an NVFP4 quant mode), so each
+    dispatch carries 4-bit values with their FP8 scales (``element_bytes`` a value, 0.5625)
+    instead of bf16 ones. The combine stays bf16 (``use_low_precision_combine`` defaults off)."""
+    factor = element_bytes / _ACTIVATION_BYTES
+    return graph.with_nodes(
+        n.replace(params={**n.params, "bytes": n.params["bytes"] * factor},
+                  tags=n.tags | {"post_quant_dispatch"})
+        if n.kind == OpKind.ALL_TO_ALL and n.name.startswith("ep_dispatch_")
+        and "bytes" in n.params else n
+        for n in graph.nodes)
 
 
 def _sglang_fused_shared_experts(model: ModelSpec, engine: str, ep: int) -> int:

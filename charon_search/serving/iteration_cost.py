@@ -470,7 +470,7 @@ class GraphIterationCostModel(IterationCostModel):
             self._memo_linear[tokens] = hit
         return hit
 
-    def _rank_tokens(self, tokens: int) -> int:
+    def rank_tokens(self, tokens: int) -> int:
         """Tokens one rank's token-linear ops see: each attention-DP rank runs its share."""
         return -(-tokens // self.tp) if self.dp_attention else tokens
 
@@ -483,7 +483,7 @@ class GraphIterationCostModel(IterationCostModel):
         from charon_search.cost.selector import default_cost_model
 
         fused = default_cost_model(self.cluster)
-        tokens = self._rank_tokens(tokens)
+        tokens = self.rank_tokens(tokens)
         total: dict[tuple[str, str, str], float] = {}
         for part in self._prefill_parts:
             g = part.linear
@@ -500,7 +500,7 @@ class GraphIterationCostModel(IterationCostModel):
         """Token-linear ops of all layers (+ embedding, PP hops) at ``tokens`` tokens."""
         if tokens <= 0:
             return 0.0
-        tokens = self._rank_tokens(tokens)
+        tokens = self.rank_tokens(tokens)
         lo, hi, w = grid_point(tokens)
         if w == 0.0:
             return self._linear_at(lo)

@@ -191,10 +191,11 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
 def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, Any] | None:
     """The mean prompt iteration of ``engine`` (a prefill-pool replica when disaggregated),
     costed op by op: its token-linear ops at the iteration's tokens (prompt chunks plus the
-    decodes riding along), the prefill attention of its mean chunk per prompt, and the host
-    floor of an iteration that replays no CUDA graph (operators x the replica's host time per
-    operator; within vLLM's piecewise graphs, its attention operators only). None when no prompt
-    iteration ran or the cost model has no operator table."""
+    decodes riding along; under attention DP each rank runs its share, ``rank_tokens``), the
+    prefill attention of its mean chunk per prompt, and the host floor of an iteration that
+    replays no CUDA graph (operators x the replica's host time per operator; within vLLM's
+    piecewise graphs, its attention operators only). None when no prompt iteration ran or the
+    cost model has no operator table."""
     cost = engine.cost
     if not group or not hasattr(cost, "linear_breakdown"):
         return None
@@ -205,7 +206,8 @@ def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, An
     k = max(1, round(prompts))
     attention = cost.prefill_attention_total_s([cost.prefill_attention_s(chunk, chunk)] * k)
     kernels = engine.host_kernels(tokens)
-    return {"tokens": tokens, "prompts": group["mean_prompts"],
+    rank = getattr(cost, "rank_tokens", lambda t: t)(tokens)
+    return {"tokens": tokens, "rank_tokens": rank, "prompts": group["mean_prompts"],
             **_ops_summary(cost.linear_breakdown(tokens)),
             "attention_s": float(attention * group["mean_prompts"] / k),
             "num_kernels": int(kernels), "piecewise": kernels < cost.num_kernels,
@@ -330,7 +332,10 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
         what = ("attention operators outside the piecewise graphs" if ps.get("piecewise")
                 else "operators")
         lines.append(
-            f"  prompt step at {ps['tokens']} tokens ({ps['prompts']:.2f} prompts): token-linear "
+            f"  prompt step at {ps['tokens']} tokens"
+            + (f", {ps['rank_tokens']} per attention-DP rank"
+               if ps.get("rank_tokens", ps["tokens"]) != ps["tokens"] else "")
+            + f" ({ps['prompts']:.2f} prompts): token-linear "
             f"ops {_ms(ps['linear_total_s'])}, prefill attention {_ms(ps['attention_s'])}, host "
             f"floor {_ms(ps['num_kernels'] * ps['host_per_kernel_s'])} ({ps['num_kernels']} "
             f"{what} x {1e6 * ps['host_per_kernel_s']:.0f} us); largest:")

@@ -257,3 +257,27 @@ def test_block_fp8_dense_gemms_name_the_engines_block_scaled_rows(engine, rows):
     llama, _ = serving_graphs(load_model("llama-3.1-8b"), tp=1, pp=1, ep=1,
                               dp_attention=False, precision="fp8", engine=engine)
     assert not any(t.startswith(GEMM_ROWS_TAG) for _, n in _gemms(llama) for t in n.tags)
+
+
+def test_trtllm_nvfp4_dispatches_quantized_activations():
+    """TensorRT-LLM with attention DP and EP quantizes an NVFP4 MoE's input before the
+    all-to-all (``use_postquant_alltoall``, ``TRTLLM_MOE_POST_QUANT_ALLTOALLV`` default on): a
+    DeepSeek-V3 FP4 dispatch moves 0.5625 bytes a value (4 bits + one FP8 scale per 16), the
+    combine still 2 (bf16). Other engines, other formats and TP attention keep bf16 dispatches.
+    At 1,024 tokens on 8 attention-DP ranks each rank sends its 128 tokens x top-8 x hidden
+    7,168 values."""
+    ds = load_model("deepseek-v3")
+
+    def a2a(engine: str, precision: str, dp_attention: bool = True) -> dict[str, float]:
+        prefill, _ = serving_graphs(ds, tp=8, pp=1, ep=8, dp_attention=dp_attention,
+                                    precision=precision, engine=engine)
+        return {n.name.split("_")[1]: float(n.param("bytes")(1, 128, 128))
+                for g in prefill.values() for n in g.nodes
+                if n.kind == OpKind.ALL_TO_ALL and n.name.startswith("ep_")}
+
+    values = 128 * 8 * 7168
+    trt = a2a("trtllm", "fp4")
+    assert trt["dispatch"] == pytest.approx(values * 0.5625)
+    assert trt["combine"] == pytest.approx(values * 2)
+    for engine, precision in (("sglang", "fp4"), ("vllm", "fp4"), ("trtllm", "fp8")):
+        assert a2a(engine, precision)["dispatch"] == pytest.approx(values * 2), engine

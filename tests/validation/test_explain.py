@@ -69,7 +69,13 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert ps["num_kernels"] * ps["host_per_kernel_s"] < ps["linear_total_s"]  # GPU-bound
     assert isl <= ps["tokens"] <= 2 * isl + c
     text = render_explanation(exp)
-    assert f"prompt step at {ps['tokens']} tokens" in text
+    assert f"prompt step at {ps['tokens']} tokens (" in text
+    # Tensor-parallel attention: every rank runs all the step's tokens. Under attention DP
+    # each rank runs its share (``rank_tokens``), and the line says so.
+    assert ps["rank_tokens"] == ps["tokens"]
+    dp = {**exp, "prompt_step": {**ps, "rank_tokens": -(-ps["tokens"] // 8)}}
+    assert (f"prompt step at {ps['tokens']} tokens, {-(-ps['tokens'] // 8)} per attention-DP "
+            "rank (") in render_explanation(dp)
     # Its gap-analysis launch tokenizes in Dynamo's front end, not in trtllm-serve: the H100
     # spec's TensorRT-LLM 4 us per prompt token does not apply, and it sets none for Dynamo
     # (docs/calibration/README.md: held out, the fitted 4 us helps one Dynamo source of three).
