@@ -100,7 +100,8 @@ QUANT_MOE_DTYPES = ("fp8", "fp8_block", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4
 #: the shapes (H200 0.24.0: no EP=1 rows of Qwen3-235B's experts).
 #: TensorRT-LLM's NVFP4 experts: its ``moe_torch_flow_min_latency`` rows, not the CUTLASS ones
 #: (``moe_torch_flow_cutlass``, the most rows). They time the TRT-LLM-gen MoE kernels that
-#: ``moe_config.backend: TRTLLM`` runs (InferenceX's DeepSeek-R1 FP4 recipes pass it): for
+#: ``moe_config.backend: TRTLLM`` runs (``dsr1_fp4_b200_trt.sh`` passes it unless attention DP
+#: is on, when it picks CUTLASS; no expressed aggregated row runs that branch): for
 #: DeepSeek's experts on B200 they are within 30 % of the FlashInfer TRT-LLM-gen rows that
 #: SGLang and vLLM measured (same kernels), from 1 to 16,384 tokens, where the CUTLASS rows
 #: are 1.5-3x slower (docs/calibration/README.md, session 50).
