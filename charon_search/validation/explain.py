@@ -206,8 +206,8 @@ def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, An
     k = max(1, round(prompts))
     attention = cost.prefill_attention_total_s([cost.prefill_attention_s(chunk, chunk)] * k)
     kernels = engine.host_kernels(tokens)
-    rank = getattr(cost, "rank_tokens", lambda t: t)(tokens)
-    return {"tokens": tokens, "rank_tokens": rank, "prompts": group["mean_prompts"],
+    return {"tokens": tokens, "rank_tokens": cost.rank_tokens(tokens),
+            "prompts": group["mean_prompts"],
             **_ops_summary(cost.linear_breakdown(tokens)),
             "attention_s": float(attention * group["mean_prompts"] / k),
             "num_kernels": int(kernels), "piecewise": kernels < cost.num_kernels,
@@ -334,7 +334,7 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
         lines.append(
             f"  prompt step at {ps['tokens']} tokens"
             + (f", {ps['rank_tokens']} per attention-DP rank"
-               if ps.get("rank_tokens", ps["tokens"]) != ps["tokens"] else "")
+               if ps["rank_tokens"] != ps["tokens"] else "")
             + f" ({ps['prompts']:.2f} prompts): token-linear "
             f"ops {_ms(ps['linear_total_s'])}, prefill attention {_ms(ps['attention_s'])}, host "
             f"floor {_ms(ps['num_kernels'] * ps['host_per_kernel_s'])} ({ps['num_kernels']} "
