@@ -18,8 +18,12 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   ``FlashInferCuteDslNvFp4LinearKernel``); block-scaled fp8 GEMMs per engine (SGLang and
   TensorRT-LLM at their ``current`` slot, ``BLOCK_FP8_GEMM_ENGINES``),
   attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
-  sliding window; MoE = the unquantized fused-MoE kernel, balanced routing (``moe_ffn``) plus
-  power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per GPU.
+  sliding window; decode attention over an fp8 KV cache per engine (vLLM, SGLang and
+  TensorRT-LLM at their ``current`` slot, the engine's default kernel: ``convert_attention_kv8``,
+  variant ``decode.<engine>``, dtype ``fp8``), since the engines' fp8-cache kernels gain very
+  differently over their bf16 ones; MoE = the unquantized fused-MoE kernel, balanced routing
+  (``moe_ffn``) plus power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per
+  GPU.
   Gated DeltaNet (linear attention, ``linear_attention/sglang``): the chunked and recurrent
   delta-rule kernels and the causal convolutions, per TP rank's heads (``convert_gdn``).
   DeepSeek Sparse Attention of GLM-5 (``sparse_attention/sglang``): the indexer's logits and
@@ -69,7 +73,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from charon_search.cost.profile_db import normalize_gpu, write_profile_db  # noqa: E402
-from charon_search.cost.selector import BLOCK_FP8_GEMM_ENGINES, MLA_HEAD_DIM  # noqa: E402
+from charon_search.cost.selector import (  # noqa: E402
+    BLOCK_FP8_GEMM_ENGINES,
+    KV8_DECODE_FAMILY,
+    MLA_HEAD_DIM,
+)
 
 AIC = "aiconfigurator-core 0.12.0"
 VIDUR = "vidur@7d47513"
@@ -211,6 +219,28 @@ def convert_attention(path: str, gpu: str, source: str, *, decode: bool) -> pd.D
         "dtype": "bf16", "kernel": df.kernel_source.values, "source": source,
         "batch": df.batch_size.values, "heads": df.num_heads.values,
         "kv_heads": df.num_key_value_heads.values, "q_len": q_len, "kv_len": kv_len,
+        "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
+    })
+
+
+def convert_attention_kv8(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:
+    """One engine's generation attention over an fp8 KV cache (bf16 queries, no sliding
+    window): variant ``decode.<engine>``, dtype ``fp8``, the engine's default kernel (the one
+    with the most rows: vLLM FlashAttention 3 on Hopper and FlashInfer's TRT-LLM-gen decode on
+    Blackwell, SGLang ``fa3`` / ``trtllm_mha``, TensorRT-LLM's XQA ``torch_flow``)."""
+    df = _read(path)
+    keep = (df.attn_dtype == "bfloat16") & (df.kv_cache_dtype == "fp8")
+    for col, value in (("window_size", 0), ("beam_width", 1)):
+        if col in df.columns:
+            keep &= df[col] == value
+    df = _most_rows(df[keep])
+    if df.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "attention", "variant": f"{KV8_DECODE_FAMILY}.{engine}",
+        "dtype": "fp8", "kernel": df.kernel_source.values, "source": source,
+        "batch": df.batch_size.values, "heads": df.num_heads.values,
+        "kv_heads": df.num_key_value_heads.values, "q_len": 1.0, "kv_len": df.step.values + 1,
         "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
     })
 
@@ -438,6 +468,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 p = str(d / f"{name}.parquet")
                 if os.path.exists(p):
                     out.append(convert_attention(p, gpu, f"{AIC} {_rel(p, peers)}", decode=dec))
+        for engine in BACKEND_VERSION:
+            p = str(data / system / "attention" / engine / _slot(engine, system)
+                    / "generation_attention_perf.parquet")
+            if os.path.exists(p):
+                out.append(convert_attention_kv8(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
         d = _vllm_dir(peers, system, "moe")
         if d is not None:
             p = str(d / "moe_perf.parquet")

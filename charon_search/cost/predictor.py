@@ -79,7 +79,9 @@ TILE = 128
 #: Op kinds with predictors and the families trained for each.
 PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("",),
-    "attention": ("prefill", "decode", "decode_mla"),
+    # Decode attention over an fp8 KV cache per engine (``decode.<engine>``, dtype fp8).
+    "attention": ("prefill", "decode", "decode_mla", "decode.vllm", "decode.sglang",
+                  "decode.trtllm"),
     "norm": ("",),
     # Per-variant elementwise models (residual add, activation, RoPE) plus "" = all rows,
     # for elementwise nodes of other roles.

@@ -123,6 +123,23 @@ def _family(kind: str, params: dict[str, float], role: str = "") -> str:
     return ""
 
 
+#: Tag prefixes of a decode attention node (``serving.iteration_cost``): the element type of
+#: the KV cache it reads (``kv_cache:fp8``) and the engine whose kernel reads it
+#: (``attn_engine:vllm``).
+KV_CACHE_TAG, ATTN_ENGINE_TAG = "kv_cache:", "attn_engine:"
+#: Decode attention over an 8-bit KV cache is priced from the engine's measured fp8-cache rows
+#: (variant ``decode.<engine>``, dtype ``fp8``, ``scripts/import_peers.py``). The engines'
+#: kernels gain very differently over a bf16 cache (aiconfigurator rows, 32 query / 4 KV heads,
+#: 32 requests at 4,096 keys: TensorRT-LLM's XQA 0.54x the bf16 time on H200, vLLM's
+#: FlashAttention 3 0.79x, SGLang's FA3 0.92x; on B200 vLLM's TRT-LLM-gen decode 0.65x, SGLang's
+#: ``trtllm_mha`` 0.79x). Where the GPU has no such rows, the bf16 rows at the same KV bytes
+#: (the context times ``KV8_FALLBACK_SCALE``) time it.
+KV8_DECODE_FAMILY = "decode"
+KV8_FALLBACK_SCALE = 0.5
+#: KV-cache element types one byte wide, and the engines with fp8-cache decode rows.
+KV8_DTYPES = ("fp8", "int8")
+KV8_ENGINES = ("vllm", "sglang", "trtllm")
+
 #: Model family to try when a GPU has no rows of the node's own family.
 _FALLBACK_FAMILY = {"moe_ffn": "moe_ffn_skew", "decode_mla": "decode", "add": "", "act": "",
                     "rope": ""}
@@ -282,12 +299,18 @@ class FusedCostModel:
         # Group compute nodes by (kind, family, dtype) for one batched predict per group.
         groups: dict[tuple[str, str, str], list[tuple[int, dict[str, float]]]] = {}
         profiled = self.gpu_key is not None and self.db is not None and self.use_profile
+        scaled_c: dict[int, float] = {}  # node -> the context its (fallback) price sees
         for i, node in enumerate(nodes):
             if node.is_comm:
                 continue
             kind = str(node.kind)
             cn = node.attended_c(c)  # sparse attention: its top-k keys
             params = {k: float(v(b, s, cn)) for k, v in node.params.items()}
+            kv8 = self._kv8_rows(node.tags, kind, params) if node.tags else None
+            if kv8 == "":
+                # No measured fp8-cache rows of this kernel: bf16 rows at the same KV bytes.
+                cn = scaled_c[i] = max(1.0, cn * KV8_FALLBACK_SCALE)
+                params = {k: float(v(b, s, cn)) for k, v in node.params.items()}
             if kind == "elementwise":
                 # Bytes moved distinguish fp32 from bf16 and 2-input from 1-input ops.
                 nbytes = float(node.bytes(b, s, c))
@@ -295,6 +318,8 @@ class FusedCostModel:
                     params["bytes"] = nbytes
             fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
+            if kv8:
+                fam, dtype = kv8, "fp8"
             if kind == "gemm" and node.tags:
                 fam, dtype = self._gemm_rows(node.tags, fam, dtype)
             if kind == "grouped_gemm" and node.tags:
@@ -366,7 +391,9 @@ class FusedCostModel:
             if graph is not None and roof_all is None:
                 roof_all = self._roofline_graph(graph, b, s, c)
             for i, _ in members:
-                if roof_all is not None:
+                if i in scaled_c:
+                    dur[i], prov[i], detail[i] = self._roofline(nodes[i], b, s, scaled_c[i])
+                elif roof_all is not None:
                     dur[i], prov[i], detail[i] = float(roof_all[i]), "roofline", ""
                 else:
                     dur[i], prov[i], detail[i] = self._roofline(nodes[i], b, s, c)
@@ -556,6 +583,24 @@ class FusedCostModel:
                 curve = (x[order], cols["latency_s"][ok][order])
         self._gdn_curves[key] = curve
         return curve
+
+    def _kv8_rows(self, tags: frozenset[str], kind: str, params: dict[str, float]
+                  ) -> str | None:
+        """For a decode attention node over an 8-bit KV cache (``KV_CACHE_TAG``): the family
+        of its engine's measured fp8-cache rows on this GPU, or "" when there are none (the
+        caller prices it at ``KV8_FALLBACK_SCALE`` of its context); None for other nodes."""
+        if not any(t.startswith(KV_CACHE_TAG) and t[len(KV_CACHE_TAG):] in KV8_DTYPES
+                   for t in tags):
+            return None
+        engine = next((t[len(ATTN_ENGINE_TAG):] for t in tags
+                       if t.startswith(ATTN_ENGINE_TAG)), "")
+        family = f"{KV8_DECODE_FAMILY}.{engine}"
+        if (kind == "attention" and engine and _family(kind, params) == KV8_DECODE_FAMILY
+                and self.store is not None and self.gpu_key is not None
+                and (self.use_profile or self.use_predictor)
+                and self.store.available(self.gpu_key, "attention", family, "fp8")):
+            return family
+        return ""
 
     def _gemm_rows(self, tags: frozenset[str], fam: str, dtype: str) -> tuple[str, str]:
         """(variant, dtype) of the rows pricing a dense GEMM: for a block-scaled fp8 GEMM

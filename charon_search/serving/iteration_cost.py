@@ -289,6 +289,22 @@ def _without_ep_a2a(graph: OpGraph) -> OpGraph:
     return graph.with_nodes(out)
 
 
+def _reads_kv8(graph: OpGraph, kv_dtype: str, engine: str) -> OpGraph:
+    """A decode graph whose attention reads an 8-bit KV cache: its attention nodes are tagged
+    with the cache's element type and the engine whose kernel reads it, which the cost model
+    prices from that engine's measured fp8-cache rows (``cost.selector.KV8_DECODE_FAMILY``) or,
+    without them, from bf16 rows at the same KV bytes. The engines' decode kernels read an
+    8-bit cache natively (TensorRT-LLM's XQA; FlashInfer and its TensorRT-LLM-gen kernels,
+    vLLM's FP8 KV path since vllm#7798 and SGLang's Blackwell default; FlashAttention 3;
+    FlashMLA / trtllm_mla for MLA)."""
+    from charon_search.cost.selector import ATTN_ENGINE_TAG, KV8_ENGINES, KV_CACHE_TAG
+
+    tags = frozenset({f"{KV_CACHE_TAG}{kv_dtype}",
+                      *((f"{ATTN_ENGINE_TAG}{engine}",) if engine in KV8_ENGINES else ())})
+    return graph.with_nodes([n.replace(tags=n.tags | tags) if _is_attention(n) else n
+                             for n in graph.nodes])
+
+
 def _is_attention(node: object) -> bool:
     """Ops whose cost depends on (q_len, kv_len) per request, not on the token count (the DSA
     indexer's logits and top-k included)."""
@@ -389,6 +405,10 @@ class GraphIterationCostModel(IterationCostModel):
         self._decode_parts: list[_Part] = []
         self._head: _Part | None = None
         self._embed: _Part | None = None
+        from charon_search.cost.selector import KV8_DTYPES
+
+        if kv_dtype in KV8_DTYPES:
+            decode = {k: _reads_kv8(g, kv_dtype, tp_allreduce) for k, g in decode.items()}
         window = model.sliding_window
         for name, graph in prefill.items():
             count = self._count(name)
@@ -413,13 +433,6 @@ class GraphIterationCostModel(IterationCostModel):
             model, tp=1 if dp_attention else tp, num_layers=math.ceil(model.num_kv_layers / pp),
             kv_dtype=kv_dtype)
         self._pp_hop = self._pp_send_recv_fn()
-        # Decode attention is bound by its KV reads; the profile rows time a bf16 cache. The
-        # engines' decode kernels read an 8-bit cache natively, one byte per element
-        # (TensorRT-LLM's XQA; FlashInfer and its TensorRT-LLM-gen kernels, vLLM's FP8 KV path
-        # since vllm#7798 and SGLang's Blackwell default; FlashAttention 3, which vLLM documents
-        # as attending in FP8 with an FP8 cache; FlashMLA / trtllm_mla for MLA), so a row at
-        # the same KV bytes (context scaled by the element-size ratio) times it.
-        self._decode_kv_scale = 0.5 if kv_dtype in ("fp8", "int8") else 1.0
         self._memo_linear: dict[int, float] = {}
         self._memo_head: dict[int, float] = {}
         self._memo_prefill_attn: dict[tuple[int, int], float] = {}
@@ -561,12 +574,7 @@ class GraphIterationCostModel(IterationCostModel):
         key = (n, kv, q)
         hit = self._memo_decode_attn.get(key)
         if hit is None:
-            scale = self._decode_kv_scale
-
-            def priced(g: OpGraph, b: float, s: float, c: float) -> float:
-                return self._sum(g, b, s, max(1.0, c * scale))
-
-            hit = sum(p.attention_s(priced, n, q, kv, prefill=False)
+            hit = sum(p.attention_s(self._sum, n, q, kv, prefill=False)
                       for p in self._decode_parts)
             self._memo_decode_attn[key] = hit
         return hit

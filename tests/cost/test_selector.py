@@ -213,3 +213,31 @@ def test_block_fp8_gemm_is_priced_from_the_engines_block_scaled_rows(engine_rows
     assert b200.cost(node, P1).duration_s == pytest.approx(0.717e-3, rel=0.01)
     a100 = default_cost_model(toy_cluster(gpu="a100-sxm-80gb"))
     assert a100.cost(block, P1).duration_s == a100.cost(node, P1).duration_s
+
+
+def test_decode_attention_over_an_fp8_cache_runs_the_engines_measured_kernel():
+    """Each engine's decode attention over an fp8 cache is its own measured kernel:
+    aiconfigurator-core 0.12.0 ``h100_sxm/attention/<engine>/<ver>/generation_attention_perf``,
+    32 query heads, 4 KV heads, head_dim 128, 32 requests at 4,096 keys (step 4095): vLLM
+    0.24.0 FlashAttention 3 65.18 us, SGLang 0.5.14 fa3 77.51 us, TensorRT-LLM 1.3.0rc20 XQA
+    57.70 us, against vLLM's 99.30 us over a bf16 cache and 57.96 us at the same bytes (2,048
+    keys of bf16) for a cache whose engine has no rows."""
+    from charon_search.cost.selector import ATTN_ENGINE_TAG, KV_CACHE_TAG
+
+    model = FusedCostModel(toy_cluster(gpu=GPU))
+
+    def secs(*tags: str):
+        node = Node(id=0, name="attn", kind=OpKind.ATTENTION, phase=Phase.FORWARD,
+                    params=poly_params(batch=32, heads=32, kv_heads=4, q_len=1,
+                                       kv_len=sym("c"), head_dim=128),
+                    flops=Poly.const(1e9), bytes_read=Poly.const(1e6), tags=frozenset(tags))
+        return model.cost(node, ShapePoint(32, 1, 4096))
+
+    assert secs().duration_s == pytest.approx(99.30e-6, rel=1e-3)
+    fallback = secs(f"{KV_CACHE_TAG}fp8")
+    assert fallback.duration_s == pytest.approx(57.96e-6, rel=1e-3)
+    assert fallback.provenance == "profile"
+    for engine, us in (("vllm", 65.18), ("sglang", 77.51), ("trtllm", 57.70)):
+        hit = secs(f"{KV_CACHE_TAG}fp8", f"{ATTN_ENGINE_TAG}{engine}")
+        assert (hit.duration_s, hit.provenance) == (pytest.approx(us * 1e-6, rel=1e-3),
+                                                     "profile"), engine

@@ -77,25 +77,30 @@ def test_moe_ep_mtp_and_pp_run_end_to_end() -> None:
     assert piped.iteration_s([(256, 256)], 0, 0) > flat.iteration_s([(256, 256)], 0, 0)
 
 
-def test_decode_attention_reads_an_fp8_cache_at_half_the_bytes() -> None:
+def test_decode_attention_over_an_fp8_cache_without_engine_rows_reads_half_the_bytes() -> None:
+    """No engine named (or a GPU without fp8-cache rows, A100): the bf16 rows at the same KV
+    bytes price an fp8 cache."""
     from charon_search.catalog import load_model
     from charon_search.serving.iteration_cost import GraphIterationCostModel
     from charon_search.testing import toy_cluster
 
-    model, cluster = load_model("debug-llama"), toy_cluster()
+    model = load_model("debug-llama")
+    for gpu, engines in (("h100-sxm-80gb", ("nccl",)), ("a100-sxm-80gb", ("vllm", "trtllm"))):
+        cluster = toy_cluster(gpu=gpu)
 
-    def cm(kv_dtype: str, engine: str) -> GraphIterationCostModel:
-        return GraphIterationCostModel(model, cluster, kv_dtype=kv_dtype, tp_allreduce=engine)
+        def cm(kv_dtype: str, engine: str, cluster=cluster) -> GraphIterationCostModel:
+            return GraphIterationCostModel(model, cluster, kv_dtype=kv_dtype,
+                                           tp_allreduce=engine)
 
-    for engine in ("trtllm", "vllm", "sglang", "nccl"):
-        fp8, bf16 = cm("fp8", engine), cm("bf16", engine)
-        # Same KV bytes: 8 requests at 1024 fp8 tokens = 8 at 512 bf16 tokens (grid points).
-        assert fp8.decode_attention_s(8, 8 * 1024) == pytest.approx(
-            bf16.decode_attention_s(8, 8 * 512)), engine
-        assert fp8.decode_attention_s(8, 8 * 1024) < bf16.decode_attention_s(8, 8 * 1024)
-    # A 16-bit cache is priced at its context.
-    assert cm("fp16", "vllm").decode_attention_s(8, 8 * 1024) == pytest.approx(
-        cm("bf16", "vllm").decode_attention_s(8, 8 * 1024))
+        for engine in engines:
+            fp8, bf16 = cm("fp8", engine), cm("bf16", engine)
+            # Same KV bytes: 8 requests at 1024 fp8 tokens = 8 at 512 bf16 tokens.
+            assert fp8.decode_attention_s(8, 8 * 1024) == pytest.approx(
+                bf16.decode_attention_s(8, 8 * 512)), (gpu, engine)
+            assert fp8.decode_attention_s(8, 8 * 1024) < bf16.decode_attention_s(8, 8 * 1024)
+        # A 16-bit cache is priced at its context.
+        assert cm("fp16", "vllm").decode_attention_s(8, 8 * 1024) == pytest.approx(
+            cm("bf16", "vllm").decode_attention_s(8, 8 * 1024))
 
 
 def test_sliding_window_layers_attend_over_the_window_only() -> None:
