@@ -75,7 +75,6 @@ sys.path.insert(0, str(REPO))
 from charon_search.cost.profile_db import normalize_gpu, write_profile_db  # noqa: E402
 from charon_search.cost.selector import (  # noqa: E402
     BLOCK_FP8_GEMM_ENGINES,
-    KV8_DECODE_FAMILY,
     MLA_HEAD_DIM,
 )
 
@@ -237,11 +236,38 @@ def convert_attention_kv8(path: str, gpu: str, source: str, engine: str) -> pd.D
     if df.empty:
         return pd.DataFrame()
     return pd.DataFrame({
-        "gpu": gpu, "op_kind": "attention", "variant": f"{KV8_DECODE_FAMILY}.{engine}",
+        "gpu": gpu, "op_kind": "attention", "variant": f"decode.{engine}",
         "dtype": "fp8", "kernel": df.kernel_source.values, "source": source,
         "batch": df.batch_size.values, "heads": df.num_heads.values,
         "kv_heads": df.num_key_value_heads.values, "q_len": 1.0, "kv_len": df.step.values + 1,
         "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
+    })
+
+
+#: Engine -> its MLA decode kernel over an fp8 cache whose rows are imported (None: the table's
+#: kernel). SGLang's Hopper table times its FlashAttention 3 MLA backend (``flash_attention``),
+#: which with an fp8 cache takes 5x its bf16 time (283 vs 55 us at 32 requests, 4,096 keys,
+#: H200); InferenceX's SGLang DeepSeek H200 recipe runs ``--attention-backend flashinfer``
+#: instead, so only its Blackwell ``trtllm_mla`` rows (the backend of
+#: ``dsr1_fp4_b200.sh`` with ``--kv-cache-dtype fp8_e4m3``) are taken.
+MLA_KV8_KERNEL: dict[str, str | None] = {"trtllm": None, "sglang": "trtllm_mla"}
+
+
+def convert_mla_kv8(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:
+    """One engine's MLA generation attention over an fp8 KV cache: variant
+    ``decode_mla.<engine>``, dtype ``fp8`` (``MLA_KV8_KERNEL``)."""
+    df = _read(path)
+    df = df[(df.mla_dtype == "bfloat16") & (df.kv_cache_dtype == "fp8")]
+    kernel = MLA_KV8_KERNEL[engine]
+    df = _most_rows(df if kernel is None else df[df.kernel_source == kernel])
+    if df.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "gpu": gpu, "op_kind": "attention", "variant": f"decode_mla.{engine}", "dtype": "fp8",
+        "kernel": df.kernel_source.values, "source": source,
+        "batch": df.batch_size.values, "heads": df.num_heads.values, "kv_heads": 1.0,
+        "q_len": 1.0, "kv_len": df.step.values + 1, "head_dim": MLA_HEAD_DIM,
+        "latency_s": df.latency.values * MS,
     })
 
 
@@ -503,6 +529,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 / "generation_mla_perf.parquet")
         if os.path.exists(p):
             out.append(convert_mla_decode(p, gpu, f"{AIC} {_rel(p, peers)}"))
+        for engine in MLA_KV8_KERNEL:
+            p = str(data / system / "mla" / engine / _slot(engine, system)
+                    / "generation_mla_perf.parquet")
+            if os.path.exists(p):
+                out.append(convert_mla_kv8(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
         vllm_tables = sorted(glob.glob(str(data / system / "moe" / "vllm" / "*"
                                            / "moe_perf.parquet")),
                              key=lambda p: tuple(int(x) for x in Path(p).parent.name.split(".")),

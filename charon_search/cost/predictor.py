@@ -79,9 +79,10 @@ TILE = 128
 #: Op kinds with predictors and the families trained for each.
 PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("",),
-    # Decode attention over an fp8 KV cache per engine (``decode.<engine>``, dtype fp8).
+    # Decode attention over an fp8 KV cache per engine (``decode.<engine>``,
+    # ``decode_mla.<engine>``, dtype fp8).
     "attention": ("prefill", "decode", "decode_mla", "decode.vllm", "decode.sglang",
-                  "decode.trtllm"),
+                  "decode.trtllm", "decode_mla.sglang", "decode_mla.trtllm"),
     "norm": ("",),
     # Per-variant elementwise models (residual add, activation, RoPE) plus "" = all rows,
     # for elementwise nodes of other roles.

@@ -128,13 +128,14 @@ def _family(kind: str, params: dict[str, float], role: str = "") -> str:
 #: (``attn_engine:vllm``).
 KV_CACHE_TAG, ATTN_ENGINE_TAG = "kv_cache:", "attn_engine:"
 #: Decode attention over an 8-bit KV cache is priced from the engine's measured fp8-cache rows
-#: (variant ``decode.<engine>``, dtype ``fp8``, ``scripts/import_peers.py``). The engines'
-#: kernels gain very differently over a bf16 cache (aiconfigurator rows, 32 query / 4 KV heads,
-#: 32 requests at 4,096 keys: TensorRT-LLM's XQA 0.54x the bf16 time on H200, vLLM's
-#: FlashAttention 3 0.79x, SGLang's FA3 0.92x; on B200 vLLM's TRT-LLM-gen decode 0.65x, SGLang's
-#: ``trtllm_mha`` 0.79x). Where the GPU has no such rows, the bf16 rows at the same KV bytes
-#: (the context times ``KV8_FALLBACK_SCALE``) time it.
-KV8_DECODE_FAMILY = "decode"
+#: (variant ``<family>.<engine>``, dtype ``fp8``, ``scripts/import_peers.py``) of the node's
+#: decode family (``KV8_DECODE_FAMILIES``). The engines' kernels gain very differently over a
+#: bf16 cache (aiconfigurator rows, 32 query / 4 KV heads, 32 requests at 4,096 keys:
+#: TensorRT-LLM's XQA 0.54x the bf16 time on H200, vLLM's FlashAttention 3 0.79x, SGLang's FA3
+#: 0.92x; on B200 vLLM's TRT-LLM-gen decode 0.65x, SGLang's ``trtllm_mha`` 0.79x; TensorRT-LLM's
+#: MLA 1.08-1.75x the half-bytes price on Hopper). Where the GPU has no such rows, the bf16 rows
+#: at the same KV bytes (the context times ``KV8_FALLBACK_SCALE``) time it.
+KV8_DECODE_FAMILIES = ("decode", "decode_mla")
 KV8_FALLBACK_SCALE = 0.5
 #: KV-cache element types one byte wide, and the engines with fp8-cache decode rows.
 KV8_DTYPES = ("fp8", "int8")
@@ -594,8 +595,9 @@ class FusedCostModel:
             return None
         engine = next((t[len(ATTN_ENGINE_TAG):] for t in tags
                        if t.startswith(ATTN_ENGINE_TAG)), "")
-        family = f"{KV8_DECODE_FAMILY}.{engine}"
-        if (kind == "attention" and engine and _family(kind, params) == KV8_DECODE_FAMILY
+        base = _family(kind, params)
+        family = f"{base}.{engine}"
+        if (kind == "attention" and engine and base in KV8_DECODE_FAMILIES
                 and self.store is not None and self.gpu_key is not None
                 and (self.use_profile or self.use_predictor)
                 and self.store.available(self.gpu_key, "attention", family, "fp8")):

@@ -292,7 +292,7 @@ def _without_ep_a2a(graph: OpGraph) -> OpGraph:
 def _reads_kv8(graph: OpGraph, kv_dtype: str, engine: str) -> OpGraph:
     """A decode graph whose attention reads an 8-bit KV cache: its attention nodes are tagged
     with the cache's element type and the engine whose kernel reads it, which the cost model
-    prices from that engine's measured fp8-cache rows (``cost.selector.KV8_DECODE_FAMILY``) or,
+    prices from that engine's measured fp8-cache rows (``cost.selector.KV8_DECODE_FAMILIES``) or,
     without them, from bf16 rows at the same KV bytes. The engines' decode kernels read an
     8-bit cache natively (TensorRT-LLM's XQA; FlashInfer and its TensorRT-LLM-gen kernels,
     vLLM's FP8 KV path since vllm#7798 and SGLang's Blackwell default; FlashAttention 3;

@@ -241,3 +241,24 @@ def test_decode_attention_over_an_fp8_cache_runs_the_engines_measured_kernel():
         hit = secs(f"{KV_CACHE_TAG}fp8", f"{ATTN_ENGINE_TAG}{engine}")
         assert (hit.duration_s, hit.provenance) == (pytest.approx(us * 1e-6, rel=1e-3),
                                                      "profile"), engine
+
+
+def test_mla_decode_over_an_fp8_cache_runs_the_engines_measured_kernel():
+    """MLA decode over an fp8 cache (16 query heads over the 576-wide latent, 32 requests at
+    4,096 keys): TensorRT-LLM 1.3.0rc20's measured fp8 kernel (``generation_mla_perf``) takes
+    42.38 us on H200 and 19.11 us on B200, SGLang 0.5.14's ``trtllm_mla`` 20.77 us on B200,
+    where the half-bytes rule (bf16 rows at 2,048 keys) gives 36.51 and 21.12 us. SGLang's
+    Hopper table (its FlashAttention 3 MLA, 5x its bf16 time) is not imported, so SGLang on
+    H200 keeps the rule."""
+    from charon_search.cost.selector import ATTN_ENGINE_TAG, KV_CACHE_TAG
+
+    cases = (("h200-sxm-141gb", "trtllm", 42.38), ("h200-sxm-141gb", "sglang", 36.51),
+             ("b200-sxm-180gb", "trtllm", 19.11), ("b200-sxm-180gb", "sglang", 20.77),
+             ("b200-sxm-180gb", "vllm", 21.12))
+    for gpu, engine, us in cases:
+        node = _mla_decode(32, 4096).replace(
+            params=poly_params(batch=32, heads=16, kv_heads=1, q_len=1, kv_len=sym("c"),
+                               head_dim=576, v_head_dim=576, causal=0),
+            tags=frozenset({f"{KV_CACHE_TAG}fp8", f"{ATTN_ENGINE_TAG}{engine}"}))
+        cost = FusedCostModel(toy_cluster(gpu=gpu)).cost(node, ShapePoint(32, 1, 4096))
+        assert cost.duration_s == pytest.approx(us * 1e-6, rel=1e-3), (gpu, engine)
