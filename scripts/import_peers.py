@@ -222,24 +222,32 @@ def convert_attention(path: str, gpu: str, source: str, *, decode: bool) -> pd.D
     })
 
 
-def convert_attention_kv8(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:
-    """One engine's generation attention over an fp8 KV cache (bf16 queries, no sliding
-    window): variant ``decode.<engine>``, dtype ``fp8``, the engine's default kernel (the one
-    with the most rows: vLLM FlashAttention 3 on Hopper and FlashInfer's TRT-LLM-gen decode on
-    Blackwell, SGLang ``fa3`` / ``trtllm_mha``, TensorRT-LLM's XQA ``torch_flow``)."""
+def convert_attention_kv8(path: str, gpu: str, source: str, engine: str, *,
+                          decode: bool) -> pd.DataFrame:
+    """One engine's attention over an fp8 KV cache (no sliding window): variant
+    ``decode.<engine>`` / ``prefill.<engine>``, dtype ``fp8``, the engine's default kernel (the
+    one with the most rows: vLLM FlashAttention 3 on Hopper and FlashInfer's TRT-LLM-gen
+    kernels on Blackwell, SGLang ``fa3`` / ``trtllm_mha``, TensorRT-LLM ``torch_flow``) with
+    the query type it has most rows of (decode: bf16; prefill: vLLM bf16, SGLang fp8,
+    TensorRT-LLM fp8 on Hopper and bf16 on Blackwell, whose two variants lie within 8 %)."""
     df = _read(path)
-    keep = (df.attn_dtype == "bfloat16") & (df.kv_cache_dtype == "fp8")
+    keep = df.kv_cache_dtype == "fp8"
+    if decode:
+        keep &= df.attn_dtype == "bfloat16"
     for col, value in (("window_size", 0), ("beam_width", 1)):
         if col in df.columns:
             keep &= df[col] == value
-    df = _most_rows(df[keep])
+    df = _most_rows(_most_rows(df[keep]), "attn_dtype")
     if df.empty:
         return pd.DataFrame()
     return pd.DataFrame({
-        "gpu": gpu, "op_kind": "attention", "variant": f"decode.{engine}",
+        "gpu": gpu, "op_kind": "attention",
+        "variant": f"{'decode' if decode else 'prefill'}.{engine}",
         "dtype": "fp8", "kernel": df.kernel_source.values, "source": source,
         "batch": df.batch_size.values, "heads": df.num_heads.values,
-        "kv_heads": df.num_key_value_heads.values, "q_len": 1.0, "kv_len": df.step.values + 1,
+        "kv_heads": df.num_key_value_heads.values,
+        "q_len": 1.0 if decode else df.isl.values,
+        "kv_len": df.step.values + 1 if decode else df.isl.values,
         "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
     })
 
@@ -495,10 +503,13 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 if os.path.exists(p):
                     out.append(convert_attention(p, gpu, f"{AIC} {_rel(p, peers)}", decode=dec))
         for engine in BACKEND_VERSION:
-            p = str(data / system / "attention" / engine / _slot(engine, system)
-                    / "generation_attention_perf.parquet")
-            if os.path.exists(p):
-                out.append(convert_attention_kv8(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
+            for name, dec in (("context_attention_perf", False),
+                              ("generation_attention_perf", True)):
+                p = str(data / system / "attention" / engine / _slot(engine, system)
+                        / f"{name}.parquet")
+                if os.path.exists(p):
+                    out.append(convert_attention_kv8(p, gpu, f"{AIC} {_rel(p, peers)}", engine,
+                                                     decode=dec))
         d = _vllm_dir(peers, system, "moe")
         if d is not None:
             p = str(d / "moe_perf.parquet")

@@ -82,7 +82,8 @@ PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     # Decode attention over an fp8 KV cache per engine (``decode.<engine>``,
     # ``decode_mla.<engine>``, dtype fp8).
     "attention": ("prefill", "decode", "decode_mla", "decode.vllm", "decode.sglang",
-                  "decode.trtllm", "decode_mla.sglang", "decode_mla.trtllm"),
+                  "decode.trtllm", "decode_mla.sglang", "decode_mla.trtllm", "prefill.vllm",
+                  "prefill.sglang", "prefill.trtllm"),
     "norm": ("",),
     # Per-variant elementwise models (residual add, activation, RoPE) plus "" = all rows,
     # for elementwise nodes of other roles.

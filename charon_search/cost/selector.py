@@ -134,7 +134,10 @@ KV_CACHE_TAG, ATTN_ENGINE_TAG = "kv_cache:", "attn_engine:"
 #: TensorRT-LLM's XQA 0.54x the bf16 time on H200, vLLM's FlashAttention 3 0.79x, SGLang's FA3
 #: 0.92x; on B200 vLLM's TRT-LLM-gen decode 0.65x, SGLang's ``trtllm_mha`` 0.79x; TensorRT-LLM's
 #: MLA 1.08-1.75x the half-bytes price on Hopper). Where the GPU has no such rows, the bf16 rows
-#: at the same KV bytes (the context times ``KV8_FALLBACK_SCALE``) time it.
+#: at the same KV bytes (the context times ``KV8_FALLBACK_SCALE``) time it. A prompt's attention
+#: over an fp8 cache is priced from the engine's ``prefill.<engine>`` rows where measured (vLLM's
+#: FlashAttention 3 dequantizing: 1.48x its bf16-cache time at 2k+ tokens on Hopper), else at
+#: its bf16 price.
 KV8_DECODE_FAMILIES = ("decode", "decode_mla")
 KV8_FALLBACK_SCALE = 0.5
 #: KV-cache element types one byte wide, and the engines with fp8-cache decode rows.
@@ -587,9 +590,10 @@ class FusedCostModel:
 
     def _kv8_rows(self, tags: frozenset[str], kind: str, params: dict[str, float]
                   ) -> str | None:
-        """For a decode attention node over an 8-bit KV cache (``KV_CACHE_TAG``): the family
-        of its engine's measured fp8-cache rows on this GPU, or "" when there are none (the
-        caller prices it at ``KV8_FALLBACK_SCALE`` of its context); None for other nodes."""
+        """For an attention node over an 8-bit KV cache (``KV_CACHE_TAG``): the family of its
+        engine's measured fp8-cache rows on this GPU; else "" for a decode (the caller prices
+        it at ``KV8_FALLBACK_SCALE`` of its context) and None for a prompt (its bf16 price) and
+        for other nodes."""
         if not any(t.startswith(KV_CACHE_TAG) and t[len(KV_CACHE_TAG):] in KV8_DTYPES
                    for t in tags):
             return None
@@ -597,12 +601,14 @@ class FusedCostModel:
                        if t.startswith(ATTN_ENGINE_TAG)), "")
         base = _family(kind, params)
         family = f"{base}.{engine}"
-        if (kind == "attention" and engine and base in KV8_DECODE_FAMILIES
+        if (kind == "attention" and engine and base in (*KV8_DECODE_FAMILIES, "prefill")
                 and self.store is not None and self.gpu_key is not None
                 and (self.use_profile or self.use_predictor)
                 and self.store.available(self.gpu_key, "attention", family, "fp8")):
             return family
-        return ""
+        # A prompt's attention without rows keeps the bf16 price (its reads are the chunk's
+        # own keys and values, not a long cache).
+        return "" if base in KV8_DECODE_FAMILIES else None
 
     def _gemm_rows(self, tags: frozenset[str], fam: str, dtype: str) -> tuple[str, str]:
         """(variant, dtype) of the rows pricing a dense GEMM: for a block-scaled fp8 GEMM

@@ -290,13 +290,13 @@ def _without_ep_a2a(graph: OpGraph) -> OpGraph:
 
 
 def _reads_kv8(graph: OpGraph, kv_dtype: str, engine: str) -> OpGraph:
-    """A decode graph whose attention reads an 8-bit KV cache: its attention nodes are tagged
-    with the cache's element type and the engine whose kernel reads it, which the cost model
-    prices from that engine's measured fp8-cache rows (``cost.selector.KV8_DECODE_FAMILIES``) or,
-    without them, from bf16 rows at the same KV bytes. The engines' decode kernels read an
-    8-bit cache natively (TensorRT-LLM's XQA; FlashInfer and its TensorRT-LLM-gen kernels,
-    vLLM's FP8 KV path since vllm#7798 and SGLang's Blackwell default; FlashAttention 3;
-    FlashMLA / trtllm_mla for MLA)."""
+    """A graph whose attention reads an 8-bit KV cache: its attention nodes are tagged with
+    the cache's element type and the engine whose kernel reads it, which the cost model prices
+    from that engine's measured fp8-cache rows (``cost.selector._kv8_rows``) or, without them,
+    a decode from bf16 rows at the same KV bytes and a prompt at its bf16 price. The engines'
+    decode kernels read an 8-bit cache natively (TensorRT-LLM's XQA; FlashInfer and its
+    TensorRT-LLM-gen kernels, vLLM's FP8 KV path since vllm#7798 and SGLang's Blackwell
+    default; FlashAttention 3; FlashMLA / trtllm_mla for MLA)."""
     from charon_search.cost.selector import ATTN_ENGINE_TAG, KV8_ENGINES, KV_CACHE_TAG
 
     tags = frozenset({f"{KV_CACHE_TAG}{kv_dtype}",
@@ -408,6 +408,7 @@ class GraphIterationCostModel(IterationCostModel):
         from charon_search.cost.selector import KV8_DTYPES
 
         if kv_dtype in KV8_DTYPES:
+            prefill = {k: _reads_kv8(g, kv_dtype, tp_allreduce) for k, g in prefill.items()}
             decode = {k: _reads_kv8(g, kv_dtype, tp_allreduce) for k, g in decode.items()}
         window = model.sliding_window
         for name, graph in prefill.items():

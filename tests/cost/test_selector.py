@@ -262,3 +262,56 @@ def test_mla_decode_over_an_fp8_cache_runs_the_engines_measured_kernel():
             tags=frozenset({f"{KV_CACHE_TAG}fp8", f"{ATTN_ENGINE_TAG}{engine}"}))
         cost = FusedCostModel(toy_cluster(gpu=gpu)).cost(node, ShapePoint(32, 1, 4096))
         assert cost.duration_s == pytest.approx(us * 1e-6, rel=1e-3), (gpu, engine)
+
+
+def test_prefill_attention_over_an_fp8_cache_runs_the_engines_measured_kernel():
+    """A 4,096-token prompt (32 query / 8 KV heads, head_dim 128) over an fp8 cache on H100
+    (aiconfigurator ``context_attention_perf``): vLLM 0.24.0's FlashAttention 3 with bf16
+    queries 309.61 us, SGLang 0.5.14's fa3 with fp8 queries 246.91 us, TensorRT-LLM
+    1.3.0rc20's context FMHA 280.23 us; vLLM's kernel over a bf16 cache, which a generic
+    engine keeps (a prompt's attention has no half-bytes rule), 264.31 us."""
+    from charon_search.cost.selector import ATTN_ENGINE_TAG, KV_CACHE_TAG
+
+    model = FusedCostModel(toy_cluster(gpu=GPU))
+    kv8 = f"{KV_CACHE_TAG}fp8"
+    for tags, us in (((), 264.31), ((kv8,), 264.31), ((kv8, f"{ATTN_ENGINE_TAG}vllm"), 309.61),
+                     ((kv8, f"{ATTN_ENGINE_TAG}sglang"), 246.91),
+                     ((kv8, f"{ATTN_ENGINE_TAG}trtllm"), 280.23)):
+        node = _attn(OpKind.ATTENTION, 4096, 4096).replace(tags=frozenset(tags))
+        cost = model.cost(node, P1)
+        assert (cost.duration_s, cost.provenance) == (pytest.approx(us * 1e-6, rel=1e-3),
+                                                       "profile"), tags
+
+
+def test_convert_attention_kv8_keeps_the_default_kernel_and_query_type(tmp_path):
+    """The fp8-cache import keeps the kernel and (prompt) query type with the most rows, drops
+    bf16-cache and sliding-window rows, and converts ms to s; a decode row's keys are step + 1."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "import_peers.py"
+    spec = importlib.util.spec_from_file_location("import_peers_kv8", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cols = ["kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
+            "head_dim", "beam_width", "attn_dtype", "kv_cache_dtype", "step", "window_size",
+            "latency"]
+    rows = [["fa3", 1, 4096, 32, 8, 128, 1, "fp8", "fp8", 0, 0, 0.30],
+            ["fa3", 2, 4096, 32, 8, 128, 1, "fp8", "fp8", 0, 0, 0.50],
+            ["fa3", 1, 4096, 32, 8, 128, 1, "bfloat16", "fp8", 0, 0, 0.40],
+            ["fa3", 1, 4096, 32, 8, 128, 1, "fp8", "fp8", 0, 128, 0.10],  # sliding window
+            ["fa3", 1, 4096, 32, 8, 128, 1, "bfloat16", "bfloat16", 0, 0, 0.20],
+            ["triton", 1, 4096, 32, 8, 128, 1, "fp8", "fp8", 0, 0, 0.90]]
+    csv = tmp_path / "ctx.csv"
+    pd.DataFrame(rows, columns=cols).to_csv(csv, index=False)
+    out = mod.convert_attention_kv8(str(csv), GPU, "t", "sglang", decode=False)
+    assert set(out.variant) == {"prefill.sglang"} and set(out.dtype) == {"fp8"}
+    assert set(out.kernel) == {"fa3"}
+    assert sorted(out.latency_s) == pytest.approx([0.30e-3, 0.50e-3])
+    assert set(out.q_len) == set(out.kv_len) == {4096}
+    out = mod.convert_attention_kv8(str(csv), GPU, "t", "vllm", decode=True)
+    # Decode keeps bf16 queries only: the one bf16-query fp8-cache row, at step + 1 keys.
+    assert (list(out.variant), list(out.latency_s), list(out.kv_len), list(out.q_len)) == (
+        ["decode.vllm"], [pytest.approx(0.40e-3)], [1], [1.0])
