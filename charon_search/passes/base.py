@@ -37,6 +37,12 @@ __all__ = [
 ]
 
 
+#: Values per fp32 scale of an fp8 EP dispatch (DeepSeek-V3 report sec. 3.3.2: 1x128 activation
+#: tiles, the same granularity as its fp8 GEMM inputs), and the bytes per value it moves.
+FP8_DISPATCH_BLOCK = 128
+FP8_DISPATCH_BYTES = 1 + 4 / FP8_DISPATCH_BLOCK
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassContext:
     """What the passes need to know about the layout (one representative rank)."""
@@ -72,8 +78,10 @@ class PassContext:
     """``fused`` or ``eager`` (torchtitan's eager ``RMSNorm``, ``passes.eager_norm``)."""
     async_tp: bool = False
     moe_a2a_overlap: bool = False
-    ep_dispatch_fp8: bool = False
-    """EP dispatches carry fp8 plus 1x128 fp32 scales (``Layout.ep_dispatch_fp8``)."""
+    ep_dispatch_bytes: float = 0.0
+    """Bytes per value an EP dispatch moves; 0 = the activation's dtype. A training layout's
+    ``ep_dispatch_fp8`` is ``FP8_DISPATCH_BYTES``; TensorRT-LLM's NVFP4 serving dispatch is the
+    format's bytes per value (``serving._graphs``)."""
     moe_fused_permute: bool = False
     """Fuse the router / permute / unpermute op runs into one kernel each (``passes.fusion``)."""
     fsdp_prefetch: bool = True
@@ -105,7 +113,8 @@ class PassContext:
             fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"), async_tp=layout.async_tp,
             moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
-            ep_dispatch_fp8=getattr(layout, "ep_dispatch_fp8", False),
+            ep_dispatch_bytes=(FP8_DISPATCH_BYTES if getattr(layout, "ep_dispatch_fp8", False)
+                               else 0.0),
             expert_load_imbalance=layout.expert_load_imbalance,
         )
         kw.update(overrides)

@@ -9,21 +9,26 @@ their duration by it (the slowest rank gates the all-to-all that follows).
 A dispatch all-to-all is inserted on every activation entering the expert region (role
 ``moe.expert``) and a combine all-to-all on every activation leaving it, in the forward and the
 backward graph (2 + 2 per MoE layer). Message bytes are the routed rows times the hidden size,
-at the activation's dtype; with ``ep_dispatch_fp8`` the dispatches (the backward's carries the
-gradients into the experts) move fp8 values plus one fp32 scale per ``FP8_DISPATCH_BLOCK``.
+at the activation's dtype; with ``PassContext.ep_dispatch_bytes`` the dispatches (the
+backward's carries the gradients into the experts) move that many bytes per value instead:
+fp8 values plus one fp32 scale per ``FP8_DISPATCH_BLOCK`` for a training layout's
+``ep_dispatch_fp8``, NVFP4 values with their scales for TensorRT-LLM's quantized dispatch.
 """
 
 from __future__ import annotations
 
 from charon_search.ir import Node, OpGraph, OpKind, Poly, Role
 from charon_search.passes._rewrite import GraphBuilder
-from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
+from charon_search.passes.base import (
+    FP8_DISPATCH_BLOCK,
+    PASSES,
+    Pass,
+    PassContext,
+    PassResult,
+    must_run_before,
+)
 
 __all__ = ["FP8_DISPATCH_BLOCK", "ExpertParallelPass"]
-
-#: Values per fp32 scale of an fp8 dispatch (DeepSeek-V3 report sec. 3.3.2: 1x128 activation
-#: tiles, the same granularity as its fp8 GEMM inputs).
-FP8_DISPATCH_BLOCK = 128
 
 
 @PASSES.register("ep")
@@ -54,8 +59,8 @@ class ExpertParallelPass(Pass):
                 if entering:
                     t = max(entering, key=lambda x: gb.tensors[x].numel(1, 1, 1))
                     dispatched.add(t)
-                    nbytes = (gb.tensors[t].numel * (1 + 4 / FP8_DISPATCH_BLOCK)
-                              if ctx.ep_dispatch_fp8 else self._routed_bytes(gb, t, expert))
+                    nbytes = (gb.tensors[t].numel * ctx.ep_dispatch_bytes
+                              if ctx.ep_dispatch_bytes else self._routed_bytes(gb, t, expert))
                     gb.add_comm(OpKind.ALL_TO_ALL, group="ep", group_size=ep,
                                 nbytes=nbytes * token_frac,
                                 reads=(t,), like=t, phase=node.phase,

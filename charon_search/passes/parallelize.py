@@ -62,7 +62,8 @@ def parallelize_block(block: TracedBlock, ctx: PassContext,
 
 def parallelize_inference(traced_model: Any, *, tp: int = 1, ep: int = 1, pp: int = 1,
                           sequence_parallel: bool = False,
-                          passes: Sequence[str] | None = None) -> dict[str, OpGraph]:
+                          passes: Sequence[str] | None = None,
+                          ep_dispatch_bytes: float = 0.0) -> dict[str, OpGraph]:
     """TP/EP-shard the forward graphs of a traced prefill or decode model (for serving).
 
     Args:
@@ -73,6 +74,8 @@ def parallelize_inference(traced_model: Any, *, tp: int = 1, ep: int = 1, pp: in
         pp: pipeline degree. Blocks are per layer, so PP does not change them; the caller
             puts ``num_layers / pp`` layers on each stage and adds the stage hand-off.
         sequence_parallel: all-gather / reduce-scatter instead of all-reduce.
+        ep_dispatch_bytes: bytes per value the EP dispatches move (0: the activation's dtype;
+            ``PassContext.ep_dispatch_bytes``).
 
     Returns:
         ``{block name: per-rank forward OpGraph}`` with comm nodes (``group`` ``tp``/``ep``,
@@ -97,7 +100,7 @@ def parallelize_inference(traced_model: Any, *, tp: int = 1, ep: int = 1, pp: in
     phase = getattr(traced_model, "phase", "prefill")
     ctx = PassContext(phase=phase if phase != "train" else "prefill", tp=tp, ep=ep,
                       dp=max(ep, 1), sequence_parallel=sequence_parallel and tp > 1,
-                      recompute="none")
+                      recompute="none", ep_dispatch_bytes=ep_dispatch_bytes)
     blocks: Mapping[str, TracedBlock] = traced_model.blocks
     names = [n for n in (DEFAULT_PASSES if passes is None else passes)
              if n not in ("recompute", "fsdp")]

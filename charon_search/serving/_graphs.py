@@ -75,24 +75,23 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
         shard_experts_tp,
     )
 
+    quant = checkpoint_quant(model, precision) if precision in _PRECISION_BYTES else None
+    dispatch = _dispatch_bytes(quant, engine=engine, ep=ep, dp_attention=dp_attention)
     out = []
     for phase in ("prefill", "decode"):
         traced = trace_model(model, phase=phase)
-        graphs = dict(parallelize_inference(traced, tp=1 if dp_attention else tp, ep=ep))
+        graphs = dict(parallelize_inference(traced, tp=1 if dp_attention else tp, ep=ep,
+                                            ep_dispatch_bytes=dispatch))
         # Rows an expert-parallel rank computes: the tokens of the ranks that dispatch to it
         # (tp attention-DP ranks, or one replicated TP batch) times top-k, spread over ep.
         share = ep / (tp if dp_attention else 1)
         if share > 1:
             graphs = {k: _expert_rows_per_rank(g, share) for k, g in graphs.items()}
-        if precision in _PRECISION_BYTES:
-            quant = checkpoint_quant(model, precision)
+        if quant is not None:
             rows_engine = _moe_rows_engine(engine, quant, ep, dp_attention)
             graphs = {k: _with_gemm_dtype(g, quant, rows_engine, ep, moe_kernel,
                                           dense_engine=engine)
                       for k, g in graphs.items()}
-            if engine == "trtllm" and dp_attention and ep > 1 and quant.moe_dtype == "nvfp4":
-                graphs = {k: _post_quant_dispatch(g, quant.weight_bytes)
-                          for k, g in graphs.items()}
         moe_tp = moe_tp_degree(tp, ep)
         if moe_tp > 1 and dp_attention:
             graphs = {k: gather_experts_tp(g, tp, moe_tp) for k, g in graphs.items()}
@@ -109,23 +108,19 @@ def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision:
     return out[0], out[1]
 
 
-#: Bytes per element of the activations an expert-parallel dispatch moves unless quantized.
-_ACTIVATION_BYTES = 2.0
+def _dispatch_bytes(quant: CheckpointQuant | None, *, engine: str, ep: int,
+                    dp_attention: bool) -> float:
+    """Bytes per value of the expert-parallel dispatches (0: the activation's bf16).
 
-
-def _post_quant_dispatch(graph: OpGraph, element_bytes: float) -> OpGraph:
-    """TensorRT-LLM quantizes an NVFP4 MoE's input before its expert-parallel all-to-all: with
+    TensorRT-LLM quantizes an NVFP4 MoE's input before its expert-parallel all-to-all: with
     attention DP and EP, ``CutlassFusedMoE`` / ``WideEPMoE`` set ``use_postquant_alltoall``
     (``TRTLLM_MOE_POST_QUANT_ALLTOALLV``, default "1", and an NVFP4 quant mode), so each
-    dispatch carries 4-bit values with their FP8 scales (``element_bytes`` a value, 0.5625)
+    dispatch carries 4-bit values with their FP8 scales (the format's 0.5625 bytes a value)
     instead of bf16 ones. The combine stays bf16 (``use_low_precision_combine`` defaults off)."""
-    factor = element_bytes / _ACTIVATION_BYTES
-    return graph.with_nodes(
-        n.replace(params={**n.params, "bytes": n.params["bytes"] * factor},
-                  tags=n.tags | {"post_quant_dispatch"})
-        if n.kind == OpKind.ALL_TO_ALL and n.name.startswith("ep_dispatch_")
-        and "bytes" in n.params else n
-        for n in graph.nodes)
+    if (quant is not None and engine == "trtllm" and dp_attention and ep > 1
+            and quant.moe_dtype == "nvfp4"):
+        return quant.weight_bytes
+    return 0.0
 
 
 def _sglang_fused_shared_experts(model: ModelSpec, engine: str, ep: int) -> int:

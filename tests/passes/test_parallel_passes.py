@@ -9,6 +9,7 @@ import pytest
 from charon_search.errors import ConfigError
 from charon_search.ir import OpKind, check
 from charon_search.passes import PassContext, parallelize_block, parallelize_inference
+from charon_search.passes.base import FP8_DISPATCH_BYTES
 from charon_search.passes.synthetic import synthetic_block, synthetic_model
 
 H = 256
@@ -98,7 +99,8 @@ def test_fp8_dispatch_halves_dispatch_bytes_and_keeps_combines_bf16() -> None:
     combines move bf16."""
     blk = synthetic_block("moe")
     plain = parallelize_block(blk, PassContext(ep=4, dp=4, debug=True))
-    fp8 = parallelize_block(blk, PassContext(ep=4, dp=4, ep_dispatch_fp8=True, debug=True))
+    fp8 = parallelize_block(blk, PassContext(ep=4, dp=4, ep_dispatch_bytes=FP8_DISPATCH_BYTES,
+                                             debug=True))
     for g_plain, g_fp8 in ((plain.forward, fp8.forward), (plain.backward, fp8.backward)):
         by_name = {n.name: n.params["bytes"](B, S) for n in g_plain.nodes
                    if n.kind == OpKind.ALL_TO_ALL}
