@@ -182,10 +182,23 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
         "predicted": {"ttft_s": pred_ttft, "tpot_s": pred_tpot},
         "ttft_percentiles_s": ({f"p{q}": float(np.percentile(fin, q)) for q in (10, 50, 90)}
                                if fin.size else {}),
-        "decode_step": {"batch": decode_batch, **_ops_summary(ops)},
+        "decode_step": _decode_step(cost, decode_batch, case, ops),
         "prompt_step": prompt_step,
         "measured": dict(case.record.measured),
     }
+
+
+def _decode_step(cost: Any, batch: int, case: ServingCase,
+                 ops: list[tuple[str, str, str, float]]) -> dict[str, Any]:
+    """The decode step at ``batch`` requests: its token-linear ops and its attention over the
+    workload's mean context (mean prompt plus half the mean output; None where the workload's
+    lengths are not fixed or uniform)."""
+    prompt, output = _bounds(case.workload.input_len), _bounds(case.workload.output_len)
+    ctx = round(sum(prompt) / 2 + sum(output) / 4) if prompt and output else None
+    attention = (float(cost.decode_attention_s(batch, batch * ctx))
+                 if ctx and hasattr(cost, "decode_attention_s") else None)
+    return {"batch": batch, "context_tokens": ctx, "attention_s": attention,
+            **_ops_summary(ops)}
 
 
 def _prompt_step(group: Mapping[str, float] | None, engine: Any) -> dict[str, Any] | None:
@@ -341,8 +354,11 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
             f"{what} x {1e6 * ps['host_per_kernel_s']:.0f} us); largest:")
         lines += _op_lines(ps["ops"])
     ds = exp["decode_step"]
+    attention = (f", attention {_ms(ds['attention_s'])} at {ds['context_tokens']} keys a "
+                 f"request ({exp['kv_cache']['kv_dtype']} cache)"
+                 if ds.get("attention_s") is not None else " (attention aside)")
     lines.append(f"  decode step at batch {ds['batch']}: token-linear ops "
-                 f"{_ms(ds['linear_total_s'])} (attention and LM head aside); largest:")
+                 f"{_ms(ds['linear_total_s'])} (LM head aside){attention}; largest:")
     lines += _op_lines(ds["ops"])
     return "\n".join(lines)
 

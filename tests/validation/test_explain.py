@@ -58,6 +58,12 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert 0 < ds["linear_total_s"] < decode["mean_duration_s"]
     assert ds["ops"] and all(op["source"] in ("profile", "predictor", "roofline", "collective")
                              for op in ds["ops"])
+    # Its attention over the mean context (the prompt plus half the output) is most of the
+    # rest: with the LM head they make up the simulated decode iteration.
+    assert ds["context_tokens"] == isl + 512 // 2
+    assert 0 < ds["attention_s"] < ds["linear_total_s"]
+    assert ds["linear_total_s"] + ds["attention_s"] == pytest.approx(
+        decode["mean_duration_s"], rel=0.1)
     # The mean prompt iteration, op by op: two whole prompts plus the few decodes beside them;
     # its token-linear ops, prefill attention and TensorRT-LLM's calibrated 16 ms of host time
     # per prompt iteration make up its simulated duration (the LM head and the decodes'
@@ -70,6 +76,7 @@ def test_serving_explanation_matches_the_validated_prediction(by_id):
     assert isl <= ps["tokens"] <= 2 * isl + c
     text = render_explanation(exp)
     assert f"prompt step at {ps['tokens']} tokens (" in text
+    assert f"at {isl + 256} keys a request ({exp['kv_cache']['kv_dtype']} cache)" in text
     # Tensor-parallel attention: every rank runs all the step's tokens. Under attention DP
     # each rank runs its share (``rank_tokens``), and the line says so.
     assert ps["rank_tokens"] == ps["tokens"]
