@@ -18,12 +18,13 @@ Sources (see ``charon_search/data/profiles/ATTRIBUTION.md``):
   ``FlashInferCuteDslNvFp4LinearKernel``); block-scaled fp8 GEMMs per engine (SGLang and
   TensorRT-LLM at their ``current`` slot, ``BLOCK_FP8_GEMM_ENGINES``),
   attention = the vLLM default FlashAttention/FlashInfer kernel with a bf16 KV cache and no
-  sliding window; decode attention over an fp8 KV cache per engine (vLLM, SGLang and
-  TensorRT-LLM at their ``current`` slot, the engine's default kernel: ``convert_attention_kv8``,
-  variant ``decode.<engine>``, dtype ``fp8``), since the engines' fp8-cache kernels gain very
-  differently over their bf16 ones; MoE = the unquantized fused-MoE kernel, balanced routing
-  (``moe_ffn``) plus power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest NCCL folder per
-  GPU.
+  sliding window; decode, MLA decode and prompt attention over an fp8 KV cache per engine
+  (vLLM, SGLang and TensorRT-LLM at their ``current`` slot, the engine's default kernel:
+  ``convert_attention`` / ``convert_mla_decode`` with ``engine``, variants ``decode.<engine>``,
+  ``decode_mla.<engine>``, ``prefill.<engine>``, dtype ``fp8``), since the engines' fp8-cache
+  kernels gain very differently over their bf16 ones; MoE = the unquantized fused-MoE kernel,
+  balanced routing (``moe_ffn``) plus power-law 1.01 skew (``moe_ffn_skew``); NCCL = the newest
+  NCCL folder per GPU.
   Gated DeltaNet (linear attention, ``linear_attention/sglang``): the chunked and recurrent
   delta-rule kernels and the causal convolutions, per TP rank's heads (``convert_gdn``).
   DeepSeek Sparse Attention of GLM-5 (``sparse_attention/sglang``): the indexer's logits and
@@ -199,54 +200,35 @@ def convert_gemm_block(path: str, gpu: str, source: str, engine: str) -> pd.Data
     })
 
 
-def convert_attention(path: str, gpu: str, source: str, *, decode: bool) -> pd.DataFrame:
+def convert_attention(path: str, gpu: str, source: str, *, decode: bool,
+                      engine: str = "") -> pd.DataFrame:
     """Context (prefill, causal, q_len = kv_len = isl) or generation (decode, q_len = 1,
-    kv_len = step + 1: ``step`` cached tokens plus the new one) attention, bf16 KV cache."""
-    df = _read(path)
-    keep = (df.attn_dtype == "bfloat16") & (df.kv_cache_dtype == "bfloat16")
-    for col, value in (("window_size", 0), ("beam_width", 1)):
-        if col in df.columns:  # absent in older collections (A100)
-            keep &= df[col] == value
-    df = df[keep]
-    df = _most_rows(df)
-    if df.empty:
-        return pd.DataFrame()
-    q_len = np.ones(len(df)) if decode else df.isl.values
-    kv_len = df.step.values + 1 if decode else df.isl.values
-    return pd.DataFrame({
-        "gpu": gpu, "op_kind": "attention", "variant": "decode" if decode else "prefill",
-        "dtype": "bf16", "kernel": df.kernel_source.values, "source": source,
-        "batch": df.batch_size.values, "heads": df.num_heads.values,
-        "kv_heads": df.num_key_value_heads.values, "q_len": q_len, "kv_len": kv_len,
-        "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
-    })
+    kv_len = step + 1: ``step`` cached tokens plus the new one) attention, no sliding window.
 
-
-def convert_attention_kv8(path: str, gpu: str, source: str, engine: str, *,
-                          decode: bool) -> pd.DataFrame:
-    """One engine's attention over an fp8 KV cache (no sliding window): variant
-    ``decode.<engine>`` / ``prefill.<engine>``, dtype ``fp8``, the engine's default kernel (the
-    one with the most rows: vLLM FlashAttention 3 on Hopper and FlashInfer's TRT-LLM-gen
-    kernels on Blackwell, SGLang ``fa3`` / ``trtllm_mha``, TensorRT-LLM ``torch_flow``) with
-    the query type it has most rows of (decode: bf16; prefill: vLLM bf16, SGLang fp8,
-    TensorRT-LLM fp8 on Hopper and bf16 on Blackwell, whose two variants lie within 8 %)."""
+    No ``engine``: the table's bf16-cache rows (bf16 queries), variant ``decode`` /
+    ``prefill``, dtype ``bf16``. With ``engine``: that engine's fp8-cache rows, variant
+    ``decode.<engine>`` / ``prefill.<engine>``, dtype ``fp8``, in the engine's default kernel
+    (the one with the most rows: vLLM FlashAttention 3 on Hopper and FlashInfer's TRT-LLM-gen
+    kernels on Blackwell, SGLang ``fa3`` / ``trtllm_mha``, TensorRT-LLM ``torch_flow``) with the
+    query type it has most rows of (decode: bf16; prefill: vLLM bf16, SGLang fp8, TensorRT-LLM
+    fp8 on Hopper and bf16 on Blackwell, whose two variants lie within 8 %)."""
     df = _read(path)
-    keep = df.kv_cache_dtype == "fp8"
-    if decode:
+    keep = df.kv_cache_dtype == ("fp8" if engine else "bfloat16")
+    if decode or not engine:
         keep &= df.attn_dtype == "bfloat16"
     for col, value in (("window_size", 0), ("beam_width", 1)):
-        if col in df.columns:
+        if col in df.columns:  # absent in older collections (A100)
             keep &= df[col] == value
     df = _most_rows(_most_rows(df[keep]), "attn_dtype")
     if df.empty:
         return pd.DataFrame()
+    family = "decode" if decode else "prefill"
     return pd.DataFrame({
-        "gpu": gpu, "op_kind": "attention",
-        "variant": f"{'decode' if decode else 'prefill'}.{engine}",
-        "dtype": "fp8", "kernel": df.kernel_source.values, "source": source,
-        "batch": df.batch_size.values, "heads": df.num_heads.values,
+        "gpu": gpu, "op_kind": "attention", "variant": f"{family}.{engine}" if engine else family,
+        "dtype": "fp8" if engine else "bf16", "kernel": df.kernel_source.values,
+        "source": source, "batch": df.batch_size.values, "heads": df.num_heads.values,
         "kv_heads": df.num_key_value_heads.values,
-        "q_len": 1.0 if decode else df.isl.values,
+        "q_len": np.ones(len(df)) if decode else df.isl.values,
         "kv_len": df.step.values + 1 if decode else df.isl.values,
         "head_dim": df.head_dim.values, "latency_s": df.latency.values * MS,
     })
@@ -261,37 +243,25 @@ def convert_attention_kv8(path: str, gpu: str, source: str, engine: str, *,
 MLA_KV8_KERNEL: dict[str, str | None] = {"trtllm": None, "sglang": "trtllm_mla"}
 
 
-def convert_mla_kv8(path: str, gpu: str, source: str, engine: str) -> pd.DataFrame:
-    """One engine's MLA generation attention over an fp8 KV cache: variant
-    ``decode_mla.<engine>``, dtype ``fp8`` (``MLA_KV8_KERNEL``)."""
+def convert_mla_decode(path: str, gpu: str, source: str, engine: str = "") -> pd.DataFrame:
+    """MLA generation attention (DeepSeek-V2/V3 absorbed form: every query head attends to one
+    shared latent KV head of ``kv_lora_rank + rope`` = 576 values), ``heads`` = the rank's
+    query heads, ``kv_len`` = step + 1. No ``engine``: bf16 cache, variant ``decode_mla``,
+    dtype ``bf16``; with ``engine``: its fp8-cache rows (``MLA_KV8_KERNEL``), variant
+    ``decode_mla.<engine>``, dtype ``fp8``."""
     df = _read(path)
-    df = df[(df.mla_dtype == "bfloat16") & (df.kv_cache_dtype == "fp8")]
-    kernel = MLA_KV8_KERNEL[engine]
+    df = df[(df.mla_dtype == "bfloat16")
+            & (df.kv_cache_dtype == ("fp8" if engine else "bfloat16"))]
+    kernel = MLA_KV8_KERNEL[engine] if engine else None
     df = _most_rows(df if kernel is None else df[df.kernel_source == kernel])
     if df.empty:
         return pd.DataFrame()
     return pd.DataFrame({
-        "gpu": gpu, "op_kind": "attention", "variant": f"decode_mla.{engine}", "dtype": "fp8",
-        "kernel": df.kernel_source.values, "source": source,
-        "batch": df.batch_size.values, "heads": df.num_heads.values, "kv_heads": 1.0,
-        "q_len": 1.0, "kv_len": df.step.values + 1, "head_dim": MLA_HEAD_DIM,
-        "latency_s": df.latency.values * MS,
-    })
-
-
-def convert_mla_decode(path: str, gpu: str, source: str) -> pd.DataFrame:
-    """MLA generation attention (DeepSeek-V2/V3 absorbed form: every query head attends to one
-    shared latent KV head of ``kv_lora_rank + rope`` = 576 values), bf16 KV cache:
-    variant ``decode_mla``, ``heads`` = the rank's query heads, ``kv_len`` = step + 1."""
-    df = _read(path)
-    df = _most_rows(df[(df.mla_dtype == "bfloat16") & (df.kv_cache_dtype == "bfloat16")])
-    if df.empty:
-        return pd.DataFrame()
-    return pd.DataFrame({
-        "gpu": gpu, "op_kind": "attention", "variant": "decode_mla", "dtype": "bf16",
-        "kernel": df.kernel_source.values, "source": source,
-        "batch": df.batch_size.values, "heads": df.num_heads.values, "kv_heads": 1.0,
-        "q_len": 1.0, "kv_len": df.step.values + 1, "head_dim": MLA_HEAD_DIM,
+        "gpu": gpu, "op_kind": "attention",
+        "variant": f"decode_mla.{engine}" if engine else "decode_mla",
+        "dtype": "fp8" if engine else "bf16", "kernel": df.kernel_source.values,
+        "source": source, "batch": df.batch_size.values, "heads": df.num_heads.values,
+        "kv_heads": 1.0, "q_len": 1.0, "kv_len": df.step.values + 1, "head_dim": MLA_HEAD_DIM,
         "latency_s": df.latency.values * MS,
     })
 
@@ -508,8 +478,8 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
                 p = str(data / system / "attention" / engine / _slot(engine, system)
                         / f"{name}.parquet")
                 if os.path.exists(p):
-                    out.append(convert_attention_kv8(p, gpu, f"{AIC} {_rel(p, peers)}", engine,
-                                                     decode=dec))
+                    out.append(convert_attention(p, gpu, f"{AIC} {_rel(p, peers)}",
+                                                 decode=dec, engine=engine))
         d = _vllm_dir(peers, system, "moe")
         if d is not None:
             p = str(d / "moe_perf.parquet")
@@ -544,7 +514,7 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
             p = str(data / system / "mla" / engine / _slot(engine, system)
                     / "generation_mla_perf.parquet")
             if os.path.exists(p):
-                out.append(convert_mla_kv8(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
+                out.append(convert_mla_decode(p, gpu, f"{AIC} {_rel(p, peers)}", engine))
         vllm_tables = sorted(glob.glob(str(data / system / "moe" / "vllm" / "*"
                                            / "moe_perf.parquet")),
                              key=lambda p: tuple(int(x) for x in Path(p).parent.name.split(".")),

@@ -79,8 +79,8 @@ TILE = 128
 #: Op kinds with predictors and the families trained for each.
 PREDICTED_KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("",),
-    # Decode attention over an fp8 KV cache per engine (``decode.<engine>``,
-    # ``decode_mla.<engine>``, dtype fp8).
+    # Attention over an fp8 KV cache per engine (``decode.<engine>``, ``decode_mla.<engine>``,
+    # ``prefill.<engine>``, dtype fp8).
     "attention": ("prefill", "decode", "decode_mla", "decode.vllm", "decode.sglang",
                   "decode.trtllm", "decode_mla.sglang", "decode_mla.trtllm", "prefill.vllm",
                   "prefill.sglang", "prefill.trtllm"),

@@ -123,7 +123,7 @@ def _family(kind: str, params: dict[str, float], role: str = "") -> str:
     return ""
 
 
-#: Tag prefixes of a decode attention node (``serving.iteration_cost``): the element type of
+#: Tag prefixes of an attention node (``serving.iteration_cost._reads_kv8``): the element type of
 #: the KV cache it reads (``kv_cache:fp8``) and the engine whose kernel reads it
 #: (``attn_engine:vllm``).
 KV_CACHE_TAG, ATTN_ENGINE_TAG = "kv_cache:", "attn_engine:"

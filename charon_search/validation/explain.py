@@ -195,8 +195,7 @@ def _decode_step(cost: Any, batch: int, case: ServingCase,
     lengths are not fixed or uniform)."""
     prompt, output = _bounds(case.workload.input_len), _bounds(case.workload.output_len)
     ctx = round(sum(prompt) / 2 + sum(output) / 4) if prompt and output else None
-    attention = (float(cost.decode_attention_s(batch, batch * ctx))
-                 if ctx and hasattr(cost, "decode_attention_s") else None)
+    attention = float(cost.decode_attention_s(batch, batch * ctx)) if ctx else None
     return {"batch": batch, "context_tokens": ctx, "attention_s": attention,
             **_ops_summary(ops)}
 

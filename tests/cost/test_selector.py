@@ -283,7 +283,7 @@ def test_prefill_attention_over_an_fp8_cache_runs_the_engines_measured_kernel():
                                                        "profile"), tags
 
 
-def test_convert_attention_kv8_keeps_the_default_kernel_and_query_type(tmp_path):
+def test_convert_attention_of_an_engine_keeps_the_default_kernel_and_query_type(tmp_path):
     """The fp8-cache import keeps the kernel and (prompt) query type with the most rows, drops
     bf16-cache and sliding-window rows, and converts ms to s; a decode row's keys are step + 1."""
     import importlib.util
@@ -292,7 +292,7 @@ def test_convert_attention_kv8_keeps_the_default_kernel_and_query_type(tmp_path)
     import pandas as pd
 
     path = Path(__file__).resolve().parents[2] / "scripts" / "import_peers.py"
-    spec = importlib.util.spec_from_file_location("import_peers_kv8", path)
+    spec = importlib.util.spec_from_file_location("import_peers_attn", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     cols = ["kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
@@ -306,12 +306,12 @@ def test_convert_attention_kv8_keeps_the_default_kernel_and_query_type(tmp_path)
             ["triton", 1, 4096, 32, 8, 128, 1, "fp8", "fp8", 0, 0, 0.90]]
     csv = tmp_path / "ctx.csv"
     pd.DataFrame(rows, columns=cols).to_csv(csv, index=False)
-    out = mod.convert_attention_kv8(str(csv), GPU, "t", "sglang", decode=False)
+    out = mod.convert_attention(str(csv), GPU, "t", decode=False, engine="sglang")
     assert set(out.variant) == {"prefill.sglang"} and set(out.dtype) == {"fp8"}
     assert set(out.kernel) == {"fa3"}
     assert sorted(out.latency_s) == pytest.approx([0.30e-3, 0.50e-3])
     assert set(out.q_len) == set(out.kv_len) == {4096}
-    out = mod.convert_attention_kv8(str(csv), GPU, "t", "vllm", decode=True)
+    out = mod.convert_attention(str(csv), GPU, "t", decode=True, engine="vllm")
     # Decode keeps bf16 queries only: the one bf16-query fp8-cache row, at step + 1 keys.
     assert (list(out.variant), list(out.latency_s), list(out.kv_len), list(out.q_len)) == (
         ["decode.vllm"], [pytest.approx(0.40e-3)], [1], [1.0])
