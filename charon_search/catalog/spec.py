@@ -66,6 +66,14 @@ class ModelSpec:
         return sum(1 for t in self.layer_types if t == block_type)
 
     @property
+    def max_context(self) -> int:
+        """Tokens a sequence may hold, prompt and output together (HF
+        ``max_position_embeddings``, GPT-2's ``n_positions``); 0 when the config gives none.
+        Serving engines derive their default ``max_model_len`` from it and reject longer
+        requests."""
+        return int(self.extra.get("max_position_embeddings") or 0)
+
+    @property
     def sliding_window(self) -> int:
         """Keys a sliding-window attention layer sees (HF ``sliding_window``); 0 = none.
 

@@ -135,12 +135,18 @@ class ServingReport:
             f"requests {self.num_completed}/{self.num_requests} on {self.num_gpus} GPUs | "
             f"TTFT mean {fs(self.ttft_s['mean'])} p99 {fs(self.ttft_s['p99'])} | "
             f"TPOT mean {fs(self.tpot_s['mean'])} p99 {fs(self.tpot_s['p99'])} | "
-            f"{self.requests_per_s:.2f} req/s, {self.output_tokens_per_s:.0f} tok/s, "
-            f"{self.tokens_per_s_per_gpu:.0f} tok/s/GPU, {self.tokens_per_s_per_user:.1f} "
+            f"{self.requests_per_s:.2f} req/s, {_rate(self.output_tokens_per_s)} tok/s, "
+            f"{_rate(self.tokens_per_s_per_gpu)} tok/s/GPU, {self.tokens_per_s_per_user:.1f} "
             f"tok/s/user | preemptions {self.num_preemptions}, KV util "
             f"{self.kv_utilization:.1%}, prefix hits {self.prefix_hit_rate:.1%}"
             + (f", front end busy {self.frontend_busy:.0%}" if self.frontend_busy else "")
         )
+
+
+def _rate(x: float) -> str:
+    """A token rate for the summary line: whole tokens from 100/s, else three digits (a slow
+    run's 0.5 tok/s is not printed as 0)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _jsonable(x: Any) -> Any:

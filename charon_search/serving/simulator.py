@@ -721,6 +721,7 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     if not requests:
         raise ConfigError("the workload has no requests")
     _check_parallel(spec_model, cfg)
+    _check_context(spec_model, requests)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
                             record_iterations=record_iterations)
     if isinstance(workload, WorkloadSpec):
@@ -729,6 +730,22 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     report = sim.report(reqs, num_requests=len(requests), closed_loop=bool(closed),
                         keep_requests=keep_requests)
     return sim, report
+
+
+def _check_context(model: ModelSpec, requests: Sequence[RequestSpec]) -> None:
+    """Every request fits the model's context (``ModelSpec.max_context``): an engine rejects a
+    longer one (vLLM's and SGLang's default ``max_model_len`` / ``context_length`` and
+    TensorRT-LLM's ``max_seq_len`` come from the checkpoint's ``max_position_embeddings``)."""
+    limit = model.max_context
+    if not limit:
+        return
+    longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+    if longest.prompt_tokens + longest.output_tokens > limit:
+        raise ConfigError(
+            f"a request of {longest.prompt_tokens:,} prompt + {longest.output_tokens:,} output "
+            f"tokens exceeds {model.name}'s context of {limit:,} tokens "
+            f"(max_position_embeddings); `input_len` + `output_len` must be <= {limit:,} (for a "
+            "lognormal length, set its `maximum`)")
 
 
 def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:

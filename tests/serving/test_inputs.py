@@ -138,3 +138,20 @@ def test_dynamic_sp_keeps_short_requests_local() -> None:
     assert plan.degrees == (4, 1, 1, 1)
     assert plan.latency_s == pytest.approx(100 / 4 + 0.3 + 1.0)
     assert plan.latency_s < fixed
+
+
+def test_requests_longer_than_the_context_are_rejected() -> None:
+    """Llama-3.1-8B's config.json gives max_position_embeddings 131072: an engine refuses a
+    longer request, so the simulator does too, naming the limit; one that fits runs."""
+    from charon_search.catalog import load_model
+    from charon_search.serving import simulate_serving
+    from charon_search.serving.report import _rate
+
+    assert load_model("llama-3.1-8b").max_context == 131072
+    wl = {"concurrency": 1, "num_requests": 1, "input_len": 131000, "output_len": 73}
+    with pytest.raises(ConfigError, match=r"131,000 prompt \+ 73 output.*131,072"):
+        simulate_serving("llama-3.1-8b", "h100-sxm-8gpu", ServingConfig(), wl)
+    rep = simulate_serving("llama-3.1-8b", "h100-sxm-8gpu", ServingConfig(),
+                           {**wl, "output_len": 72})
+    assert rep.num_completed == 1
+    assert (_rate(0.5), _rate(42.25), _rate(12345.6)) == ("0.5", "42.2", "12346")
