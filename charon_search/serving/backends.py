@@ -20,7 +20,8 @@ Sources (read, not copied):
   ``benchmarks/benchmark_lib.sh`` and ``utils/bench_serving/benchmark_serving.py`` (its client),
   ``.github/workflows/benchmark-tmpl.yml`` (``RANDOM_RANGE_RATIO``): the dated-dump rows.
 * TensorRT-LLM ``PyExecutor._waiting_requests`` (batch waiting) and ``_handle_responses``
-  (the first token is returned at once whatever ``stream_interval`` is).
+  (the first token is returned at once whatever ``stream_interval`` is; the DeepSeek rows
+  measure a delay all the same, ``INFERENCEX_DSR1_TRT_STREAM_INTERVAL``).
 * The overlap schedulers (``ServingConfig.overlap_scheduler``): TensorRT-LLM
   ``PyExecutor._executor_loop_overlap``, SGLang ``Scheduler.event_loop_overlap`` and vLLM's
   ``--async-scheduling`` schedule and launch batch n + 1 before they process batch n's results
@@ -222,6 +223,17 @@ INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
+#: Same recipe (and ``dsr1_fp4_b200_trt.sh``, ``dsr1_fp8_b200_trt.sh``, the ``*_trt_mtp.sh``
+#: siblings): ``stream_interval: 10`` and no ``num_postprocess_workers``. The client's first chunk
+#: is taken to carry the 10th token (``ServingConfig.stream_interval``), the empirical rule of the
+#: SGLang DeepSeek rows: before it, the TTFT of the InferenceX TensorRT-LLM DeepSeek rows at up to
+#: 16 streams sat 7.6-8.9 decode steps (median per model and GPU, in measured TPOTs) above the
+#: simulation, where the rule puts 9 (TTFT median |error| of the 144 rows 49.9 -> 26.5 %). As for
+#: SGLang, the cause is not identified: ``PyExecutor._handle_responses`` returns a request's first
+#: token at once whatever the interval. InferenceX's Llama-3.3-70B and gpt-oss TensorRT-LLM recipes
+#: also stream every 10 / 20 tokens but run 2 / 4 post-processing workers, and their rows show no
+#: such delay (-1.6 .. +0.2 and +1.3 .. +4.3 steps), so the rule is not applied to them.
+INFERENCEX_DSR1_TRT_STREAM_INTERVAL = 10
 #: Same recipe, with ``DP_ATTENTION=true``: ``attention_dp_config: {batching_wait_iters: 0,
 #: enable_balance: true, timeout_iters: 60}``.
 INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS = 60
@@ -1018,7 +1030,7 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_siz
             max_num_batched_tokens=max_tokens * adp, max_prefill_tokens=0,
             prefix_caching=False, kv_admission="reserve_max", overlap_scheduler=True,
             adp_balance_timeout_iters=INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS if adp > 1 else 0,
-            gpu_memory_utilization=free,
+            gpu_memory_utilization=free, stream_interval=INFERENCEX_DSR1_TRT_STREAM_INTERVAL,
             sources=(
                 *common,
                 f"kv_cache_config free_gpu_memory_fraction {free} (InferenceX "
@@ -1028,6 +1040,10 @@ def _inferencex_trtllm(*, isl: int, osl: int, tp: int, model: str, max_batch_siz
                 "(InferenceX benchmarks/dsr1_fp8_h200_trt.sh at 1fc5d73)"
                 + (f", per attention-DP rank: x{adp} ranks (TensorRT-LLM: \"Max num tokens in "
                    "each rank\")" if adp > 1 else ""),
+                f"stream_interval: {INFERENCEX_DSR1_TRT_STREAM_INTERVAL}, no "
+                "num_postprocess_workers (same recipe): the client's first chunk taken to carry "
+                f"the {INFERENCEX_DSR1_TRT_STREAM_INTERVAL}th token (empirical, "
+                "ServingConfig.stream_interval; INFERENCEX_DSR1_TRT_STREAM_INTERVAL)",
                 *((f"attention_dp_config enable_balance, batching_wait_iters 0, timeout_iters "
                    f"{INFERENCEX_DSR1_TRT_ADP_TIMEOUT_ITERS} (same recipe, DP_ATTENTION=true): "
                    "prompts wait until every attention-DP rank has one, at most that many "

@@ -343,12 +343,16 @@ class ServingConfig:
     client measures them (TTFT to the first chunk; TPOT = (E2E - TTFT) / (output tokens - 1)),
     the chunk's arrival placed at the request's mean token interval after its first token.
 
-    This is an empirical rule, not SGLang's: the InferenceX SGLang rows launched with
-    ``--stream-interval`` (DeepSeek-R1 every 10 tokens, Qwen3.5 on B200 every 30) measure TTFT
-    about (interval - 1) decode steps above the simulated prefill, but SGLang's
-    ``stream_output_generation`` (``scheduler_output_processor_mixin.py``) sends a streaming
-    request's output when ``len(output_ids) % stream_interval == 1``: the first token at once,
-    then every interval. The delay the rule reproduces has a cause not identified here."""
+    This is an empirical rule, not the engines': the InferenceX SGLang rows launched with
+    ``--stream-interval`` (DeepSeek-R1 every 10 tokens, Qwen3.5 on B200 every 30) and the
+    TensorRT-LLM DeepSeek rows (``stream_interval: 10`` without post-processing workers,
+    ``backends.INFERENCEX_DSR1_TRT_STREAM_INTERVAL``) measure TTFT about (interval - 1) decode
+    steps above the simulated prefill, but SGLang's ``stream_output_generation``
+    (``scheduler_output_processor_mixin.py``) sends a streaming request's output when
+    ``len(output_ids) % stream_interval == 1`` and TensorRT-LLM's ``PyExecutor.
+    _handle_responses`` when ``py_decoding_iter == 1`` or a multiple of the interval: the first
+    token at once, then every interval. The delay the rule reproduces has a cause not identified
+    here."""
     scheduler_recv_interval: int = 1
     """SGLang ``--scheduler-recv-interval`` (``managers/scheduler_recv_skipper.py``): the
     scheduler polls for new requests only every this many decode-only batches; after a batch

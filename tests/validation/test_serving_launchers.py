@@ -77,6 +77,13 @@ def test_inferencex_deepseek_recipes(by_id) -> None:
     assert short.max_num_batched_tokens == 8192  # 16 + 1024 + 64 -> 1152 < 8192
     long = to_case(by_id["dsr1_h200_trtllm_fp8_agg_8192x1024_c64_cfg83"]).config
     assert long.max_num_batched_tokens == 8320  # 64 + 8192 + 64, already a multiple of 64
+    # stream_interval: 10 without post-processing workers: the first chunk is the 10th token;
+    # the Llama-3.3-70B recipe streams every 10 tokens too but runs 2 post-processing workers,
+    # and its rows show no delay, so it keeps the first token at once.
+    assert short.stream_interval == long.stream_interval == 10
+    llama = next(r for r in by_id.values() if r.id.startswith("2026_04_06_llama_3_1_70b_h200")
+                 and "trtllm" in r.id)
+    assert to_case(llama).config.stream_interval == 1
 
 
 def test_inferencex_deepseek_trt_attention_dp_recipe(by_id) -> None:
