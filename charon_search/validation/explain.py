@@ -156,6 +156,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
             "frontend_prompt_token_s": sim.frontend_token_s,
             "frontend_output_token_s": sim.frontend_output_token_s,
             "frontend_output_stream_s": sim.frontend_output_stream_s,
+            "stream_interval": cfg.stream_interval,
         },
         "workload": {
             "concurrency": case.extra.get("concurrency"),
@@ -309,6 +310,13 @@ def render_explanation(exp: Mapping[str, Any]) -> str:
     pred = exp["predicted"]
     lines.append(f"  predicted TTFT {_ms(pred['ttft_s'])}, TPOT {_ms(pred['tpot_s'])};  "
                  f"measured: {meas}")
+    interval = int(eng.get("stream_interval") or 1)
+    if interval > 1 and pred["tpot_s"]:
+        # ServingConfig.stream_interval: the first chunk waits for the interval-th token, one
+        # mean token gap (about the TPOT) after another.
+        lines.append(f"  first chunk carries token {interval} (stream_interval, an empirical "
+                     f"rule): about {interval - 1} x TPOT = "
+                     f"{_ms((interval - 1) * pred['tpot_s'])} of the TTFT")
     if exp["ttft_percentiles_s"]:
         lines.append("  measured-window TTFT spread: " + ", ".join(
             f"{k} {_ms(v)}" for k, v in exp["ttft_percentiles_s"].items()))

@@ -175,3 +175,20 @@ def test_causal_attention_rate_counts_the_work_its_kernel_does(by_id):
                                                                   rel=1e-9)
     # FlashAttention-2 on a GH100 forward: about 300-340 TFLOP/s (the measured dense kernel).
     assert 200e12 < attn["flops_per_s"] < 400e12
+
+
+def test_explanation_shows_the_first_chunk_of_a_streaming_interval(by_id):
+    """InferenceX's TensorRT-LLM DeepSeek recipe streams every 10 tokens: the explanation names
+    the interval and the share of TTFT it adds, 9 token gaps (about 9 TPOTs), which takes the
+    TTFT from one ~50 ms prompt step to about 200 ms; the Llama gap row streams every token."""
+    exp = explain_case(to_case(by_id["dsr1_b200_trtllm_fp4_agg_1024x8192_c32_cfg91"]))
+    assert exp["engine"]["stream_interval"] == 10
+    tpot, ttft = exp["predicted"]["tpot_s"], exp["predicted"]["ttft_s"]
+    text = render_explanation(exp)
+    assert (f"first chunk carries token 10 (stream_interval, an empirical rule): about 9 x TPOT"
+            f" = {9 * tpot * 1e3:.2f} ms") in text
+    prompt = exp["iterations"]["prompt"]["mean_duration_s"]
+    assert ttft > prompt + 9 * tpot * 0.9
+    plain = explain_case(to_case(by_id[TRT_ROW]))
+    assert plain["engine"]["stream_interval"] == 1
+    assert "first chunk carries" not in render_explanation(plain)
