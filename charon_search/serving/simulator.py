@@ -745,7 +745,8 @@ def _check_context(model: ModelSpec, requests: Sequence[RequestSpec]) -> None:
             f"a request of {longest.prompt_tokens:,} prompt + {longest.output_tokens:,} output "
             f"tokens exceeds {model.name}'s context of {limit:,} tokens "
             f"(max_position_embeddings); `input_len` + `output_len` must be <= {limit:,} (for a "
-            "lognormal length, set its `maximum`)")
+            "lognormal length, set its `maximum`), or serve a config.json whose "
+            "max_position_embeddings covers the RoPE scaling you run (`model` takes its path)")
 
 
 def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:
