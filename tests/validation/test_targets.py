@@ -200,7 +200,7 @@ def test_glm5_sparse_attention_long_context_row(shipped_records):
 
 #: Rows whose TTFT needs the recipe's --stream-interval: the client's first chunk taken to
 #: carry the interval-th token (session 20; an empirical rule, ServingConfig.stream_interval:
-#: SGLang's own code sends the first token at once).
+#: SGLang's and TensorRT-LLM's own code send the first token at once).
 #: * InferenceX, SGLang 0.5.9, Qwen3.5-397B-A17B FP8 on 8 B200 (TP 8), 1024/1024 tokens at
 #:   concurrency 16: TTFT 441 ms, TPOT 12.2 ms; qwen3.5_fp8_b200.sh streams every 30 tokens:
 #:   TTFT -6 %, -87 % with the first token taken as streamed at once.
@@ -211,30 +211,21 @@ def test_glm5_sparse_attention_long_context_row(shipped_records):
 #:   alone, -25 % with the polls alone (session 46). (Until session 46 this was the FP8 TP 8
 #:   row of the same recipe family, now skipped: its layout also ran with EAGLE from
 #:   2026-02-03, InferenceX PR #626.)
+#: * InferenceX, TensorRT-LLM (dsr1_fp4_b200_trt.sh: ``stream_interval: 10``, no
+#:   post-processing workers), DeepSeek-R1 FP4 on 8 B200 (TP 8, MoE TP 8), 1024/8192 tokens at
+#:   concurrency 32: TTFT 221 ms, TPOT 13.7 ms. With the first chunk taken to carry the 10th
+#:   token (session 52, backends.INFERENCEX_DSR1_TRT_STREAM_INTERVAL) TTFT -6.7 %; -54.7 % with
+#:   the first token streamed at once, as TensorRT-LLM's own code does.
 STREAM_INTERVAL_ROWS = (
     "2026_04_06_qwen3_5_397b_b200_sxm_sglang_fp8_agg_1024x1024_c16_tp8_ep1_1497",
     "2026_04_06_deepseek_r1_b200_sxm_sglang_fp4_agg_1024x1024_c64_tp8_ep8_1038",
+    "dsr1_b200_trtllm_fp4_agg_1024x8192_c32_cfg91",
 )
 
 
 @pytest.mark.parametrize("rid", STREAM_INTERVAL_ROWS)
-def test_sglang_b200_ttft_with_the_recipe_stream_interval(shipped_records, rid):
+def test_b200_ttft_with_the_recipe_stream_interval(shipped_records, rid):
     err = _errors(run_validation(select_records(shipped_records, ids=[rid])), rid)
-    assert abs(err["ttft_s"]) <= 0.20, err
-    assert abs(err["tpot_s"]) <= 0.20, err
-
-
-#: InferenceX, TensorRT-LLM (dsr1_fp4_b200_trt.sh: ``stream_interval: 10``, no post-processing
-#: workers), DeepSeek-R1 FP4 on 8 B200 (TP 8, MoE TP 8), 1024/8192 tokens at concurrency 32:
-#: TTFT 221 ms, TPOT 13.7 ms. With the first chunk taken to carry the 10th token (session 52,
-#: backends.INFERENCEX_DSR1_TRT_STREAM_INTERVAL) TTFT -6.7 %; -54.7 % with the first token
-#: streamed at once, as TensorRT-LLM's own code does.
-TRT_STREAM_INTERVAL_ROW = "dsr1_b200_trtllm_fp4_agg_1024x8192_c32_cfg91"
-
-
-def test_trtllm_deepseek_ttft_with_the_recipe_stream_interval(shipped_records):
-    res = run_validation(select_records(shipped_records, ids=[TRT_STREAM_INTERVAL_ROW]))
-    err = _errors(res, TRT_STREAM_INTERVAL_ROW)
     assert abs(err["ttft_s"]) <= 0.20, err
     assert abs(err["tpot_s"]) <= 0.20, err
 
