@@ -42,8 +42,8 @@ import numpy as np
 from charon_search.errors import ConfigError
 
 __all__ = ["BAND_LEVELS", "FAMILIES", "GUARD_LEVELS", "MIN_GROUP_ROWS", "Band", "ErrorBands",
-           "bands_path", "compute_bands", "held_out_coverage", "load_bands", "metric_family",
-           "render_bands", "serving_band_lines", "shipped_bands"]
+           "bands_path", "compute_bands", "held_out_bands", "held_out_coverage", "load_bands",
+           "metric_family", "render_bands", "serving_band_lines", "shipped_bands", "source_of"]
 
 #: Quantile levels stored for each band (symmetric, so a lower bound can use ``1 - q``).
 BAND_LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -263,6 +263,24 @@ def serving_band_lines(ttft_s: float, tpot_s: float, *, engine: str = "", mode: 
     return out
 
 
+def source_of(case: Mapping[str, Any] | None) -> str:
+    """A validate case's ``source`` ("" when it has none)."""
+    return str((case or {}).get("source") or "")
+
+
+def held_out_bands(data: Mapping[str, Any], *,
+                   min_rows: int = MIN_GROUP_ROWS) -> dict[str, ErrorBands]:
+    """Source -> the bands ``compute_bands`` gives without that source's records, for every
+    source of a ``validate --json`` result's records: what a guard would have known of the
+    simulator's error before that source was measured."""
+    cases = data.get("cases") or {}
+    records = list(data.get("records") or [])
+    sources = sorted({source_of(cases.get(r["id"])) for r in records})
+    return {src: ErrorBands(compute_bands(
+        {"records": [r for r in records if source_of(cases.get(r["id"])) != src],
+         "cases": cases}, min_rows=min_rows)) for src in sources}
+
+
 def held_out_coverage(data: Mapping[str, Any], levels: Sequence[float] = (0.5, 0.9, 0.95),
                       *, min_rows: int = MIN_GROUP_ROWS) -> dict[str, Any]:
     """How well the bands carry to measurements they did not see: for each source, bands
@@ -273,19 +291,13 @@ def held_out_coverage(data: Mapping[str, Any], levels: Sequence[float] = (0.5, 0
     from charon_search.validation.stats import group_of, representative_rows
 
     cases = data.get("cases") or {}
-    records = list(data.get("records") or [])
-    rows = [r for r in representative_rows(records)
+    rows = [r for r in representative_rows(list(data.get("records") or []))
             if group_of(r["metric"]) in FAMILIES and _row_ratio(r) is not None]
-    sources = sorted({str((cases.get(r["id"]) or {}).get("source") or "") for r in rows})
     out: dict[str, Any] = {}
-    for src in sources:
-        rest = {"records": [r for r in records
-                            if str((cases.get(r["id"]) or {}).get("source") or "") != src],
-                "cases": cases}
-        bands = ErrorBands(compute_bands(rest, min_rows=min_rows))
+    for src, bands in held_out_bands(data, min_rows=min_rows).items():
         for r in rows:
             case = cases.get(r["id"]) or {}
-            if str(case.get("source") or "") != src:
+            if source_of(case) != src:
                 continue
             family = str(group_of(r["metric"]))
             band = bands.lookup(family, str(case.get("engine") or ""), str(case.get("mode") or ""))

@@ -26,6 +26,12 @@ GPU, engine, layout and concurrency are the configuration):
   throughput over the best measured throughput that meets the target (0 when none of the k
   does). A simulated pick near its target fails it as often as its TPOT error has that sign,
   which is what verifying more than one configuration buys back.
+* **verifying under a guard** (``guarded_verification``): the same, with the configurations
+  kept as an objective's ``guard: q`` keeps them (``search.objective``): a configuration is a
+  candidate when its simulated TPOT times the validated TPOT band's ``r_q`` meets the target.
+  Each record's band is computed without its own source (``validation.bands.held_out_bands``),
+  so a workload's own errors never set its margin. A guard trades targets no configuration is
+  simulated to meet (``no_candidate``) for picks that hold.
 
 Throughput per GPU is derived the same way on both sides from a closed loop's Little's law,
 ``concurrency * output_len / (ttft + (output_len - 1) * tpot) / num_gpus`` (the nominal output
@@ -45,9 +51,10 @@ import numpy as np
 
 from charon_search.search.pareto import non_dominated
 
-__all__ = ["MIN_CONFIGS", "MIN_GAP", "ConfigPoint", "configuration_ordering", "ordering_lines",
-           "pairwise_concordance", "pareto_agreement", "pareto_front", "pareto_sentence",
-           "serving_points", "verification_capture", "verify_sentence", "workload_of"]
+__all__ = ["MIN_CONFIGS", "MIN_GAP", "VERIFY_GUARDS", "ConfigPoint", "configuration_ordering",
+           "guarded_verification", "ordering_lines", "pairwise_concordance", "pareto_agreement",
+           "pareto_front", "pareto_sentence", "serving_points", "verification_capture",
+           "verify_sentence", "workload_of"]
 
 #: Smallest measured difference of a pair that counts: 10 %, about three times the median
 #: run-to-run spread of the shipped serving TTFT (3.4 %) and above its TPOT p90 (8.7 %).
@@ -58,6 +65,8 @@ MIN_CONFIGS = 4
 VERIFY_TOP_K = (1, 3, 5)
 #: TPOT targets per workload of ``verification_capture``.
 TARGETS_PER_WORKLOAD = 10
+#: Guard levels (an objective's ``guard``) ``guarded_verification`` reports.
+VERIFY_GUARDS = (0.9,)
 #: Measured metrics whose pairwise order is reported (besides the derived throughput per GPU).
 ORDERED_METRICS = ("ttft_s", "tpot_s")
 
@@ -166,24 +175,32 @@ def pareto_agreement(rows: Sequence[Mapping[str, Any]],
 def verification_capture(rows: Sequence[Mapping[str, Any]],
                          cases: Mapping[str, Mapping[str, Any]], *,
                          ks: Sequence[int] = VERIFY_TOP_K,
-                         min_configs: int = MIN_CONFIGS, points: Points | None = None
-                         ) -> dict[str, Any]:
-    """Per k of ``ks``: ``{"targets", "mean", "median", "at_least_90", "missed"}`` over the
-    targets of the workloads with at least ``min_configs`` configurations (``at_least_90``:
-    fraction of targets where the verified pick reaches 90 % of the best; ``missed``: fraction
-    where none of the k meets the target when measured). ``{}`` without workloads."""
+                         min_configs: int = MIN_CONFIGS, points: Points | None = None,
+                         tpot_ratio: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Per k of ``ks``: ``{"targets", "mean", "median", "at_least_90", "missed",
+    "no_candidate"}`` over the targets of the workloads with at least ``min_configs``
+    configurations (``at_least_90``: fraction of targets where the verified pick reaches 90 %
+    of the best; ``missed``: fraction where none of the k meets the target when measured, no
+    candidate included; ``no_candidate``: fraction where no configuration is simulated to meet
+    it). ``tpot_ratio`` (record id -> ``r``, 1 where absent) makes a configuration a candidate
+    when its simulated TPOT x ``r`` meets the target, as a guard checks it. ``{}`` without
+    workloads."""
     captured: dict[int, list[float]] = {k: [] for k in ks}
+    empty: list[bool] = []
     for pts in (serving_points(rows, cases) if points is None else points).values():
         if len(pts) < min_configs:
             continue
         meas = np.asarray([p.measured for p in pts])
         pred = np.asarray([p.predicted for p in pts])
+        # interactivity 1 / TPOT as the candidate test sees it: 1 / (TPOT x r)
+        seen = pred[:, 1] / np.asarray([(tpot_ratio or {}).get(p.id, 1.0) for p in pts])
         order = np.argsort(-pred[:, 0], kind="stable")
         lo, hi = meas[:, 1].min(), meas[:, 1].max()
         for target in np.geomspace(lo, hi, TARGETS_PER_WORKLOAD):
             target = min(max(target, lo), hi)  # the ends exactly, despite rounding
             best = meas[meas[:, 1] >= target, 0].max()
-            candidates = [i for i in order if pred[i, 1] >= target]
+            candidates = [i for i in order if seen[i] >= target]
+            empty.append(not candidates)
             for k in ks:
                 got = [meas[i, 0] for i in candidates[:k] if meas[i, 1] >= target]
                 captured[k].append(max(got, default=0.0) / best)
@@ -194,7 +211,38 @@ def verification_capture(rows: Sequence[Mapping[str, Any]],
             out[str(k)] = {"targets": int(a.size), "mean": float(a.mean()),
                            "median": float(np.median(a)),
                            "at_least_90": float((a >= 0.9).mean()),
-                           "missed": float((a == 0).mean())}
+                           "missed": float((a == 0).mean()),
+                           "no_candidate": float(np.mean(empty))}
+    return out
+
+
+def guarded_verification(rows: Sequence[Mapping[str, Any]],
+                         cases: Mapping[str, Mapping[str, Any]], *,
+                         levels: Sequence[float] = VERIFY_GUARDS,
+                         min_configs: int = MIN_CONFIGS, points: Points | None = None
+                         ) -> dict[str, Any]:
+    """``{str(level): verification_capture(...)}`` with each configuration's TPOT scaled by the
+    ``r_level`` of its engine and mode's TPOT band (``validation.bands``, falling back as an
+    objective's guard does), the bands computed without the configuration's own source.
+    A configuration without a band keeps ``r = 1``. ``{}`` without workloads."""
+    from charon_search.validation.bands import held_out_bands, source_of
+
+    pts = serving_points(rows, cases) if points is None else points
+    if not any(len(p) >= min_configs for p in pts.values()):
+        return {}
+    bands = held_out_bands({"records": rows, "cases": cases})
+    out: dict[str, Any] = {}
+    for level in levels:
+        ratio: dict[str, float] = {}
+        for group in pts.values():
+            for p in group:
+                case = cases.get(p.id) or {}
+                band = bands[source_of(case)].lookup(
+                    "serving_tpot", str(case.get("engine") or ""), str(case.get("mode") or ""))
+                if band is not None:
+                    ratio[p.id] = band.ratio(level)
+        out[str(level)] = verification_capture(rows, cases, min_configs=min_configs,
+                                               points=pts, tpot_ratio=ratio)
     return out
 
 
@@ -257,8 +305,9 @@ def pairwise_concordance(rows: Sequence[Mapping[str, Any]],
 def configuration_ordering(rows: Sequence[Mapping[str, Any]],
                            cases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """``{"min_gap", "min_configs", "concordance": pairwise_concordance, "pareto":
-    pareto_agreement, "verify_top_k": verification_capture}`` (``{}`` when no serving workload
-    has two configurations). The workloads' points are derived once for the three views."""
+    pareto_agreement, "verify_top_k": verification_capture, "verify_guarded":
+    guarded_verification}`` (``{}`` when no serving workload has two configurations). The
+    workloads' points are derived once for the four views."""
     points = serving_points(rows, cases)
     conc = pairwise_concordance(rows, cases, points=points)
     pareto = pareto_agreement(rows, cases, points=points)
@@ -266,7 +315,8 @@ def configuration_ordering(rows: Sequence[Mapping[str, Any]],
         return {}
     return {"min_gap": MIN_GAP, "min_configs": MIN_CONFIGS, "concordance": conc,
             "pareto": pareto,
-            "verify_top_k": verification_capture(rows, cases, points=points)}
+            "verify_top_k": verification_capture(rows, cases, points=points),
+            "verify_guarded": guarded_verification(rows, cases, points=points)}
 
 
 #: Display names of the ordered metrics.
@@ -294,20 +344,43 @@ def ordering_lines(ordering: Mapping[str, Any]) -> list[str]:
     return lines + [x for x in (pareto, verify) if x]
 
 
+def _capture_parts(v: Mapping[str, Any]) -> str:
+    return "; ".join(f"top {k}: median {c['median']:.1%}, mean {c['mean']:.1%}, >= 90 % in "
+                     f"{c['at_least_90']:.1%}, none meets the target in {c['missed']:.1%}"
+                     for k, c in v.items())
+
+
 def verify_sentence(ordering: Mapping[str, Any]) -> str:
-    """``verification_capture`` of a ``configuration_ordering`` result in one sentence."""
+    """``verification_capture`` and ``guarded_verification`` of a ``configuration_ordering``
+    result in sentences."""
     v = ordering.get("verify_top_k") or {}
     if not v:
         return ""
-    parts = [f"top {k}: median {c['median']:.1%}, mean {c['mean']:.1%}, >= 90 % in "
-             f"{c['at_least_90']:.1%}, none meets the target in {c['missed']:.1%}"
-             for k, c in v.items()]
     n = next(iter(v.values()))["targets"]
-    return (f"Verifying the simulation's best configurations for a TPOT target ({n} targets, "
-            f"{TARGETS_PER_WORKLOAD} per workload across its measured tokens/s per user) and "
-            "deploying the best one that meets it reaches, of the best measured throughput per "
-            "GPU that meets it: "
-            + "; ".join(parts) + ".")
+    out = (f"Verifying the simulation's best configurations for a TPOT target ({n} targets, "
+           f"{TARGETS_PER_WORKLOAD} per workload across its measured tokens/s per user) and "
+           "deploying the best one that meets it reaches, of the best measured throughput per "
+           f"GPU that meets it: {_capture_parts(v)}.")
+    plain = next(iter(v.values()))
+    for level, g in (ordering.get("verify_guarded") or {}).items():
+        if not g:
+            continue
+        top = next(iter(g.values()))
+        out += (f" Under an objective's `guard: {level}` (a configuration counts when its "
+                f"simulated TPOT x the TPOT band's r_{level}, computed without its own source, "
+                "meets the target), no configuration is simulated to meet "
+                f"{top['no_candidate']:.1%} of the targets (unguarded "
+                f"{plain.get('no_candidate', 0.0):.1%}), and the top pick misses "
+                f"{_pick_missed(top):.1%} of the others (unguarded {_pick_missed(plain):.1%}): "
+                f"{_capture_parts(g)}.")
+    return out
+
+
+def _pick_missed(c: Mapping[str, Any]) -> float:
+    """Of the targets some configuration is simulated to meet, the fraction the verified picks
+    miss (``verification_capture``'s ``missed`` without its ``no_candidate``)."""
+    empty = c.get("no_candidate", 0.0)
+    return (c["missed"] - empty) / (1.0 - empty) if empty < 1.0 else 0.0
 
 
 def pareto_sentence(ordering: Mapping[str, Any]) -> str:

@@ -7,6 +7,7 @@ import pytest
 
 from charon_search.validation.ranking import (
     configuration_ordering,
+    guarded_verification,
     ordering_lines,
     pairwise_concordance,
     pareto_agreement,
@@ -109,6 +110,36 @@ def test_verifying_more_than_the_top_pick_buys_back_the_targets_it_misses():
     assert (v["3"]["mean"], v["3"]["missed"], v["5"]["median"]) == (1.0, 0.0, 1.0)
     exact = [r for k, (_, t, p, _) in specs.items() for r in _rows(k, t, p, t, p)]
     assert verification_capture(exact, cases)["1"]["mean"] == 1.0
+
+
+def test_a_guard_keeps_only_configurations_whose_margin_meets_the_target():
+    """Source t measured every TPOT 1.25x its prediction, so a 0.9 guard learned without
+    source s scales s's TPOTs by 1.25. s's predictions are exact, so every guarded pick holds,
+    but the guard gives up targets: interactivity a 100, b 71.4, c and d 33.3 tokens/s per
+    user; targets 33.3 x 3^(i/9). Above 100 / 1.25 = 80 (i = 8, 9) nothing is a candidate; at
+    i = 0 (33.3) only a and b are (b, where c was best: b / c); at i = 5, 6 (61.4, 69.3) only a
+    (a / b); the other five get the best configuration."""
+    specs = {"a": (4, 0.10, 0.010), "b": (16, 0.15, 0.014), "c": (64, 0.40, 0.030),
+             "d": (16, 0.30, 0.030)}
+    cases = {k: _case(c) for k, (c, _, _) in specs.items()}
+    rows = [r for k, (_, t, p) in specs.items() for r in _rows(k, t, p, t, p)]
+    for k in ("t1", "t2"):  # another source's workload, too small to be verified itself
+        cases[k] = {**_case(8, model="other"), "source": "t"}
+        rows += _rows(k, 0.1, 0.02, 0.1, 0.016)
+    g = guarded_verification(rows, cases)["0.9"]
+    tput = {k: c / (t + 100 * p) for k, (c, t, p) in specs.items()}
+    b_c, a_b = tput["b"] / tput["c"], tput["a"] / tput["b"]
+    assert b_c == pytest.approx(0.54839, abs=1e-5) and a_b == pytest.approx(0.35227, abs=1e-5)
+    assert g["1"]["targets"] == 10
+    assert (g["1"]["no_candidate"], g["1"]["missed"]) == pytest.approx((0.2, 0.2))
+    assert g["1"]["mean"] == pytest.approx((b_c + 2 * a_b + 5) / 10)
+    # unguarded, the exact predictions pick the best configuration for every target
+    v = verification_capture(rows, cases)["1"]
+    assert (v["mean"], v["missed"], v["no_candidate"]) == (1.0, 0.0, 0.0)
+    assert configuration_ordering(rows, cases)["verify_guarded"] == {"0.9": g}
+    line = ordering_lines(configuration_ordering(rows, cases))[-1]
+    assert "no configuration is simulated to meet 20.0% of the targets (unguarded 0.0%), " \
+           "and the top pick misses 0.0% of the others (unguarded 0.0%)" in line
 
 
 def test_summary_carries_the_ordering_and_training_runs_none():
