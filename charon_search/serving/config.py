@@ -101,7 +101,9 @@ class SpeculativeConfig:
                 f"({len(rates)=}, num_draft_tokens={self.num_draft_tokens})"
             )
         if any(not 0.0 <= a <= 1.0 for a in rates):
-            raise ConfigError(f"`0 <= acceptance_rate <= 1` must hold, but got {rates}")
+            got = self.acceptance_rate
+            raise ConfigError("`speculative.acceptance_rate` (serve --spec-acceptance) must lie "
+                              f"in [0, 1] (one number, or one per draft position), but got {got}")
         if self.method == "draft" and not self.draft_model:
             raise ConfigError("speculative.method 'draft' needs `draft_model` (a catalog name)")
 

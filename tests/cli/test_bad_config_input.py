@@ -103,6 +103,9 @@ def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> No
     (["--workload", "poisson", "--concurrency", "4"], "`--concurrency` applies to a concurrency"),
     (["--workload", "concurrency", "--concurrency", "4", "--rate", "2"], "`--rate` applies"),
     (["--spec-acceptance", "0.8"], "`--spec-acceptance` needs `--spec-k K`"),
+    (["--spec-k", "2", "--spec-acceptance", "1.5"],
+     "`speculative.acceptance_rate` (serve --spec-acceptance) must lie in [0, 1] (one number, "
+     "or one per draft position), but got 1.5"),
     (["--seed", "-1"], "`workload.seed` must be an integer in [0, 2**32 - 1], but got -1"),
     (["--input-len", "-256"], "workload.input_len: `length.value >= 1` must hold"),
     (["--workload", "poison"], "a workload is one of ['poisson', 'gamma', 'concurrency', "
