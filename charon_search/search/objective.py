@@ -46,7 +46,7 @@ DIRECTIONS = ("minimize", "maximize")
 OPERATORS = ("<=", ">=")
 _KEYS = ("name", "description", "objectives", "constraints", "limits", "guard")
 _TERM_KEYS = ("metric", "direction")
-_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>|==|=)\s*(\S+)\s*$")
+_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>|==|=)\s*([^\s<>=]\S*)\s*$")
 #: The bound ``device`` refers to this record key (GPU memory capacity, bytes).
 DEVICE_KEY = "device_memory_bytes"
 

@@ -37,6 +37,9 @@ def test_values_minimized_and_relative_violations():
     ({"objectives": []}, ["objectives", "non-empty"]),
     ({"constraints": ["ttft_s.p90 == 1"]}, ["constraints[0]", "'<='", "'>='"]),
     ({"constraints": ["ttft_s.p90 <= soon"]}, ["constraints[0]", "device", "budget", "'soon'"]),
+    # a missing bound is not read as operator '<' with bound '='
+    ({"constraints": ["ttft_s.p90 <="]}, ["constraints[0]", "'METRIC OP BOUND'",
+                                          "'ttft_s.p90 <='"]),
     ({"constraint": []}, ["'constraint'", "allowed", "constraints"]),
     ({"objectives": [{"metric": "x", "direction": "minimize", "weight": 2}]},
      ["objectives[0]", "'weight'", "metric", "direction"]),
