@@ -361,6 +361,8 @@ def build_config(evaluator: str, cfg: Mapping[str, Any],
     Raises:
         ConfigError: the evaluator would reject ``cfg`` (a bad value, a misspelt key).
     """
+    if evaluator in ("training", "serving"):
+        _check_names(cfg, cache)
     if evaluator == "training":
         from charon_search.search.evaluators import layout_from_config
 
@@ -384,6 +386,27 @@ def build_config(evaluator: str, cfg: Mapping[str, Any],
                 if cache is not None:
                     cache[key] = prompts
         serving_config_from(cfg, gpu="", prompt_tokens=prompts)
+
+
+def _check_names(cfg: Mapping[str, Any], cache: dict[str, Any] | None) -> None:
+    """The model and the cluster ``cfg`` names exist (``catalog.load_model``,
+    ``hardware.load_cluster``), so a misspelt name fails when the space loads, not in a worker;
+    names already checked are kept in ``cache``."""
+    from charon_search.catalog import load_model
+    from charon_search.hardware import load_cluster
+
+    for key, load in (("model", load_model), ("cluster", load_cluster)):
+        value = cfg.get(key)
+        seen = f"name-checked {key}={value}"
+        if not isinstance(value, str) or (cache is not None and seen in cache):
+            continue
+        try:
+            load(value)
+        except ConfigError as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith(f"`{key}`") else f"`{key}`: {msg}") from None
+        if cache is not None:
+            cache[seen] = True
 
 
 def _check_config_keys(space: SearchSpace) -> None:

@@ -136,6 +136,24 @@ def test_misspelt_serving_choice_names_the_choices():
         SearchSpace.from_dict(_space(SERVING_SPACE, edit), path="s.yaml")
 
 
+def test_unknown_model_and_cluster_names_fail_when_the_space_loads():
+    """Names the evaluators resolve only in a worker are resolved up front: a fixed model with
+    the catalog's closest names, a cluster choice with the shipped clusters."""
+    with pytest.raises(ConfigError, match=r"`fixed.model` makes no valid 'training' config: "
+                                          r"`model` must be a catalog name.*'llama-3.1-9b'; "
+                                          r"closest catalog names: .*llama-3.1-8b"):
+        SearchSpace.from_dict(_space(TRAINING_SPACE, lambda d: d["fixed"].update(
+            model="llama-3.1-9b")), path="s.yaml")
+
+    def edit(d):
+        d["params"]["cluster"]["choices"] = ["dgx-h100-ib400", "dgx-h200-ib40"]
+
+    with pytest.raises(ConfigError, match=r"`params.cluster.choices` holds 'dgx-h200-ib40'.*"
+                                          r"`cluster`: unknown cluster 'dgx-h200-ib40'; must be "
+                                          r"one of \[.*'dgx-h200-ib400'"):
+        SearchSpace.from_dict(_space(SERVING_SPACE, edit), path="s.yaml")
+
+
 # ------------------------------------------------------------------ 4. log_int base
 @pytest.mark.parametrize("base", [0, 1, -2, True])
 def test_log_int_base_below_2_is_rejected(base):
