@@ -94,6 +94,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
         else:
             raise ConfigError(f"{where}: field `{at}.gpus` must be a list of cluster names or a "
                               f"mapping label -> cluster name")
+        if _space_evaluator(run["space"], where, at) in ("training", "serving"):
+            _check_names(where, at, models, pairs, isinstance(gpus, Mapping))
         trials = _int_field(run["trials"], f"{where}: field `{at}.trials`", 1) \
             if "trials" in run else default_trials
         entries.append(SweepEntry(
@@ -106,6 +108,37 @@ def load_sweep(path: str | Path) -> SweepSpec:
     return SweepSpec(name=str(data["name"]), entries=tuple(entries), seed=seed,
                      workers=workers, date=date,
                      description=str(data.get("description", "")), path=where)
+
+
+def _space_evaluator(space: Any, where: str, at: str) -> str:
+    """The ``evaluator`` a run's space file names ("" when it names none)."""
+    from charon_search.search.space import _read_yaml, _resolve
+
+    try:
+        data = _read_yaml(_resolve(str(space), "spaces"))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: field `{at}.space`: {e}") from None
+    return str(data.get("evaluator") or "") if isinstance(data, Mapping) else ""
+
+
+def _check_names(where: str, at: str, models: list[Any],
+                 gpus: tuple[tuple[str, str], ...], labelled: bool) -> None:
+    """Every model and cluster a run names exists, so a misspelt one fails before the sweep's
+    first search rather than in the middle of it."""
+    from charon_search.catalog import load_model
+    from charon_search.hardware import load_cluster
+
+    for j, model in enumerate(models):
+        try:
+            load_model(str(model))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: field `{at}.models[{j}]`: {e}") from None
+    for j, (label, cluster) in enumerate(gpus):
+        try:
+            load_cluster(cluster)
+        except ConfigError as e:
+            field = f"{at}.gpus.{label}" if labelled else f"{at}.gpus[{j}]"
+            raise ConfigError(f"{where}: field `{field}`: {e}") from None
 
 
 def _int_field(value: Any, where: str, low: int, high: int | None = None) -> int:

@@ -207,6 +207,25 @@ def test_sweep_file_numbers_are_checked(tmp_path, top, pattern):
         load_sweep(_sweep_file(tmp_path, **top))
 
 
+@pytest.mark.parametrize(("run", "pattern"), [
+    ({"models": ["llama-3.1-8b", "llama-3.1-9b"]},
+     r"field `runs\[0\].models\[1\]`: `model` must be a catalog name.*'llama-3.1-9b'"),
+    ({"gpus": {"h100": "dgx-h100-ib400", "h200": "dgx-h200-ib40"}},
+     r"field `runs\[0\].gpus.h200`: unknown cluster 'dgx-h200-ib40'"),
+    ({"gpus": ["dgx-h100-ib40"]}, r"field `runs\[0\].gpus\[0\]`: unknown cluster"),
+    ({"space": "spaces/no-such-space.yaml"}, r"field `runs\[0\].space`: .*no such file"),
+], ids=["model", "labelled-cluster", "listed-cluster", "space"])
+def test_sweep_names_are_checked_before_the_first_search(tmp_path, run, pattern):
+    """A training or serving run's models and clusters resolve when the sweep loads: a misspelt
+    one would otherwise fail after the sweep's earlier cells had run."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "runs": [{
+        "space": str(TRAINING_SPACE), "objective": "objectives/train-fast-cheap.yaml",
+        "models": ["llama-3.1-8b"], "gpus": {"h100": "dgx-h100-ib400"}, **run}]}))
+    with pytest.raises(ConfigError, match=pattern):
+        load_sweep(path)
+
+
 def test_sweep_cli_trials_0_exits_2(tmp_path, capsys):
     rc, err = _run_cli(["sweep", str(_sweep_file(tmp_path)), "--out", str(tmp_path / "ds"),
                         "--trials", "0", "--quiet"], capsys)
