@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OUTPUT_DISCARDING_MODULES", "PP_LAYOUT_TOKENS", "PRECISIONS", "RECOMPUTE_MODES",
            "RECOMPUTE_MODULES", "SCHEDULES",
-           "Layout", "pp_layout_stages"]
+           "Layout", "as_layout", "pp_layout_stages"]
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -301,6 +301,19 @@ class Layout:
 
     def replace(self, **changes: Any) -> Layout:
         return dataclasses.replace(self, **changes)
+
+
+def as_layout(value: Any, *, hint: str = "") -> Layout:
+    """``value`` as a ``Layout``: a ``Layout`` as is, a mapping through ``Layout.from_dict``;
+    ``ConfigError`` for anything else (``hint`` is added to the message, e.g. the call's
+    argument order)."""
+    if isinstance(value, Layout):
+        return value
+    if isinstance(value, Mapping):
+        return Layout.from_dict(value)
+    got = f"str {value!r}" if isinstance(value, str) else type(value).__name__
+    raise ConfigError(f"`layout` must be a Layout or a mapping of its fields, but got "
+                      f"{got}{hint}")
 
 
 #: Tokens of ``Layout.pp_layout`` (Megatron-Core's ``PipelineParallelLayerLayout`` symbols this

@@ -21,7 +21,7 @@ from typing import Any
 from charon_search.catalog.spec import ModelSpec
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
-from charon_search.layout import Layout
+from charon_search.layout import Layout, as_layout
 from charon_search.memory.liveness import ShardingPoint
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
 from charon_search.memory.schedule import in_flight_chunks
@@ -298,15 +298,17 @@ def _layer_types(spec: ModelSpec) -> tuple[str, ...]:
     return spec.layer_types or ("dense",) * spec.num_layers
 
 
-def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec | str, *,
+def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
+                  cluster: ClusterSpec | str, *,
                   options: MemoryOptions | None = None,
                   profile: ModelMemoryProfile | None = None) -> MemoryReport:
     """Per-stage memory of ``layout`` for ``model`` on ``cluster``'s GPU.
 
     Args:
         model: A ``ModelSpec`` or a catalog name.
-        layout: The training layout (validated against the model; bad layouts raise
-            ``ConfigError``, layouts that merely do not fit return ``fits == False``).
+        layout: The training layout, a ``Layout`` or a mapping of its fields (validated
+            against the model; bad layouts raise ``ConfigError``, layouts that merely do not
+            fit return ``fits == False``).
         cluster: A ``ClusterSpec`` or a cluster name (GPU capacity, allocator calibration).
         options: Framework conventions (state recipe, selective-recompute policy...).
         profile: A precomputed ``ModelMemoryProfile`` (else traced and cached).
@@ -319,6 +321,7 @@ def memory_report(model: ModelSpec | str, layout: Layout, cluster: ClusterSpec |
         ...                     global_batch_size=8, seq_len=8192), "h100-sxm-8gpu")
         >>> rep.fits, rep.reason  # doctest: +SKIP
     """
+    layout = as_layout(layout, hint=" (memory_report takes model, layout, cluster)")
     spec, cl = _resolve(model, cluster)
     opts = options or MemoryOptions()
     layout.validate_for(spec)

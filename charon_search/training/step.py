@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
-from charon_search.layout import Layout
+from charon_search.layout import Layout, as_layout
 from charon_search.passes import (
     ParallelBlock,
     PassContext,
@@ -360,15 +361,16 @@ def _optimizer_node(numel: float, optimizer: str) -> OpGraph:
     return OpGraph(name="optimizer", nodes=(node,), tensors={})
 
 
-def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int | None = None,
-                      cost_model: Any = None, traced: Any = None,
+def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, Any], *,
+                      num_gpus: int | None = None, cost_model: Any = None, traced: Any = None,
                       memory: bool = True) -> StepReport:
     """Simulate one training step.
 
     Args:
         model: ``ModelSpec`` or catalog name.
         cluster: ``ClusterSpec`` or cluster name.
-        layout: the parallel layout and batch.
+        layout: the parallel layout and batch: a ``Layout``, or a mapping of its fields
+            (``Layout.from_dict``: unknown keys and wrong kinds raise ``ConfigError``).
         num_gpus: checked against ``tp·pp·dp·cp`` when given.
         cost_model: object with ``cost_graph(graph, b, s, c)`` (default: the cluster's
             ``FusedCostModel``).
@@ -381,6 +383,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout, *, num_gpus: int
         >>> r.step_time_s, r.mfu  # doctest: +SKIP
     """
     spec, cl = _resolve(model, cluster)
+    layout = as_layout(layout, hint=" (simulate_training takes model, cluster, layout)")
     warnings = validate_layout(spec, layout, num_gpus)
     if layout.num_gpus > cl.num_gpus:
         raise ConfigError(f"`tp * pp * dp * cp <= cluster GPUs` must hold, but got "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from charon_search.errors import ConfigError
 from charon_search.hardware.spec import Calibration
 from charon_search.layout import Layout
 from charon_search.memory import (
@@ -73,6 +74,16 @@ def test_1f1b_activations_follow_in_flight(gpt3_profile) -> None:
         assert steady < st.activations_bytes < steady + 3 * per_layer + 5 * GPT3_A * S * S
     # Stage 0 holds the most.
     assert rep.bottleneck_stage == 0
+
+
+def test_layout_as_a_mapping_and_the_argument_order_hint(gpt3_profile) -> None:
+    kw = {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": S, "tp": 8, "pp": 4,
+          "schedule": "1f1b"}
+    as_map = memory_report(gpt_spec(), kw, toy_cluster(), profile=gpt3_profile)
+    assert as_map.to_dict() == _report(gpt3_profile, **kw).to_dict()
+    with pytest.raises(ConfigError, match=r"but got ClusterSpec \(memory_report takes "
+                                          r"model, layout, cluster\)"):
+        memory_report(gpt_spec(), toy_cluster(), Layout(**kw), profile=gpt3_profile)
 
 
 def test_full_recompute_keeps_inputs_only(gpt3_profile) -> None:

@@ -73,6 +73,19 @@ def test_invalid_layouts_raise(layout: Layout, gpus: int | None, rule: str) -> N
         _sim(layout, num_gpus=gpus)
 
 
+def test_layout_may_be_a_mapping_and_anything_else_is_a_config_error() -> None:
+    """The API takes a layout as YAML gives it: a mapping of ``Layout`` fields is the same
+    layout; a misspelt key or a cluster name in the layout's place is a ``ConfigError``."""
+    fields = {"tp": 2, "pp": 2, "schedule": "1f1b", "global_batch_size": 8, "seq_len": 256}
+    assert _sim(fields).to_dict() == _sim(Layout(**fields)).to_dict()
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['tpp'\]; did you mean"):
+        _sim({"tpp": 2})
+    with pytest.raises(ConfigError, match=r"`layout` must be a Layout or a mapping of its "
+                                          r"fields, but got str 'h100-sxm-8gpu' "
+                                          r"\(simulate_training takes model, cluster, layout\)"):
+        _sim("h100-sxm-8gpu")
+
+
 def test_ep_needs_moe() -> None:
     with pytest.raises(ConfigError, match="ep > 1"):
         _sim(Layout(dp=2, ep=2, global_batch_size=2))
