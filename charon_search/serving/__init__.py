@@ -38,6 +38,7 @@ from charon_search.serving.workload import (
     RequestSpec,
     WorkloadSpec,
     read_trace,
+    requests_from_rows,
 )
 
 __all__ = [
@@ -63,5 +64,6 @@ __all__ = [
     "parse_disagg",
     "plan_dynamic_sp",
     "read_trace",
+    "requests_from_rows",
     "simulate_serving",
 ]

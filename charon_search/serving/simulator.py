@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -665,7 +666,8 @@ def _jsonable_config(cfg: ServingConfig) -> dict[str, Any]:
 
 def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
                      config: ServingConfig | dict[str, Any],
-                     workload: WorkloadSpec | Sequence[RequestSpec] | dict[str, Any], *,
+                     workload: WorkloadSpec | Sequence[RequestSpec | Mapping[str, Any]]
+                     | Mapping[str, Any] | str | PathLike[str], *,
                      rng: np.random.Generator | None = None,
                      cost_model: IterationCostModel | None = None,
                      keep_requests: bool = False, chrome_trace: str | Path | None = None,
@@ -676,7 +678,9 @@ def simulate_serving(model: ModelSpec | str, cluster: ClusterSpec | str,
         model: ``ModelSpec`` or catalog name.
         cluster: ``ClusterSpec`` or cluster name (GPU type, topology, calibration).
         config: ``ServingConfig`` (or its dict form).
-        workload: ``WorkloadSpec`` (or dict), or an explicit list of ``RequestSpec``.
+        workload: ``WorkloadSpec`` (or a mapping of its fields), a trace file path
+            (``read_trace``), or the requests: a list of ``RequestSpec`` or of mappings
+            with a trace's columns (``arrived_at``, ``prompt_tokens``, ``output_tokens``).
         rng: randomness for generated workloads (default ``default_rng(workload.seed)``).
         cost_model: override of the iteration cost model (all pools), e.g. an
             ``AffineIterationCostModel`` with measured coefficients.
@@ -708,8 +712,7 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     ``records`` hold every iteration when ``record_iterations``; ``validation.explain``)."""
     spec_model, cl = _resolve(model, cluster)
     cfg = config if isinstance(config, ServingConfig) else ServingConfig.from_dict(config)
-    if isinstance(workload, dict):
-        workload = WorkloadSpec.from_dict(workload)
+    workload = _as_workload(workload)
     closed = 0
     ramp: float | None = 0.0
     if isinstance(workload, WorkloadSpec):
@@ -730,6 +733,39 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     report = sim.report(reqs, num_requests=len(requests), closed_loop=bool(closed),
                         keep_requests=keep_requests)
     return sim, report
+
+
+def _as_workload(workload: Any) -> WorkloadSpec | list[RequestSpec]:
+    """A ``simulate_serving`` workload: a ``WorkloadSpec`` (or a mapping of its fields), a
+    trace file (``read_trace``), or the requests themselves (``RequestSpec`` objects, or mappings
+    with a trace's columns: ``requests_from_rows``)."""
+    from charon_search.serving.workload import (
+        ARRIVALS,
+        read_trace,
+        requests_from_rows,
+        workload_from_requests,
+    )
+
+    if isinstance(workload, WorkloadSpec):
+        return workload
+    if isinstance(workload, Mapping):
+        return WorkloadSpec.from_dict(workload)
+    if isinstance(workload, str | PathLike):
+        if str(workload) in ARRIVALS:
+            raise ConfigError(f"`workload` {str(workload)!r} needs its parameters: pass a "
+                              f"mapping of WorkloadSpec fields, e.g. {{'arrival': "
+                              f"{str(workload)!r}, 'num_requests': 100, ...}}")
+        return read_trace(workload)
+    if isinstance(workload, Sequence):
+        items = list(workload)
+        if items and all(isinstance(r, RequestSpec) for r in items):
+            return workload_from_requests(items)
+        if items and all(isinstance(r, Mapping) for r in items):
+            return requests_from_rows(items)
+    raise ConfigError("`workload` must be a WorkloadSpec, a mapping of its fields, a trace "
+                      "file, or a non-empty list of RequestSpec or of trace rows (mappings "
+                      "with arrived_at, prompt_tokens, output_tokens), but got "
+                      f"{type(workload).__name__}")
 
 
 def _check_context(model: ModelSpec, requests: Sequence[RequestSpec]) -> None:

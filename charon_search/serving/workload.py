@@ -26,6 +26,7 @@ __all__ = [
     "RequestSpec",
     "WorkloadSpec",
     "read_trace",
+    "requests_from_rows",
 ]
 
 ARRIVALS = ("poisson", "gamma", "concurrency", "trace", "burst")
@@ -294,16 +295,37 @@ def read_trace(path: str | Path, *, time_scale: float = 1.0) -> list[RequestSpec
             table = pacsv.read_csv(p).to_pydict()
     except Exception as e:  # any parse failure is bad input
         raise ConfigError(f"workload trace {str(p)!r} could not be read: {e}") from e
+    return _requests_from_columns(table, f"workload trace {str(p)!r}", time_scale)
+
+
+def requests_from_rows(rows: Sequence[Mapping[str, Any]], *,
+                       where: str = "workload rows") -> list[RequestSpec]:
+    """Requests from mappings holding a trace's columns, one per request (``read_trace``:
+    ``arrived_at``, ``prompt_tokens``, ``output_tokens``, optionally ``prefix_id`` and
+    ``prefix_tokens``), checked as a trace file's rows are.
+
+    Raises:
+        ConfigError: a required column is missing or a value is out of range.
+    """
+    keys = sorted({str(k) for r in rows for k in r})
+    return _requests_from_columns({k: [r.get(k) for r in rows] for k in keys}, where, 1.0)
+
+
+def _requests_from_columns(table: Mapping[str, Sequence[Any]], where: str,
+                           time_scale: float) -> list[RequestSpec]:
+    """The requests of a trace's columns, in arrival order, times from the first."""
     aliases = {"num_prefill_tokens": "prompt_tokens", "num_decode_tokens": "output_tokens"}
     cols = {aliases.get(k, k): v for k, v in table.items()}
     missing = [c for c in TRACE_COLUMNS if c not in cols]
     if missing:
         raise ConfigError(
-            f"workload trace {str(p)!r} lacks column(s) {missing}; required: "
-            f"{list(TRACE_COLUMNS)} (optional: prefix_id, prefix_tokens); found: {sorted(table)}"
+            f"{where}: missing column(s) {missing}; required: {list(TRACE_COLUMNS)} (optional: "
+            f"prefix_id, prefix_tokens); found: {sorted(table)}"
         )
-    _check_trace_values(cols, str(p))
+    _check_trace_values(cols, where)
     n = len(cols["arrived_at"])
+    if n == 0:
+        raise ConfigError(f"{where} holds no requests")
     t = np.asarray(cols["arrived_at"], dtype=float) * time_scale
     order = np.argsort(t, kind="stable")
     pid = cols.get("prefix_id", [-1] * n)
@@ -339,8 +361,8 @@ def _check_trace_values(cols: Mapping[str, Sequence[Any]], where: str) -> None:
             if not ok:
                 kind = "a whole number" if whole else "a finite number"
                 bound = f" >= {low}" if low is not None else ""
-                raise ConfigError(f"workload trace {where!r}: `{col}` must be {kind}{bound} "
-                                  f"in every row, but row {row + 1} holds {v!r}")
+                raise ConfigError(f"{where}: `{col}` must be {kind}{bound} in every row, "
+                                  f"but row {row + 1} holds {v!r}")
 
 
 def workload_from_requests(requests: Sequence[RequestSpec]) -> list[RequestSpec]:

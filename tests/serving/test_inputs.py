@@ -155,3 +155,37 @@ def test_requests_longer_than_the_context_are_rejected() -> None:
                            {**wl, "output_len": 72})
     assert rep.num_completed == 1
     assert (_rate(0.5), _rate(42.25), _rate(12345.6)) == ("0.5", "42.2", "12346")
+
+
+def test_simulate_serving_takes_trace_rows_a_trace_file_or_request_specs(tmp_path) -> None:
+    """The API's workload may be the requests themselves: mappings with a trace's columns run
+    exactly as the same rows read from a CSV, and as the ``RequestSpec`` objects they make; a bare
+    arrival name or an empty list is a ``ConfigError`` that says what to pass."""
+    from charon_search.serving import simulate_serving
+
+    rows = [{"arrived_at": 0.0, "prompt_tokens": 300, "output_tokens": 20},
+            {"arrived_at": 0.05, "prompt_tokens": 120, "output_tokens": 0},  # -> 1 token
+            {"arrived_at": 0.02, "prompt_tokens": 64, "output_tokens": 8, "prefix_id": 1,
+             "prefix_tokens": 32}]
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrived_at,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
+                   "0.0,300,20,,\n0.05,120,0,,\n0.02,64,8,1,32\n")
+
+    def run(workload):
+        return simulate_serving("debug-llama", "h100-sxm-8gpu", ServingConfig(), workload,
+                                keep_requests=True).to_dict()
+
+    from_rows = run(rows)
+    assert from_rows == run(csv) == run(str(csv)) == run(read_trace(csv))
+    assert from_rows["num_requests"] == 3
+    assert [r.output_tokens for r in read_trace(csv)] == [20, 8, 1]  # arrival order
+    with pytest.raises(ConfigError, match=r"`workload` 'poisson' needs its parameters: pass a "
+                                          r"mapping of WorkloadSpec fields"):
+        run("poisson")
+    with pytest.raises(ConfigError, match=r"non-empty list of RequestSpec or of trace rows"):
+        run([])
+    with pytest.raises(ConfigError, match=r"workload rows: missing column\(s\) \['arrived_at'\]"):
+        run([{"prompt_tokens": 10, "output_tokens": 5}])
+    with pytest.raises(ConfigError, match=r"workload rows: `prompt_tokens` must be a whole "
+                                          r"number >= 1 in every row, but row 1 holds 0"):
+        run([{"arrived_at": 0, "prompt_tokens": 0, "output_tokens": 5}])
