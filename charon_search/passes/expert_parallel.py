@@ -6,9 +6,16 @@ FLOPs. Routing is never perfectly balanced: ``expert_load_imbalance`` (max/mean 
 expert) is written into the grouped GEMMs' ``load_imbalance`` param, and the simulator scales
 their duration by it (the slowest rank gates the all-to-all that follows).
 
-A dispatch all-to-all is inserted on every activation entering the expert region (role
-``moe.expert``) and a combine all-to-all on every activation leaving it, in the forward and the
-backward graph (2 + 2 per MoE layer). Message bytes are the routed rows times the hidden size,
+A dispatch all-to-all is inserted on the activation rows entering the expert region (role
+``moe.expert``) and a combine all-to-all on the expert outputs leaving it, in the forward and
+the backward graph (2 + 2 per MoE layer). Only activation rows are dispatched, and only tensors
+computed from a grouped GEMM's output are combined, plus one small exchange of the per-expert
+row counts (at the first grouped GEMM that reads them without new activation rows: the second
+one, whose exchange a serving engine's fused expert FFN folds into its dispatch,
+``serving._fusion``). What else crosses the region's border is data an EP rank has itself
+(gpt-oss's per-row expert biases, gathered from a parameter by expert id; routing indices),
+which the engines' MoE kernels never send.
+Message bytes are the routed rows times the hidden size,
 at the activation's dtype; with ``PassContext.ep_dispatch_bytes`` the dispatches (the
 backward's carries the gradients into the experts) move that many bytes per value instead:
 fp8 values plus one fp32 scale per ``FP8_DISPATCH_BLOCK`` for a training layout's
@@ -30,6 +37,10 @@ from charon_search.passes.base import (
 
 __all__ = ["FP8_DISPATCH_BLOCK", "ExpertParallelPass"]
 
+#: Element types of routing indices and masks (expert ids, row positions): never dispatched.
+#: ``int8`` is not among them (it can be a quantized activation).
+_INDEX_DTYPES = frozenset({"int64", "int32", "int16", "uint8", "bool"})
+
 
 @PASSES.register("ep")
 class ExpertParallelPass(Pass):
@@ -45,19 +56,40 @@ class ExpertParallelPass(Pass):
         ep = ctx.ep
         # Under SP the routed tokens are already the tp-th sequence shard.
         token_frac = 1.0 / ctx.tp if (ctx.sequence_parallel and ctx.tp > 1) else 1.0
+        params = set(graph.param_tensors)
         in_region = {t for n in expert for t in n.outputs}
+        # The backward sums gradient contributions of expert ops (gpt-oss's clamped SwiGLU
+        # branches) in adds traced with the residual role; an add of expert tensors only is
+        # part of the experts' computation, not a border to send across.
+        region = {n.id for n in expert}
+        for n in graph.nodes:
+            if (n.role == Role.RESIDUAL and n.kind == OpKind.ELEMENTWISE
+                    and all(t in in_region for t in n.inputs if t not in params)):
+                region.add(n.id)
+                in_region.update(n.outputs)
+        expert = [n for n in graph.nodes if n.id in region]
         consumers = graph.consumers
         produced = graph.producer
-        params = set(graph.param_tensors)
-        role_of = {n.id: n.role for n in graph.nodes}
+        node_of = {n.id: n for n in graph.nodes}
         gb = GraphBuilder(graph)
         dispatched: set[int] = set()
+        from_gemm: set[int] = set()  # region tensors computed from a grouped GEMM's output
+        counted = False  # the per-expert row counts are exchanged once per MoE layer
         for node in graph.nodes:
-            if node.role == Role.MOE_EXPERT:
+            if node.id in region:
                 entering = [t for t in node.inputs if t not in params and t not in in_region
                             and t in produced and t not in dispatched]
-                if entering:
-                    t = max(entering, key=lambda x: gb.tensors[x].numel(1, 1, 1))
+                rows = [t for t in entering if self._token_rows(gb, t)
+                        and not self._expert_side(node_of[produced[t]], params)]
+                counts = [t for t in entering if self._counts(gb, t)]
+                send = (max(rows, key=lambda x: gb.tensors[x].numel(1, 1, 1)) if rows
+                        else counts[0] if counts and not counted
+                        and node.kind == OpKind.GROUPED_GEMM else None)
+                counted |= send is not None and not rows
+                if node.kind == OpKind.GROUPED_GEMM or any(t in from_gemm for t in node.inputs):
+                    from_gemm.update(node.outputs)
+                if send is not None:
+                    t = send
                     dispatched.add(t)
                     nbytes = (gb.tensors[t].numel * ctx.ep_dispatch_bytes
                               if ctx.ep_dispatch_bytes else self._routed_bytes(gb, t, expert))
@@ -68,9 +100,8 @@ class ExpertParallelPass(Pass):
                 new = self._shard(node, ep, ctx.expert_load_imbalance)
                 added = gb.add(new)
                 for t, orig in zip(added.outputs, node.outputs, strict=True):
-                    leaving = [c for c in consumers.get(orig, ())
-                               if role_of.get(c) != Role.MOE_EXPERT]
-                    if leaving:
+                    leaving = [c for c in consumers.get(orig, ()) if c not in region]
+                    if leaving and orig in from_gemm:
                         gb.add_comm(OpKind.ALL_TO_ALL, group="ep", group_size=ep,
                                     nbytes=self._routed_bytes(gb, t, expert) * token_frac,
                                     reads=(t,), like=t, phase=node.phase,
@@ -79,6 +110,29 @@ class ExpertParallelPass(Pass):
             else:
                 gb.add(node)
         return PassResult(gb.finish(meta={"ep": ep}), True)
+
+    @staticmethod
+    def _expert_side(producer: Node, params: set[int]) -> bool:
+        """Whether ``producer`` gathers a parameter's rows (``bias[expert_ids]``): data the
+        rank that owns the experts holds itself, not activation rows to send it."""
+        return (producer.kind not in (OpKind.GEMM, OpKind.GROUPED_GEMM)
+                and any(t in params for t in producer.inputs))
+
+    @staticmethod
+    def _token_rows(gb: GraphBuilder, t: int) -> bool:
+        """Whether ``t`` is activation rows: values (not indices) whose count grows with the
+        tokens (not a fixed-size table such as per-expert offsets)."""
+        spec = gb.tensors[t]
+        return (spec.dtype not in _INDEX_DTYPES
+                and float(spec.numel(2, 2, 2)) > float(spec.numel(1, 1, 1)))
+
+    @staticmethod
+    def _counts(gb: GraphBuilder, t: int) -> bool:
+        """Whether ``t`` is a fixed-size integer table (rows per expert: the exchange that
+        sizes the dispatch)."""
+        spec = gb.tensors[t]
+        return (spec.dtype in _INDEX_DTYPES
+                and float(spec.numel(2, 2, 2)) == float(spec.numel(1, 1, 1)))
 
     @staticmethod
     def _routed_bytes(gb: GraphBuilder, t: int, expert: list[Node]) -> Poly:

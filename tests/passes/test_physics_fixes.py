@@ -306,3 +306,28 @@ def test_layout_rejects_unknown_fsdp_backward_prefetch() -> None:
 
     with pytest.raises(ConfigError, match="fsdp_backward_prefetch"):
         Layout.from_dict({"dp": 8, "zero_stage": 3, "fsdp_backward_prefetch": "early"})
+
+
+def test_gpt_oss_expert_biases_are_not_sent_between_ep_ranks() -> None:
+    """gpt-oss's experts add biases gathered by expert id (parameters the owning rank holds)
+    and sum their clamped-SwiGLU gradient branches in residual-role adds. Under EP the forward
+    still sends its routed rows once, the per-expert counts once (128 experts x int32) and
+    combines the experts' output once; the backward sends the gradient rows in and the input
+    gradient out, not each bias gather or gradient add on its own (it still combines the w13
+    output gradient that the gate_up bias gradient also reads: at most 3 all-to-alls, not 8)."""
+    from charon_search.catalog import load_model
+    from charon_search.frontend import trace_model
+
+    spec = load_model("gpt-oss-120b")
+    traced = trace_model(spec, phase="train", dtype="bf16")
+    block = traced.blocks[next(k for k in traced.blocks if k.startswith("moe"))]
+    pb = parallelize_block(block, PassContext(ep=8, dp=16))
+    b, s = 1, 4096
+    rows = b * s * spec.num_experts_per_token * spec.hidden_size * 2  # bf16
+    fwd = [(n.name.split("_")[1], float(n.params["bytes"](b, s)))
+           for n in pb.forward.nodes if n.is_comm and n.group == "ep"]
+    assert fwd == [("dispatch", rows), ("dispatch", 128 * 4), ("combine", rows)]
+    bwd = [n for n in pb.backward.nodes if n.is_comm and n.group == "ep"]
+    assert [n.name.split("_")[1] for n in bwd][:1] == ["dispatch"]
+    assert bwd[-1].name.startswith("ep_combine__grouped_mm")
+    assert len(bwd) <= 3

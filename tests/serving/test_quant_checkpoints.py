@@ -281,3 +281,27 @@ def test_trtllm_nvfp4_dispatches_quantized_activations():
     assert trt["combine"] == pytest.approx(values * 2)
     for engine, precision in (("sglang", "fp4"), ("vllm", "fp4"), ("trtllm", "fp8")):
         assert a2a(engine, precision)["dispatch"] == pytest.approx(values * 2), engine
+
+
+def test_gpt_oss_expert_parallel_layer_sends_its_rows_once_and_fuses_its_experts():
+    """gpt-oss adds per-expert biases inside its experts (HF ``GptOssExperts``: gate_up and
+    down biases gathered by expert id). Those rows are the owning rank's parameters, so under
+    attention DP and EP a layer dispatches only its token rows and combines only the experts'
+    output, one all-to-all each, and its expert FFN stays one fused grouped GEMM (w13 + clamped
+    SwiGLU + w2), as without EP. At 128 tokens per attention-DP rank the dispatch moves
+    128 x top-4 x hidden 2,880 bf16 values (MXFP4 experts keep a bf16 dispatch)."""
+    oss = load_model("gpt-oss-120b")
+    prefill, decode = serving_graphs(oss, tp=2, pp=1, ep=2, dp_attention=True,
+                                     precision="fp4", engine="trtllm")
+    for graphs in (prefill, decode):
+        moe = graphs["moe"]
+        a2a = [n for n in moe.nodes if n.kind == OpKind.ALL_TO_ALL]
+        assert [n.name.split("_")[1] for n in a2a] == ["dispatch", "combine"]
+        experts = [n for n in moe.nodes if n.kind == OpKind.GROUPED_GEMM]
+        assert len(experts) == 1 and "fused" in experts[0].tags
+        assert (float(experts[0].params["n"](1, 1, 1)),
+                float(experts[0].params["k"](1, 1, 1))) == (2880.0, 2880.0)
+    values = 128 * 4 * 2880
+    dispatch, combine = (float(n.param("bytes")(1, 128, 128)) for n in prefill["moe"].nodes
+                         if n.kind == OpKind.ALL_TO_ALL)
+    assert (dispatch, combine) == (values * 2, values * 2)
