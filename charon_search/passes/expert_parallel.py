@@ -9,9 +9,10 @@ their duration by it (the slowest rank gates the all-to-all that follows).
 A dispatch all-to-all is inserted on the activation rows entering the expert region (role
 ``moe.expert``) and a combine all-to-all on the expert outputs leaving it, in the forward and
 the backward graph (2 + 2 per MoE layer). Only activation rows are dispatched, and only tensors
-computed from a grouped GEMM's output are combined, plus one small exchange of the per-expert
-row counts (at the first grouped GEMM that reads them without new activation rows: the second
-one, whose exchange a serving engine's fused expert FFN folds into its dispatch,
+computed from a grouped GEMM's output and read by token-sized work are combined (not what
+only reduces into a fixed-size table, such as a bias gradient). The per-expert row counts are
+exchanged once, at the first grouped GEMM that reads them without new activation rows (the
+second one, whose exchange a serving engine's fused expert FFN folds into its dispatch,
 ``serving._fusion``). What else crosses the region's border is data an EP rank has itself
 (gpt-oss's per-row expert biases, gathered from a parameter by expert id; routing indices),
 which the engines' MoE kernels never send.
@@ -100,7 +101,10 @@ class ExpertParallelPass(Pass):
                 new = self._shard(node, ep, ctx.expert_load_imbalance)
                 added = gb.add(new)
                 for t, orig in zip(added.outputs, node.outputs, strict=True):
-                    leaving = [c for c in consumers.get(orig, ()) if c not in region]
+                    # Consumers that only reduce into a fixed-size table (a bias gradient) run
+                    # on the rank that owns the experts; the rows leave for token-sized work.
+                    leaving = [c for c in consumers.get(orig, ()) if c not in region
+                               and any(self._grows(gb, o) for o in node_of[c].outputs)]
                     if leaving and orig in from_gemm:
                         gb.add_comm(OpKind.ALL_TO_ALL, group="ep", group_size=ep,
                                     nbytes=self._routed_bytes(gb, t, expert) * token_frac,
@@ -119,20 +123,24 @@ class ExpertParallelPass(Pass):
                 and any(t in params for t in producer.inputs))
 
     @staticmethod
+    def _grows(gb: GraphBuilder, t: int) -> bool:
+        """Whether ``t``'s element count grows with the tokens."""
+        numel = gb.tensors[t].numel
+        return float(numel(2, 2, 2)) > float(numel(1, 1, 1))
+
+    @staticmethod
     def _token_rows(gb: GraphBuilder, t: int) -> bool:
         """Whether ``t`` is activation rows: values (not indices) whose count grows with the
         tokens (not a fixed-size table such as per-expert offsets)."""
-        spec = gb.tensors[t]
-        return (spec.dtype not in _INDEX_DTYPES
-                and float(spec.numel(2, 2, 2)) > float(spec.numel(1, 1, 1)))
+        return (gb.tensors[t].dtype not in _INDEX_DTYPES
+                and ExpertParallelPass._grows(gb, t))
 
     @staticmethod
     def _counts(gb: GraphBuilder, t: int) -> bool:
         """Whether ``t`` is a fixed-size integer table (rows per expert: the exchange that
         sizes the dispatch)."""
-        spec = gb.tensors[t]
-        return (spec.dtype in _INDEX_DTYPES
-                and float(spec.numel(2, 2, 2)) == float(spec.numel(1, 1, 1)))
+        return (gb.tensors[t].dtype in _INDEX_DTYPES
+                and not ExpertParallelPass._grows(gb, t))
 
     @staticmethod
     def _routed_bytes(gb: GraphBuilder, t: int, expert: list[Node]) -> Poly:

@@ -313,8 +313,8 @@ def test_gpt_oss_expert_biases_are_not_sent_between_ep_ranks() -> None:
     and sum their clamped-SwiGLU gradient branches in residual-role adds. Under EP the forward
     still sends its routed rows once, the per-expert counts once (128 experts x int32) and
     combines the experts' output once; the backward sends the gradient rows in and the input
-    gradient out, not each bias gather or gradient add on its own (it still combines the w13
-    output gradient that the gate_up bias gradient also reads: at most 3 all-to-alls, not 8)."""
+    gradient out (2 all-to-alls, not 8), not each bias gather, bias gradient or gradient add on
+    its own: a bias gradient reduces into a fixed-size table on the rank that owns the expert."""
     from charon_search.catalog import load_model
     from charon_search.frontend import trace_model
 
@@ -327,7 +327,6 @@ def test_gpt_oss_expert_biases_are_not_sent_between_ep_ranks() -> None:
     fwd = [(n.name.split("_")[1], float(n.params["bytes"](b, s)))
            for n in pb.forward.nodes if n.is_comm and n.group == "ep"]
     assert fwd == [("dispatch", rows), ("dispatch", 128 * 4), ("combine", rows)]
-    bwd = [n for n in pb.backward.nodes if n.is_comm and n.group == "ep"]
-    assert [n.name.split("_")[1] for n in bwd][:1] == ["dispatch"]
-    assert bwd[-1].name.startswith("ep_combine__grouped_mm")
-    assert len(bwd) <= 3
+    bwd = [(n.name.split("_")[1], float(n.params["bytes"](b, s)))
+           for n in pb.backward.nodes if n.is_comm and n.group == "ep"]
+    assert bwd == [("dispatch", rows), ("combine", rows)]
