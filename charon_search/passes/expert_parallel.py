@@ -16,9 +16,10 @@ second one, whose exchange a serving engine's fused expert FFN folds into its di
 ``serving._fusion``). What else crosses the region's border is data an EP rank has itself
 (gpt-oss's per-row expert biases, gathered from a parameter by expert id; routing indices),
 which the engines' MoE kernels never send.
-Message bytes are the routed rows times the hidden size,
-at the activation's dtype; with ``PassContext.ep_dispatch_bytes`` the dispatches (the
-backward's carries the gradients into the experts) move that many bytes per value instead:
+
+Message bytes are the routed rows times the hidden size, at the activation's dtype; with
+``PassContext.ep_dispatch_bytes`` the dispatches (the backward's carries the gradients into
+the experts) move that many bytes per value instead:
 fp8 values plus one fp32 scale per ``FP8_DISPATCH_BLOCK`` for a training layout's
 ``ep_dispatch_fp8``, NVFP4 values with their scales for TensorRT-LLM's quantized dispatch.
 """
@@ -83,10 +84,11 @@ class ExpertParallelPass(Pass):
                 rows = [t for t in entering if self._token_rows(gb, t)
                         and not self._expert_side(node_of[produced[t]], params)]
                 counts = [t for t in entering if self._counts(gb, t)]
-                send = (max(rows, key=lambda x: gb.tensors[x].numel(1, 1, 1)) if rows
-                        else counts[0] if counts and not counted
-                        and node.kind == OpKind.GROUPED_GEMM else None)
-                counted |= send is not None and not rows
+                send: int | None = None
+                if rows:
+                    send = max(rows, key=lambda x: gb.tensors[x].numel(1, 1, 1))
+                elif counts and not counted and node.kind == OpKind.GROUPED_GEMM:
+                    send, counted = counts[0], True
                 if node.kind == OpKind.GROUPED_GEMM or any(t in from_gemm for t in node.inputs):
                     from_gemm.update(node.outputs)
                 if send is not None:

@@ -356,12 +356,12 @@ def verify_sentence(ordering: Mapping[str, Any]) -> str:
     v = ordering.get("verify_top_k") or {}
     if not v:
         return ""
-    n = next(iter(v.values()))["targets"]
-    out = (f"Verifying the simulation's best configurations for a TPOT target ({n} targets, "
+    plain = next(iter(v.values()))
+    out = (f"Verifying the simulation's best configurations for a TPOT target "
+           f"({plain['targets']} targets, "
            f"{TARGETS_PER_WORKLOAD} per workload across its measured tokens/s per user) and "
            "deploying the best one that meets it reaches, of the best measured throughput per "
            f"GPU that meets it: {_capture_parts(v)}.")
-    plain = next(iter(v.values()))
     for level, g in (ordering.get("verify_guarded") or {}).items():
         if not g:
             continue
