@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8-gemm", action="store_true",
                         help="time bf16 F.linear and fp8 torch._scaled_mm (tensorwise, rowwise) "
                              "at TP8 Llama-3.1 8B/70B training GEMMs")
+    parser.add_argument("--gh100-crosscheck", action="store_true",
+                        help="time the H100 / H200 cross-check shapes (profiling.shapes."
+                             "gh100_crosscheck_grid: bf16 and fp8 GEMMs where the shipped "
+                             "tables disagree, decode-sized norms and elementwise ops)")
     parser.add_argument("--sdpa-backend", default="default", choices=tuple(SDPA_BACKENDS),
                         help="SDPA kernel for attention shapes (default: torch's choice; flash = "
                              "FlashAttention-2, cudnn = cuDNN fused attention)")
@@ -85,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
         standard_grid,
     )
     from charon_search.profiling.runner import default_source
-    from charon_search.profiling.shapes import fp8_training_gemm_grid, training_attention_grid
+    from charon_search.profiling.shapes import (
+        fp8_training_gemm_grid,
+        gh100_crosscheck_grid,
+        training_attention_grid,
+    )
 
     for flag, value in (("--head-dim", args.head_dim), ("--v-head-dim", args.v_head_dim),
                         ("--repeats", args.repeats)):
@@ -118,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         shapes += training_attention_grid(head_dim=args.head_dim, v_head_dim=args.v_head_dim)
     if args.fp8_gemm:
         shapes += fp8_training_gemm_grid()
+    if args.gh100_crosscheck:
+        shapes += gh100_crosscheck_grid()
     shapes = list(dict.fromkeys(shapes))
     timer = CudaEventTimer(warmup=args.warmup, repeats=args.repeats, use_graphs=not args.eager,
                            sdpa_backend=args.sdpa_backend)

@@ -16,8 +16,9 @@ from typing import Any
 from charon_search.errors import ConfigError
 from charon_search.ir.graph import OpGraph
 
-__all__ = ["PROFILED_KINDS", "OpShape", "fp8_training_gemm_grid", "model_graphs",
-           "parse_points", "select_shapes", "standard_grid", "training_attention_grid"]
+__all__ = ["PROFILED_KINDS", "OpShape", "fp8_training_gemm_grid", "gh100_crosscheck_grid",
+           "model_graphs", "parse_points", "select_shapes", "standard_grid",
+           "training_attention_grid"]
 
 #: Op kinds the profiler knows how to run, with the params it reads.
 PROFILED_KINDS: dict[str, tuple[str, ...]] = {
@@ -217,4 +218,40 @@ def fp8_training_gemm_grid() -> list[OpShape]:
                 for variant in ("scaled_mm.tensorwise", "scaled_mm.rowwise",
                                 "scaled_mm.rowwise_slowacc"):
                     out.append(_shape("gemm", variant, "fp8", m=m, n=n, k=k))
+    return out
+
+
+#: (n, k) of the shipped GEMM tables (aiconfigurator-core, vLLM 0.24.0 ``gemm_perf``) for the
+#: H100 / H200 cross-check. The first two are shapes where the two parts' fp8 rows nearly
+#: agree; the last three are where they disagree most. At m 1,024-16,384 the H200's fp8 time
+#: is 0.56-0.88x the H100's there (4,096 x 51,200 x 51,200: 687 TFLOP/s in the H100 table,
+#: 1,230 in the H200 one), while their bf16 rows agree within 0.95-1.15x
+#: (``docs/calibration/README.md``, session 54).
+GH100_CROSSCHECK_NK = ((4096, 4096), (8192, 8192), (16384, 12288), (65536, 12288),
+                       (51200, 51200))
+#: Token counts of the cross-check GEMMs (grid points of both tables).
+GH100_CROSSCHECK_M = (1024, 4096, 16384)
+#: Decode-shaped small ops of the cross-check: RMSNorm rows (tokens of a decode batch) x hidden
+#: sizes of gpt-oss-120b (2,880), Llama-3.1-8B (4,096) and DeepSeek-V3 (7,168), and the same
+#: sizes as residual adds and activations. Timed by CUDA-graph replay, as decode steps run.
+GH100_CROSSCHECK_ROWS = (1, 4, 16, 64, 256)
+GH100_CROSSCHECK_COLS = (2880, 4096, 7168)
+
+
+def gh100_crosscheck_grid() -> list[OpShape]:
+    """What one run on an H100 and one on an H200 compare (``run_gh100_crosscheck.sh``): the
+    GEMMs of ``GH100_CROSSCHECK_NK`` x ``GH100_CROSSCHECK_M`` as bf16 ``F.linear`` and as fp8
+    ``torch._scaled_mm`` (tensorwise, fast accumulation), and decode-sized RMSNorms, adds and
+    activations. The two parts are one GH100 die at 700 W, so equal compute-bound times would
+    say the shipped tables' fp8 gap is the measurement's (a throttled run), not the die's."""
+    out: list[OpShape] = []
+    for n, k in GH100_CROSSCHECK_NK:
+        for m in GH100_CROSSCHECK_M:
+            out.append(_shape("gemm", "", "bf16", m=m, n=n, k=k))
+            out.append(_shape("gemm", "scaled_mm.tensorwise", "fp8", m=m, n=n, k=k))
+    for rows in GH100_CROSSCHECK_ROWS:
+        for cols in GH100_CROSSCHECK_COLS:
+            out.append(_shape("norm", "rmsnorm", "bf16", rows=rows, cols=cols))
+            for variant in ("add", "act"):
+                out.append(_shape("elementwise", variant, "bf16", numel=rows * cols))
     return out
