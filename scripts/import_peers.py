@@ -544,7 +544,11 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
 def convert_vidur_mlp(path: str, gpu: str, source: str, *, with_gemm: bool) -> pd.DataFrame:
     """vidur per-op table (ms, per-TP shard shapes) -> norm / elementwise (/ gemm) rows.
 
-    Norm: rows = tokens, cols = hidden. Elementwise ``bytes`` = bytes moved in bf16:
+    Norm: rows = tokens, cols = hidden. Elementwise ops also carry rows = tokens and cols =
+    the per-token width (hidden, ffn/tp, (heads + kv_heads)/tp x head_dim): the kernels these
+    rows time give each token one thread block, so at few tokens the width sets the time (a
+    SiLU-and-mul at 1 token takes 15 us over 28,672 columns and 2 us over 3,584, Llama-2-70B at
+    TP 1 and TP 8). Elementwise ``bytes`` = bytes moved in bf16:
     residual add reads 2 and writes 1 tensor of tokens x hidden; gated activation
     (SiLU(gate) * up) reads 2 and writes 1 tensor of tokens x ffn/tp (non-gated: 1 and 1);
     RoPE reads and writes q and k (tokens x (heads + kv_heads)/tp x head_dim).
@@ -568,16 +572,18 @@ def convert_vidur_mlp(path: str, gpu: str, source: str, *, with_gemm: bool) -> p
         parts.append(pd.DataFrame({**common, "op_kind": "norm", "variant": "rmsnorm",
                                    "rows": tokens, "cols": hidden, "latency_s": ms(op)}))
     parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "add",
+                               "rows": tokens, "cols": hidden,
                                "numel": tokens * hidden, "bytes": 3 * 2 * tokens * hidden,
                                "latency_s": ms("add")}))
     act_numel = tokens * ffn
     parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "act",
-                               "numel": act_numel,
+                               "rows": tokens, "cols": ffn, "numel": act_numel,
                                "bytes": np.where(gated, 3, 2) * 2 * act_numel,
                                "latency_s": ms("mlp_act")}))
-    rope_numel = tokens * (heads + kv_heads) * head_dim
+    rope_width = (heads + kv_heads) * head_dim
     parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "rope",
-                               "numel": rope_numel, "bytes": 2 * 2 * rope_numel,
+                               "rows": tokens, "cols": rope_width,
+                               "numel": tokens * rope_width, "bytes": 2 * 2 * tokens * rope_width,
                                "latency_s": ms("attn_rope")}))
     if with_gemm:
         qkv = (heads + 2 * kv_heads) * head_dim

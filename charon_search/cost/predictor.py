@@ -214,7 +214,10 @@ def feature_matrix(op_kind: str, cols: Mapping[str, Any], n: int, num_sms: int
         extra = [lg(r), lg(cc), np.ceil(r / num_sms)]
     elif op_kind == "elementwise":
         numel = c("numel")
-        extra = [lg(numel), nbytes / np.maximum(numel, 1)]
+        # rows (tokens) and cols (per-token width) where known: a token-wise kernel with one
+        # thread block per token runs as long as its widest row takes at small token counts,
+        # so numel alone conflates 1 x 28,672 (15 us) with 8 x 3,584 (2 us). NaN elsewhere.
+        extra = [lg(numel), nbytes / np.maximum(numel, 1), lg(c("rows")), lg(c("cols"))]
     elif op_kind == "grouped_gemm":
         t, topk, e, nn, k = c("tokens"), c("top_k"), c("num_experts"), c("n"), c("k")
         ep = c("group_size", 1.0)
@@ -379,7 +382,7 @@ def train_predictor(key: ModelKey, rows: ProfileTable, *, num_sms: int,
 #: so a changed formula (or training rows) retrains that kind's predictors. grouped_gemm 2:
 #: touched experts only; gemm 1: rows within one M tile at their envelope
 #: (``profile_db.single_tile_envelope``).
-FEATURE_VERSIONS: dict[str, int] = {"grouped_gemm": 2, "gemm": 1}
+FEATURE_VERSIONS: dict[str, int] = {"grouped_gemm": 2, "gemm": 1, "elementwise": 1}
 
 
 def _hp_hash(hp: Mapping[str, Any]) -> str:

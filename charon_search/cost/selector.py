@@ -216,6 +216,22 @@ def _make_roofline() -> CostBackend | None:
         return None
 
 
+def _token_rows(node: Node, params: dict[str, float], b: float, s: float
+                ) -> dict[str, float]:
+    """``rows`` (tokens, ``b * s``) and ``cols`` (elements per token) of an elementwise op
+    whose ``numel`` is linear in ``b`` and in ``s``, as the measured rows give them: the
+    engines' token-wise kernels run one thread block per token, so at few tokens the width sets
+    the time. A residual add, an activation or RoPE has its hidden, ffn or q/k width per
+    token; a dropout over attention scores (``b s c``) its heads x keys. Empty for any other
+    op: the predictor then prices it by size alone."""
+    numel = node.params.get("numel")
+    tokens = b * s
+    if (numel is None or tokens <= 0 or params.get("numel", 0.0) <= 0
+            or numel.degree("b") != 1 or numel.degree("s") != 1):
+        return {}
+    return {"rows": tokens, "cols": params["numel"] / tokens}
+
+
 class FusedCostModel:
     """Profile -> predictor -> roofline costing of compute nodes on ``cluster.gpu``.
 
@@ -320,6 +336,7 @@ class FusedCostModel:
                 nbytes = float(node.bytes(b, s, c))
                 if nbytes > 0:
                     params["bytes"] = nbytes
+                params.update(_token_rows(node, params, b, s))
             fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
             if kv8:

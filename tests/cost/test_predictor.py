@@ -86,3 +86,23 @@ def test_cli_profiles_eval_json(small_db, tmp_path):
     assert {"num_heldout", "mape_predictor", "mape_roofline"} <= set(r)
     assert 0 < r["mape_predictor"] < r["mape_roofline"] < 1  # ratios, not percent
     assert main(["profiles", "eval", "--db", str(small_db.root), "--gpu", "l20"]) == 2
+
+
+def test_elementwise_predictor_knows_the_per_token_width():
+    """vidur's H100 SiLU-and-mul rows (one thread block per token) take 15 us for 4 tokens of
+    Llama-2-70B at TP 1 (28,672 columns) and 2.4 us for 40 tokens at TP 8 (3,584 columns), a
+    larger op. With the token width as a feature the predictor prices both; on numel alone it
+    priced Llama-3.1-70B's TP 8 decode activation (8 x 3,584) at 10 us."""
+    table = default_profile_db().table(GPU, "elementwise")
+    act = P.rows_for(table, "act", "bf16").to_pandas()
+    llama = act[act.source.str.contains("Llama-2-70b-hf")]
+    wide = llama[(llama.rows == 4) & (llama.cols == 28672)].latency_s.iloc[0]
+    narrow = llama[(llama.rows == 40) & (llama.cols == 3584)].latency_s.iloc[0]
+    assert wide == pytest.approx(15.2e-6, rel=0.05) and narrow == pytest.approx(2.35e-6, rel=0.1)
+    pred = P.PredictorStore(default_profile_db(), use_disk_cache=False).get(
+        GPU, "elementwise", "act", "bf16", num_sms=132)
+    rows, cols = np.array([4.0, 40.0, 8.0]), np.array([28672.0, 3584.0, 3584.0])
+    shape = {"numel": rows * cols, "bytes": 3 * 2 * rows * cols, "rows": rows, "cols": cols}
+    p_wide, p_narrow, p_decode = pred.predict(shape, 3)
+    assert p_wide == pytest.approx(wide, rel=0.2) and p_narrow == pytest.approx(narrow, rel=0.2)
+    assert p_decode < 4e-6  # its measured neighbours at 24-40 tokens: 2.2-2.4 us
