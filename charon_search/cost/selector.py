@@ -223,7 +223,7 @@ def _token_rows(node: Node, params: dict[str, float], b: float, s: float
     engines' token-wise kernels run one thread block per token, so at few tokens the width sets
     the time. A residual add, an activation or RoPE has its hidden, ffn or q/k width per
     token; a dropout over attention scores (``b s c``) its heads x keys. Empty for any other
-    op: the predictor then prices it by size alone."""
+    op, whose width is unknown (the predictor's missing-value branches price it)."""
     numel = node.params.get("numel")
     tokens = b * s
     if (numel is None or tokens <= 0 or params.get("numel", 0.0) <= 0
