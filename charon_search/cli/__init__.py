@@ -11,6 +11,7 @@ import argparse
 import importlib
 import inspect
 import sys
+import warnings
 from collections.abc import Sequence
 
 from charon_search.errors import CharonError, ConfigError
@@ -67,6 +68,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    return f"charon-search: warning: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -75,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if not args.debug:  # warnings as one line each, without the source line that raised them
+        warnings.formatwarning = _one_line_warning
     try:
         return int(_load(args.command).run(args) or 0)
     except ConfigError as e:

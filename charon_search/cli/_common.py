@@ -38,6 +38,29 @@ def prepare_outputs(args: argparse.Namespace, flags: Mapping[str, str]) -> None:
             raise ConfigError(f"`{flag}` {str(path)!r}: its folder is not writable")
 
 
+def prepare_out_folder(flag: str, value: str | Path | None) -> None:
+    """Before any work: the output folder ``value`` of option ``flag`` is a folder, or can be
+    made one.
+
+    Raises:
+        ConfigError: naming the option, the path and why it is not a usable folder.
+    """
+    if not value:
+        return
+    path = Path(value)
+    bad = next((q for q in (path, *path.parents) if q.exists() and not q.is_dir()), None)
+    if bad is not None:
+        what = "is a file" if bad == path else f"is under the file {str(bad)!r}"
+        raise ConfigError(f"`{flag}` {str(path)!r} {what}; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"`{flag}` {str(path)!r}: cannot create the folder "
+                          f"({e.strerror or e})") from e
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"`{flag}` {str(path)!r}: the folder is not writable")
+
+
 def silence_tracing_noise() -> None:
     """Mute the per-model UserWarnings and log lines torch/transformers emit while tracing.
 

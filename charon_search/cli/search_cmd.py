@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from charon_search.cli._common import prepare_outputs
+from charon_search.cli._common import prepare_out_folder, prepare_outputs
+from charon_search.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
 
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_search_numbers(trials=args.trials, seed=args.seed,
                          population_size=args.population_size, flags=True)
+    if args.workers < 0:
+        raise ConfigError(f"`--workers` must be >= 0 (0 = evaluate in this process), but got "
+                          f"{args.workers}")
     prepare_outputs(args, {"--json": "json"})
     space = load_space(args.space)
     objective = load_objective(args.objective)
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
         objective = dataclasses.replace(objective, guard=check_guard(args.guard, "`--guard`"))
     out = args.out or str(Path("runs") / space.name)
+    prepare_out_folder("--out", out)
     res = run_search(space, objective, SearchOptions(
         trials=args.trials, workers=args.workers, sampler=args.sampler, seed=args.seed,
         storage=args.storage, study_name=args.study_name, ray_address=args.ray_address,
@@ -93,7 +98,9 @@ def print_summary(res, objective, out: str) -> None:  # type: ignore[no-untyped-
         f"{res.num_feasible} feasible, {res.num_infeasible} infeasible "
         f"({res.num_invalid} invalid, {res.num_errors} errors); {res.num_new_trials} new in "
         f"{res.wall_s:.1f} s ({res.trials_per_s:.1f} trials/s, {res.num_evaluations} simulated, "
-        f"{res.num_memo_hits} memo hits) on {res.workers} worker(s), {res.nodes_used} node(s)")
+        f"{res.num_memo_hits} memo hits) "
+        + (f"on {res.workers} worker(s), {res.nodes_used} node(s)" if res.workers else
+           "in this process"))
     if objective.guard is not None:
         console.print(
             f"guard {objective.guard:g}: constraints on TTFT, TPOT, step time and memory were "

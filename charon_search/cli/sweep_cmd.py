@@ -1,7 +1,8 @@
 """Run a capacity sweep (sweeps/*.yaml) into a partitioned Parquet dataset.
 
-Output: OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-<space>.parquet (all trials,
-with a boolean `pareto` column); read with pyarrow.dataset.dataset(OUT, partitioning="hive").
+Output: OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-<space>-<objective>.parquet
+(all trials, with a boolean `pareto` column; partition values URI-encoded); read with
+charon_search.search.read_sweep(OUT) or pyarrow.dataset.dataset(OUT, partitioning="hive").
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from charon_search.cli._common import prepare_outputs
+from charon_search.cli._common import prepare_out_folder, prepare_outputs
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"`--workers` must be >= 0 (0 = evaluate in this process), but got "
                           f"{args.workers}")
     prepare_outputs(args, {"--json": "json"})
+    prepare_out_folder("--out", args.out)
     spec = load_sweep(args.sweep)
     guard = None
     if args.guard is not None:

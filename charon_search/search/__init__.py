@@ -15,6 +15,7 @@ from charon_search.search.pareto import hypervolume, non_dominated, normalized_h
 from charon_search.search.rules import CONSTRAINTS, NORMALIZERS, RuleContext
 from charon_search.search.space import Param, SearchSpace, config_key, load_space
 from charon_search.search.study import SAMPLERS, SearchOptions, SearchResult, run_search
+from charon_search.search.sweep import read_sweep
 
 __all__ = [
     "CONSTRAINTS",
@@ -35,5 +36,6 @@ __all__ = [
     "load_space",
     "non_dominated",
     "normalized_hypervolume",
+    "read_sweep",
     "run_search",
 ]

@@ -31,6 +31,7 @@ fall within. The trial record gets ``guarded.<metric>`` (the value checked) and
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,10 @@ class Bound:
         limit = self.limit(record)
         if value is None or limit is None:
             return None
+        if not isinstance(value, numbers.Real):
+            raise ConfigError(f"constraint {self.text!r} reads {self.metric!r}, a "
+                              f"{type(value).__name__} field of the record, not a number "
+                              f"(got {str(value)[:60]!r})")
         value = float(value)
         if math.isnan(value):
             return 1.0
@@ -117,6 +122,11 @@ class Objective:
             v = record.get(t.metric)
             if v is None:
                 return None
+            if not isinstance(v, numbers.Real):
+                raise ConfigError(
+                    f"{self.path or self.name}: field `objectives[{self.terms.index(t)}].metric` "
+                    f"names {t.metric!r}, a {type(v).__name__} field of the record, not a "
+                    f"number (got {str(v)[:60]!r})")
             v = float(v)
             if not math.isfinite(v):
                 return None
@@ -206,8 +216,13 @@ class Objective:
             raise ConfigError(f"{path}: field `limits` must be a mapping name -> number")
         limits: dict[str, float] = {}
         for k, v in limits_raw.items():
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ConfigError(f"{path}: field `limits.{k}` must be a number, but got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{path}: field `limits.{k}` must be a finite number, but "
+                                  f"got {v!r}")
+            if str(k) == "device":
+                raise ConfigError(f"{path}: field `limits.device`: `device` is reserved (the "
+                                  f"evaluated point's GPU memory, record key {DEVICE_KEY!r}); "
+                                  f"give the limit another name")
             limits[str(k)] = float(v)
         cons_raw = data.get("constraints") or []
         if not isinstance(cons_raw, list):
@@ -258,6 +273,9 @@ def _parse_bound(text: Any, i: int, limits: Mapping[str, float], path: str) -> B
             raise ConfigError(
                 f"{path}: field `{where}` bound must be one of {bounds_allowed}, but got {rhs!r}"
             ) from None
+        if not math.isfinite(bound):
+            raise ConfigError(f"{path}: field `{where}` bound must be a finite number, but got "
+                              f"{rhs!r}")
     return Bound(metric=metric, op=op, bound=bound, text=f"{metric} {op} {rhs}")
 
 

@@ -8,7 +8,7 @@ the storage holds. Each trial's user attributes carry its config (``c:<key>``) a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,11 +130,14 @@ def to_table(rows: Sequence[Mapping[str, Any]]) -> Any:
     return pa.table(cols) if cols else pa.table({"trial_number": pa.array([], pa.int64())})
 
 
-def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path,
+                  transform: Callable[[Any], Any] | None = None) -> None:
+    """``rows`` as a Parquet file (``to_table``; ``transform`` may recast the table first)."""
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(to_table(rows), path)
+    table = to_table(rows)
+    pq.write_table(table if transform is None else transform(table), path)
 
 
 def write_pareto_html(rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],

@@ -38,7 +38,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -86,18 +86,27 @@ class Param:
         """The name the sampler sees (``log2_tp`` for a power-of-two ``tp``)."""
         return f"log{self.base}_{self.name}" if self.type == "log_int" and self.base else self.name
 
-    def values(self) -> tuple[Any, ...]:
-        """Every value of this parameter (for grid enumeration)."""
+    def values(self) -> Sequence[Any]:
+        """Every value of this parameter (for grid enumeration); integer ranges stay ``range``
+        objects, so a wide one costs nothing until it is enumerated."""
         if self.type == "categorical":
             return self.choices
         if self.type == "int":
-            return tuple(range(self.low, self.high + 1, self.step))
+            return range(self.low, self.high + 1, self.step)
         if self.base:
             lo, hi = self._exponents()
             return tuple(self.base**e for e in range(lo, hi + 1))
-        return tuple(range(self.low, self.high + 1))
+        return range(self.low, self.high + 1)
 
-    def optuna_values(self) -> tuple[Any, ...]:
+    def describe_values(self) -> str:
+        """The allowed values, for messages (a range as ``low..high``)."""
+        vals = self.values()
+        if isinstance(vals, range):
+            step = f" step {vals.step}" if vals.step != 1 else ""
+            return f"integers {self.low}..{vals[-1]}{step}"
+        return str(list(vals))
+
+    def optuna_values(self) -> Sequence[Any]:
         """Every value of the sampler-level parameter (exponents for a ``base`` log_int)."""
         if self.type == "log_int" and self.base:
             lo, hi = self._exponents()
@@ -253,6 +262,8 @@ class SearchSpace:
         raw_params = data["params"]
         if not isinstance(raw_params, Mapping) or not raw_params:
             raise ConfigError(f"{path}: field `params` must be a non-empty mapping name -> spec")
+        for section in ("params", "fixed", "derived", "example"):
+            _check_mapping(data.get(section), path, section)
         params = tuple(_parse_param(name, spec, path) for name, spec in raw_params.items())
         fixed = dict(data.get("fixed") or {})
         clash = sorted(set(fixed) & {p.name for p in params})
@@ -271,7 +282,14 @@ class SearchSpace:
             known.add(key)
         normalize = tuple(_names(data.get("normalize"), NORMALIZERS, path, "normalize"))
         constraints = tuple(_names(data.get("constraints"), CONSTRAINTS, path, "constraints"))
-        family = tuple(str(f) for f in (data.get("family") or ()))
+        raw_family = data.get("family") or ()
+        if isinstance(raw_family, str):  # `family: recompute` is one key, not its letters
+            raw_family = [raw_family]
+        if not isinstance(raw_family, list | tuple) or not all(isinstance(f, str)
+                                                               for f in raw_family):
+            raise ConfigError(f"{path}: field `family` must be a list of config keys, e.g. "
+                              f"[recompute], but got {raw_family!r}")
+        family = tuple(raw_family)
         for f in family:
             if f not in known:
                 raise ConfigError(
@@ -296,7 +314,7 @@ class SearchSpace:
         for k, v in example.items():
             if v not in by_name[k].values():
                 raise ConfigError(f"{path}: field `example.{k}` must be one of "
-                                  f"{list(by_name[k].values())}, but got {v!r}")
+                                  f"{by_name[k].describe_values()}, but got {v!r}")
         if example:
             cfg, reason = space.config(example)
             if reason is None:
@@ -532,7 +550,10 @@ def _read_yaml(p: Path) -> Any:
     try:
         return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read the file: {getattr(e, 'strerror', None) or e}") \
             from e
@@ -580,9 +601,13 @@ def _parse_param(name: str, spec: Any, path: str) -> Param:
                           f"(low={low}, high={high})")
     if kind == "int":
         step = spec.get("step", 1)
-        if not isinstance(step, int) or step < 1:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             raise ConfigError(f"{path}: field `{where}.step` must be a positive integer, "
                               f"but got {step!r}")
+        if (high - low) % step:
+            raise ConfigError(f"{path}: `high - low` must be a multiple of `step` for "
+                              f"`{where}` (so `high` is a value), but got low={low}, "
+                              f"high={high}, step={step}")
         return Param(name=name, type=kind, low=low, high=high, step=step)
     base = spec.get("base", 0)
     if "base" in spec and (not isinstance(base, int) or isinstance(base, bool) or base < 2):
@@ -596,6 +621,24 @@ def _parse_param(name: str, spec: Any, path: str) -> Param:
     return param
 
 
+def _check_mapping(value: Any, path: str, section: str) -> None:
+    """``value`` (a space's ``section``) is absent or a mapping with string keys."""
+    if value is None:
+        return
+    what = {"params": "name -> spec", "fixed": "config key -> value",
+            "derived": "config key -> expression", "example": "param -> value"}[section]
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: field `{section}` must be a mapping {what}, but got "
+                          f"{type(value).__name__} {value!r:.60}")
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"{path}: field `{section}` keys must be names, but got {k!r} "
+                              f"(quote it in the YAML file)")
+        if section == "derived" and (isinstance(v, bool) or not isinstance(v, str | int)):
+            raise ConfigError(f"{path}: field `derived.{k}` must be an arithmetic expression, "
+                              f"but got {v!r}")
+
+
 def _names(value: Any, registry: Any, path: str, field_name: str) -> list[str]:
     if value is None:
         return []
@@ -603,7 +646,7 @@ def _names(value: Any, registry: Any, path: str, field_name: str) -> list[str]:
         raise ConfigError(f"{path}: field `{field_name}` must be a list of names from "
                           f"{registry.names()}")
     for v in value:
-        if v not in registry:
+        if not isinstance(v, str) or v not in registry:
             raise ConfigError(
                 f"{path}: field `{field_name}` must list names from {registry.names()}, "
                 f"but got {v!r}"

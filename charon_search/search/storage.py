@@ -67,7 +67,47 @@ def _journal(path: str) -> Any:
                 if logs:
                     self.batched.inner.append_logs(logs)
 
+    _drop_torn_tail(path)
     return _Journal(_BatchedBackend(JournalFileBackend(path)))
+
+
+def _drop_torn_tail(path: str) -> None:
+    """Cut a partly written last record off the journal at ``path``.
+
+    Optuna appends each batch of log records as newline-terminated lines in one write, so a
+    file that does not end with a newline was cut short mid-write (a killed process, a full
+    disk). Optuna's reader skips such a tail, but its next append would land on the same line
+    and leave a record that no later run can read. The tail is dropped under Optuna's own file
+    lock (a writer of another process finishes first), with a warning.
+    """
+    import os
+    import warnings
+
+    from optuna.storages.journal import JournalFileSymlinkLock
+    from optuna.storages.journal._file import get_lock_file
+
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return
+    with get_lock_file(JournalFileSymlinkLock(path)), open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        keep = size
+        while keep > 0:  # back to the last newline, in blocks
+            start = max(0, keep - 65536)
+            f.seek(start)
+            nl = f.read(keep - start).rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            keep = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    warnings.warn(f"{path}: dropped a partly written last record ({size - keep} bytes) left "
+                  f"by an interrupted write; the trials it was saving are not in the study",
+                  RuntimeWarning, stacklevel=2)
 
 
 def make_storage(url: str | None, out_dir: str | Path | None) -> tuple[Any, str]:
@@ -93,4 +133,15 @@ def make_storage(url: str | None, out_dir: str | Path | None) -> tuple[Any, str]
             f"`--storage` must be a journal file (*.journal, journal://PATH) or a URL with scheme "
             f"one of {list(schemes)}, but got {url!r}"
         )
-    return optuna.storages.RDBStorage(url, heartbeat_interval=None), url
+    if url.startswith("sqlite:///"):
+        db = Path(url[len("sqlite:///"):])
+        if str(db) not in ("", ":memory:") and not db.parent.is_dir():
+            raise ConfigError(f"`--storage` {url!r}: folder {str(db.parent)!r} of the SQLite "
+                              f"file does not exist")
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=None), url
+    except SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise ConfigError(f"`--storage` {url!r} cannot be opened: {reason}") from None

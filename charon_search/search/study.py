@@ -138,6 +138,8 @@ class SearchOptions:
     max_evaluations: int | None = None
     """Stop once this many configs were simulated in this invocation (budget by simulations;
     invalid points and memo hits are free); None = only ``trials`` limits."""
+    new_study_hint: str = "use another --study-name or --out"
+    """How the caller starts a new study, for the errors that refuse to resume a stored one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +227,7 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     if got != objective.directions:
         raise ConfigError(
             f"study {study_name!r} in {storage_desc} has directions {got}, but objective "
-            f"{objective.name!r} needs {objective.directions}; use another --study-name"
+            f"{objective.name!r} needs {objective.directions}; {options.new_study_hint}"
         )
     if not durable.user_attrs:
         with warnings.catch_warnings():
@@ -240,11 +242,23 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         raise ConfigError(
             f"study {study_name!r} in {storage_desc} checked its constraints with guard "
             f"{durable.user_attrs.get('guard')}, but objective {objective.name!r} has guard "
-            f"{objective.guard}; use another --study-name or --out")
+            f"{objective.guard}; {options.new_study_hint}")
+    _check_same_definitions(durable, space, objective, study_name, storage_desc,
+                            options.new_study_hint)
+    if options.sampler == "grid" and space.num_points() > GRID_MAX_POINTS:
+        raise ConfigError(
+            f"`sampler` 'grid' enumerates every point of space {space.name!r}, which has "
+            f"{space.num_points():,} (at most {GRID_MAX_POINTS:,}); narrow its parameter "
+            f"ranges or use one of {[n for n in SAMPLERS.names() if n != 'grid']}")
     previous = durable.get_trials(deepcopy=False,
                                   states=(optuna.trial.TrialState.COMPLETE,))
 
-    sampler = SAMPLERS.get(options.sampler)(options.seed, options.population_size)
+    # A resumed study reseeds its sampler: the same seed would replay the proposals the first
+    # run already made (a seeded sampler's first points are random draws), so a resumed search
+    # would spend its trials on configurations it has. The seed stays a function of the
+    # options and the trials already stored, so a resume is as reproducible as a fresh run.
+    seed = resumed_seed(options.seed, len(previous))
+    sampler = SAMPLERS.get(options.sampler)(seed, options.population_size)
     mem = optuna.create_study(directions=objective.directions,  # type: ignore[arg-type]
                               sampler=sampler)
     mem.add_trials(previous)
@@ -261,6 +275,14 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         grid_queue = _grouped([(p, cfg) for p, cfg in space.enumerate_valid(ctx)
                                if config_key(cfg) not in loop.memo], loop.affinity)
         target = min(target, len(previous) + len(grid_queue))
+        if not previous and not grid_queue:
+            first = next(space.grid())
+            cfg, why = space.config(first)
+            raise ConfigError(
+                f"space {space.name!r} has no valid point: each of its "
+                f"{space.num_points():,} grid points breaks a rule (e.g. {first}: "
+                f"{why or space.check(cfg, ctx)}); widen its parameters or relax its "
+                f"`constraints`")
 
     executor = make_executor(options.workers, address=options.ray_address,
                              evaluator=evaluator, evaluator_name=space.evaluator)
@@ -298,11 +320,69 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         num_evaluations=loop.num_evaluations, num_memo_hits=loop.num_memo_hits,
         wall_s=wall, trials_per_s=new / wall if wall > 0 else 0.0,
         workers=executor.num_workers,
+        # Machines that evaluated this invocation's trials (an earlier run's embedded Ray had
+        # another node id, and its trials are not this run's throughput).
         nodes_used=len({r.get("node_id") for r in rows if r.get("node_id") and
+                        str(r.get("uid", "")).startswith(f"{loop.run_id}-") and
                         not r.get("memo_hit") and r.get("valid") is not False}),
         num_worker_restarts=executor.num_restarts, num_resubmits=executor.num_resubmits,
         rows=rows, pareto=front, config_keys=config_columns(trials), out_dir=options.out_dir,
     )
+
+
+#: Most points the grid sampler enumerates (``SearchSpace.num_points``).
+GRID_MAX_POINTS = 10_000_000
+
+
+def resumed_seed(seed: int | None, num_previous: int) -> int | None:
+    """The sampler seed of a study that already holds ``num_previous`` finished trials:
+    ``seed`` itself for a fresh study, else a seed derived from both (None stays random)."""
+    if seed is None or num_previous == 0:
+        return seed
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, num_previous]).generate_state(1)[0])
+
+
+def study_definitions(space: SearchSpace, objective: Objective) -> dict[str, Any]:
+    """What a study's trials depend on, as stored with the study (JSON): the space's
+    evaluator, parameters, fixed and derived values, normalizers and validity rules; the
+    objective's terms and constraints. Names, descriptions and file paths are left out."""
+    import dataclasses
+
+    return {
+        "space": {"evaluator": space.evaluator,
+                  "params": [dataclasses.asdict(p) for p in space.params],
+                  "fixed": dict(space.fixed), "derived": dict(space.derived),
+                  "normalize": list(space.normalize), "constraints": list(space.constraints)},
+        "objective": {"terms": [[t.metric, t.direction] for t in objective.terms],
+                      "constraints": [[b.metric, b.op, b.bound] for b in objective.constraints]},
+    }
+
+
+def _check_same_definitions(durable: Any, space: SearchSpace, objective: Objective,
+                            study_name: str, storage_desc: str, hint: str) -> None:
+    """Raise ``ConfigError`` when ``durable`` was run with another space or objective (other
+    parameters or ranges, fixed values, constraints, metrics): its trials would be mixed with
+    the new ones in one front. A study from before the definitions were stored gets them now."""
+    import json
+
+    want = json.loads(json.dumps(study_definitions(space, objective), default=str))
+    for kind, name, path in (("space", space.name, space.path),
+                             ("objective", objective.name, objective.path)):
+        key = f"{kind}_definition"
+        have = durable.user_attrs.get(key)
+        if have is None:
+            durable.set_user_attr(key, want[kind])
+            continue
+        if have != want[kind]:
+            fields = sorted(k for k in set(have) | set(want[kind])
+                            if have.get(k) != want[kind].get(k))
+            where = f" ({path})" if path else ""
+            raise ConfigError(
+                f"study {study_name!r} in {storage_desc} was run with a different {kind}: "
+                f"its {' and '.join(fields)} differ from {kind} {name!r}{where}, and its "
+                f"trials would be mixed with the new ones; {hint}")
 
 
 #: How long ``check_ray_address`` waits for a TCP connection to the cluster's address.

@@ -13,9 +13,14 @@ A sweep file (``sweeps/<name>.yaml``)::
 
 Each (run, model, gpu) fixes the space's ``model`` and ``cluster`` and runs a study; the trials
 (with a boolean ``pareto`` column) go to a Hive-partitioned dataset
-``OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-0.parquet`` so planners can diff
-fronts between dates (``pyarrow.dataset.dataset(OUT, partitioning="hive")``). Studies are kept as
-journal files under ``OUT/_studies/`` so an interrupted sweep resumes.
+``OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-<space>-<objective>.parquet`` so
+planners can diff fronts between dates: ``read_sweep(OUT)``, or
+``pyarrow.dataset.dataset(OUT, partitioning="hive")``. Partition values are URI-encoded
+(``model=meta-llama%2FLlama-3.1-8B``), which pyarrow's Hive partitioning decodes, so a model id
+reads back as written. Every part file gives a column the same type (config keys and trial numbers
+integers, other numbers float64, empty text columns strings), so the files of different dates
+read as one dataset. Studies are kept as journal files under ``OUT/_studies/`` so an interrupted
+sweep resumes.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 from charon_search.errors import ConfigError
 
-__all__ = ["SweepEntry", "SweepSpec", "load_sweep", "run_sweep"]
+__all__ = ["SweepEntry", "SweepSpec", "load_sweep", "read_sweep", "run_sweep"]
 
 _KEYS = ("name", "description", "trials", "sampler", "seed", "workers", "date", "runs")
 _RUN_KEYS = ("space", "objective", "models", "gpus", "trials", "sampler")
@@ -62,7 +67,7 @@ class SweepSpec:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Load and validate ``sweeps/<name>.yaml``; ``ConfigError`` names file, field and choices."""
     from charon_search.search.space import _read_yaml, _resolve, reject_unknown_keys
-    from charon_search.search.study import MAX_SEED
+    from charon_search.search.study import MAX_SEED, SAMPLERS
 
     p = _resolve(path, "sweeps")
     data = _read_yaml(p)
@@ -94,20 +99,55 @@ def load_sweep(path: str | Path) -> SweepSpec:
         else:
             raise ConfigError(f"{where}: field `{at}.gpus` must be a list of cluster names or a "
                               f"mapping label -> cluster name")
+        if not pairs:
+            raise ConfigError(f"{where}: field `{at}.gpus` must name at least one cluster")
+        run = {**run, "space": _beside(run["space"], p, "spaces"),
+               "objective": _beside(run["objective"], p, "objectives")}
         if _space_evaluator(run["space"], where, at) in ("training", "serving"):
             _check_names(where, at, models, pairs, isinstance(gpus, Mapping))
         trials = _int_field(run["trials"], f"{where}: field `{at}.trials`", 1) \
             if "trials" in run else default_trials
+        sampler = str(run.get("sampler", data.get("sampler", "nsga2")))
+        if sampler not in SAMPLERS:
+            field = f"{at}.sampler" if "sampler" in run else "sampler"
+            raise ConfigError(f"{where}: field `{field}` must be one of {SAMPLERS.names()}, "
+                              f"but got {sampler!r}")
         entries.append(SweepEntry(
             space=str(run["space"]), objective=str(run["objective"]),
             models=tuple(str(m) for m in models), gpus=pairs, trials=trials,
-            sampler=str(run.get("sampler", data.get("sampler", "nsga2")))))
+            sampler=sampler))
+    combos: dict[tuple[str, str, str, str], int] = {}
+    for i, e in enumerate(entries):
+        for model in e.models:
+            for label, _ in e.gpus:
+                key = (e.space, e.objective, model, label)
+                if key in combos:
+                    raise ConfigError(
+                        f"{where}: fields `runs[{combos[key]}]` and `runs[{i}]` both search "
+                        f"space {e.space!r} with objective {e.objective!r} for model {model!r} "
+                        f"on gpu {label!r}: they would share one study and one part file")
+                combos[key] = i
     date = str(data.get("date") or "")
     seed = _int_field(data.get("seed", 0), f"{where}: field `seed`", 0, MAX_SEED)
     workers = _int_field(data.get("workers", 1), f"{where}: field `workers`", 0)
     return SweepSpec(name=str(data["name"]), entries=tuple(entries), seed=seed,
                      workers=workers, date=date,
                      description=str(data.get("description", "")), path=where)
+
+
+def _beside(value: Any, sweep_file: Path, folder: str) -> str:
+    """A run's space or objective path: as given when it exists from the working directory
+    (or names a file of ``folder/`` there), else relative to the sweep file's folder or the
+    folder above it (a shipped sweep names ``spaces/...`` from the repository root)."""
+    text = str(value)
+    given = Path(text)
+    if given.is_absolute() or given.exists() or (Path(folder) / given).exists() or (
+            Path(folder) / f"{text}.yaml").exists():
+        return text
+    for base in (sweep_file.parent, sweep_file.parent.parent):
+        if (base / given).exists():
+            return str(base / given)
+    return text
 
 
 def _space_evaluator(space: Any, where: str, at: str) -> str:
@@ -150,8 +190,58 @@ def _int_field(value: Any, where: str, low: int, high: int | None = None) -> int
     return value
 
 
-def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+def _segment(label: str) -> str:
+    """``label`` as a path segment: URI-encoded (``/`` -> ``%2F``), as pyarrow's Hive
+    partitioning decodes it by default; distinct labels stay distinct."""
+    from urllib.parse import quote
+
+    return quote(str(label), safe="")
+
+
+#: Text columns of the trial rows (``search.results.BASE_COLUMNS`` and the sweep's own):
+#: written as strings even when every value is empty.
+_TEXT_COLUMNS = frozenset({"uid", "prune_reason", "error", "worker_id", "node_id", "family",
+                           "space", "objective", "cluster", "model"})
+
+
+def _uniform_types(table: Any, int_columns: frozenset[str]) -> Any:
+    """``table`` with the column types every part file shares: ``int_columns`` stay integers,
+    other integer columns become float64 (a metric is integral on one GPU, fractional on
+    another), and an all-empty column is a string when it holds text (``_TEXT_COLUMNS``,
+    ``guard_band.*``) and float64 otherwise, never pyarrow's ``null``."""
+    import pyarrow as pa
+
+    fields = []
+    for f in table.schema:
+        typ = f.type
+        if pa.types.is_null(typ):
+            text = f.name in _TEXT_COLUMNS or f.name.startswith("guard_band.")
+            typ = pa.string() if text else pa.float64()
+        elif pa.types.is_integer(typ) and f.name not in int_columns:
+            typ = pa.float64()
+        fields.append(pa.field(f.name, typ))
+    return table.cast(pa.schema(fields))
+
+
+def read_sweep(out_dir: str | Path) -> Any:
+    """The sweep dataset under ``out_dir`` as one pyarrow Table (partition columns included),
+    reading every part file with the union of their schemas (older files may lack a column
+    or hold it as another type)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    root = Path(out_dir)
+    files = sorted(p for p in root.rglob("*.parquet") if "_studies" not in p.parts)
+    if not files:
+        raise ConfigError(f"`out_dir` {str(root)!r} holds no sweep part files")
+    schema = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+    paths = [str(f) for f in files]
+    part = ds.partitioning(flavor="hive")
+    found = ds.dataset(paths, partitioning=part, partition_base_dir=str(root)).schema
+    keys = [f for f in found if f.name not in schema.names]   # sweep, model, gpu, date
+    return ds.dataset(paths, schema=pa.schema([*schema, *keys]), partitioning=part,
+                      partition_base_dir=str(root)).to_table()
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = None,
@@ -185,30 +275,46 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
 
         check_ray_address(ray_address)  # what init_ray connects to (None: a local Ray)
         started_ray = init_ray(ray_address, n_workers)
+    # Every run's space and objective is read before the first search starts, so a bad file
+    # of the last run does not fail the sweep hours in.
+    loaded = []
+    for i, entry in enumerate(spec.entries):
+        try:
+            base = load_space(entry.space)
+        except ConfigError as e:
+            raise ConfigError(f"{spec.path}: field `runs[{i}].space`: {e}") from None
+        try:
+            objective = load_objective(entry.objective)
+        except ConfigError as e:
+            raise ConfigError(f"{spec.path}: field `runs[{i}].objective`: {e}") from None
+        if guard is not None:
+            objective = dataclasses.replace(objective, guard=guard)
+        loaded.append((entry, base, objective))
     summaries = []
     try:
-        for entry in spec.entries:
-            base = load_space(entry.space)
-            objective = load_objective(entry.objective)
-            if guard is not None:
-                objective = dataclasses.replace(objective, guard=guard)
+        for entry, base, objective in loaded:
             for model in entry.models:
                 for label, cluster in entry.gpus:
                     space = base.with_fixed(model=model, cluster=cluster)
-                    parts = (f"sweep={_safe(spec.name)}", f"model={_safe(model)}",
-                             f"gpu={_safe(label)}", f"date={_safe(day)}")
+                    parts = (f"sweep={_segment(spec.name)}", f"model={_segment(model)}",
+                             f"gpu={_segment(label)}", f"date={_segment(day)}")
                     study_dir = out.joinpath("_studies", *parts)
                     res = run_search(space, objective, SearchOptions(
                         trials=entry.trials if trials is None else trials, workers=n_workers,
                         sampler=entry.sampler, seed=spec.seed, out_dir=str(study_dir),
                         ray_address=ray_address, progress=progress,
-                        study_name=f"{spec.name}-{model}-{label}-{day}-{base.name}"))
+                        new_study_hint="use another --date or --out",
+                        study_name=f"{spec.name}-{model}-{label}-{day}-{base.name}-"
+                                   f"{objective.name}"))
                     front = {r["trial_number"] for r in res.pareto}
                     rows = [{**r, "pareto": r["trial_number"] in front, "space": base.name,
                              "objective": objective.name, "guard": objective.guard,
                              "cluster": cluster}
                             for r in res.rows]
-                    write_parquet(rows, out.joinpath(*parts, f"part-{_safe(base.name)}.parquet"))
+                    name = f"part-{_segment(base.name)}-{_segment(objective.name)}.parquet"
+                    ints = frozenset(res.config_keys) | {"trial_number"}
+                    write_parquet(rows, out.joinpath(*parts, name),
+                                  transform=lambda t, ints=ints: _uniform_types(t, ints))
                     summaries.append({"sweep": spec.name, "model": model, "gpu": label,
                                       "date": day, "space": base.name,
                                       "guard": objective.guard, **res.summary()})

@@ -158,7 +158,8 @@ class LocalExecutor:
         self._worker._evaluators = self._evaluators
         self._queue: list[tuple[Any, str, Mapping[str, Any]]] = []
         self.capacity = 1
-        self.num_workers = 1
+        self.num_workers = 0
+        """No worker actors: trials are evaluated in this process."""
         self.num_restarts = 0
         self.num_resubmits = 0
 

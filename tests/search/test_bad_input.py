@@ -265,3 +265,80 @@ def test_unreachable_ray_address_fails_fast(tmp_path, capsys):
     rc, err = _run_cli(argv, capsys)
     assert rc == 2 and f"'127.0.0.1:{port}'" in err and "cannot be reached" in err
     assert time.perf_counter() - t0 < 30
+
+
+# ------------------------------------------------------------------ review of 2026-12-06
+@pytest.mark.parametrize("bound", ["nan", "inf", "-inf", "1e999"])
+def test_a_constraint_bound_must_be_finite(bound):
+    with pytest.raises(ConfigError, match=r"toy.yaml: field `constraints\[0\]` bound must be "
+                                          r"a finite number"):
+        _toy_objective(f"step_time_s <= {bound}")
+
+
+def test_limits_must_be_finite_and_may_not_shadow_device():
+    base = {"name": "t", "objectives": [{"metric": "step_time_s", "direction": "minimize"}]}
+    with pytest.raises(ConfigError, match=r"`limits.device`: `device` is reserved"):
+        Objective.from_dict({**base, "limits": {"device": 1.0},
+                             "constraints": ["peak_memory_bytes <= device"]}, path="o.yaml")
+    with pytest.raises(ConfigError, match=r"`limits.budget` must be a finite number"):
+        Objective.from_dict({**base, "limits": {"budget": float("inf")}}, path="o.yaml")
+
+
+def test_an_objective_on_a_text_field_is_an_error_naming_the_field():
+    obj = Objective.from_dict({"name": "t", "objectives": [
+        {"metric": "step_time_s", "direction": "minimize"},
+        {"metric": "flops_convention", "direction": "minimize"}]}, path="o.yaml")
+    with pytest.raises(ConfigError, match=r"o.yaml: field `objectives\[1\].metric` names "
+                                          r"'flops_convention', a str field"):
+        obj.values({"step_time_s": 1.0, "flops_convention": "model_flops = 6 N T"})
+    assert obj.values({"step_time_s": 1.0, "flops_convention": 2}) == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda d: d.update(derived=["dp"]), r"field `derived` must be a mapping"),
+    (lambda d: d.update(fixed=["ab", "cd"]), r"field `fixed` must be a mapping"),
+    (lambda d: d.update(example=[1, 2]), r"field `example` must be a mapping"),
+    (lambda d: d["params"].update({5: {"type": "categorical", "choices": [1]}}),
+     r"field `params` keys must be names, but got 5"),
+    (lambda d: d.update(constraints=[{"a": 1}]), r"field `constraints` must list names"),
+    (lambda d: d.update(family=7), r"field `family` must be a list of config keys"),
+    (lambda d: d["params"].update(num_gpus={"type": "int", "low": 8, "high": 44, "step": 8}),
+     r"`high - low` must be a multiple of `step` for `params.num_gpus`"),
+])
+def test_space_fields_of_the_wrong_type_are_config_errors(edit, pattern):
+    data = _space(DATA / "toy-space.yaml", edit)
+    with pytest.raises(ConfigError, match=pattern):
+        SearchSpace.from_dict(data, path="toy-space.yaml")
+
+
+def test_family_given_as_one_name_and_a_wide_int_range_load():
+    data = _space(DATA / "toy-space.yaml", lambda d: (
+        d.update(family="recompute"),
+        d["params"].update(num_gpus={"type": "int", "low": 8, "high": 8 * 10**12, "step": 8})))
+    space = SearchSpace.from_dict(data, path="toy-space.yaml")   # no MemoryError
+    assert space.family == ("recompute",)
+    assert space.num_points() > 10**12
+    with pytest.raises(ConfigError, match=r"'grid' enumerates every point .* \(at most"):
+        run_search(space, _toy_objective(), SearchOptions(trials=1, workers=0, sampler="grid"))
+
+
+def test_malformed_yaml_is_one_line_with_its_position(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nparams: {tp: [1, 2\n")
+    rc, err = _run_cli(_search(tmp_path, space=bad), capsys)
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"{bad}:3:1: not valid YAML:" in err
+
+
+def test_out_that_is_a_file_and_negative_workers_are_flag_errors(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    argv = _search(tmp_path)
+    argv[argv.index("--out") + 1] = str(afile)
+    rc, err = _run_cli(argv, capsys)
+    assert rc == 2 and f"`--out` '{afile}' is a file; give a folder" in err
+    argv = _search(tmp_path)
+    argv[argv.index("--workers") + 1] = "-1"
+    rc, err = _run_cli(argv, capsys)
+    assert rc == 2 and "`--workers` must be >= 0" in err
+    assert not (tmp_path / "out").exists()                  # nothing written before the check

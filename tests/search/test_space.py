@@ -24,7 +24,7 @@ def test_log_int_with_base_is_powers_via_exponent():
 
 
 def test_int_and_categorical_values():
-    assert Param(name="g", type="int", low=8, high=32, step=8).values() == (8, 16, 24, 32)
+    assert tuple(Param(name="g", type="int", low=8, high=32, step=8).values()) == (8, 16, 24, 32)
     assert Param(name="r", type="categorical", choices=("a", "b")).values() == ("a", "b")
 
 
@@ -109,7 +109,7 @@ def test_space_not_yaml_and_missing_file(tmp_path):
 
     p = tmp_path / "broken.yaml"
     p.write_text("params: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"broken\.yaml:2:1: not valid YAML"):
         load_space(p)
     with pytest.raises(ConfigError, match="no such file"):
         load_space(tmp_path / "nope.yaml")

@@ -353,3 +353,87 @@ def test_grid_trials_resume_under_nsga2_without_duplicates(toy_space, toy_object
     simulated = [config_key({k: r[k] for k in CFG_KEYS}) for r in nsga.rows
                  if r["trial_number"] >= 30 and r["valid"] and not r["memo_hit"]]
     assert simulated and not set(simulated) & grid_keys   # grid results reused, not re-run
+
+
+def test_a_resumed_study_proposes_new_configs_not_its_first_ones(toy_space, toy_objective,
+                                                                  tmp_path):
+    """The resumed sampler is reseeded from (seed, trials stored): with the first run's seed
+    its random first generation would repeat the configs the study already holds."""
+    from charon_search.search.study import resumed_seed
+
+    assert resumed_seed(0, 0) == 0 and resumed_seed(None, 20) is None
+    assert resumed_seed(0, 20) == resumed_seed(0, 20) != resumed_seed(0, 21) != 0
+    opts = dict(workers=0, sampler="nsga2", seed=0, population_size=50,
+                out_dir=str(tmp_path / "r"))
+    first = run_search(toy_space, toy_objective, SearchOptions(trials=20, **opts))
+    second = run_search(toy_space, toy_objective, SearchOptions(trials=40, **opts))
+    old = [config_key({k: r[k] for k in CFG_KEYS}) for r in first.rows]
+    new = [config_key({k: r[k] for k in CFG_KEYS}) for r in second.rows
+           if r["trial_number"] >= 20]
+    assert len(new) == 20
+    # Same seed, same generation: before the reseed all 20 repeated trials 0-19 in order.
+    assert new != old
+    assert sum(k in set(old) for k in new) <= 5
+
+
+def test_a_study_resumes_only_with_its_own_space_and_objective(toy_space, toy_objective,
+                                                               tmp_path):
+    """Another parameter range, fixed value or constraint would mix two searches' trials in
+    one front: the resume is refused, naming what differs."""
+    import dataclasses
+
+    from charon_search.search.objective import Objective
+
+    opts = dict(workers=0, sampler="random", seed=0, out_dir=str(tmp_path / "s"))
+    run_search(toy_space, toy_objective, SearchOptions(trials=10, **opts))
+    last = toy_space.params[-1]
+    fewer = dataclasses.replace(toy_space, params=toy_space.params[:-1],
+                                fixed={**toy_space.fixed, last.name: last.values()[0]})
+    with pytest.raises(ConfigError, match=r"different space: its fixed and params differ"):
+        run_search(fewer, toy_objective, SearchOptions(trials=12, **opts))
+    data = {"name": toy_objective.name,
+            "objectives": [{"metric": t.metric, "direction": t.direction}
+                           for t in toy_objective.terms],
+            "constraints": [b.text for b in toy_objective.constraints] + ["step_time_s <= 1.0"],
+            "limits": dict(toy_objective.limits)}
+    tighter = Objective.from_dict(data)
+    with pytest.raises(ConfigError, match=r"different objective: its constraints differ"):
+        run_search(toy_space, tighter, SearchOptions(trials=12, **opts))
+    again = run_search(toy_space, toy_objective, SearchOptions(trials=12, **opts))
+    assert again.num_trials == 12 and again.num_new_trials == 2
+
+
+def test_a_torn_last_journal_record_is_dropped_and_the_study_stays_usable(
+        toy_space, toy_objective, tmp_path):
+    """A write cut short (killed process, full disk) leaves a journal without its final
+    newline; the next run drops that tail instead of appending onto it, so every later run
+    can still read the study."""
+    opts = dict(workers=0, sampler="random", seed=0, out_dir=str(tmp_path / "t"))
+    run_search(toy_space, toy_objective, SearchOptions(trials=10, **opts))
+    journal = tmp_path / "t" / "study.journal"
+    size = journal.stat().st_size
+    with open(journal, "rb+") as f:
+        f.truncate(size - 40)
+    with pytest.warns(RuntimeWarning, match="partly written last record"):
+        res = run_search(toy_space, toy_objective, SearchOptions(trials=14, **opts))
+    assert journal.read_bytes().endswith(b"\n")
+    again = run_search(toy_space, toy_objective, SearchOptions(trials=16, **opts))
+    assert again.num_trials == 16 == res.num_trials + 2
+    assert sorted(r["trial_number"] for r in again.rows) == list(range(16))
+
+
+def test_an_unopenable_sqlite_storage_is_a_config_error(toy_space, toy_objective, tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        run_search(toy_space, toy_objective, SearchOptions(
+            trials=1, workers=0, storage=f"sqlite:///{tmp_path / 'no' / 'dir' / 'x.db'}"))
+
+
+def test_a_space_without_a_valid_point_stops_the_grid_naming_a_rule(toy_space, toy_objective):
+    import dataclasses
+
+    tp = next(p for p in toy_space.params if p.name == "tp")
+    odd = dataclasses.replace(toy_space, params=tuple(
+        dataclasses.replace(p, type="categorical", choices=(7,)) if p is tp else p
+        for p in toy_space.params))
+    with pytest.raises(ConfigError, match="has no valid point"):
+        run_search(odd, toy_objective, SearchOptions(trials=5, workers=0, sampler="grid"))
