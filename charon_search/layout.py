@@ -17,9 +17,18 @@ from charon_search.errors import ConfigError
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
-__all__ = ["OUTPUT_DISCARDING_MODULES", "PP_LAYOUT_TOKENS", "PRECISIONS", "RECOMPUTE_MODES",
-           "RECOMPUTE_MODULES", "SCHEDULES",
-           "Layout", "as_layout", "pp_layout_stages"]
+__all__ = [
+    "OUTPUT_DISCARDING_MODULES",
+    "PP_LAYOUT_TOKENS",
+    "PRECISIONS",
+    "RECOMPUTE_MODES",
+    "RECOMPUTE_MODULES",
+    "SCHEDULES",
+    "Layout",
+    "as_layout",
+    "check_layout_on_cluster",
+    "pp_layout_stages",
+]
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -33,7 +42,10 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 #: output-discarding checkpointing, "core_attn", "mlp", "moe", and "shared_experts" use normal
 #: checkpointing).
 OUTPUT_DISCARDING_MODULES = frozenset({"moe_act", "layernorm", "mla_up_proj"})
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+#: Mixed-precision GEMM formats of a training step (weights kept in fp32 by the optimizer, as
+#: the memory model counts them). Pure fp32 training is not modelled: no fp32 GEMM tables are
+#: shipped and the memory model counts 2-byte weights.
+PRECISIONS = ("bf16", "fp16", "fp8")
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CP_RING_IMPLS = ("overlapped", "torch_traced")
 #: ``Layout.fp8_gemm_kernel``: ``cutlass`` (the shipped fp8 rows as they are) or ``cublaslt``
@@ -194,6 +206,9 @@ class Layout:
             raise ConfigError(
                 f"`zero_stage` must be one of [0, 1, 2, 3], but got {self.zero_stage!r}"
             )
+        if self.vpp > 1 and self.pp == 1:
+            raise ConfigError(f"`vpp > 1` (virtual pipeline stages) needs pp > 1 and schedule "
+                              f"'interleaved-1f1b', but got (vpp={self.vpp}, pp=1)")
         if (self.pp == 1) != (self.schedule == "none"):
             raise ConfigError(
                 f"`schedule == 'none'` must hold exactly when pp == 1, but got "
@@ -301,6 +316,27 @@ class Layout:
 
     def replace(self, **changes: Any) -> Layout:
         return dataclasses.replace(self, **changes)
+
+
+def check_layout_on_cluster(layout: Layout, cluster: Any, *, gpu_count: bool = True) -> None:
+    """``layout`` fits ``cluster`` (a ``ClusterSpec``): its GPUs are at most the cluster's
+    (unless not ``gpu_count``: a per-GPU memory report only needs the GPU type) and its GEMM
+    precision is a tensor-core format of the cluster's GPU (no fp8 on an A100).
+
+    Raises:
+        ConfigError: naming the field, the cluster and what it allows.
+    """
+    if gpu_count and layout.num_gpus > cluster.num_gpus:
+        raise ConfigError(f"`tp * pp * dp * cp <= cluster GPUs` must hold, but got "
+                          f"({layout.num_gpus} > {cluster.num_gpus} in {cluster.name})")
+    peaks = set(cluster.gpu.peak_flops_per_s)
+    if peaks & {"bf16", "fp16"}:  # 16-bit formats stand in for each other (GpuSpec.peak_flops)
+        peaks |= {"bf16", "fp16"}
+    if layout.precision not in peaks:
+        formats = [p for p in PRECISIONS if p in peaks]
+        raise ConfigError(f"`precision` {layout.precision!r} is not a tensor-core format of "
+                          f"{cluster.gpu.name} (cluster {cluster.name}); allowed there: "
+                          f"{formats}")
 
 
 def as_layout(value: Any, *, hint: str = "") -> Layout:

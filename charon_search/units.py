@@ -61,6 +61,8 @@ def to_si(key: str, value: float) -> tuple[str, float]:
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], fmt: str) -> str:
+    if value != value:  # NaN: a quantity with no sample (TPOT of one-token outputs)
+        return "n/a"
     for factor, unit in steps:
         if abs(value) >= factor:
             return f"{value / factor:{fmt}} {unit}"

@@ -140,6 +140,7 @@ def spec_from_config(
     from charon_search.catalog._hf import hf_config_object
 
     cfg = dict(cfg)
+    _check_sizes_positive(name, cfg)
     hf = hf_config_object(name, cfg)
     _check_sizes_stated(name, cfg, hf)
     fields = _spec_fields(name, hf)
@@ -155,6 +156,33 @@ def spec_from_config(
 #: checkpoint's default (a bare ``{"model_type": "llama"}`` builds Llama-2-7B), a model nobody
 #: asked for.
 REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+#: Sizes that must be positive integers wherever a config.json (or its nested text config)
+#: states them, under their HF spellings.
+POSITIVE_SIZES = ("hidden_size", "n_embd", "num_hidden_layers", "n_layer",
+                  "num_attention_heads", "n_head", "num_key_value_heads", "vocab_size",
+                  "intermediate_size", "head_dim")
+
+
+def _check_sizes_positive(name: str, cfg: Mapping[str, Any]) -> None:
+    """``ConfigError`` naming a size of ``cfg`` that is not a positive integer, or key/value
+    heads that do not divide the attention heads (transformers would fail later with a bare
+    ``ZeroDivisionError``, or build a model no GPU runs)."""
+    parts = [("", cfg)] + [(f"{sub}.", cfg[sub]) for sub in
+                           ("text_config", "llm_config", "language_config")
+                           if isinstance(cfg.get(sub), Mapping)]
+    for prefix, part in parts:
+        for key in POSITIVE_SIZES:
+            v = part.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"model config {name!r}: field `{prefix}{key}` must be a "
+                                  f"positive integer, but got {v!r}")
+        heads = part.get("num_attention_heads", part.get("n_head"))
+        kv = part.get("num_key_value_heads")
+        if heads and kv and heads % kv:
+            raise ConfigError(f"model config {name!r}: field `{prefix}num_key_value_heads` "
+                              f"must divide `num_attention_heads` ({heads}), but got {kv}")
 
 
 def _check_sizes_stated(name: str, cfg: Mapping[str, Any], hf: Any) -> None:

@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from charon_search.catalog import load_model
     from charon_search.hardware import load_cluster
+    from charon_search.layout import check_layout_on_cluster
     from charon_search.memory import memory_report
     from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
 
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layout = layout_from_args(args)
+    check_layout_on_cluster(layout, cluster)  # as `train`: the GPUs must be the cluster's
     options = None
     if args.framework is not None:
         overrides = ({"loss_impl": torchtitan_loss_impl(layout.tp)}

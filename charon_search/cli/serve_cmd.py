@@ -156,6 +156,7 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
     else:
         wl_data["arrival"] = kind
     for flag, value, kinds in (("--concurrency", args.concurrency, ("concurrency",)),
+                               ("--ramp-up", args.ramp_up_s, ("concurrency",)),
                                ("--rate", args.rate, ("poisson", "gamma")),
                                ("--cv", args.cv, ("gamma",))):
         if value is not None and wl_data["arrival"] not in kinds:

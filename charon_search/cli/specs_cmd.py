@@ -68,8 +68,13 @@ def _show(name: str) -> None:
         except ConfigError as e:
             if path.suffix in (".yaml", ".yml"):
                 raise
-            raise ConfigError(f"unknown GPU or cluster {name!r}; clusters: {list_clusters()}; "
-                              f"GPUs: {list_gpus()} (or an alias)") from e
+            import difflib
+
+            close = difflib.get_close_matches(name.lower(), [*list_clusters(), *list_gpus()],
+                                              n=3)
+            hint = f"did you mean {close}? " if close else ""
+            raise ConfigError(f"unknown GPU or cluster {name!r}; {hint}clusters: "
+                              f"{list_clusters()}; GPUs: {list_gpus()} (or an alias)") from e
     if is_cluster:
         c = load_cluster(name)
         print(f"cluster {c.name}: {c.num_gpus} GPUs, {c.gpus_per_node} per node, "

@@ -75,6 +75,7 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_layout(args: argparse.Namespace) -> Any:
+    from charon_search.config_fields import typed_kwargs
     from charon_search.layout import Layout
 
     data: dict[str, Any] = {}
@@ -88,7 +89,9 @@ def build_layout(args: argparse.Namespace) -> Any:
             raise ConfigError(f"{path}: cannot read layout YAML: {e}") from e
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: a layout YAML must be a mapping of Layout fields")
-        Layout.from_dict(raw, where=str(path))  # unknown keys -> ConfigError
+        # Unknown keys and values of the wrong kind fail here, naming the file; the layout
+        # itself is checked once the flags and defaults (the pipeline schedule) are applied.
+        typed_kwargs(Layout, raw, str(path))
         data.update(raw)
     for flag, fld in _FLAGS.items():
         val = getattr(args, flag, None)
@@ -109,6 +112,16 @@ def build_layout(args: argparse.Namespace) -> Any:
         data["schedule"] = "interleaved-1f1b" if data.get("vpp", 1) > 1 else "1f1b"
     if "global_batch_size" not in data:
         data["global_batch_size"] = data.get("micro_batch_size", 1) * data.get("dp", 1)
+    # A flag that only matters under another setting would be ignored without a word.
+    needs = (("fp8_recipe", "precision", ("fp8",)),
+             ("selective_policy", "recompute", ("selective",)),
+             ("fsdp_backward_prefetch", "zero_stage", (3,)))
+    for flag, field, values in needs:
+        current = data.get(field, Layout.__dataclass_fields__[field].default)
+        if getattr(args, flag, None) is not None and current not in values:
+            want = " or ".join(repr(v) for v in values)
+            raise ConfigError(f"`--{flag.replace('_', '-')}` applies only with `{field}` "
+                              f"{want}, but got {field}={current!r}")
     return Layout.from_dict(data, where=args.layout or "flags")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from charon_search.catalog.spec import ModelSpec
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
-from charon_search.layout import Layout, as_layout
+from charon_search.layout import Layout, as_layout, check_layout_on_cluster
 from charon_search.memory.liveness import ShardingPoint
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
 from charon_search.memory.schedule import in_flight_chunks
@@ -325,6 +325,7 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
     spec, cl = _resolve(model, cluster)
     opts = options or MemoryOptions()
     layout.validate_for(spec)
+    check_layout_on_cluster(layout, cl, gpu_count=False)
     attn_impl = opts.attn_impl or ("eager" if layout.attention_kernel == "eager" else "sdpa")
     compiled = layout.fused_kernels if opts.compiled is None else opts.compiled
     prof = profile or model_profile(spec, phase="train", attn_impl=attn_impl)

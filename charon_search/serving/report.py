@@ -116,7 +116,10 @@ class ServingReport:
         return out
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, default=_jsonable) + "\n")
+        """The report as strict JSON: a quantity without samples (NaN: the TPOT of requests
+        with one output token) is ``null``."""
+        Path(path).write_text(json.dumps(_nan_to_none(self.to_dict()), indent=2,
+                                         default=_jsonable, allow_nan=False) + "\n")
 
     def write_requests_parquet(self, path: str | Path) -> None:
         """Per-request results as Parquet (needs ``keep_requests=True`` in the simulation)."""
@@ -147,6 +150,19 @@ def _rate(x: float) -> str:
     """A token rate for the summary line: whole tokens from 100/s, else three digits (a slow
     run's 0.5 tok/s is not printed as 0)."""
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _nan_to_none(x: Any) -> Any:
+    """``x`` with every NaN float (in dicts, lists and tuples) replaced by None."""
+    if isinstance(x, float | np.floating):
+        return None if x != x else x
+    if isinstance(x, Mapping):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_nan_to_none(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _nan_to_none(dataclasses.asdict(x))
+    return x
 
 
 def _jsonable(x: Any) -> Any:

@@ -98,7 +98,7 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     (``dp_attention`` None = ``config.dp_attention``)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
-    from charon_search.memory.serving import kv_cache_capacity, moe_tp_degree
+    from charon_search.memory.serving import MEMORY_RULE_KNOBS, kv_cache_capacity, moe_tp_degree
     from charon_search.serving._graphs import weight_storage
     from charon_search.serving.backends import engine_memory
 
@@ -124,7 +124,8 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
         raise InfeasibleError(
             f"{model.name} with tp={tp}, pp={pp}, ep={ep} leaves no room for KV cache on "
             f"{cluster.gpu.name} ({cap.weights_bytes / 2**30:.1f} GiB weights per GPU at "
-            f"{config.precision}){hint}"
+            f"{config.precision}, within the engine's {MEMORY_RULE_KNOBS[rule]} {fraction:g}: "
+            f"`--memory-fraction`){hint}"
         )
     return blocks
 
@@ -724,6 +725,7 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     if not requests:
         raise ConfigError("the workload has no requests")
     _check_parallel(spec_model, cfg)
+    _check_precision(spec_model, cl, cfg)
     _check_context(spec_model, requests)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
                             record_iterations=record_iterations)
@@ -785,6 +787,52 @@ def _check_context(model: ModelSpec, requests: Sequence[RequestSpec]) -> None:
             "max_position_embeddings covers the RoPE scaling you run (`model` takes its path)")
 
 
+#: Expert kernel formats that run as weight-only GEMMs (4-bit weights dequantized to bf16), so
+#: a GPU without 4-bit (or 8-bit) tensor cores runs them all the same (Marlin, Triton).
+WEIGHT_ONLY_MOE_FORMATS = frozenset({"w4a16_mxfp4", "int4_wo"})
+
+
+def _check_precision(model: ModelSpec, cluster: ClusterSpec, cfg: ServingConfig) -> None:
+    """A ``precision`` whose GEMMs need tensor cores the GPU lacks (fp8 on an A100, fp4 on a
+    Hopper part) is served only when the checkpoint quantizes nothing but its routed experts,
+    in a weight-only format (gpt-oss's MXFP4 experts on H100); otherwise W8A8 / W4A4 GEMMs
+    would be priced that the GPU cannot run.
+
+    Raises:
+        ConfigError: naming the precision, the GPU and its formats.
+    """
+    from charon_search.catalog.spec import is_moe_block
+    from charon_search.hardware import load_cluster
+    from charon_search.serving._graphs import checkpoint_quant
+
+    if cfg.precision not in ("fp8", "fp4"):
+        return
+    clusters = [cluster] + ([load_cluster(p.cluster) for p in
+                             (cfg.disagg.prefill, cfg.disagg.decode) if p.cluster]
+                            if cfg.disagg is not None else [])
+    for cl in clusters:
+        peaks = cl.gpu.peak_flops_per_s
+        if cfg.precision in peaks:
+            continue
+        quant = checkpoint_quant(model, cfg.precision)
+        present = {"attn.qkv", "attn.out"}
+        if any(not is_moe_block(t) for t in model.layer_types) or not model.is_moe:
+            present |= {"mlp.in", "mlp.out"}
+        if model.num_shared_experts:
+            present.add("moe.shared")
+        dense = sorted(present & quant.quantized_roles)
+        experts = model.is_moe and "moe.expert" in quant.quantized_roles
+        if dense or (experts and quant.moe_dtype not in WEIGHT_ONLY_MOE_FORMATS):
+            formats = [f for f in ("bf16", "fp16", "fp8", "fp4") if f in peaks]
+            what = (f"its {', '.join(dense)} GEMMs" if dense else
+                    f"its routed experts ({quant.moe_dtype or 'no known format'})")
+            raise ConfigError(
+                f"`precision` {cfg.precision!r}: {model.name}'s {cfg.precision} checkpoint runs "
+                f"{what} as {cfg.precision} GEMMs, which {cl.gpu.name} (cluster {cl.name}) has "
+                f"no tensor cores for; its formats: {formats} (weight-only 4-bit experts, as "
+                f"gpt-oss's MXFP4 ones, are the only lower precision modelled there)")
+
+
 def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:
     pools = ([(cfg.tp, cfg.pp, cfg.ep)] if cfg.disagg is None else
              [(p.tp, p.pp, p.ep) for p in (cfg.disagg.prefill, cfg.disagg.decode)])
@@ -800,3 +848,9 @@ def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:
         if ep > 1 and model.num_experts % ep:
             raise ConfigError(f"`ep` must divide num_experts of a MoE model, but got "
                               f"(ep={ep}, num_experts={model.num_experts})")
+        if tp % ep:
+            # Experts are sharded over the GPUs of one pipeline stage of a replica (its tp
+            # GPUs; with dp_attention the attention runs data parallel over the same GPUs).
+            raise ConfigError(f"`ep` must divide `tp` (a replica shards its experts over the "
+                              f"tp GPUs of each pipeline stage; raise tp, with dp_attention "
+                              f"for data-parallel attention), but got (tp={tp}, ep={ep})")

@@ -188,9 +188,15 @@ class WorkloadSpec:
             raise ConfigError(f"`num_requests >= 1` must hold, but got {self.num_requests}")
         if self.arrival == "trace" and not self.trace_path:
             raise ConfigError("workload arrival 'trace' needs `trace_path`")
-        if self.think_time_s < 0 or (self.ramp_up_s is not None and self.ramp_up_s < 0):
-            raise ConfigError(f"`think_time_s >= 0` and `ramp_up_s >= 0` must hold, but got "
-                              f"({self.think_time_s=}, {self.ramp_up_s=})")
+        for name in ("think_time_s", "ramp_up_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"`workload.{name}` must be >= 0 seconds, but got {value}")
+        if self.closed_loop and self.num_requests < self.concurrency:
+            raise ConfigError(
+                f"`workload.concurrency` ({self.concurrency}) must be <= `workload.num_requests` "
+                f"({self.num_requests}): a closed loop of {self.concurrency} streams never "
+                f"holds more requests in flight than it has")
         if not self.time_scale > 0:
             raise ConfigError(f"`workload.time_scale > 0` must hold, but got {self.time_scale}")
         if not 0 <= self.seed <= MAX_SEED:

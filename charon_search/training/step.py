@@ -24,7 +24,7 @@ from typing import Any
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
-from charon_search.layout import Layout, as_layout
+from charon_search.layout import Layout, as_layout, check_layout_on_cluster
 from charon_search.passes import (
     ParallelBlock,
     PassContext,
@@ -115,6 +115,10 @@ def validate_layout(spec: Any, layout: Layout, num_gpus: int | None) -> list[str
     if layout.pp > 1 and m < layout.pp:
         warnings.append(f"only {m} micro-batches for {layout.pp} pipeline ranks: the bubble "
                         "dominates")
+    if spec.max_context and layout.seq_len > spec.max_context:
+        warnings.append(f"seq_len {layout.seq_len:,} exceeds {spec.name}'s context of "
+                        f"{spec.max_context:,} tokens (max_position_embeddings): the step is "
+                        "costed as traced, but the model was not trained for that length")
     if spec.is_moe and layout.tp > 1 and not layout.sequence_parallel:
         warnings.append("MoE with tp > 1 and no sequence parallelism: routed experts run "
                         "redundantly on every TP rank (Megatron requires SP here)")
@@ -385,9 +389,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     spec, cl = _resolve(model, cluster)
     layout = as_layout(layout, hint=" (simulate_training takes model, cluster, layout)")
     warnings = validate_layout(spec, layout, num_gpus)
-    if layout.num_gpus > cl.num_gpus:
-        raise ConfigError(f"`tp * pp * dp * cp <= cluster GPUs` must hold, but got "
-                          f"({layout.num_gpus} > {cl.num_gpus} in {cl.name})")
+    check_layout_on_cluster(layout, cl)
     if traced is None:
         from charon_search.frontend import trace_model
         dtype = {"fp32": "fp32", "fp16": "fp16"}.get(layout.precision, "bf16")

@@ -189,3 +189,137 @@ def test_a_config_json_must_state_its_sizes(tmp_path, capsys) -> None:
                     '"vocab_size": 1000, "n_positions": 512}')
     spec = load_model(str(gpt2))
     assert (spec.hidden_size, spec.num_layers, spec.num_attention_heads) == (256, 2, 4)
+
+
+# --------------------------------------------------------------- review of 2026-12-06
+@pytest.mark.parametrize("change, needle", [
+    ({"num_hidden_layers": 0}, "field `num_hidden_layers` must be a positive integer, but got 0"),
+    ({"num_hidden_layers": -1}, "field `num_hidden_layers` must be a positive integer"),
+    ({"vocab_size": 0}, "field `vocab_size` must be a positive integer, but got 0"),
+    ({"num_attention_heads": 0}, "field `num_attention_heads` must be a positive integer"),
+    ({"num_key_value_heads": 5}, "field `num_key_value_heads` must divide `num_attention_heads` "
+                                 "(32), but got 5"),
+    ({"num_key_value_heads": 64}, "must divide `num_attention_heads` (32), but got 64"),
+])
+def test_model_config_sizes_are_checked_before_transformers_builds_them(
+        tmp_path, capsys, change, needle) -> None:
+    import json
+
+    from charon_search.catalog._loader import _configs_dir
+
+    cfg = json.loads((_configs_dir() / "llama-3.1-8b.json").read_text())
+    cfg.update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    for argv in (["trace", str(path), "--seq", "128"],
+                 ["serve", "--model", str(path), "--cluster", "h100-sxm-8gpu",
+                  "--num-requests", "4", "--no-progress"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_serving_ep_must_divide_the_replicas_tp(capsys) -> None:
+    """Experts are sharded over a replica's GPUs: tp 1 with ep 8 is one GPU holding an eighth
+    of the experts, which would fit Mixtral's 93 GB of bf16 weights on one 80 GB GPU."""
+    argv = ["serve", "--model", "mixtral-8x7b", "--cluster", "h100-sxm-8gpu", "--tp", "1",
+            "--ep", "8", "--num-requests", "4", "--no-progress"]
+    assert main(argv) == 2
+    assert "`ep` must divide `tp`" in capsys.readouterr().err
+
+
+def test_training_precision_must_be_a_tensor_core_format_of_the_gpu(capsys) -> None:
+    base = ["--model", "debug-llama", "--gpus", "8", "--gbs", "8"]
+    assert main(["train", *base, "--cluster", "a100-sxm-8gpu", "--precision", "fp8"]) == 2
+    assert ("`precision` 'fp8' is not a tensor-core format of a100-sxm-80gb (cluster "
+            "a100-sxm-8gpu); allowed there: ['bf16', 'fp16']") in capsys.readouterr().err
+    with pytest.raises(SystemExit):            # fp32 training is not modelled (no fp32 tables)
+        main(["train", *base, "--cluster", "h100-sxm-8gpu", "--precision", "fp32"])
+    assert "invalid choice: 'fp32'" in capsys.readouterr().err
+
+
+def test_memory_checks_the_clusters_gpu_count_as_train_does(capsys) -> None:
+    argv = ["--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "64", "--gbs", "64"]
+    for cmd in ("memory", "train"):
+        assert main([cmd, *argv]) == 2
+        assert "(64 > 8 in h100-sxm-8gpu)" in capsys.readouterr().err
+
+
+def test_serving_precision_needs_the_gpus_tensor_cores_unless_weight_only() -> None:
+    from charon_search.serving import simulate_serving
+
+    wl = {"arrival": "concurrency", "concurrency": 2, "num_requests": 4,
+          "input_len": {"value": 128}, "output_len": {"value": 8}}
+    for model, cluster, precision in (("llama-3.1-8b", "h100-sxm-8gpu", "fp4"),
+                                      ("llama-3.1-8b", "a100-sxm-8gpu", "fp8")):
+        with pytest.raises(ConfigError, match=rf"`precision` '{precision}': .* has no tensor "
+                                              r"cores for"):
+            simulate_serving(model, cluster, {"precision": precision}, wl)
+    # gpt-oss's fp4 checkpoint quantizes only its experts, in MXFP4 (weight-only on Hopper)
+    rep = simulate_serving("gpt-oss-120b", "h100-sxm-8gpu", {"tp": 2, "precision": "fp4"}, wl)
+    assert rep.num_completed == 4
+
+
+def test_a_report_of_one_token_outputs_is_strict_json_with_null_tpot(tmp_path, capsys) -> None:
+    import json
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,prompt_tokens,output_tokens\n0,64,1\n0.1,64,1\n")
+    out = tmp_path / "o.json"
+    assert main([*SERVE[:5], "--workload", str(trace), "--no-progress", "--json",
+                 str(out)]) == 0
+    assert "TPOT mean n/a" in capsys.readouterr().out
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert data["tpot_s"]["mean"] is None and data["ttft_s"]["mean"] > 0
+
+
+def test_a_closed_loop_needs_as_many_requests_as_streams() -> None:
+    with pytest.raises(ConfigError, match=r"`workload.concurrency` \(100\) must be <= "
+                                          r"`workload.num_requests` \(10\)"):
+        WorkloadSpec(arrival="concurrency", concurrency=100, num_requests=10)
+    with pytest.raises(ConfigError, match=r"`workload.ramp_up_s` must be >= 0 seconds"):
+        WorkloadSpec(arrival="concurrency", concurrency=4, ramp_up_s=-1.0)
+
+
+def test_layout_flags_and_files_agree_and_contradictions_are_errors(tmp_path, capsys) -> None:
+    lay = tmp_path / "lay.yaml"
+    lay.write_text("tp: 2\npp: 2\n")
+    # a YAML pp > 1 picks 1f1b as the --pp flag does
+    assert main(["memory", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus",
+                 "4", "--layout", str(lay)]) == 0
+    capsys.readouterr()
+    for extra, needle in (
+            (["--vpp", "2", "--gbs", "16"], "`vpp > 1` (virtual pipeline stages) needs pp > 1"),
+            (["--gbs", "8", "--fp8-recipe", "rowwise"],
+             "`--fp8-recipe` applies only with `precision` 'fp8', but got precision='bf16'"),
+            (["--gbs", "8", "--selective-policy", "op"],
+             "`--selective-policy` applies only with `recompute` 'selective'"),
+            (["--gbs", "8", "--fsdp-backward-prefetch", "post"],
+             "`--fsdp-backward-prefetch` applies only with `zero_stage` 3")):
+        assert main([*TRAIN, *extra]) == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_a_sequence_beyond_the_models_context_is_a_warning() -> None:
+    from charon_search.catalog import load_model
+    from charon_search.training.step import validate_layout
+
+    spec = load_model("llama-3.1-8b")
+    warns = validate_layout(spec, Layout(seq_len=262144, global_batch_size=1), None)
+    assert any("exceeds llama-3.1-8b's context of 131,072 tokens" in w for w in warns)
+    assert not any("context" in w for w in
+                   validate_layout(spec, Layout(seq_len=8192, global_batch_size=1), None))
+
+
+def test_ramp_up_applies_to_closed_loops_and_specs_suggest_close_names(capsys) -> None:
+    assert main([*SERVE, "--workload", "poisson", "--rate", "2", "--ramp-up", "5"]) == 2
+    assert "`--ramp-up` applies to a concurrency workload" in capsys.readouterr().err
+    assert main(["specs", "show", "h100-sxm-8gp"]) == 2
+    assert "did you mean ['h100-sxm-8gpu'" in capsys.readouterr().err
+
+
+def test_no_room_for_kv_names_the_engines_memory_setting(capsys) -> None:
+    assert main(["serve", "--model", "llama-3.1-70b", "--cluster", "h100-sxm-8gpu", "--tp", "2",
+                 "--engine", "sglang", "--num-requests", "4", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "leaves no room for KV cache" in err and "mem_fraction_static 0.834" in err

@@ -231,8 +231,10 @@ def test_a_precision_without_a_checkpoint_that_does_not_fit_names_the_shipped_on
     # 217.6 GiB, more than an H100 holds, and the error says which precision the catalog has.
     from charon_search.serving import RequestSpec, ServingConfig, simulate_serving
 
-    with pytest.raises(InfeasibleError, match=r"217\.6 GiB weights per GPU at bf16\); the "
-                                              r"catalog's gpt-oss-120b checkpoints are fp4"):
+    with pytest.raises(InfeasibleError, match=r"217\.6 GiB weights per GPU at bf16, within "
+                                              r"the engine's gpu_memory_utilization 0\.9: "
+                                              r"`--memory-fraction`\); the catalog's "
+                                              r"gpt-oss-120b checkpoints are fp4"):
         simulate_serving("gpt-oss-120b", "h100-sxm-8gpu", ServingConfig(),
                          [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=100,
                                       output_tokens=2)])
