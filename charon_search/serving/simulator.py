@@ -727,6 +727,7 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
     _check_parallel(spec_model, cfg)
     _check_precision(spec_model, cl, cfg)
     _check_context(spec_model, requests)
+    _check_prompt_budget(cfg, requests)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
                             record_iterations=record_iterations)
     if isinstance(workload, WorkloadSpec):
@@ -785,6 +786,23 @@ def _check_context(model: ModelSpec, requests: Sequence[RequestSpec]) -> None:
             f"(max_position_embeddings); `input_len` + `output_len` must be <= {limit:,} (for a "
             "lognormal length, set its `maximum`), or serve a config.json whose "
             "max_position_embeddings covers the RoPE scaling you run (`model` takes its path)")
+
+
+def _check_prompt_budget(cfg: ServingConfig, requests: Sequence[RequestSpec]) -> None:
+    """Without chunked prefill a prompt runs whole in one iteration, so it must fit the token
+    budget of the replicas that prefill it: vLLM refuses to start with ``max_num_batched_tokens``
+    below ``max_model_len`` then, and TensorRT-LLM rejects a prompt over ``max_num_tokens``."""
+    if cfg.chunked_prefill:
+        return
+    budget = cfg.max_num_batched_tokens
+    if cfg.disagg is not None and cfg.disagg.prefill.max_num_batched_tokens:
+        budget = cfg.disagg.prefill.max_num_batched_tokens
+    longest = max(r.prompt_tokens for r in requests)
+    if longest > budget:
+        raise ConfigError(
+            f"without chunked prefill a prompt runs whole in one iteration, but a "
+            f"{longest:,}-token prompt exceeds `max_num_batched_tokens` {budget:,}; raise the "
+            f"budget or turn `chunked_prefill` on")
 
 
 #: Expert kernel formats that run as weight-only GEMMs (4-bit weights dequantized to bf16), so

@@ -323,3 +323,13 @@ def test_no_room_for_kv_names_the_engines_memory_setting(capsys) -> None:
                  "--engine", "sglang", "--num-requests", "4", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "leaves no room for KV cache" in err and "mem_fraction_static 0.834" in err
+
+
+def test_without_chunked_prefill_a_prompt_must_fit_the_token_budget(capsys) -> None:
+    """vLLM refuses to start with max_num_batched_tokens below max_model_len when chunked
+    prefill is off; the simulation had admitted each 1,024-token prompt over a 100-token
+    budget."""
+    assert main([*SERVE, "--input-len", "1024", "--max-batched-tokens", "100",
+                 "--no-chunked-prefill"]) == 2
+    assert ("a 1,024-token prompt exceeds `max_num_batched_tokens` 100"
+            in capsys.readouterr().err)

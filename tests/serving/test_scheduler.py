@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from charon_search.errors import ConfigError
 from charon_search.serving import (
     LengthDistribution,
     RequestSpec,
@@ -137,8 +138,14 @@ def test_chunked_prefill_splits_long_prompt(affine, cluster) -> None:
     chunks = [(2048, 2048 * (i + 1)) for i in range(4)] + [(1808, 10000)]
     expected = sum(affine.iteration_s([c], 0, 0.0) + OH for c in chunks)
     assert rep.ttft_s["mean"] == pytest.approx(expected)
+    # Without chunking the prompt runs whole, so it must fit the budget (vLLM refuses to
+    # start otherwise); within it, one iteration prefills all 10,000 tokens.
+    with pytest.raises(ConfigError, match="exceeds `max_num_batched_tokens` 2,048"):
+        simulate_serving("debug-llama", cluster, _cfg(chunked_prefill=False,
+                                                      max_num_batched_tokens=2048),
+                         [req(0, 0.0, 10000, 2)], cost_model=affine)
     no_chunk = simulate_serving("debug-llama", cluster, _cfg(chunked_prefill=False,
-                                                             max_num_batched_tokens=2048),
+                                                             max_num_batched_tokens=10000),
                                 [req(0, 0.0, 10000, 2)], cost_model=affine)
     assert no_chunk.ttft_s["mean"] == pytest.approx(
         affine.iteration_s([(10000, 10000)], 0, 0.0) + OH)
