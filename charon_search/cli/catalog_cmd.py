@@ -29,15 +29,18 @@ def _checkpoints(spec: ModelSpec) -> str:
 def run(args: argparse.Namespace) -> int:
     from charon_search.catalog import list_models, load_model
 
-    print(f"{'model':18s} {'params':>17s} {'layers':>6s} {'hidden':>6s} {'heads':>5s} "
-          f"{'kv':>4s} {'experts':>9s} {'type':12s} checkpoints")
-    for name in list_models():
-        spec = load_model(name)
+    names = list_models()
+    specs = [load_model(n) for n in names]
+    w = max(len("model"), *(len(n) for n in names))          # columns fit the longest name
+    t = max(len("type"), *(len(sp.model_type) for sp in specs))
+    print(f"{'model':{w}s} {'params':>17s} {'layers':>6s} {'hidden':>6s} {'heads':>5s} "
+          f"{'kv':>4s} {'experts':>9s} {'type':{t}s} checkpoints")
+    for name, spec in zip(names, specs):
         experts = (f"{spec.num_experts_per_token}/{spec.num_experts}" if spec.num_experts
                    else "-")
-        print(f"{name:18s} {spec.num_params:17,d} {spec.num_layers:6d} {spec.hidden_size:6d} "
+        print(f"{name:{w}s} {spec.num_params:17,d} {spec.num_layers:6d} {spec.hidden_size:6d} "
               f"{spec.num_attention_heads:5d} {spec.num_key_value_heads:4d} {experts:>9s} "
-              f"{spec.model_type:12s} {_checkpoints(spec)}")
+              f"{spec.model_type:{t}s} {_checkpoints(spec)}")
     if args.models_only:
         return 0
     try:
@@ -47,15 +50,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from charon_search.units import format_bytes
 
-    print(f"\n{'gpu':22s} {'bf16 TFLOP/s':>12s} {'HBM':>10s} {'HBM TB/s':>9s}")
-    for name in list_gpus():
+    gpus = list_gpus()
+    g = max(len("gpu"), *(len(n) for n in gpus))
+    print(f"\n{'gpu':{g}s} {'bf16 TFLOP/s':>12s} {'HBM':>10s} {'HBM TB/s':>9s}")
+    for name in gpus:
         gpu = load_gpu(name)
-        print(f"{name:22s} {gpu.peak_flops('bf16') / 1e12:12.0f} "
+        print(f"{name:{g}s} {gpu.peak_flops('bf16') / 1e12:12.0f} "
               f"{format_bytes(gpu.hbm_capacity_bytes):>10s} "
               f"{gpu.hbm_bandwidth_bytes_per_s / 1e12:9.2f}")
-    print(f"\n{'cluster':28s} {'gpu':22s} {'gpus/node':>9s} tiers")
-    for name in list_clusters():
-        cl = load_cluster(name)
+    clusters = [load_cluster(n) for n in list_clusters()]
+    c = max(len("cluster"), *(len(cl.name) for cl in clusters))
+    cg = max(len("gpu"), *(len(cl.gpu.name) for cl in clusters))
+    print(f"\n{'cluster':{c}s} {'gpu':{cg}s} {'gpus/node':>9s} tiers")
+    for cl in clusters:
         tiers = " > ".join(t.name for t in cl.tiers)
-        print(f"{name:28s} {cl.gpu.name:22s} {cl.gpus_per_node:9d} {tiers}")
+        print(f"{cl.name:{c}s} {cl.gpu.name:{cg}s} {cl.gpus_per_node:9d} {tiers}")
     return 0

@@ -108,6 +108,10 @@ def print_summary(res, objective, out: str) -> None:  # type: ignore[no-untyped-
             "(`guarded.<metric>` columns of trials.parquet)")
     if not res.pareto:
         console.print("no feasible trial: no Pareto front")
+        if res.num_trials and res.num_invalid == res.num_trials:
+            why = next((r.get("prune_reason") for r in res.rows if r.get("prune_reason")), "")
+            console.print(f"every trial broke one of the space's rules (e.g. {why}); check "
+                          "its parameter ranges against its `constraints`", markup=False)
         return
     varied = [k for k in res.config_keys if len({repr(r.get(k)) for r in res.rows}) > 1]
     table = Table(title=f"Pareto front ({len(res.pareto)} configs) -> {out}")

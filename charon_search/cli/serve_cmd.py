@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, help="cluster name or YAML path")
     parser.add_argument("--config", help="serving YAML/JSON (ServingConfig fields + workload:)")
     g = parser.add_argument_group("parallelism")
-    g.add_argument("--tp", type=int)
-    g.add_argument("--pp", type=int)
-    g.add_argument("--ep", type=int)
+    g.add_argument("--tp", type=int, help="tensor-parallel degree of a replica (default 1)")
+    g.add_argument("--pp", type=int, help="pipeline-parallel degree of a replica (default 1)")
+    g.add_argument("--ep", type=int, help="expert-parallel degree, dividing tp (default 1)")
     g.add_argument("--dp", type=int, help="replicas behind the router")
     g.add_argument("--sp", type=int, help="prefill sequence-parallel degree")
     g.add_argument("--dynamic-sp", action="store_true", default=None,
@@ -44,13 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload")
     w.add_argument("--workload", default=None,
                    help="poisson | gamma | concurrency | burst | a trace file (.csv/.parquet)")
-    w.add_argument("--rate", type=float, help="arrival rate (requests/s)")
+    w.add_argument("--rate", type=float, help="arrival rate, requests/s (default 1)")
     w.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
-    w.add_argument("--num-requests", type=int)
-    w.add_argument("--input-len", type=int)
-    w.add_argument("--output-len", type=int)
+    w.add_argument("--num-requests", type=int, help="requests simulated (default 100)")
+    w.add_argument("--input-len", type=int, help="prompt tokens per request (default 1024)")
+    w.add_argument("--output-len", type=int, help="output tokens per request (default 128)")
     w.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
-    w.add_argument("--seed", type=int)
+    w.add_argument("--seed", type=int, help="workload random seed (default 0)")
     w.add_argument("--prompt-pool", type=int, metavar="N",
                    help="the client draws its prompts from N distinct ones in turn (aiperf's "
                         "default dataset holds 100): with --prefix-caching a repeated prompt "
@@ -68,9 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--engine-version", metavar="RELEASE",
                    help="the --engine release whose defaults apply (default: the newest the "
                         "shipped measurements hold, e.g. 0.19.0 for vllm)")
-    e.add_argument("--scheduler", choices=("vllm", "static"))
-    e.add_argument("--max-num-seqs", type=int)
-    e.add_argument("--max-batched-tokens", type=int)
+    e.add_argument("--scheduler", choices=("vllm", "static"),
+                   help="continuous batching (vllm, default) or the batch-at-a-time baseline "
+                        "(static)")
+    e.add_argument("--max-num-seqs", type=int,
+                   help="requests running at once per replica (default 256, or the engine's)")
+    e.add_argument("--max-batched-tokens", type=int,
+                   help="token budget of one iteration (default 8192, or the engine's)")
     e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     e.add_argument("--memory-fraction", type=float, metavar="F",

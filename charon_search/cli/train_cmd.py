@@ -43,15 +43,17 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--layout", default=None, help="layout YAML (keys of charon_search.Layout)")
     g.add_argument("--gpus", type=int, default=None,
                    help="GPUs in the job (checked against the degrees); dp defaults to "
-                        "gpus/(tp*pp*cp)")
+                        "gpus/(tp*pp*cp), and without --gpus to 1")
     for flag in ("tp", "pp", "cp", "dp", "ep", "vpp"):
         g.add_argument(f"--{flag}", type=int, default=None, help=f"{flag} degree")
     g.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
-    g.add_argument("--mbs", type=int, default=None, help="micro-batch size (sequences)")
-    g.add_argument("--gbs", type=int, default=None, help="global batch size (sequences)")
-    g.add_argument("--seq", type=int, default=None, help="sequence length (tokens)")
+    g.add_argument("--mbs", type=int, default=None,
+                   help="micro-batch size, sequences (default 1)")
+    g.add_argument("--gbs", type=int, default=None,
+                   help="global batch size, sequences (default mbs x dp: one micro-batch)")
+    g.add_argument("--seq", type=int, default=None, help="sequence length, tokens (default 2048)")
     g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
                    help="activation recompute")
     g.add_argument("--precision", choices=PRECISIONS, default=None, help="GEMM precision")

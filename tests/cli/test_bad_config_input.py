@@ -333,3 +333,14 @@ def test_without_chunked_prefill_a_prompt_must_fit_the_token_budget(capsys) -> N
                  "--no-chunked-prefill"]) == 2
     assert ("a 1,024-token prompt exceeds `max_num_batched_tokens` 100"
             in capsys.readouterr().err)
+
+
+def test_catalog_columns_line_up_past_long_model_names(capsys) -> None:
+    import re
+
+    assert main(["catalog", "--models-only"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # The (right-aligned) params column ends at one place on every row, the longest name's too.
+    ends = {re.match(r"(\S+)\s+(\S+)", line).end(2) for line in lines}
+    assert len(ends) == 1, ends
+    assert any(line.startswith("llama-4-maverick-17b-128e ") for line in lines)
