@@ -26,6 +26,12 @@ from charon_search.errors import ConfigError
 from charon_search.hardware.spec import SERVING_ENGINES
 from charon_search.serving.config import PRECISIONS
 
+#: WorkloadSpec fields -> the serve flags that set them (named in its errors).
+_WORKLOAD_FLAGS = {f"workload.{k}": v for k, v in (
+    ("rate_per_s", "rate"), ("cv", "cv"), ("concurrency", "concurrency"),
+    ("num_requests", "num_requests"), ("ramp_up_s", "ramp_up"), ("input_len", "input_len"),
+    ("output_len", "output_len"), ("seed", "seed"))}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="catalog name or HF config path")
@@ -177,7 +183,12 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
             raise ConfigError(f"`--prompt-pool` needs N >= 1 and a fixed `--input-len`, but got "
                               f"(prompt_pool={args.prompt_pool}, input_len={isl!r})")
         wl_data.update(shared_prefix_tokens=isl, num_prefixes=args.prompt_pool)
-    workload = WorkloadSpec.from_dict(wl_data)  # unknown keys first: `concurency: 4`
+    try:
+        workload = WorkloadSpec.from_dict(wl_data)  # unknown keys first: `concurency: 4`
+    except ConfigError as e:
+        from charon_search.cli.train_cmd import with_flags
+
+        raise ConfigError(with_flags(str(e), _WORKLOAD_FLAGS, "serve")) from None
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")
     config, profile = engine_serving_config(

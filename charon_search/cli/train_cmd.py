@@ -124,7 +124,23 @@ def build_layout(args: argparse.Namespace) -> Any:
             want = " or ".join(repr(v) for v in values)
             raise ConfigError(f"`--{flag.replace('_', '-')}` applies only with `{field}` "
                               f"{want}, but got {field}={current!r}")
-    return Layout.from_dict(data, where=args.layout or "flags")
+    try:
+        return Layout.from_dict(data, where=args.layout or "flags")
+    except ConfigError as e:
+        raise ConfigError(with_flags(str(e), {v: k for k, v in _FLAGS.items()},
+                                     getattr(args, "command", None) or "train")) from None
+
+
+def with_flags(message: str, flags: dict[str, str], command: str = "train") -> str:
+    """``message`` with each backquoted field of ``flags`` (field -> flag dest) followed by
+    the command-line flag that sets it, as "`global_batch_size` (train --gbs)" (a file given
+    with ``--layout`` / ``--config`` may have set it instead)."""
+    for field, dest in flags.items():
+        flag = f"{command} --{dest.replace('_', '-')}"
+        message = message.replace(f"`{field}`", f"`{field}` ({flag})")
+        if message.startswith(f"{field}: "):
+            message = f"{field} ({flag}): " + message[len(field) + 2:]
+    return message
 
 
 def run(args: argparse.Namespace) -> int:

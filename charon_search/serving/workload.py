@@ -179,13 +179,15 @@ class WorkloadSpec:
             raise ConfigError(f"`workload.arrival` must be one of {list(ARRIVALS)}, "
                               f"but got {self.arrival!r}")
         if self.arrival in ("poisson", "gamma") and self.rate_per_s <= 0:
-            raise ConfigError(f"`rate_per_s > 0` must hold, but got {self.rate_per_s}")
+            raise ConfigError(f"`workload.rate_per_s` must be > 0 requests/s, but got "
+                              f"{self.rate_per_s}")
         if self.arrival == "gamma" and self.cv <= 0:
-            raise ConfigError(f"`cv > 0` must hold, but got {self.cv}")
+            raise ConfigError(f"`workload.cv` must be > 0, but got {self.cv}")
         if self.concurrency < 1:
-            raise ConfigError(f"`concurrency >= 1` must hold, but got {self.concurrency}")
+            raise ConfigError(f"`workload.concurrency` must be >= 1, but got {self.concurrency}")
         if self.num_requests < 1 and self.arrival != "trace":
-            raise ConfigError(f"`num_requests >= 1` must hold, but got {self.num_requests}")
+            raise ConfigError(f"`workload.num_requests` must be >= 1, but got "
+                              f"{self.num_requests}")
         if self.arrival == "trace" and not self.trace_path:
             raise ConfigError("workload arrival 'trace' needs `trace_path`")
         for name in ("think_time_s", "ramp_up_s"):

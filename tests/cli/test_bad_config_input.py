@@ -82,10 +82,12 @@ def test_negative_gpu_count_names_gpus(capsys) -> None:
     ("workload: {arrival: concurrency, concurency: 4}\n", "did you mean ['concurrency']"),
     ("workload: {concurrency: '4'}\n", "workload: `concurrency` must be an integer"),
     ("workload: {input_len: {kind: fixed, value: '256'}}\n",
-     "workload.input_len: `value` must be an integer"),
-    ("workload: {seed: -3}\n", "`workload.seed` must be an integer in [0, 2**32 - 1], but got -3"),
+     "workload.input_len (serve --input-len): `value` must be an integer"),
+    ("workload: {seed: -3}\n",
+     "`workload.seed` (serve --seed) must be an integer in [0, 2**32 - 1], but got -3"),
     ("workload: {input_len: {kind: uniform, low: 64, high: 8}}\n",
-     "workload.input_len: `1 <= low <= high` must hold, but got (low=64, high=8)"),
+     "workload.input_len (serve --input-len): `1 <= low <= high` must hold, but got "
+     "(low=64, high=8)"),
 ])
 def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> None:
     f = tmp_path / "serving.yaml"
@@ -106,8 +108,9 @@ def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> No
     (["--spec-k", "2", "--spec-acceptance", "1.5"],
      "`speculative.acceptance_rate` (serve --spec-acceptance) must lie in [0, 1] (one number, "
      "or one per draft position), but got 1.5"),
-    (["--seed", "-1"], "`workload.seed` must be an integer in [0, 2**32 - 1], but got -1"),
-    (["--input-len", "-256"], "workload.input_len: `length.value >= 1` must hold"),
+    (["--seed", "-1"], "`workload.seed` (serve --seed) must be an integer in [0, 2**32 - 1], "
+                      "but got -1"),
+    (["--input-len", "-256"], "workload.input_len (serve --input-len): `length.value >= 1`"),
     (["--workload", "poison"], "a workload is one of ['poisson', 'gamma', 'concurrency', "
                                "'burst'] or a trace file"),
     (["--ep", "2"], "`ep > 1` needs a MoE model"),
@@ -344,3 +347,18 @@ def test_catalog_columns_line_up_past_long_model_names(capsys) -> None:
     ends = {re.match(r"(\S+)\s+(\S+)", line).end(2) for line in lines}
     assert len(ends) == 1, ends
     assert any(line.startswith("llama-4-maverick-17b-128e ") for line in lines)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--workload", "poisson", "--rate", "0"], "`workload.rate_per_s` (serve --rate) must be > 0"),
+    (["--input-len", "0"], "workload.input_len (serve --input-len): "),
+    (["--seed", "-1"], "`workload.seed` (serve --seed) must be an integer"),
+])
+def test_serve_errors_name_the_flag_beside_the_field(capsys, argv, needle) -> None:
+    assert main([*SERVE, *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_train_errors_name_the_flag_beside_the_field(capsys) -> None:
+    assert main([*TRAIN, "--gbs", "12"]) == 2
+    assert "`global_batch_size` (train --gbs) must be a multiple" in capsys.readouterr().err
