@@ -178,6 +178,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"`--max-train-rows` must be >= {MIN_TRAIN_ROWS} (a predictor trains "
                           f"on at least {MIN_TRAIN_ROWS} rows; leave it out to use every row), "
                           f"but got {args.max_train_rows}")
+    # Flags of one action given to another would be ignored without a word.
+    only = {"--cluster": ("cluster", None, ("fit-collectives",)),
+            "--write": ("write", False, ("fit-collectives",)),
+            "--all-to-all": ("all_to_all", False, ("fit-collectives",)),
+            "--max-mape": ("max_mape", 0.2, ("fit-collectives",)),
+            "--op-kind": ("op_kind", None, ("eval",)),
+            "--json": ("json", None, ("eval",)),
+            "--max-train-rows": ("max_train_rows", None, ("eval",))}
+    for flag, (dest, default, actions) in only.items():
+        if args.action not in actions and getattr(args, dest) != default:
+            raise ConfigError(f"`{flag}` applies to `profiles {' / '.join(actions)}`, not to "
+                              f"`profiles {args.action}`")
     prepare_outputs(args, {"--json": "json"})
     db = _db(args.db)
     if args.action == "info":

@@ -331,6 +331,9 @@ def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
                 f"allowed: {', '.join(DTYPES)}"
             )
         where = f"{p}peak_tflops_per_s.{dtype}"
+        if isinstance(v, int | float) and not isinstance(v, bool) and not v > 0:
+            # ``v`` is already in FLOP/s: say it in the file's TFLOP/s.
+            raise ConfigError(f"{_where(file, where)} must be > 0, but got {v / 1e12:g}")
         peak[dtype] = float(_check_value(_Field(where, where, "number", rule="positive"), v,
                                          file, where))
     if not peak:

@@ -362,3 +362,19 @@ def test_serve_errors_name_the_flag_beside_the_field(capsys, argv, needle) -> No
 def test_train_errors_name_the_flag_beside_the_field(capsys) -> None:
     assert main([*TRAIN, "--gbs", "12"]) == 2
     assert "`global_batch_size` (train --gbs) must be a multiple" in capsys.readouterr().err
+
+
+def test_a_negative_peak_is_reported_in_the_files_units(tmp_path, capsys) -> None:
+    from charon_search.hardware.loader import _SHIPPED_SPECS
+
+    text = (_SHIPPED_SPECS / "gpus" / "h100-sxm-80gb.yaml").read_text()
+    bad = tmp_path / "h100.yaml"
+    bad.write_text(text.replace("bf16: 989.5", "bf16: -989.5", 1))
+    assert main(["specs", "check", str(bad)]) == 2
+    assert "`peak_tflops_per_s.bf16` must be > 0, but got -989.5\n" in capsys.readouterr().err
+
+
+def test_profiles_flags_of_another_action_are_errors(capsys) -> None:
+    assert main(["profiles", "info", "--write"]) == 2
+    assert "`--write` applies to `profiles fit-collectives`, not to `profiles info`" in \
+        capsys.readouterr().err
