@@ -2,7 +2,9 @@
 
 Writes OUT/trials.parquet, OUT/pareto.parquet, OUT/pareto.html and the Optuna study (default a
 journal file OUT/study.journal that `optuna-dashboard OUT/study.journal` serves). Re-running with
-the same --out/--storage and study name resumes the study up to --trials trials in total.
+the same --out/--storage and study name resumes the study up to --trials trials in total: the
+sampler is reseeded from --seed and the trials stored, so it proposes new points, and a space or
+objective edited since is refused (its trials would be mixed in one front).
 """
 
 from __future__ import annotations
