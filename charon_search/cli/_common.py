@@ -61,6 +61,18 @@ def prepare_out_folder(flag: str, value: str | Path | None) -> None:
         raise ConfigError(f"`{flag}` {str(path)!r}: the folder is not writable")
 
 
+def with_flags(message: str, flags: dict[str, str], command: str) -> str:
+    """``message`` with each backquoted field of ``flags`` (field -> flag dest) followed by
+    the command-line flag that sets it, as "`global_batch_size` (train --gbs)" (a file given
+    with ``--layout`` / ``--config`` may have set it instead)."""
+    for field, dest in flags.items():
+        flag = f"{command} --{dest.replace('_', '-')}"
+        message = message.replace(f"`{field}`", f"`{field}` ({flag})")
+        if message.startswith(f"{field}: "):
+            message = f"{field} ({flag}): " + message[len(field) + 2:]
+    return message
+
+
 def silence_tracing_noise() -> None:
     """Mute the per-model UserWarnings and log lines torch/transformers emit while tracing.
 

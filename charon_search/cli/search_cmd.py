@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from charon_search.cli._common import prepare_out_folder, prepare_outputs
-from charon_search.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
 
@@ -62,10 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.search.study import check_search_numbers
 
     check_search_numbers(trials=args.trials, seed=args.seed,
-                         population_size=args.population_size, flags=True)
-    if args.workers < 0:
-        raise ConfigError(f"`--workers` must be >= 0 (0 = evaluate in this process), but got "
-                          f"{args.workers}")
+                         population_size=args.population_size, workers=args.workers, flags=True)
     prepare_outputs(args, {"--json": "json"})
     space = load_space(args.space)
     objective = load_objective(args.objective)

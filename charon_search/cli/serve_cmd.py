@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from charon_search.cli._common import prepare_outputs
+from charon_search.cli._common import prepare_outputs, with_flags
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import SERVING_ENGINES
 from charon_search.serving.config import PRECISIONS
@@ -186,8 +186,6 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
     try:
         workload = WorkloadSpec.from_dict(wl_data)  # unknown keys first: `concurency: 4`
     except ConfigError as e:
-        from charon_search.cli.train_cmd import with_flags
-
         raise ConfigError(with_flags(str(e), _WORKLOAD_FLAGS, "serve")) from None
     if kind == "concurrency" and "concurrency" not in wl_data:
         raise ConfigError("`--workload concurrency` needs `--concurrency N`")

@@ -35,15 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from charon_search.errors import ConfigError
     from charon_search.search.study import check_search_numbers
     from charon_search.search.sweep import load_sweep, run_sweep
 
-    if args.trials is not None:
-        check_search_numbers(trials=args.trials, flags=True)
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError(f"`--workers` must be >= 0 (0 = evaluate in this process), but got "
-                          f"{args.workers}")
+    check_search_numbers(trials=args.trials, workers=args.workers, flags=True)
     prepare_outputs(args, {"--json": "json"})
     prepare_out_folder("--out", args.out)
     spec = load_sweep(args.sweep)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from charon_search.cli._common import prepare_outputs
+from charon_search.cli._common import prepare_outputs, with_flags
 from charon_search.errors import ConfigError
 
 _FLAGS = {  # flag dest -> Layout field
@@ -129,18 +129,6 @@ def build_layout(args: argparse.Namespace) -> Any:
     except ConfigError as e:
         raise ConfigError(with_flags(str(e), {v: k for k, v in _FLAGS.items()},
                                      getattr(args, "command", None) or "train")) from None
-
-
-def with_flags(message: str, flags: dict[str, str], command: str = "train") -> str:
-    """``message`` with each backquoted field of ``flags`` (field -> flag dest) followed by
-    the command-line flag that sets it, as "`global_batch_size` (train --gbs)" (a file given
-    with ``--layout`` / ``--config`` may have set it instead)."""
-    for field, dest in flags.items():
-        flag = f"{command} --{dest.replace('_', '-')}"
-        message = message.replace(f"`{field}`", f"`{field}` ({flag})")
-        if message.startswith(f"{field}: "):
-            message = f"{field} ({flag}): " + message[len(field) + 2:]
-    return message
 
 
 def run(args: argparse.Namespace) -> int:

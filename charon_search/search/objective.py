@@ -118,13 +118,13 @@ class Objective:
     def values(self, record: Mapping[str, Any]) -> list[float] | None:
         """The objective values of a record; None if any is missing or not finite."""
         out = []
-        for t in self.terms:
+        for i, t in enumerate(self.terms):
             v = record.get(t.metric)
             if v is None:
                 return None
             if not isinstance(v, numbers.Real):
                 raise ConfigError(
-                    f"{self.path or self.name}: field `objectives[{self.terms.index(t)}].metric` "
+                    f"{self.path or self.name}: field `objectives[{i}].metric` "
                     f"names {t.metric!r}, a {type(v).__name__} field of the record, not a "
                     f"number (got {str(v)[:60]!r})")
             v = float(v)

@@ -390,9 +390,10 @@ RAY_CONNECT_TIMEOUT_S = 5.0
 
 
 def check_search_numbers(*, trials: Any = 1, seed: Any = 0, population_size: Any = None,
-                         flags: bool = False) -> None:
-    """``trials >= 1``, ``0 <= seed <= 2**32 - 1`` (or None: random) and ``population_size
-    >= 2`` (or None: the sampler's default), all integers.
+                         workers: Any = None, flags: bool = False) -> None:
+    """``trials >= 1`` (or None: not given), ``0 <= seed <= 2**32 - 1`` (or None: random),
+    ``population_size >= 2`` (or None: the sampler's default) and ``workers >= 0`` (or None:
+    not given), all integers.
 
     Args:
         flags: name the values as the command-line flags (``--population-size``) instead of
@@ -407,7 +408,7 @@ def check_search_numbers(*, trials: Any = 1, seed: Any = 0, population_size: Any
     def is_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
-    if not is_int(trials) or trials < 1:
+    if trials is not None and (not is_int(trials) or trials < 1):
         raise ConfigError(f"`{name('trials')}` must be an integer >= 1 (the trials the study "
                           f"should hold), but got {trials!r}")
     if seed is not None and (not is_int(seed) or not 0 <= seed <= MAX_SEED):
@@ -416,6 +417,9 @@ def check_search_numbers(*, trials: Any = 1, seed: Any = 0, population_size: Any
     if population_size is not None and (not is_int(population_size) or population_size < 2):
         raise ConfigError(f"`{name('population_size')}` must be an integer >= 2 (NSGA-II "
                           f"population; leave it out for 50), but got {population_size!r}")
+    if workers is not None and (not is_int(workers) or workers < 0):
+        raise ConfigError(f"`{name('workers')}` must be >= 0 (0 = evaluate in this process), "
+                          f"but got {workers}")
 
 
 def check_ray_address(address: str | None) -> None:

@@ -392,7 +392,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     check_layout_on_cluster(layout, cl)
     if traced is None:
         from charon_search.frontend import trace_model
-        dtype = {"fp32": "fp32", "fp16": "fp16"}.get(layout.precision, "bf16")
+        dtype = "fp16" if layout.precision == "fp16" else "bf16"
         traced = trace_model(spec, phase="train", dtype=dtype)
     if cost_model is None:
         from charon_search.cost.selector import default_cost_model
