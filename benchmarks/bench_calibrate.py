@@ -12,6 +12,7 @@ Prints one JSON object on the last line:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -55,6 +56,8 @@ def _run(evaluate: MemoizedEvaluate, dev) -> tuple[float, dict, list]:  # type: 
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     records = select_records(load_files(default_files()), kind="training")
     records = [r for r in records if source_label(r.source) in SOURCES]
     dev = development_records(records, run_validation(development_records(records)))

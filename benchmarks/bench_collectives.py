@@ -6,6 +6,7 @@ Run: .venv/bin/python benchmarks/bench_collectives.py
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -25,6 +26,8 @@ def _time(fn, calls: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     cluster = load_cluster("h100-roce-24k")
     cases = []
     for name, kind, n, stride in (

@@ -6,6 +6,7 @@ Trains the H100 predictors on first use (cached under ``$CHARON_CACHE_DIR/predic
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -28,6 +29,8 @@ def _best(fn, repeats: int = 5) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     db = default_profile_db()
     cluster = load_cluster("h100-sxm-8gpu")
     t0 = time.perf_counter()

@@ -58,7 +58,8 @@ def _timer(torch, device: str):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gpu", default="h200-sxm-141gb", help="GPU spec name or alias")
+    ap.add_argument("--gpu", default="h200-sxm-141gb",
+                    help="GPU spec whose roofline predicts each case (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU")
     args = ap.parse_args()
@@ -139,11 +140,12 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
 
     # ---------------------------------------------------------------- memory
-    numel = (2**30 if device == "cuda" else 2**22)  # 2 GiB of bf16 per tensor
+    numel = (2**30 if device == "cuda" else 2**22)  # 2 GiB of bf16 per tensor (dry run 8 MiB)
     x = torch.empty(numel, device=device, dtype=torch.bfloat16).normal_()
     y = torch.empty_like(x)
     z = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
+    size = f"{nbytes >> 30}GiB" if nbytes >= 1 << 30 else f"{nbytes >> 20}MiB"  # dry run: 8 MiB
 
     def ew(name: str, fn, read: int, written: int,  # type: ignore[no-untyped-def]
            flops: int = 0) -> None:
@@ -154,14 +156,14 @@ def main() -> None:
         add(name, t, predict(node), gbyte_per_s=(read + written) / t / 1e9,
             frac_of_peak=(read + written) / t / gpu.hbm_bandwidth_bytes_per_s)
 
-    ew("copy_2GiB_bf16", lambda: y.copy_(x), nbytes, nbytes)
-    ew("add_2GiB_bf16", lambda: torch.add(x, y, out=z), 2 * nbytes, nbytes, x.numel())
-    ew("mul_scalar_inplace_2GiB_bf16", lambda: x.mul_(1.0), nbytes, nbytes, x.numel())
+    ew(f"copy_{size}_bf16", lambda: y.copy_(x), nbytes, nbytes)
+    ew(f"add_{size}_bf16", lambda: torch.add(x, y, out=z), 2 * nbytes, nbytes, x.numel())
+    ew(f"mul_scalar_inplace_{size}_bf16", lambda: x.mul_(1.0), nbytes, nbytes, x.numel())
     t = timed(lambda: x.sum(dtype=torch.float32), iters=10)
     node = Node(id=0, name="sum", kind=OpKind.REDUCTION, bytes_read=as_poly(nbytes),
                 bytes_written=as_poly(4), flops=as_poly(x.numel()),
                 params=poly_params(numel=x.numel()))
-    add("sum_2GiB_bf16", t, predict(node), gbyte_per_s=nbytes / t / 1e9,
+    add(f"sum_{size}_bf16", t, predict(node), gbyte_per_s=nbytes / t / 1e9,
         frac_of_peak=nbytes / t / gpu.hbm_bandwidth_bytes_per_s)
 
     # ---------------------------------------------------------------- launch overhead

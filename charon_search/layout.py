@@ -85,9 +85,11 @@ class Layout:
     recompute: str = "none"
     """``none``, ``selective`` (attention core) or ``full`` (whole layers)."""
     recompute_num_layers: int = 0
-    """With ``full``: layers per stage recomputed (0 = all)."""
+    """With ``full``: layers recomputed per model chunk (Megatron ``--recompute-num-layers``;
+    0 = all; at most the chunk's layers)."""
     precision: str = "bf16"
-    """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``fp32``."""
+    """GEMM precision: ``bf16``, ``fp16`` or ``fp8`` (``PRECISIONS``; fp32 training is not
+    modelled: no fp32 GEMM tables are shipped)."""
     cp_algo: str = "ring"
     """Context parallel algorithm: ``ring`` (P2P KV), ``allgather`` (Llama 3), ``ulysses``."""
     cp_ring_impl: str = "overlapped"
@@ -285,6 +287,15 @@ class Layout:
                 f"`pp * vpp` must divide num_layers, but got "
                 f"(pp={self.pp}, vpp={self.vpp}, num_layers={model.num_layers})"
             )
+        # A model chunk holds at most ceil(L / (pp * vpp)) layers (any number of them with an
+        # explicit pp_layout): a larger quota is a typo, not "recompute more".
+        most = model.num_layers if self.pp_layout else -(-model.num_layers // chunks)
+        if self.recompute_num_layers > most:
+            raise ConfigError(
+                f"`recompute_num_layers` (layers recomputed per model chunk) must be at most "
+                f"the {most} a chunk holds, but got {self.recompute_num_layers} "
+                f"(num_layers={model.num_layers}, pp={self.pp}, vpp={self.vpp}; 0 recomputes "
+                f"them all)")
         if self.ep > 1 and not model.is_moe:
             raise ConfigError(f"`ep > 1` needs a MoE model, but {model.name} is dense")
         if model.is_moe and model.num_experts % self.ep:

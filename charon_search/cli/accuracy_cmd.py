@@ -19,7 +19,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", type=Path, required=True,
                         help="JSON written by `charon-search validate --json`")
-    parser.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the markdown report to write, e.g. docs/accuracy.md")
     parser.add_argument("--calibration", type=Path, nargs="+", action="extend", default=None,
                         help="YAML files written by `charon-search calibrate` (each adds its "
                              "leave-one-source-out table)")
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.validation import read_result
     from charon_search.validation.accuracy import check_calibration, render_accuracy
 
-    prepare_outputs(args, {"--out": "out", "--bands": "bands"})
+    prepare_outputs(args, {"--out": "out", "--bands": "bands"},
+                    inputs={"--from": "source", "--calibration": "calibration"})
     result, data = read_result(args.source, "--from")
     img_dir = args.img_dir or args.out.parent / "img"
     import os
@@ -48,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
     for path in args.calibration or []:
         try:
             doc = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as e:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise ConfigError(f"--calibration {str(path)!r}: {e}") from e
         check_calibration(doc, f"--calibration {str(path)!r}")
         cal.append(doc)
     text = render_accuracy(result, img_dir=img_dir, img_rel=rel, calibration=cal,
-                           command=f"charon-search accuracy --from {args.source.name} "
+                           command=f"charon-search accuracy --from {args.source} "
                                    f"--out {args.out}" + "".join(
                                        f" --calibration {p}" for p in args.calibration or []),
                            generated_at=str(data.get("generated_at") or ""))

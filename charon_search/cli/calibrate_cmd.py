@@ -62,14 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "interrupted run resumes (default: <cache dir>/calibrate/"
                              "<kind>.jsonl; entries go stale with any change to the package)")
     parser.add_argument("--write", type=Path, default=None, metavar="SPEC_DIR",
-                        help="also update calibration: blocks of SPEC_DIR/<cluster>.yaml")
+                        help="also update calibration: blocks of SPEC_DIR/<cluster>.yaml, "
+                             "when the fit beats the shipped specs and (unless --no-loso) "
+                             "lowers the held-out error of most held-out sources")
 
 
 def run(args: argparse.Namespace) -> int:
     from charon_search.cli._common import prepare_outputs, silence_tracing_noise
 
     silence_tracing_noise()
-    prepare_outputs(args, {"--out": "out"})
+    prepare_outputs(args, {"--out": "out"}, inputs={"FILE": "files", "--cache": "cache"})
     from charon_search.errors import ConfigError
     from charon_search.validation import default_files, load_files, select_records
     from charon_search.validation.calibration import check_parameters
@@ -143,6 +145,7 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
         fit_parameters,
         leave_one_source_out,
         write_cluster_specs,
+        write_refusal,
     )
     from charon_search.validation.translate import to_case
 
@@ -150,15 +153,21 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
                                                  executor=executor),
                                 store=store, fingerprint=package_fingerprint())
     candidates = development_records(records)
+    if not candidates:
+        raise ConfigError(f"no development record (kind {args.kind!r}, confidence high or "
+                          f"medium, fully specified) among the {len(records)} selected "
+                          "record(s): nothing to fit")
     baseline = evaluate(candidates, {})  # the cluster specs as shipped
     dev = development_records(records, baseline)
     dev = [r for r in dev if r.id in {row["id"] for row in baseline.rows}]
     if not dev:
-        raise ConfigError(f"no expressible development records of kind {args.kind!r} to fit "
-                          f"(skipped: {len(baseline.skipped)})")
+        raise ConfigError(f"none of the {len(candidates)} development record(s) of kind "
+                          f"{args.kind!r} is expressible (skipped: {len(baseline.skipped)}, "
+                          "see `charon-search validate` for the reasons): nothing to fit")
     names = args.params or default_parameters(args.kind)
-    bar.write(f"fitting {names} on {len(dev)} development records (store {store}: "
-              f"{evaluate.reused} record simulations reused)", file=sys.stdout)
+    bar.write(f"fitting {names} on {len(dev)} development records (store {store}: the "
+              f"baseline reused {evaluate.reused} of its {len(candidates)} record "
+              "simulations)", file=sys.stdout)
     fit = fit_parameters(dev, names, sweeps=args.sweeps, evaluate=evaluate)
     bar.write(f"fit: {json.dumps(fit.values)}  median |log err| {fit.objective:.4f} "
               f"(shipped specs {fit.uncalibrated_objective:.4f}; "
@@ -182,7 +191,10 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
                                holdout_by=args.holdout_by)
     args.out.write_text(yaml.safe_dump(doc, sort_keys=False, width=99))
     print(f"wrote {args.out}")
-    if args.write:
+    if args.write and (refusal := write_refusal(fit, loso)):
+        print(f"calibrate: --write: cluster specs not changed: {refusal} (the fit is in "
+              f"{args.out})", file=sys.stderr)
+    elif args.write:
         written = write_cluster_specs(doc, args.write)
         for path in written:
             print(f"updated calibration block of {path}")

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.memory import memory_report
     from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
 
-    prepare_outputs(args, {"--json": "json_path"})
+    prepare_outputs(args, {"--json": "json_path"}, inputs={"--layout": "layout"})
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layout = layout_from_args(args)

@@ -243,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.serving import simulate_serving
 
     prepare_outputs(args, {"--json": "json", "--requests-parquet": "requests_parquet",
-                           "--chrome-trace": "chrome_trace"})
+                           "--chrome-trace": "chrome_trace"},
+                    inputs={"--config": "config", "--workload": "workload"})
     # Once each: the inputs, the simulation and the notes below read them.
     model, cluster = load_model(args.model), load_cluster(args.cluster)
     config, workload, defaults = build_inputs(args, model, cluster)

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.training import simulate_training
     from charon_search.units import format_seconds
 
-    prepare_outputs(args, {"--json": "json", "--trace": "trace"})
+    prepare_outputs(args, {"--json": "json", "--trace": "trace"}, inputs={"--layout": "layout"})
     layout = build_layout(args)
     report = simulate_training(args.model, args.cluster, layout, num_gpus=args.gpus)
     d = report.to_dict()

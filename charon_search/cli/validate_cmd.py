@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -72,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest improvements and regressions listed with --baseline")
     parser.add_argument("--max-regression", type=float, default=None, metavar="POINTS",
                         help="with --baseline: exit 1 when a metric group's median or p90 "
-                             "|error| grew by more than POINTS percentage points (a gate for "
-                             "scheduled re-validation)")
+                             "|error| grew by more than POINTS percentage points, when a record "
+                             "the baseline predicted is now skipped, or when no row matches the "
+                             "baseline (a gate for scheduled re-validation)")
     parser.add_argument("--explain", action="store_true",
                         help="show how each selected record's prediction arises (step breakdown "
                              "and per-layer operators, or iteration mix and decode-step "
@@ -89,10 +91,20 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.validation.stats import check_group_fields, grouped_summary
 
     silence_tracing_noise()
-    prepare_outputs(args, {"--json": "json_out", "--html": "html"})
+    prepare_outputs(args, {"--json": "json_out", "--html": "html"},
+                    inputs={"FILE": "files", "--from": "from_json", "--baseline": "baseline"})
     # Every input is checked before the simulations, not after them.
     if args.group_by:
         check_group_fields(args.group_by)
+        args.group_by = list(dict.fromkeys(args.group_by))  # `model model` is one column
+    if args.explain:
+        extra = [name for name, on in (("--baseline", args.baseline), ("--from", args.from_json),
+                                       ("--html", args.html), ("--group-by", args.group_by),
+                                       ("--max-regression", args.max_regression is not None))
+                 if on]
+        if extra:
+            raise ConfigError(f"`--explain` prints how each record's prediction arises, so it "
+                              f"takes no {extra[0]} (run `validate` without --explain for that)")
     if args.top < 0:
         raise ConfigError(f"`--top` must be >= 0, but got {args.top}")
     if args.limit is not None and args.limit < 1:
@@ -100,19 +112,22 @@ def run(args: argparse.Namespace) -> int:
                           f"{args.limit}")
     if args.rows < -1:
         raise ConfigError(f"`--rows` must be >= 0 (0 = none) or -1 (all), but got {args.rows}")
-    if args.max_regression is not None and (args.max_regression < 0 or not args.baseline):
-        raise ConfigError("`--max-regression` needs `--baseline` and a value >= 0 (percentage "
-                          f"points), but got {args.max_regression} "
+    if args.max_regression is not None and (not args.max_regression >= 0 or not args.baseline
+                                            or math.isinf(args.max_regression)):
+        raise ConfigError("`--max-regression` needs `--baseline` and a finite value >= 0 "
+                          f"(percentage points), but got {args.max_regression} "
                           f"{'with' if args.baseline else 'without'} a baseline")
     baseline = read_result(args.baseline, "--baseline")[0] if args.baseline else None
     if args.from_json:
         chosen = [name for name, on in (("record files", args.files), ("--ids", args.ids),
                                         ("--kind", args.kind), ("--limit", args.limit),
                                         ("--explain", args.explain),
-                                        ("--workers", args.workers)) if on]
+                                        ("--workers", args.workers),
+                                        ("--ray-address", args.ray_address)) if on]
         if chosen:
-            raise ConfigError(f"`--from` re-reads a saved run, so it takes no {chosen[0]} "
-                              "(select the records when you run `validate --json`)")
+            raise ConfigError(f"`--from` re-reads a saved run and simulates nothing, so it takes "
+                              f"no {chosen[0]} (select and simulate the records with `validate "
+                              "--json`)")
         result = read_result(args.from_json, "--from")[0]
     else:
         records = _select(args)
@@ -149,10 +164,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _select(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from charon_search.errors import ConfigError
     from charon_search.validation import default_files, load_files, select_records
 
-    return select_records(load_files(args.files or default_files()), kind=args.kind,
-                          ids=args.ids, limit=args.limit)
+    files = args.files or default_files()
+    loaded = load_files(files)
+    if not loaded:  # an empty selection would print empty tables and pass a scheduled check
+        raise ConfigError(f"no record in {', '.join(map(str, files))}: nothing to validate")
+    records = select_records(loaded, kind=args.kind, ids=args.ids, limit=args.limit)
+    if not records:
+        named = [r for r in loaded
+                 if not args.ids or r.id in args.ids or r.parent_id in args.ids]
+        kinds = sorted({r.kind for r in named})
+        raise ConfigError(f"`--kind {args.kind}` selects none of the {len(named)} record(s)"
+                          + (" named by --ids" if args.ids else "")
+                          + f"; their kinds: {kinds}")
+    return records
 
 
 def _simulate(records, args: argparse.Namespace):  # type: ignore[no-untyped-def]

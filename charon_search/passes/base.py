@@ -195,9 +195,13 @@ def _topo_order(names: Sequence[str]) -> list[str]:
 class PassManager:
     """Runs registered passes in a constraint-respecting order.
 
-    Example:
-        >>> pm = PassManager(["tp", "recompute"])  # doctest: +SKIP
-        >>> graph = pm.run(graph, PassContext(tp=8, recompute="selective"))  # doctest: +SKIP
+    Example (a forward graph; ``passes.parallelize_block`` runs a training block's forward and
+    then its backward, which ``recompute`` and ZeRO-3 need to see the rewritten forward):
+        >>> from charon_search import load_model, trace_model  # doctest: +SKIP
+        >>> tm = trace_model(load_model("llama-3.1-8b"), phase="train")  # doctest: +SKIP
+        >>> block = tm.blocks["dense"]  # doctest: +SKIP
+        >>> pm = PassManager(passes=["tp"])  # doctest: +SKIP
+        >>> graph = pm.run(block.forward, PassContext(tp=8))  # doctest: +SKIP
     """
 
     passes: Sequence[str]
@@ -231,5 +235,5 @@ class PassManager:
 
 
 def run_passes(graph: OpGraph, ctx: PassContext, names: Iterable[str]) -> OpGraph:
-    """Convenience: ``PassManager(names).run(graph, ctx)``."""
+    """Convenience: ``PassManager(passes=names).run(graph, ctx)``."""
     return PassManager(passes=list(names), debug=ctx.debug).run(graph, ctx)

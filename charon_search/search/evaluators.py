@@ -151,7 +151,7 @@ class TrainingEvaluator(_Cached):
         }
         mem = memory_report(model, layout, cluster)  # microseconds-milliseconds, no timeline
         if not mem.fits:
-            rec["peak_memory_bytes"] = float(mem.peak_reserved_bytes)
+            rec["peak_memory_bytes"] = float(round(mem.peak_reserved_bytes))
             return {**rec, "feasible": False, "prune_reason": f"memory: {mem.reason}"}
         try:
             report = simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
@@ -161,7 +161,7 @@ class TrainingEvaluator(_Cached):
                     if not k.startswith("layout.")})
         mem_dict = report.memory or {}
         if mem_dict.get("peak_reserved_bytes") is not None:
-            rec["peak_memory_bytes"] = float(mem_dict["peak_reserved_bytes"])
+            rec["peak_memory_bytes"] = float(round(mem_dict["peak_reserved_bytes"]))
         _derive_training(rec, cluster)
         rec.setdefault("feasible", True)
         rec["feasible"] = True
@@ -273,12 +273,12 @@ class ToyAnalyticEvaluator(Evaluator):
         tokens = gbs * int(cfg.get("seq_len", 4096))
         rec = {
             "num_gpus": n, "dp": dp, "step_time_s": step, "compute_s": compute,
-            "bubble_s": bubble, "comm_s": comm, "peak_memory_bytes": float(peak),
+            "bubble_s": bubble, "comm_s": comm, "peak_memory_bytes": float(round(peak)),
             "device_memory_bytes": float(_TOY_DEVICE_BYTES), "tokens_per_step": tokens,
             "tokens_per_s_per_gpu": tokens / step / n, "gpu_s_per_token": n * step / tokens,
         }
         if peak > _TOY_DEVICE_BYTES:
-            return {"num_gpus": n, "peak_memory_bytes": float(peak),
+            return {"num_gpus": n, "peak_memory_bytes": float(round(peak)),
                     "device_memory_bytes": float(_TOY_DEVICE_BYTES), "feasible": False,
                     "prune_reason": f"memory: needs {peak / 2**30:.1f} GiB but the device has "
                                     f"{_TOY_DEVICE_BYTES / 2**30:.1f} GiB"}

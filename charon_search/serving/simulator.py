@@ -844,8 +844,12 @@ def _check_precision(model: ModelSpec, cluster: ClusterSpec, cfg: ServingConfig)
             formats = [f for f in ("bf16", "fp16", "fp8", "fp4") if f in peaks]
             what = (f"its {', '.join(dense)} GEMMs" if dense else
                     f"its routed experts ({quant.moe_dtype or 'no known format'})")
+            shipped = cfg.precision in (model.hf_config.get("_charon_checkpoints") or {})
+            whose = (f"{model.name}'s {cfg.precision} checkpoint runs" if shipped else
+                     f"no {cfg.precision} checkpoint of {model.name} is shipped, so the assumed "
+                     f"one quantizes every GEMM and runs")
             raise ConfigError(
-                f"`precision` {cfg.precision!r}: {model.name}'s {cfg.precision} checkpoint runs "
+                f"`precision` {cfg.precision!r}: {whose} "
                 f"{what} as {cfg.precision} GEMMs, which {cl.gpu.name} (cluster {cl.name}) has "
                 f"no tensor cores for; its formats: {formats} (weight-only 4-bit experts, as "
                 f"gpt-oss's MXFP4 ones, are the only lower precision modelled there)")

@@ -64,7 +64,10 @@ class LengthDistribution:
     sigma: float = 0.5
     values: tuple[int, ...] = ()
     minimum: int = 1
-    maximum: int = 1 << 20
+    maximum: int = 1 << 24
+    """Bounds of every sampled length (a lognormal tail is clipped to them); a ``fixed``,
+    ``uniform`` or ``empirical`` length outside them is an error, not clipped. The default,
+    16,777,216 tokens, is above every shipped model's context (Llama 4 Scout: 10,485,760)."""
 
     def __post_init__(self) -> None:
         if self.kind not in LENGTH_KINDS:
@@ -80,6 +83,19 @@ class LengthDistribution:
                               f"{self.sigma=})")
         if self.kind == "empirical" and not self.values:
             raise ConfigError("empirical length distribution needs non-empty `values`")
+        if not 1 <= self.minimum <= self.maximum:
+            raise ConfigError(f"`1 <= length.minimum <= length.maximum` must hold, but got "
+                              f"(minimum={self.minimum}, maximum={self.maximum})")
+        given = {"fixed": {"value": (self.value,)},
+                 "uniform": {"low": (self.low,), "high": (self.high,)},
+                 "empirical": {"values": self.values}}.get(self.kind, {})
+        for name, lengths in given.items():
+            outside = [v for v in lengths if not self.minimum <= v <= self.maximum]
+            if outside:
+                raise ConfigError(
+                    f"`length.{name}` must lie in [minimum, maximum] = [{self.minimum:,}, "
+                    f"{self.maximum:,}], but got {outside[0]:,}; raise `length.maximum` "
+                    f"(or lower `length.minimum`) to serve it")
 
     @property
     def longest(self) -> int | None:

@@ -13,8 +13,10 @@ FLOPS_CONVENTION = (
     "model_flops = 3 x forward FLOPs of the traced matmuls (GEMM + expert grouped GEMM, i.e. "
     "6·N_active per token incl. the LM head) + 3 x non-causal attention (QK^T and PV: "
     "4·b·heads·s²·d per layer fwd), as in PaLM (Chowdhery et al. 2022, App. B); "
-    "hardware_flops = every FLOP the simulated ranks execute, causal attention and recompute "
-    "included; mfu/hfu against the GPU's dense bf16 peak."
+    "hardware_flops = the FLOPs of every op the simulated ranks run, recompute included, with "
+    "attention counted over the full s x s scores (non-causal, as Megatron's HFU and "
+    "torch.utils.flop_counter count it, so hfu can exceed mfu without recompute; the step "
+    "time prices causal kernels); mfu/hfu against the GPU's dense bf16 peak."
 )
 
 

@@ -43,7 +43,7 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
     img_dir.mkdir(parents=True, exist_ok=True)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -76,6 +76,10 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
             ax.set_yscale("log")
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_minor_formatter(NullFormatter())
+                if hi < 10 * lo:  # within a decade: a few plain ticks (no power of 10 inside)
+                    axis.set_major_locator(MaxNLocator(nbins=4))
+                    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+                    axis.set_minor_locator(NullLocator())
             ax.set_xlabel("measured")
             ax.set_ylabel("predicted")
             ax.set_title(f"{kind}: {g} (n={len(grows)})", fontsize=9)
@@ -337,6 +341,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
     """The markdown of ``docs/accuracy.md`` (plots written to ``img_dir`` when given)."""
     s = result.summary
     t = s.get("totals", {})
+    origins = Counter(str(c.get("origin")) for c in result.cases.values())
     lines = ["# Accuracy against measured hardware", ""]
     if command:
         when = f" (validate run of {generated_at})" if generated_at else ""
@@ -353,11 +358,13 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "metric group (throughput, MFU and TFLOP/s of a record are one step time). "
         "*Fully specified*: confidence high/medium and no batch/schedule/layout field assumed.",
         "", "## Method", "",
-        "- Records: `charon_search/data/validation/published-dev.yaml` (published training and "
-        "serving measurements, SCHEMA.md/SOURCES.md) and `silicon_sample.csv` (3131 measured "
-        "serving points of aiconfigurator-core 0.12.0, Apache-2.0), one source per serving "
-        "engine and measurement pipeline: aiconfigurator's gap-analysis sweeps (aiperf) and the "
-        "InferenceX dumps, whose clients and launch recipes differ.",
+        f"- Records: {origins.get('published', 0)} published training and serving measurements "
+        "(SCHEMA.md; the shipped ones are `charon_search/data/validation/published-dev.yaml`, "
+        f"SOURCES.md) and {origins.get('silicon', 0)} measured serving rows in the layout of "
+        "`silicon_sample.csv` (the shipped copy: 3131 points of aiconfigurator-core 0.12.0, "
+        "Apache-2.0), one source per serving engine and measurement pipeline: "
+        "aiconfigurator's gap-analysis sweeps (aiperf) and the InferenceX dumps, whose clients "
+        "and launch recipes differ.",
         "- Names: HF ids map to catalog models (`names.yaml`, then the catalog's aliases); GPU "
         "keys to GPU specs; the cluster of each record is chosen by GPU, kind, interconnect and "
         "GPU count and printed per record (`cases.<id>.cluster` in the JSON).",
@@ -538,7 +545,8 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
     lines += ["## Not yet expressible", ""]
     reasons = Counter(x["reason"] for x in result.skipped)
     lines += [_md_table(["records", "reason"], [[str(n), reason] for reason, n in
-                                                reasons.most_common()]), ""]
+                                                reasons.most_common()]) if reasons else
+              "Every record of the run is expressed.", ""]
     pub_skips = [x for x in result.skipped
                  if result.cases.get(x["id"], {}).get("origin") == "published"]
     if pub_skips:

@@ -63,6 +63,7 @@ __all__ = [
     "holdout_group",
     "leave_one_source_out",
     "write_cluster_specs",
+    "write_refusal",
 ]
 
 
@@ -560,9 +561,10 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
     per-tier bandwidth efficiencies are that cluster's own values times the fitted scale).
     """
     date = _dt.date.today().isoformat()
-    prov = (f"charon-search calibrate {date}: shared fit on {fit.num_records} development "
-            f"records of {', '.join(fit.sources)}; median |log(pred/meas)| "
-            f"{fit.objective:.4f}")
+    fitted = ", ".join(f"{k} = {v:g}" for k, v in fit.values.items())
+    prov = (f"charon-search calibrate {date}: {fitted}, a shared fit on {fit.num_records} "
+            f"development records of {', '.join(fit.sources)}; median |log(pred/meas)| "
+            f"{fit.objective:.4f} (shipped specs {fit.uncalibrated_objective:.4f})")
     blocks = {}
     for name, spec in clusters.items():
         gpu, cal = _spec_changes(spec, fit.values)
@@ -572,6 +574,27 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
         out["holdout_by"] = holdout_by
     return {**out, "fit": dataclasses.asdict(fit), "leave_one_source_out": list(loso),
             "clusters": blocks}
+
+
+def write_refusal(fit: CalibrationFit, loso: Sequence[Mapping[str, Any]]) -> str:
+    """Why ``calibrate --write`` must leave the cluster specs alone ("" when it may write).
+
+    A fit is written only when it lowers the development records' error below the specs as
+    shipped and, when a leave-one-out report was made, lowers the held-out error of most
+    held-out groups: a value the data does not determine (a parameter no record depends on)
+    or one that does not carry over to unseen sources would replace a shipped value, and its
+    provenance, without evidence.
+    """
+    if not fit.objective < fit.uncalibrated_objective:
+        return (f"the fit's median |log(pred/meas)| {fit.objective:.4f} does not beat the "
+                f"shipped specs' {fit.uncalibrated_objective:.4f} on the same "
+                f"{fit.num_records} records")
+    better = sum(1 for row in loso if row["test_median_abs_log_error"]
+                 < row["test_median_abs_log_error_uncalibrated"])
+    if loso and not better > len(loso) / 2:
+        return (f"it lowers the held-out error of only {better} of {len(loso)} held-out "
+                "groups (leave-one-out), so it does not carry over to data it did not see")
+    return ""
 
 
 _BLOCK_RE = re.compile(r"^calibration:[^\n]*\n(?:(?:[ \t]+[^\n]*|)\n)*", re.M)
@@ -595,27 +618,42 @@ def write_cluster_specs(doc: Mapping[str, Any], spec_dir: Path) -> list[Path]:
     if not spec_dir.is_dir():
         raise ConfigError(f"`spec_dir` (--write) {str(spec_dir)!r} must be an existing folder "
                           "of cluster YAML files (<cluster>.yaml)")
-    written = []
-    for name, block in doc["clusters"].items():
+    specs = []  # every file is checked before any is written
+    for name in doc["clusters"]:
         path = spec_dir / f"{name}.yaml"
         if not path.exists():
             continue
         text = path.read_text()
-        old = dict((yaml.safe_load(text) or {}).get("calibration") or {})
+        try:
+            spec = yaml.safe_load(text)
+        except yaml.YAMLError:
+            spec = None
+        if not isinstance(spec, Mapping) or not {"name", "gpu", "tiers"} <= set(spec):
+            raise ConfigError(f"--write: {path} is not a cluster spec (a YAML mapping with "
+                              "name, gpu and tiers); no file was changed")
+        specs.append((path, text, spec))
+    written = []
+    for path, text, spec in specs:
+        block = doc["clusters"][path.stem]
+        old = dict(spec.get("calibration") or {})
         prov = dict(old.pop("provenance", None) or {})
         fitted = dict(block["calibration"])
         merged: dict[str, Any] = {}
+        kept: dict[str, str] = {}  # a per-engine mapping keeps the provenance of its other keys
         for k, v in old.items():  # keep the block's order; a fitted quantity takes its place
             match = next((f for f in fitted if _base(f) == _base(k)), None)
             if match is None:
                 merged[k] = v
                 continue
-            prov.pop(k, None)
+            was = prov.pop(k, None)
+            if isinstance(fitted[match], Mapping) and was:
+                kept[match] = str(was)
             if match not in merged:
                 merged[match] = fitted[match]
         for key, value in fitted.items():
             merged.setdefault(key, value)
-            prov[key] = block["provenance"]
+            prov[key] = block["provenance"] + (f"; its other entries: {kept[key]}"
+                                               if key in kept else "")
         old = {**merged, "provenance": prov}
         new_block = yaml.safe_dump({"calibration": old}, sort_keys=False, width=99)
         m = _BLOCK_RE.search(text)

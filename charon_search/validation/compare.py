@@ -189,9 +189,20 @@ def render_comparison(comp: Mapping[str, Any], *, baseline: str = "baseline") ->
 
 
 def regressions(comp: Mapping[str, Any], max_points: float) -> list[str]:
-    """The metric groups whose median or p90 |error| grew by more than ``max_points``
-    percentage points in ``compare_runs`` output, one line each (empty: none did)."""
+    """Why a gate on ``compare_runs`` output fails, one line each (empty: it passes).
+
+    A metric group whose median or p90 |error| grew by more than ``max_points`` percentage
+    points fails it; so does a record the baseline predicted and this run skipped (a simulator
+    that now raises on every record must not pass), and a comparison with no matched row at
+    all (nothing was compared: the ids changed, or the runs share no record)."""
     out = []
+    if comp["only_base"]:
+        first = comp["only_base"][0]
+        out.append(f"{len(comp['only_base'])} record(s) predicted in the baseline are skipped "
+                   f"by this run (first: {first['id']}: {first['reason']})")
+    if not comp["matched"]:
+        out.append("no row of this run matches the baseline by record id and metric, so "
+                   "nothing was compared")
     for g, st in comp["groups"].items():
         for stat, name in (("median_abs", "median"), ("p90_abs", "p90")):
             before, after = st["before"][stat], st["after"][stat]

@@ -102,19 +102,25 @@ def load_catalog_model(name: str) -> ModelSpec:
 def resolve_gpu(key: str) -> GpuSpec:
     """GpuSpec for a data GPU key; raises ``Unexpressible`` when no spec exists."""
     try:
-        from charon_search.hardware import load_gpu
+        from charon_search.hardware import list_gpus, load_gpu
     except ImportError as e:
         raise Unexpressible(f"hardware specs not available: {e}") from e
     cands = [*list(name_map()["gpus"].get(key, [])), key]
     if key in name_map()["gpus"] and not name_map()["gpus"][key]:
         raise Unexpressible(f"unsupported accelerator {key!r} (no GPU spec: not a GPU)")
-    errors = []
     for cand in cands:
         try:
             return load_gpu(cand)
-        except (CharonError, KeyError, ValueError) as e:
-            errors.append(str(e))
-    raise Unexpressible(f"unsupported GPU {key!r}: no GPU spec among {cands}")
+        except (CharonError, KeyError, ValueError):
+            continue
+    import difflib
+
+    known = sorted({*list_gpus(), *name_map()["gpus"]})
+    close = difflib.get_close_matches(str(key), known, n=3, cutoff=0.5)
+    tried = f" (tried {cands[:-1]})" if len(cands) > 1 else ""
+    raise Unexpressible(f"unsupported GPU {key!r}: no GPU spec of that name{tried}"
+                        + (f"; closest: {', '.join(close)}" if close else "")
+                        + " (GPU specs: `charon-search catalog`)")
 
 
 # ----------------------------------------------------------------------------- clusters

@@ -154,7 +154,10 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
                 skipped[metric] = mem_err or "memory model gave no value for this metric"
                 continue
         if value is None:
-            skipped[metric] = "metric not in the schema vocabulary known to the validator"
+            skipped[metric] = (f"{metric} is a serving metric; a training record's metrics are "
+                               "step times, throughput, FLOP rates and memory"
+                               if metric in SERVING_METRICS else
+                               "metric not in the schema vocabulary known to the validator")
             continue
         pred[metric] = value
     info: dict[str, Any] = {"step_time_s": step, "num_gpus": n}
@@ -220,6 +223,11 @@ def _training_metric(metric: str, case: TrainingCase, step: float, tokens: float
         return per_gpu / convention_peak_flops_per_s(conv, str(case.record.hardware["gpu"]),
                                                      prec)
     return None
+
+
+#: What ``_serving`` predicts (a training record naming one is told so).
+SERVING_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s",
+                   "output_tokens_per_s_per_gpu", "output_tokens_per_s_per_node")
 
 
 def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResult:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,19 @@ __all__ = [
     "load_silicon_csv",
     "repeated_measurements",
 ]
+
+
+def read_utf8(path: Path) -> str:
+    """A record file's text (a leading byte-order mark dropped).
+
+    Raises:
+        ConfigError: the file is not UTF-8 text (a UTF-16 export, a binary file).
+    """
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as "
+                          "UTF-8") from None
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -129,23 +144,26 @@ def default_files() -> list[Path]:
 def load_files(paths: Iterable[str | Path]) -> list[Record]:
     """Load YAML record files and silicon CSVs (by suffix); ids must be unique across them."""
     out: list[Record] = []
+    seen: dict[str, str] = {}  # record id -> the file it came from
     for p in paths:
         path = Path(p)
         if not path.exists():
             raise ConfigError(f"validation file {str(path)!r} does not exist")
         if path.suffix.lower() == ".csv":
-            out.extend(load_silicon_csv(path))
+            recs = load_silicon_csv(path)
         elif path.suffix.lower() in (".yaml", ".yml"):
-            out.extend(load_records(path))
+            recs = load_records(path)
         else:
             raise ConfigError(
                 f"validation file {str(path)!r}: suffix must be one of ['.yaml', '.yml', '.csv']"
             )
-    seen: set[str] = set()
-    for r in out:
-        if r.id in seen:
-            raise ConfigError(f"record id {r.id!r} occurs more than once across {list(paths)}")
-        seen.add(r.id)
+        for r in recs:
+            if r.id in seen:
+                where = (f"{seen[r.id]} twice (is the file given twice?)"
+                         if seen[r.id] == str(path) else f"both {seen[r.id]} and {path}")
+                raise ConfigError(f"record id {r.id!r} occurs in {where}; ids must be unique")
+            seen[r.id] = str(path)
+        out.extend(recs)
     return out
 
 
@@ -236,7 +254,7 @@ def load_records(path: str | Path, *, expand_variants: bool = True) -> list[Reco
     path = Path(path)
     try:
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        data = yaml.load(path.read_text(), Loader=loader)
+        data = yaml.load(read_utf8(path), Loader=loader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: malformed YAML: {e}") from e
     return parse_records(data, where=str(path), expand_variants=expand_variants)
@@ -298,6 +316,21 @@ def _choice(v: Any, allowed: tuple[Any, ...], where: str, *, nullable: bool = Fa
                           f"{' or null' if nullable else ''}, but got {v!r}")
 
 
+def _check_gpu_name(name: Any, where: str) -> None:
+    """A GPU outside SCHEMA.md's key table is accepted when it names a shipped GPU spec (as
+    the silicon CSV's `system` does: `h100_sxm`, `A100-SXM4-80GB`, `b200_sxm`)."""
+    from charon_search.validation.names import Unexpressible, resolve_gpu
+
+    try:
+        if isinstance(name, str):
+            resolve_gpu(name)
+            return
+    except Unexpressible:
+        pass
+    raise ConfigError(f"{where} must be one of {list(_GPU_KEYS)} (SCHEMA.md) or the name of a "
+                      f"GPU spec (`charon-search catalog`), but got {name!r}")
+
+
 def _bool(v: Any, where: str) -> None:
     if v is not None and not isinstance(v, bool):
         raise ConfigError(f"{where} must be true, false or null, but got {v!r}")
@@ -308,21 +341,26 @@ def _check_measured(measured: Any, where: str) -> dict[str, float]:
         raise ConfigError(f"{where}: `measured` must be a non-empty mapping of metric -> number")
     out: dict[str, float] = {}
     for k, v in measured.items():
-        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-            raise ConfigError(f"{where}: `measured.{k}` must be a positive number, but got {v!r}")
+        # >= the smallest normal float: a subnormal measurement (5e-324) would make the
+        # relative error overflow to inf and turn every summary it enters into nan.
+        if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                or not v >= sys.float_info.min):
+            raise ConfigError(f"{where}: `measured.{k}` must be a positive finite number, but "
+                              f"got {v!r}")
         if k in ("mfu", "hfu") and not 0 < v <= 1:
             raise ConfigError(f"{where}: `measured.{k}` must lie in (0, 1], but got {v!r}")
         out[str(k)] = float(v)
     return out
 
 
-def _check_record(raw: Any, *, where: str) -> Record:
+def _check_record(raw: Any, *, where: str, name: str | None = None) -> Record:
+    """Check one record; errors name it ``name`` (a variant's ``<id>#<n>``) or its id."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: must be a mapping")
     rid = raw.get("id")
     if not isinstance(rid, str) or not _ID_RE.match(rid):
         raise ConfigError(f"{where}: `id` must match [A-Za-z0-9_.-]+, but got {rid!r}")
-    where = f"{where.rsplit(': record', 1)[0]}: record {rid}"
+    where = f"{where.rsplit(': record', 1)[0]}: record {name or rid}"
     kind = raw.get("kind")
     _choice(kind, ("training", "serving"), f"{where}: `kind`")
     kind = str(kind)
@@ -339,7 +377,8 @@ def _check_record(raw: Any, *, where: str) -> Record:
         _int(model[k], f"{where}: `model.{k}`")
     hw = raw["hardware"]
     _require_keys(hw, _HARDWARE_KEYS, (), f"{where}: `hardware`")
-    _choice(hw["gpu"], _GPU_KEYS, f"{where}: `hardware.gpu`")
+    if hw["gpu"] not in _GPU_KEYS:
+        _check_gpu_name(hw["gpu"], f"{where}: `hardware.gpu`")
     _int(hw["num_gpus"], f"{where}: `hardware.num_gpus`", nullable=False)
     _int(hw["gpus_per_node"], f"{where}: `hardware.gpus_per_node`")
 
@@ -463,6 +502,10 @@ def _variants(raw: Mapping[str, Any], rec: Record, *, where: str) -> list[Record
     for n, var in enumerate(variants, start=1):
         vwhere = f"{where}#{n}"
         _require_keys(var, ("overrides", "measured"), ("notes",), vwhere)
+        if not isinstance(var["overrides"], Mapping) or not var["overrides"]:
+            raise ConfigError(f"{vwhere}: `overrides` must be a non-empty mapping of "
+                              f"`{rec.kind}.<field>` -> value (a variant is another "
+                              f"configuration of the record), but got {var['overrides']!r}")
         new_raw = copy.deepcopy(dict(raw))
         new_raw.pop("variants", None)
         new_raw["id"] = f"{rec.id}-v{n}"  # placeholder matching the id pattern for the checks
@@ -473,7 +516,7 @@ def _variants(raw: Mapping[str, Any], rec: Record, *, where: str) -> list[Record
                                   f"`{rec.kind}`")
             new_raw[head][rest] = value
         new_raw["measured"] = var["measured"]
-        checked = _check_record(new_raw, where=vwhere)
+        checked = _check_record(new_raw, where=vwhere, name=f"{rec.id}#{n}")
         notes = rec.notes + (f" Variant: {var['notes']}" if var.get("notes") else "")
         out.append(Record(
             id=f"{rec.id}#{n}", source=rec.source, url=rec.url, confidence=rec.confidence,
@@ -494,15 +537,25 @@ def _opt_int(row: Mapping[str, str], col: str, where: str) -> int | None:
         f = float(v)
     except ValueError as e:
         raise ConfigError(f"{where}: column `{col}` must be an integer, but got {v!r}") from e
-    if f != int(f) or f < 0:
+    if not math.isfinite(f) or f != int(f) or f < 0:
         raise ConfigError(f"{where}: column `{col}` must be a non-negative integer, got {v!r}")
     return int(f)
 
 
 def _pool(row: Mapping[str, str], prefix: str, where: str) -> dict[str, int | None]:
-    return {k: _opt_int(row, f"{prefix}{k}", where)
+    pool = {k: _opt_int(row, f"{prefix}{k}", where)
             for k in ("batch_size", "num_workers", "tp_size", "pp_size", "attention_dp_size",
                       "moe_tp_size", "moe_ep_size")}
+    _check_degrees(pool, prefix, where)
+    return pool
+
+
+def _check_degrees(pool: Mapping[str, int | None], prefix: str, where: str) -> None:
+    """TP and PP degrees are >= 1 when given (a 0 MoE TP/EP degree means "none" in the
+    dumps; a 0 TP or PP degree means nothing)."""
+    for k in ("tp_size", "pp_size"):
+        if pool.get(k) == 0:
+            raise ConfigError(f"{where}: column `{prefix}{k}` must be >= 1 or empty, but got 0")
 
 
 def load_silicon_csv(path: str | Path) -> list[Record]:
@@ -526,7 +579,9 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
             a mode other than agg/disagg (naming the line and the row id).
     """
     path = Path(path)
-    with path.open(newline="") as fh:
+    # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark, which would
+    # otherwise become part of the first column's name and lose the `id` column.
+    with io.StringIO(read_utf8(path), newline="") as fh:
         reader = csv.DictReader(fh)
         cols = reader.fieldnames or []
         missing = [c for c in SILICON_COLUMNS if c not in cols and c != "id"]
@@ -536,6 +591,9 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
         for n, row in enumerate(reader, start=2):
             where = f"{path}: line {n}"
             rid = (row.get("id") or "").strip() or f"silicon_row_{n - 1}"
+            if not _ID_RE.match(rid):
+                raise ConfigError(f"{where}: column `id` must match [A-Za-z0-9_.-]+ (`#` names a "
+                                  f"record's variants), but got {rid!r}")
             mode = (row["mode"] or "").strip()
             _choice(mode, ("agg", "disagg"), f"{where}: column `mode`")
             try:
@@ -571,7 +629,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 "precision": (row.get("precision") or "").strip() or None,
                 "gemm_quant_mode": (row.get("gemm_quant_mode") or "").strip() or None,
                 "moe_quant_mode": (row.get("moe_quant_mode") or "").strip() or None,
-                "framework": row["backend"], "framework_version": row["backend_version"],
+                "framework": (row["backend"] or "").strip(),
+                "framework_version": (row["backend_version"] or "").strip(),
             }
             layout_note = ""
             if mode == "agg":
@@ -582,6 +641,7 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                 layout_note = (_degrees_from_id(rid, pool, system)
                                or _ep_ranks_as_dp(rid, pool, system)
                                or _implied_attention_dp(pool))
+                _check_degrees(pool, "", where)
                 if not pool["batch_size"] or not pool["tp_size"]:
                     raise ConfigError(f"{where}: agg rows need batch_size and tp_size")
                 adp = pool["attention_dp_size"] or 1
@@ -621,7 +681,8 @@ def load_silicon_csv(path: str | Path) -> list[Record]:
                           "interconnect": None},
                 config=cfg, measured=measured, flop_convention=None, inferred_fields=(),
                 notes=source.strip(), origin="silicon",
-                extra={"system": row["system"], "backend": row["backend"], "mode": mode,
+                extra={"system": row["system"], "backend": (row["backend"] or "").strip(),
+                       "mode": mode,
                        **({"layout_note": layout_note} if layout_note else {}),
                        **({"measured_date": when.group(1)} if when else {})},
             ))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,6 +67,24 @@ def render_grouped(grouped: Mapping[str, Any]) -> str:
             + text_table(header, block_table_rows(grouped["groups"])))
 
 
+def _reason_lines(items: Sequence[tuple[str, str]], top: int = 25) -> list[str]:
+    """One line per reason, most frequent first: its count and the first ids it covers; the
+    reasons past ``top`` in one closing line (every id is in --json)."""
+    by_reason: dict[str, list[str]] = {}
+    for what, reason in items:
+        by_reason.setdefault(reason, []).append(what)
+    ranked = sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+    out = []
+    for reason, whats in ranked[:top]:
+        first = ", ".join(whats[:2]) + (", ..." if len(whats) > 2 else "")
+        out.append(f"  {len(whats):5d} x {reason}  [{first}]")
+    rest = ranked[top:]
+    if rest:
+        out.append(f"  ... {sum(len(w) for _, w in rest)} more under {len(rest)} other "
+                   "reason(s) (use --json for all)")
+    return out
+
+
 def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
     """Per-record table, skipped records with reasons, and the summary tables."""
     parts = []
@@ -75,7 +92,9 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
              format_pct(r["error"], signed=True),
              str(result.cases.get(r["id"], {}).get("cluster", ""))] for r in result.rows]
     shown = rows if max_rows is None else rows[:max_rows]
-    parts.append(text_table(["id", "metric", "measured", "predicted", "error", "cluster"], shown))
+    if shown or max_rows != 0:
+        parts.append(text_table(["id", "metric", "measured", "predicted", "error", "cluster"],
+                                shown))
     if len(shown) < len(rows):
         parts.append(f"... {len(rows) - len(shown)} more rows (use --json for all)")
     assumed = [(rid, c["assumptions"]) for rid, c in result.cases.items()
@@ -85,14 +104,15 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
         for rid, notes in assumed:
             parts.append(f"  {rid}: " + "; ".join(notes))
     if result.skipped:
-        reasons = Counter(s["reason"] for s in result.skipped)
         parts.append(f"\nnot expressed: {len(result.skipped)} records")
-        for reason, n in reasons.most_common(25):
-            parts.append(f"  {n:5d} x {reason}")
+        parts += _reason_lines([(s["id"], s["reason"]) for s in result.skipped])
+    if result.skipped_metrics:
+        parts.append(f"\nmeasured metrics not compared: {len(result.skipped_metrics)}")
+        parts += _reason_lines([(f"{s['id']} {s['metric']}", s["reason"])
+                                for s in result.skipped_metrics])
     s = result.summary
     t = s.get("totals", {})
-    parts.append(f"\nrecords {t.get('records')}: expressed {t.get('expressed')}, skipped "
-                 f"{t.get('skipped')}; predicted metrics {t.get('predicted_metrics')}")
+    parts.append("\n" + totals_line(t))
     if t.get("repeated_measurements"):
         parts.append(f"repeated measurements: {t['repeated_measurements']} records repeat an "
                      f"earlier record's measured values ({t.get('repeated_other_setup', 0)} under "
@@ -134,6 +154,12 @@ def render_text(result: ValidationResult, *, max_rows: int | None = 200) -> str:
     return "\n".join(parts)
 
 
+def totals_line(t: Mapping[str, Any]) -> str:
+    """``records N: expressed E, skipped S; predicted metrics M`` of ``summary["totals"]``."""
+    return (f"records {t.get('records')}: expressed {t.get('expressed')}, skipped "
+            f"{t.get('skipped')}; predicted metrics {t.get('predicted_metrics')}")
+
+
 def render_html(result: ValidationResult) -> str:
     """A self-contained HTML page: summary tables, per-record table, skipped records."""
     esc = html.escape
@@ -153,6 +179,7 @@ def render_html(result: ValidationResult) -> str:
                          format_pct(r["error"], signed=True), info.get("cluster", ""),
                          "; ".join(info.get("assumptions", []))])
     skip_rows = [[x["id"], x["reason"]] for x in result.skipped]
+    metric_rows = [[x["id"], x["metric"], x["reason"]] for x in result.skipped_metrics]
     order = ordering_lines(s.get("ordering") or {})
     order_html = ("<h2>Ordering of serving configurations</h2>"
                   + "".join(f"<p>{esc(line)}</p>" for line in order)) if order else ""
@@ -161,11 +188,13 @@ def render_html(result: ValidationResult) -> str:
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>charon-search validate"
         f"</title><style>{style}</style></head><body><h1>charon-search validate</h1>"
-        f"<p>{esc(str(s.get('totals')))}</p>"
+        f"<p>{esc(totals_line(s.get('totals') or {}))}</p>"
         f"<h2>By kind</h2>{table(header, summary_table_rows(s, 'by_kind'))}"
         f"<h2>By source</h2>{table(header, summary_table_rows(s, 'by_source'))}"
         f"{order_html}"
         f"<h2>Records</h2>{table(['id', 'metric', 'measured', 'predicted', 'error', 'cluster', 'assumptions'], rec_rows)}"  # noqa: E501
         f"<h2>Not expressed</h2>{table(['id', 'reason'], skip_rows)}"
+        f"<h2>Measured metrics not compared</h2>"
+        f"{table(['id', 'metric', 'reason'], metric_rows)}"
         "</body></html>"
     )

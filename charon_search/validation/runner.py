@@ -8,6 +8,7 @@ that cannot be predicted are listed in ``skipped_metrics``. Counts reconcile:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -288,6 +289,10 @@ def validate_record(rec: Record, repeat: tuple[str, bool] | None = None, *,
         return out
     for metric, pred in res.predicted.items():
         meas = rec.measured[metric]
+        if not math.isfinite(float(pred)):
+            skipped_metrics.append({"id": rec.id, "metric": metric,
+                                    "reason": f"simulator error: predicted {float(pred)}"})
+            continue
         rows.append({"id": rec.id, "metric": metric, "measured": meas,
                      "predicted": float(pred), "error": (float(pred) - meas) / meas})
     return out
@@ -372,6 +377,14 @@ def _entry_problem(entry: Any, fields: Sequence[str], numbers: Sequence[str]) ->
                 return f"(id {entry.get('id')!r:.60}) has `{k}` {v!r:.60}, not a number"
         elif not isinstance(v, str):
             return f"(id {entry.get('id')!r:.60}) has `{k}` {v!r:.60}, not a string"
+    if "error" in numbers:
+        meas, pred, err = entry["measured"], entry["predicted"], entry["error"]
+        if not (math.isfinite(meas) and meas > 0 and math.isfinite(pred)):
+            return (f"(id {entry['id']!r:.60}) has measured {meas!r} and predicted {pred!r}: "
+                    "both must be finite and the measurement positive")
+        if not math.isclose(err, (pred - meas) / meas, rel_tol=1e-9, abs_tol=1e-12):
+            return (f"(id {entry['id']!r:.60}) has `error` {err!r}, not (predicted - measured) / "
+                    f"measured = {(pred - meas) / meas!r}")
     return ""
 
 
@@ -412,6 +425,16 @@ def check_result_json(data: Any, where: str,
                     f" ({', '.join(numbers)} numbers)" if numbers else "")
                 raise ConfigError(f"{where}: `{key}[{i}]` {why}; each entry of `{key}` must "
                                   f"be a mapping {shape}")
+    predicted = {e["id"] for e in data.get("records", [])}
+    skipped = {e["id"] for e in data.get("skipped", [])}
+    if predicted & skipped:
+        raise ConfigError(f"{where}: record {sorted(predicted & skipped)[0]!r} is both predicted "
+                          "(`records`) and skipped (`skipped`); a record is one or the other")
+    unaccounted = [c for c in cases if c not in predicted and c not in skipped]
+    if unaccounted:
+        raise ConfigError(f"{where}: {len(unaccounted)} record(s) of `cases` are neither "
+                          f"predicted nor skipped (first: {unaccounted[0]!r}): the file was cut "
+                          "short or edited; write it again with `charon-search validate --json`")
     if not isinstance(data.get("summary", {}), Mapping):
         raise ConfigError(f"{where}: `summary` must be a mapping, but got "
                           f"{type(data['summary']).__name__}")
@@ -452,8 +475,8 @@ def read_result(path: Any, flag: str) -> tuple[ValidationResult, dict[str, Any]]
 
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{flag} {str(path)!r}: not a readable JSON file: {e}") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{flag} {str(path)!r}: not a readable JSON file: {e}") from None
     check_result_json(data, f"{flag} {str(path)!r}")
     result = result_from_json(data)
     return replace(result, summary=summarize(result.rows, result.skipped, result.cases)), data

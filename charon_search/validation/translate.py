@@ -282,8 +282,9 @@ def _training_case(record: Record) -> TrainingCase:
         if local:
             gbs = assume("global_batch_size", int(local) * dp, "per-DP batch x dp")
         else:
-            gbs = assume("global_batch_size", mbs * dp * max(1, 4 * pp if pp > 1 else 1),
-                         "not stated; 4 x pp micro-batches per DP rank")
+            gbs = assume("global_batch_size", mbs * dp * (4 * pp if pp > 1 else 1),
+                         "not stated; 4 x pp micro-batches per DP rank" if pp > 1 else
+                         "not stated; one micro-batch per DP rank (no pipeline)")
     sp = t["sequence_parallel"]
     if sp is None:
         sp = assume("sequence_parallel", tp > 1, "not stated; on with TP as in Megatron/"

@@ -255,8 +255,11 @@ def test_serving_precision_needs_the_gpus_tensor_cores_unless_weight_only() -> N
           "input_len": {"value": 128}, "output_len": {"value": 8}}
     for model, cluster, precision in (("llama-3.1-8b", "h100-sxm-8gpu", "fp4"),
                                       ("llama-3.1-8b", "a100-sxm-8gpu", "fp8")):
-        with pytest.raises(ConfigError, match=rf"`precision` '{precision}': .* has no tensor "
-                                              r"cores for"):
+        # llama-3.1-8b ships no quantized checkpoint: the message says the one it prices is
+        # assumed, not "llama-3.1-8b's fp4 checkpoint".
+        with pytest.raises(ConfigError, match=rf"`precision` '{precision}': no {precision} "
+                                              r"checkpoint of llama-3.1-8b is shipped, .* has "
+                                              r"no tensor cores for"):
             simulate_serving(model, cluster, {"precision": precision}, wl)
     # gpt-oss's fp4 checkpoint quantizes only its experts, in MXFP4 (weight-only on Hopper)
     rep = simulate_serving("gpt-oss-120b", "h100-sxm-8gpu", {"tp": 2, "precision": "fp4"}, wl)

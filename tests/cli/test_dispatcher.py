@@ -55,3 +55,21 @@ def test_outputs_are_checked_before_the_work(tmp_path, capsys: pytest.CaptureFix
     assert main([*args, "--json", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "`--json`" in err[0] and "is a folder" in err[0]
+
+
+def test_the_package_lists_its_public_api():
+    """``dir(charon_search)`` (tab completion, help) shows the lazily exported names."""
+    import charon_search
+
+    assert {"simulate_training", "simulate_serving", "memory_report", "Layout",
+            "load_model"} <= set(dir(charon_search))
+    assert set(charon_search.__all__) <= set(dir(charon_search))
+
+
+def test_explain_refuses_flags_it_would_ignore(capsys: pytest.CaptureFixture[str], tmp_path):
+    base = tmp_path / "b.json"
+    base.write_text('{"records": [], "skipped": [], "cases": {}, "summary": {}}')
+    assert main(["validate", "--explain", "--ids", "megatron_sc21_t1_1.7b", "--baseline",
+                 str(base)]) == 2
+    assert "`--explain` prints how each record's prediction arises, so it takes no " \
+           "--baseline" in capsys.readouterr().err

@@ -78,7 +78,19 @@ def test_length_distributions() -> None:
     # The longest length each draws: the sampled maxima above, clipped to `maximum`.
     assert un.max() == LengthDistribution(kind="uniform", low=10, high=20).longest == 20
     assert emp.max() == LengthDistribution(kind="empirical", values=(5, 7)).longest == 7
-    assert LengthDistribution(value=1024, maximum=500).longest == 500
+    # A fixed/uniform/empirical length outside [minimum, maximum] is an error, not clipped:
+    # 2,000,000 prompt tokens had been served as 1,048,576 (the old default maximum).
+    with pytest.raises(ConfigError,
+                       match=r"length.value. must lie in \[minimum, maximum\] = \[1, 500\]"):
+        LengthDistribution(value=1024, maximum=500)
+    with pytest.raises(ConfigError, match=r"workload.input_len: .length.low. must lie"):
+        LengthDistribution.coerce({"kind": "uniform", "low": 5, "high": 20, "minimum": 10},
+                                  where="workload.input_len")
+    with pytest.raises(ConfigError, match="values"):
+        LengthDistribution(kind="empirical", values=(5, 70), maximum=64)
+    with pytest.raises(ConfigError, match=r"minimum <= length\.maximum"):
+        LengthDistribution(minimum=10, maximum=5, value=7)
+    assert LengthDistribution(value=2_000_000).sample(2, rng).tolist() == [2_000_000] * 2
     assert LengthDistribution(kind="lognormal", mean=1000).longest is None
 
 

@@ -164,6 +164,10 @@ def test_recompute_num_layers_between_none_and_full() -> None:
     part = _sim(Layout(recompute="full", recompute_num_layers=2, **base)).step_time_s
     full = _sim(Layout(recompute="full", **base)).step_time_s
     assert none < part < full
+    # 8 layers on pp 2: a chunk holds 4, so a quota of 4 recomputes them all and 40 is a typo.
+    assert _sim(Layout(recompute="full", recompute_num_layers=4, **base)).step_time_s == full
+    with pytest.raises(ConfigError, match=r"at most the 4 a chunk holds, but got 40"):
+        _sim(Layout(recompute="full", recompute_num_layers=40, **base))
 
 
 MOE_SPEC = ModelSpec(name="synthetic-moe", hf_config={}, model_type="mixtral", num_layers=4,

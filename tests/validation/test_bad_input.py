@@ -240,3 +240,249 @@ def test_profiles_eval_rejects_too_few_train_rows(capsys, value):
     assert main(["profiles", "eval", "--gpu", "h100", "--op-kind", "norm",
                  "--max-train-rows", value]) == 2
     assert "`--max-train-rows` must be >= 8" in (err := _error(capsys)) and value in err
+
+
+# ------------------------------------------------------------------ 7. files as users save them
+def test_non_utf8_files_are_one_line_errors(tmp_path, capsys):
+    """A UTF-16 export or a binary file: an error naming the file, not a UnicodeDecodeError."""
+    for name in ("rows.csv", "recs.yaml"):
+        path = tmp_path / name
+        path.write_bytes(b"\xff\xfe\x00\x01 garbage")
+        assert main(["validate", str(path), "--quiet"]) == 2
+        assert f"{path}: not UTF-8 text (invalid start byte at byte 0)" in _error(capsys)
+    run = tmp_path / "run.json"
+    run.write_bytes(b"\xff\xfe\x00")
+    for argv in (["validate", "--from", str(run)],
+                 ["accuracy", "--from", str(run), "--out", str(tmp_path / "a.md")]):
+        assert main(argv) == 2
+        assert f"--from {str(run)!r}: not a readable JSON file" in _error(capsys)
+
+
+def test_a_byte_order_mark_keeps_the_id_column(tmp_path):
+    """Excel's "CSV UTF-8" starts with a BOM; the first column (`id`) must keep its name."""
+    from charon_search.validation.records import load_silicon_csv
+
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + open(_silicon_csv(tmp_path), "rb").read())
+    (rec,) = load_silicon_csv(path)
+    assert rec.id == "row_a"
+
+
+@pytest.mark.parametrize(("cells", "expected"), [
+    ({"isl": "nan"}, "column `isl` must be a non-negative integer, got 'nan'"),
+    ({"tp_size": "inf"}, "column `tp_size` must be a non-negative integer, got 'inf'"),
+    ({"pp_size": "0"}, "column `pp_size` must be >= 1 or empty, but got 0"),
+    ({"id": "row a"}, "column `id` must match [A-Za-z0-9_.-]+"),
+    ({"id": "row_a#1"}, "column `id` must match [A-Za-z0-9_.-]+ (`#` names a record's"),
+])
+def test_silicon_cells_outside_their_domain(tmp_path, capsys, cells, expected):
+    assert main(["validate", _silicon_csv(tmp_path, **cells), "--quiet"]) == 2
+    assert expected in _error(capsys)
+
+
+def test_a_backend_with_spaces_is_read(tmp_path):
+    from charon_search.validation.records import load_silicon_csv
+
+    (rec,) = load_silicon_csv(_silicon_csv(tmp_path, backend=" trtllm "))
+    assert rec.config["framework"] == "trtllm" and rec.extra["backend"] == "trtllm"
+
+
+def _yaml_record(by_id, tmp_path, **changes) -> str:
+    """The shipped llm-foundry MPT-1B record with ``changes`` (dotted keys) applied."""
+    import copy
+
+    import yaml
+
+    from charon_search.validation.records import data_dir
+
+    doc = yaml.safe_load((data_dir() / "published-dev.yaml").read_text())
+    raw = copy.deepcopy(next(r for r in doc["records"]
+                             if r["id"] == "llmfoundry_h100_80gb_mpt1b_8gpu_seq2048"))
+    for dotted, value in changes.items():
+        head, _, rest = dotted.partition(".")
+        if rest:
+            raw[head][rest] = value
+        else:
+            raw[head] = value
+    path = tmp_path / "recs.yaml"
+    path.write_text(yaml.safe_dump({"schema_version": 1, "records": [raw]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("value", [float("inf"), 5e-324])
+def test_a_measured_value_must_be_positive_and_finite(by_id, tmp_path, capsys, value):
+    """inf (or a subnormal, whose relative error overflows) turned every summary into nan."""
+    path = _yaml_record(by_id, tmp_path, measured={"tokens_per_s": value})
+    assert main(["validate", path, "--quiet"]) == 2
+    assert ("`measured.tokens_per_s` must be a positive finite number, but got "
+            f"{value!r}") in _error(capsys)
+
+
+def test_variant_errors_name_the_variant_and_need_overrides(by_id, tmp_path, capsys):
+    path = _yaml_record(by_id, tmp_path, variants=[
+        {"overrides": {"training.tp": 3}, "measured": {"tokens_per_s": 1.0}}])
+    assert main(["validate", path, "--quiet"]) == 2
+    assert "record llmfoundry_h100_80gb_mpt1b_8gpu_seq2048#1: " in _error(capsys)
+    path = _yaml_record(by_id, tmp_path, variants=[
+        {"overrides": {}, "measured": {"tokens_per_s": 1.0}}])
+    assert main(["validate", path, "--quiet"]) == 2
+    assert "`overrides` must be a non-empty mapping of `training.<field>`" in _error(capsys)
+
+
+def test_a_yaml_record_may_name_a_gpu_spec(by_id, tmp_path, capsys):
+    """The CSV's `h100_sxm` / `A100-SXM4-80GB` resolve in YAML records too; a made-up one is
+    an error listing SCHEMA.md's keys."""
+    from charon_search.validation.records import load_records
+
+    for name in ("h100_sxm", "A100-SXM4-80GB", "b200_sxm"):
+        (rec,) = load_records(_yaml_record(by_id, tmp_path, **{"hardware.gpu": name}))
+        assert rec.hardware["gpu"] == name
+    with pytest.raises(ConfigError, match=r"or the name of a GPU spec .* but got 'z100'"):
+        load_records(_yaml_record(by_id, tmp_path, **{"hardware.gpu": "z100"}))
+
+
+def test_an_empty_selection_is_an_error(by_id, tmp_path, capsys):
+    """A scheduled check that validates nothing must not pass with empty tables."""
+    path = _yaml_record(by_id, tmp_path)
+    assert main(["validate", path, "--kind", "serving", "--quiet"]) == 2
+    assert ("`--kind serving` selects none of the 1 record(s); their kinds: ['training']"
+            in _error(capsys))
+    header = tmp_path / "header.csv"
+    header.write_text(",".join(SILICON_COLUMNS) + "\n")
+    assert main(["validate", str(header), "--quiet"]) == 2
+    assert f"no record in {header}: nothing to validate" in _error(capsys)
+
+
+def test_duplicate_ids_name_their_files(tmp_path, capsys):
+    path = _silicon_csv(tmp_path)
+    assert main(["validate", path, path, "--quiet"]) == 2
+    assert f"record id 'row_a' occurs in {path} twice (is the file given twice?)" in (
+        _error(capsys))
+
+
+def _run_doc() -> dict:
+    return {"records": [{"id": "a", "metric": "ttft_s", "measured": 1.0, "predicted": 2.0,
+                         "error": 1.0}],
+            "skipped": [{"id": "b", "reason": "unknown model"}],
+            "cases": {"a": {}, "b": {}}, "summary": {}}
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d["records"][0].update(error=5.0),
+     "has `error` 5.0, not (predicted - measured) / measured = 1.0"),
+    (lambda d: d["records"][0].update(measured=0.0), "the measurement positive"),
+    (lambda d: d["skipped"].append({"id": "a", "reason": "x"}),
+     "record 'a' is both predicted (`records`) and skipped (`skipped`)"),
+    (lambda d: d["cases"].update(c={}),
+     "1 record(s) of `cases` are neither predicted nor skipped (first: 'c')"),
+])
+def test_a_saved_run_must_add_up(tmp_path, capsys, change, expected):
+    doc = _run_doc()
+    assert main(["validate", "--from", str(_write_json(tmp_path, "ok.json", doc)),
+                 "--rows", "0"]) == 0
+    capsys.readouterr()
+    change(doc)
+    assert main(["validate", "--from", str(_write_json(tmp_path, "bad.json", doc))]) == 2
+    assert expected in _error(capsys)
+
+
+def test_the_gate_fails_when_predictions_are_lost(tmp_path, capsys):
+    """A simulator that now raises on every record must not pass --max-regression."""
+    base = _write_json(tmp_path, "base.json", _run_doc())
+    lost = _run_doc()
+    lost["skipped"].append({"id": "a", "reason": "simulator error: boom"})
+    lost["records"] = []
+    new = _write_json(tmp_path, "new.json", lost)
+    assert main(["validate", "--from", str(new), "--baseline", str(base),
+                 "--max-regression", "5", "--rows", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "1 record(s) predicted in the baseline are skipped by this run (first: a: " \
+           "simulator error: boom)" in err
+    assert "no row of this run matches the baseline" in err
+    assert main(["validate", "--from", str(base), "--baseline", str(base),
+                 "--max-regression", "5", "--rows", "0"]) == 0
+    for value in ("nan", "inf"):
+        assert main(["validate", "--from", str(base), "--baseline", str(base),
+                     "--max-regression", value]) == 2
+        assert "a finite value >= 0" in _error(capsys)
+
+
+def test_outputs_never_overwrite_inputs(tmp_path, capsys):
+    """`accuracy --out` equal to its `--from` replaced 9 minutes of validate output with
+    markdown."""
+    run = _write_json(tmp_path, "run.json", _run_doc())
+    before = run.read_text()
+    assert main(["accuracy", "--from", str(run), "--out", str(run)]) == 2
+    assert f"`--out` {str(run)!r} is a file the command reads with `--from`" in _error(capsys)
+    out = tmp_path / "a.md"
+    assert main(["accuracy", "--from", str(run), "--out", str(out), "--bands", str(out)]) == 2
+    assert "is a file the command also writes with `--out`" in _error(capsys)
+    csv_path = _silicon_csv(tmp_path)
+    assert main(["validate", csv_path, "--json", csv_path]) == 2
+    assert "is a file the command reads;" in _error(capsys)
+    assert main(["validate", csv_path, "--html", f"{csv_path}/r.html"]) == 2
+    assert f"is under the file {csv_path!r}" in _error(capsys)
+    assert run.read_text() == before
+
+
+def test_skipped_records_are_listed_with_their_ids(capsys):
+    from charon_search.validation.report import render_text
+    from charon_search.validation.runner import ValidationResult
+    from charon_search.validation.stats import summarize
+
+    skipped = [{"id": f"r{i}", "reason": f"reason {i % 30}"} for i in range(40)]
+    cases = {s["id"]: {} for s in skipped}
+    res = ValidationResult(rows=[], skipped=skipped, cases=cases,
+                           skipped_metrics=[{"id": "r0", "metric": "foo_s", "reason": "why"}],
+                           summary=summarize([], skipped, cases))
+    text = render_text(res, max_rows=0)
+    assert "id  metric" not in text  # --rows 0: no empty table
+    assert "      2 x reason 0  [r0, r30]" in text
+    assert "... 5 more under 5 other reason(s) (use --json for all)" in text
+    assert "measured metrics not compared: 1" in text and "[r0 foo_s]" in text
+
+
+def test_calibrate_writes_only_a_fit_that_beats_the_specs(tmp_path):
+    """A parameter the records do not depend on must not replace a shipped value and its
+    provenance; nor a fit that does not carry over to held-out sources."""
+    from charon_search.validation.calibration import CalibrationFit, write_refusal
+
+    fit = CalibrationFit(values={"iteration_cpu_overhead_s": 0.0}, objective=0.1627,
+                         uncalibrated_objective=0.1627, num_records=3, sources=("s",),
+                         evaluations=5)
+    assert "does not beat the shipped specs' 0.1627 on the same 3 records" in write_refusal(
+        fit, [])
+    better = dataclasses.replace(fit, objective=0.12)
+    assert write_refusal(better, []) == ""
+    rows = [{"test_median_abs_log_error": t, "test_median_abs_log_error_uncalibrated": 0.2}
+            for t in (0.1, 0.3, 0.25)]
+    assert "lowers the held-out error of only 1 of 3" in write_refusal(better, rows)
+    assert write_refusal(better, [*rows[:2], rows[0]]) == ""
+
+
+def test_calibrate_write_refuses_a_file_that_is_not_a_cluster_spec(tmp_path):
+    from charon_search.validation.calibration import write_cluster_specs
+
+    (tmp_path / "c.yaml").write_text("hello: 1\n")
+    doc = {"clusters": {"c": {"calibration": {"iteration_cpu_overhead_s": 0.001},
+                              "gpu": {}, "provenance": "fit P"}}}
+    with pytest.raises(ConfigError, match=r"c\.yaml is not a cluster spec"):
+        write_cluster_specs(doc, tmp_path)
+    assert (tmp_path / "c.yaml").read_text() == "hello: 1\n"
+
+
+def test_a_per_engine_fit_keeps_the_other_engines_provenance(tmp_path):
+    import yaml
+
+    from charon_search.validation.calibration import write_cluster_specs
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text("name: c\ngpu: h100\ntiers: []\ncalibration:\n  frontend_latency_s:\n"
+                    "    vllm: 0.01\n  provenance:\n    frontend_latency_s: vLLM fit V\n")
+    doc = {"clusters": {"c": {"calibration": {"frontend_latency_s": {"vllm": 0.01,
+                                                                      "trtllm": 0.002}},
+                              "gpu": {}, "provenance": "trtllm fit T"}}}
+    write_cluster_specs(doc, tmp_path)
+    cal = yaml.safe_load(spec.read_text())["calibration"]
+    assert cal["frontend_latency_s"] == {"vllm": 0.01, "trtllm": 0.002}
+    assert cal["provenance"]["frontend_latency_s"] == "trtllm fit T; its other entries: vLLM fit V"

@@ -262,10 +262,10 @@ def test_calibrate_cli_resumes_from_its_store(tmp_path, capsys):
             "overlap_compute_slowdown", "--no-loso", "--cache", str(tmp_path / "store.jsonl")]
     assert main([*args, "--out", str(tmp_path / "a.yaml")]) == 0
     first = capsys.readouterr().out
-    assert "0 record simulations reused" in first
+    assert "the baseline reused 0 of its 2 record simulations" in first
     assert main([*args, "--out", str(tmp_path / "b.yaml")]) == 0
     second = capsys.readouterr().out
-    assert "2 record simulations reused" in second  # the shipped-spec baseline of both records
+    assert "the baseline reused 2 of its 2 record simulations" in second  # both records
     assert ", 0 record simulations)" in second  # and every fitted vector came from the store
     a, b = (yaml.safe_load((tmp_path / f).read_text())["fit"] for f in ("a.yaml", "b.yaml"))
     assert a == b
