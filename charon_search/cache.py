@@ -10,7 +10,7 @@ import os
 from functools import cache
 from pathlib import Path
 
-__all__ = ["cache_dir", "package_fingerprint"]
+__all__ = ["cache_dir", "package_fingerprint", "sources_fingerprint"]
 
 
 def cache_dir(sub: str = "") -> Path:
@@ -19,6 +19,23 @@ def cache_dir(sub: str = "") -> Path:
     path = root / sub if sub else root
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@cache
+def sources_fingerprint(*parts: str) -> str:
+    """A hash of the package's Python sources under ``parts`` (folders or files relative to
+    the package, e.g. ``"frontend"``, ``"catalog/_hf.py"``): a cache keyed by it goes stale
+    when that code changes, without anyone remembering to bump a version."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for part in parts:
+        base = root / part
+        files = [base] if base.is_file() else sorted(base.rglob("*.py"))
+        for path in files:
+            if "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 @cache

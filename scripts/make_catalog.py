@@ -32,6 +32,9 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                        ("meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct",
                         "meta-llama/Meta-Llama-3.1-405B-Instruct", "llama3.1-405b")),
     "qwen3-8b": ("Qwen--Qwen3-8B", "Qwen/Qwen3-8B", ()),
+    # The Qwen3 family's smallest member: a draft model for speculative decoding of the others
+    # (same 151,936-token vocabulary).
+    "qwen3-0.6b": ("Qwen--Qwen3-0.6B", "Qwen/Qwen3-0.6B", ()),
     "qwen3-32b": ("Qwen--Qwen3-32B", "Qwen/Qwen3-32B", ()),
     "qwen3-30b-a3b": ("Qwen--Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B", ()),
     "qwen3-235b-a22b": ("Qwen--Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B", ()),
@@ -204,8 +207,9 @@ DEBUG = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "hidden_act": "silu",
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "num_nextn_predict_layers": 1,
         "_charon_source": "tiny Llama for tests (torchtitan 'debugmodel' style); not a real model",
     },
     "debug-hybrid": {
@@ -218,7 +222,7 @@ DEBUG = {
         "linear_num_value_heads": 4, "linear_value_head_dim": 16, "num_experts": 8,
         "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "hidden_act": "silu",
-        "attn_output_gate": True, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+        "attn_output_gate": True, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
                             "partial_rotary_factor": 0.25},
         "tie_word_embeddings": False, "eos_token_id": 1,
@@ -231,10 +235,20 @@ DEBUG = {
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
         "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
         "mlp_only_layers": [0], "norm_topk_prob": True, "hidden_act": "silu",
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "attention_bias": False, "output_router_logits": False,
+        "num_nextn_predict_layers": 1,
         "_charon_source": "tiny Qwen3-MoE for tests (layer 0 dense, layer 1 MoE); not real",
     },
+}
+
+#: SOURCES.md notes of the debug models beyond their `_charon_source`.
+DEBUG_NOTES = {
+    "debug-hybrid": "; context 131,072 (as the debug models below) so that tests can serve "
+                    "real traces",
+    "debug-llama": "; context 131,072; one MTP layer (`num_nextn_predict_layers`) so that "
+                   "tests can run MTP speculation",
+    "debug-moe": "; context 131,072; one MTP layer, as `debug-llama`",
 }
 
 
@@ -354,7 +368,7 @@ def main() -> None:
     sources.append(("opt-175b", str(OPT_175B["_charon_source"])))
     for name, cfg in DEBUG.items():
         write(name, cfg)
-        sources.append((name, str(cfg["_charon_source"])))
+        sources.append((name, str(cfg["_charon_source"]) + DEBUG_NOTES[name]))
     lines = [
         "# Shipped model configs: sources and licenses",
         "",

@@ -68,6 +68,8 @@ def resolve_model_name(name: str) -> str:
     close = difflib.get_close_matches(key, list(table), n=5, cutoff=0.5)
     hint = (f"closest catalog names: {', '.join(sorted({table[c] for c in close}))}" if close
             else "run `charon-search catalog` for the list")
+    if "/" in name:  # an HF id or a relative path: say that neither was found
+        hint = f"no file or folder {name!r} exists either; {hint}"
     raise ConfigError(
         f"`model` must be a catalog name, an HF id of one, or a path to a config.json, but got "
         f"{name!r}; {hint}"
@@ -117,11 +119,23 @@ def load_model(model: Any) -> ModelSpec:
     hf_cfg = getattr(model, "config", None)
     if hf_cfg is not None and hasattr(hf_cfg, "to_dict"):
         cfg = hf_cfg.to_dict()
-        spec = spec_from_config(type(model).__name__, cfg, count_params=False)
-        import dataclasses
-
-        n = sum(p.numel() for p in model.parameters())
-        return dataclasses.replace(spec, num_params=int(n))
+        cls = type(model)
+        # Tracing rebuilds the stock HF class from the config: a subclass or remote-code model
+        # would be simulated without its own layers and forward, so it is refused.
+        if not cls.__module__.startswith("transformers.models."):
+            raise ConfigError(
+                f"`model` {cls.__name__} (module {cls.__module__}) is not a HuggingFace "
+                f"transformers class: charon-search traces the stock class its config names, "
+                f"rebuilt from the config, so code of its own would not be simulated; pass the "
+                f"stock model or its config.json")
+        spec = spec_from_config(cls.__name__, cfg)
+        n = int(sum(p.numel() for p in model.parameters()))
+        if n != spec.num_params:
+            raise ConfigError(
+                f"`model` {cls.__name__} holds {n:,} parameters, but the class rebuilt from its "
+                f"config holds {spec.num_params:,}: modules added to it (adapters, extra heads) "
+                f"would not be simulated; pass the stock model or its config.json")
+        return spec
     raise ConfigError(
         f"`model` must be a catalog name, a config.json path, or a HuggingFace model "
         f"(nn.Module with a .config), but got {type(model).__name__}"
@@ -155,7 +169,11 @@ def spec_from_config(
 #: Sizes a config.json must state itself: transformers fills a missing one with its reference
 #: checkpoint's default (a bare ``{"model_type": "llama"}`` builds Llama-2-7B), a model nobody
 #: asked for.
-REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+#: The MLP width is required too, except where the architecture derives it (GPT-2's
+#: ``n_inner`` = 4h, MPT's ``expansion_ratio``) or a MoE states its experts' width instead
+#: (Qwen3.5: every layer is MoE).
+WIDTH_DERIVED_TYPES = frozenset({"gpt2", "mpt"})
 
 
 #: Sizes that must be positive integers wherever a config.json (or its nested text config)
@@ -195,7 +213,11 @@ def _check_sizes_stated(name: str, cfg: Mapping[str, Any], hf: Any) -> None:
             stated |= set(cfg[sub])
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
     aliases.update(getattr(type(text), "attribute_map", {}) or {})
-    missing = [k for k in REQUIRED_SIZES if k not in stated and aliases.get(k) not in stated]
+    required = REQUIRED_SIZES + (() if text.model_type in WIDTH_DERIVED_TYPES
+                                 else ("intermediate_size",))
+    missing = [k for k in required if k not in stated and aliases.get(k) not in stated
+               and not (k == "intermediate_size" and stated & {"ffn_dim",
+                                                               "moe_intermediate_size"})]
     if missing:
         raise ConfigError(f"model config {name!r} must state {', '.join(missing)} (transformers "
                           f"would fill in its own defaults for model_type "
@@ -244,8 +266,14 @@ def _spec_fields(name: str, hf: Any) -> dict[str, Any]:
     else:
         intermediate = int(_get(hf, "intermediate_size", "ffn_dim", default=4 * hidden))
     gated = mt not in _PLAIN_MLP
-    num_experts = int(_get(hf, "num_experts", "num_local_experts", "n_routed_experts", default=0))
+    experts_keys = ("num_experts", "num_local_experts", "n_routed_experts")
+    num_experts = int(_get(hf, *experts_keys, default=0))
     top_k = int(_get(hf, "num_experts_per_tok", "num_experts_per_token", default=0))
+    stated = next((k for k in experts_keys if getattr(hf, k, None) is not None), None)
+    if stated and (num_experts < 1 or not 1 <= top_k <= num_experts):
+        raise ConfigError(f"model config {name!r}: a MoE needs `{stated}` >= 1 and 1 <= "
+                          f"`num_experts_per_tok` <= it, but got {num_experts} experts and "
+                          f"top-k {top_k}")
     moe_inter = 0
     shared = 0
     if num_experts:

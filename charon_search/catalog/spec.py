@@ -89,9 +89,14 @@ class ModelSpec:
         """Per decoder layer: whether its attention uses the sliding window (HF per-layer
         ``layer_types`` ``sliding_attention`` / ``chunked_attention`` / ``full_attention``, kept
         by the catalog as ``extra["attention_layer_types"]``); ``()`` when the model has no
-        such layers."""
+        such layers). A window without per-layer types (Mistral-7B-v0.1: HF Mistral windows
+        every layer) applies to every layer."""
         kinds = tuple(self.extra.get("attention_layer_types") or ())
-        if not self.sliding_window or len(kinds) != self.num_layers:
+        if not self.sliding_window:
+            return ()
+        if not kinds:
+            return (True,) * self.num_layers
+        if len(kinds) != self.num_layers:
             return ()
         return tuple(str(k).startswith(("sliding", "chunked")) for k in kinds)
 

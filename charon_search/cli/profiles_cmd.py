@@ -110,13 +110,18 @@ def _eval(db, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     for k in kinds or ():
         if k not in PREDICTED_KINDS:
             raise ConfigError(f"--op-kind {k!r}: must be one of {sorted(PREDICTED_KINDS)}")
-    rows = heldout_evaluation(db, gpus=_gpus(db, args.gpu), kinds=kinds,
-                              max_train_rows=args.max_train_rows)
+    gpus = _gpus(db, args.gpu)
+    rows = heldout_evaluation(db, gpus=gpus, kinds=kinds, max_train_rows=args.max_train_rows)
+    if not rows:
+        raise ConfigError(f"no predictor to evaluate: the profile DB has no "
+                          f"{' / '.join(kinds) if kinds else 'predicted-kind'} rows for "
+                          f"{', '.join(gpus) if gpus else 'any GPU'} (`charon-search profiles "
+                          "info` lists what it holds)")
     fmt = lambda x: "   n/a" if math.isnan(x) else f"{100 * x:5.1f}%"  # noqa: E731
-    print(f"{'gpu':20s} {'op_kind':13s} {'family':8s} {'dtype':5s} {'train':>7s} "
+    print(f"{'gpu':20s} {'op_kind':13s} {'family':8s} {'dtype':12s} {'train':>7s} "
           f"{'heldout':>7s} {'predictor':>9s} {'roofline':>9s}")
     for r in rows:
-        print(f"{r['gpu']:20s} {r['op_kind']:13s} {r['family'] or '-':8s} {r['dtype']:5s} "
+        print(f"{r['gpu']:20s} {r['op_kind']:13s} {r['family'] or '-':8s} {r['dtype']:12s} "
               f"{r['num_train']:7d} {r['num_heldout']:7d} {fmt(r['mape_predictor']):>9s} "
               f"{fmt(r['mape_roofline']):>9s}")
     if args.json:
@@ -180,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
                           f"but got {args.max_train_rows}")
     # Flags of one action given to another would be ignored without a word.
     only = {"--cluster": ("cluster", None, ("fit-collectives",)),
+            # fit-collectives picks GPUs through the clusters (--cluster), not --gpu
+            "--gpu": ("gpu", None, ("info", "eval")),
             "--write": ("write", False, ("fit-collectives",)),
             "--all-to-all": ("all_to_all", False, ("fit-collectives",)),
             "--max-mape": ("max_mape", 0.2, ("fit-collectives",)),

@@ -94,7 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "checkpoint the catalog ships (e.g. kimi-k2.5)")
     e.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                    help="cost the kernels inference engines fuse (default on)")
-    e.add_argument("--spec-k", type=int, help="speculative draft tokens (MTP)")
+    e.add_argument("--spec-k", type=int,
+                   help="speculative draft tokens per step (the model's MTP layers, or "
+                        "--spec-draft's model)")
+    e.add_argument("--spec-draft", default=None, metavar="MODEL",
+                   help="draft model (a catalog name) for --spec-k instead of MTP layers")
     e.add_argument("--spec-acceptance", type=float, help="per-token acceptance rate")
     o = parser.add_argument_group("output")
     o.add_argument("--json", help="write the ServingReport here")
@@ -152,14 +156,19 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
         data["disagg"] = parse_disagg(args.disagg, args.kv_transfer or "rdma")
     elif args.kv_transfer:
         raise ConfigError("`--kv-transfer` needs `--disagg`")
-    if args.spec_acceptance is not None and not args.spec_k:
-        raise ConfigError("`--spec-acceptance` needs `--spec-k K` (speculative draft tokens)")
-    if args.spec_k:
+    if (args.spec_acceptance is not None or args.spec_draft) and args.spec_k is None:
+        raise ConfigError("`--spec-acceptance` and `--spec-draft` need `--spec-k K` "
+                          "(speculative draft tokens)")
+    if args.spec_k is not None:
+        if args.spec_k < 1:
+            raise ConfigError(f"`--spec-k` must be >= 1 draft tokens (leave it out for no "
+                              f"speculation), but got {args.spec_k}")
         data["speculative"] = SpeculativeConfig(
             num_draft_tokens=args.spec_k,
-            acceptance_rate=0.7 if args.spec_acceptance is None else args.spec_acceptance)
+            acceptance_rate=0.7 if args.spec_acceptance is None else args.spec_acceptance,
+            method="draft" if args.spec_draft else "mtp", draft_model=args.spec_draft or "")
     kind = args.workload or wl_data.get("arrival") or "poisson"
-    if kind not in ("poisson", "gamma", "concurrency", "burst", "trace"):
+    if kind not in ARRIVAL_KINDS:
         wl_data["arrival"] = "trace"
         wl_data["trace_path"] = kind
         wl_data.setdefault("num_requests", 0)
@@ -168,10 +177,17 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
     for flag, value, kinds in (("--concurrency", args.concurrency, ("concurrency",)),
                                ("--ramp-up", args.ramp_up_s, ("concurrency",)),
                                ("--rate", args.rate, ("poisson", "gamma")),
-                               ("--cv", args.cv, ("gamma",))):
+                               ("--cv", args.cv, ("gamma",)),
+                               # a trace file fixes arrivals and lengths
+                               *((flag, value, ("poisson", "gamma", "concurrency", "burst"))
+                                 for flag, value in (("--input-len", args.input_len),
+                                                     ("--output-len", args.output_len),
+                                                     ("--seed", args.seed),
+                                                     ("--prompt-pool", args.prompt_pool)))):
         if value is not None and wl_data["arrival"] not in kinds:
             raise ConfigError(f"`{flag}` applies to a {' or '.join(kinds)} workload, but the "
-                              f"workload is {kind!r}")
+                              f"workload is {'the trace ' if kind not in ARRIVAL_KINDS else ''}"
+                              f"{kind!r}")
     wl_flags = {"rate_per_s": args.rate, "cv": args.cv, "num_requests": args.num_requests,
                 "input_len": args.input_len, "output_len": args.output_len,
                 "concurrency": args.concurrency, "seed": args.seed,
@@ -195,6 +211,10 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
         else [], linear_attention=any(is_linear_block(t) for t in model.layer_types))
     _check_gpus(config, cluster)
     return config, workload, describe(config, profile, version) if profile else ""
+
+
+#: `--workload` values that are arrival processes (anything else is a trace file).
+ARRIVAL_KINDS = ("poisson", "gamma", "concurrency", "burst", "trace")
 
 
 def _check_gpus(config: Any, cluster: Any) -> None:

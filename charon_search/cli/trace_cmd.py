@@ -47,6 +47,12 @@ def _point(args: argparse.Namespace) -> tuple[int, int, int]:
         raise ConfigError(f"`--ctx` must be >= 1, but got {args.ctx}")
     if args.phase == "decode":
         return args.mbs, 1, args.ctx if args.ctx is not None else args.seq
+    if args.ctx is not None and (args.ctx != args.seq if args.phase == "train"
+                                 else args.ctx < args.seq):
+        need = "equal to --seq (a training sequence attends to itself)" if args.phase == "train" \
+            else "at least --seq (the prompt's own keys, plus any cached prefix)"
+        raise ConfigError(f"`--ctx` of phase {args.phase!r} must be {need}, but got "
+                          f"--ctx {args.ctx} with --seq {args.seq}")
     return args.mbs, args.seq, args.ctx if args.ctx is not None else args.seq
 
 
@@ -61,7 +67,7 @@ def _fmt_params(params: Any, b: int, s: int, c: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from charon_search.catalog import load_model
     from charon_search.frontend import trace_model
-    from charon_search.units import format_bytes, format_seconds
+    from charon_search.units import format_bytes, format_flops, format_seconds
 
     prepare_outputs(args, {"--json": "json"})
     b, s, c = _point(args)
@@ -116,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     per_block = ", ".join(f"{n}x{k}" for n, k in counts.items())
     print(f"whole model ({per_block}), one {args.phase} step "
           f"({'forward + backward' if args.phase == 'train' else 'forward'}): "
-          f"{total_flops / 1e12:.3f} TFLOP, {format_bytes(total_bytes)} moved"
+          f"{format_flops(total_flops)}, {format_bytes(total_bytes)} moved"
           + (f", roofline {format_seconds(total_time)} on one {gpu.name}"
              if total_time is not None else ""), file=out)
     if args.json is not None:

@@ -191,7 +191,12 @@ def _moe_candidates(fam: str, dtype: str) -> list[tuple[str, str]]:
     engines = [f"moe_ffn_skew.{e}" for e in _MOE_ENGINES]
     if fam in (DEEPEP_FAMILY, DEEPEP_NORMAL_FAMILY):
         engines = [DEEPEP_FALLBACK] + [e for e in engines if e != DEEPEP_FALLBACK]
-    return [(e, dtype) for e in engines if e != fam] + [
+    # The Triton fused MoE with per-tensor scales, where a GPU has only its block-scaled rows
+    # (H100: vLLM 0.24's tables time per-tensor fp8 with ModelOpt's FlashInfer kernel only):
+    # the same kernel, loading one scale per tensor instead of per 128x128 block.
+    first = ([(fam, "fp8_block")] if fam == "moe_ffn_skew.vllm_triton" and dtype == "fp8"
+             else [])
+    return first + [(e, dtype) for e in engines if e != fam] + [
         ("moe_ffn", "bf16"), ("moe_ffn_skew", "bf16")]
 
 

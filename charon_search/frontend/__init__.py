@@ -54,7 +54,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from charon_search.cache import cache_dir
+from charon_search.cache import cache_dir, sources_fingerprint
 from charon_search.catalog import ModelSpec, config_hash, load_model
 from charon_search.errors import ConfigError
 from charon_search.ir import TracedBlock
@@ -119,7 +119,10 @@ def _versions() -> str:
     import torch
     import transformers
 
-    return f"torch{torch.__version__}-tf{transformers.__version__}-fe{FRONTEND_VERSION}"
+    # The tracing code's own hash too: a change to the op mapping invalidates the disk cache
+    # even when FRONTEND_VERSION was not bumped.
+    code = sources_fingerprint("frontend", "ir", "catalog")
+    return f"torch{torch.__version__}-tf{transformers.__version__}-fe{FRONTEND_VERSION}-{code}"
 
 
 def _cache_key(spec: ModelSpec, phase: str, dtype: str, attn_impl: str) -> str:

@@ -181,7 +181,9 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                       moe_tp: int | None = None,
                       quantized_roles: frozenset[str] | None = None,
                       quantized_weight_bytes: float = 0.0,
-                      memory_rule: str = "total") -> KvCacheCapacity:
+                      memory_rule: str = "total",
+                      extra_weights_bytes: float = 0.0,
+                      extra_kv_bytes_per_token: float = 0.0) -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
@@ -215,6 +217,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
         memory_rule: ``total`` (vLLM), ``static`` (SGLang) or ``free`` (TensorRT-LLM): what
             ``gpu_memory_utilization`` is a fraction of (module docstring). Under ``static`` the
             activation and CUDA-graph bytes are reported but held outside the fraction.
+        extra_weights_bytes, extra_kv_bytes_per_token: per GPU, what another model sharing the
+            GPUs adds (a speculative draft model's weights, and its KV beside each token's).
     """
     from charon_search.memory.report import _resolve
 
@@ -252,7 +256,7 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
     for i, layers in enumerate(stages):
         names = list(layers) + (["embedding"] if i == 0 else []) + (
             ["lm_head"] if i == pp - 1 else [])
-        weights = 0.0
+        weights = extra_weights_bytes
         for name in names:
             groups = _param_groups(prof, spec, name)
             if quantized_roles is not None and groups.by_role:
@@ -269,6 +273,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             prof, names, tokens=min(CUDA_GRAPH_MAX_BATCH, max_batched_tokens), tp=tp, decode=True)
         kv_layers = sum(1 for t in layers if not is_linear_block(t))
         per_token = kv_bytes_per_token(spec, tp=tp, num_layers=kv_layers, kv_dtype=kv_dtype)
+        if per_token > 0:
+            per_token += extra_kv_bytes_per_token
         if memory_rule == "static":
             avail = max(0.0, gpu_memory_utilization * (cl.gpu.hbm_capacity_bytes - non_torch)
                         - weights)

@@ -12,7 +12,8 @@ Config keys of a serving space:
   ``cluster`` (disaggregated only), and ``kv_transfer``.
 * ``engine`` (a ``ServingConfig`` field): the engine's own scheduler defaults apply to every
   field the config leaves out (``serving.engine_defaults``); ``engine_version`` picks its release.
-* ``spec_k`` (speculative draft tokens; 0 = off) and ``spec_acceptance`` (per-token acceptance).
+* ``spec_k`` (speculative draft tokens; 0 = off) and ``spec_acceptance`` (per-token acceptance),
+  drafted by the model's MTP layers or by ``spec_draft`` (a catalog model of the same vocabulary).
 * ``cuda_graph_max`` (largest captured batch; graphs at 1, 2, 4, 8, 16, 24, ... up to it).
 * ``workload_<field>``: overrides one ``WorkloadSpec`` field (e.g. ``workload_concurrency``
   searched as a parameter to trace the throughput-per-GPU vs per-user frontier).
@@ -31,7 +32,7 @@ __all__ = ["MODES", "evaluate_serving", "serving_config_from"]
 
 MODES = ("aggregated", "disaggregated")
 _POOL_KEYS = {"replicas": "num_replicas", "tp": "tp", "pp": "pp", "ep": "ep", "cluster": "cluster"}
-_SEARCH_ONLY = {"model", "cluster", "workload", "mode", "spec_k", "spec_acceptance",
+_SEARCH_ONLY = {"model", "cluster", "workload", "mode", "spec_k", "spec_acceptance", "spec_draft",
                 "engine_version", "kv_transfer", "cuda_graph_max", "num_gpus", "min_gpus",
                 "max_gpus"}
 
@@ -70,6 +71,8 @@ def serving_config_from(cfg: Mapping[str, Any], *, gpu: str = "",
     if spec_k > 0:
         kw["speculative"] = {"num_draft_tokens": spec_k,
                              "acceptance_rate": float(cfg.get("spec_acceptance", 0.7))}
+        if cfg.get("spec_draft"):
+            kw["speculative"].update(method="draft", draft_model=str(cfg["spec_draft"]))
     if cfg.get("cuda_graph_max"):
         kw["cuda_graph_sizes"] = _cuda_graph_sizes(int(cfg["cuda_graph_max"]))
     if mode == "disaggregated":

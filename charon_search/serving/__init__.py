@@ -5,6 +5,12 @@ Example:
     >>> from charon_search.serving import ServingConfig, WorkloadSpec, simulate_serving
     >>> report = simulate_serving("llama-3.1-8b", "h100-sxm-8gpu", ServingConfig(tp=1),
     ...                           WorkloadSpec(rate_per_s=4, num_requests=200))  # doctest: +SKIP
+
+A ``ServingConfig`` is taken as given. To serve as an engine would by default (its chunk size,
+overlap scheduler, all-reduce kernel, memory fraction: what ``serve --engine`` does), build the
+config with ``engine_serving_config``:
+    >>> cfg, _ = engine_serving_config({"engine": "sglang", "tp": 1}, gpu="h100-sxm-80gb",
+    ...                                prompt_tokens=[1024])  # doctest: +SKIP
 """
 
 from charon_search.serving.config import (
@@ -20,6 +26,7 @@ from charon_search.serving.dynamic_sp import (
     fixed_sp_latency,
     plan_dynamic_sp,
 )
+from charon_search.serving.engine_defaults import engine_serving_config
 from charon_search.serving.iteration_cost import (
     AffineIterationCostModel,
     GraphIterationCostModel,
@@ -59,6 +66,7 @@ __all__ = [
     "SpeculativeConfig",
     "WorkloadSpec",
     "build_cost_model",
+    "engine_serving_config",
     "fixed_sp_latency",
     "kv_capacity_blocks",
     "parse_disagg",

@@ -266,6 +266,9 @@ class CheckpointQuant:
     weight_bytes: float = 0.0
     """Stored bytes per quantized weight with its scales (``_FORMAT_WEIGHT_BYTES``); 0 = the
     precision's bare element size (no checkpoint known)."""
+    modelopt: bool = False
+    """A TensorRT Model Optimizer export (``quant_method: modelopt``), which vLLM runs with its
+    ModelOpt methods rather than ``Fp8MoEMethod``."""
     source: str = ""
 
 
@@ -323,6 +326,7 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
     return CheckpointQuant(precision=precision, quantized_roles=_QUANTIZABLE_ROLES - keep,
                            moe_dtype=_MOE_FORMAT[method] if Role.MOE_EXPERT.value not in keep
                            else "", block_fp8=method == "fp8_block", weight_bytes=wbytes,
+                           modelopt=qc.get("quant_method") == "modelopt",
                            source=str(entry.get("source", "")))
 
 
@@ -403,6 +407,13 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     scale = _PRECISION_BYTES[dtype] / 2.0
     wbytes = Poly.const(_PRECISION_BYTES[dtype])
     moe_dtype = quant.moe_dtype
+    if engine == "vllm" and moe_dtype == "fp8" and not quant.modelopt and not moe_kernel:
+        # vLLM runs per-tensor fp8 experts (an `fp8` checkpoint, or `--quantization fp8`) with
+        # Fp8MoEMethod, whose default is the Triton fused MoE. Its measured per-tensor `fp8`
+        # rows time ModelOpt's FlashInfer CUTLASS method instead, which only ModelOpt exports
+        # run: on H100 they are 2-2.6x slower than bf16 from 1 to 16,384 tokens (Mixtral's
+        # experts: 0.67 vs 0.26 ms at one token), which would make fp8 MoE slower than bf16.
+        moe_kernel = "triton"
     formats, rows = MOE_KERNEL_ROWS.get(moe_kernel, (frozenset(), ("", "")))
     if moe_dtype in formats:
         engine, moe_dtype = rows[0] or engine, rows[1] or moe_dtype

@@ -393,7 +393,9 @@ class ServingConfig:
     ``""`` = a generic engine). It selects the cluster's calibrated front-end times
     (``frontend_latency_s``, ``frontend_prompt_token_s``, ``frontend_output_token_s``),
     prompt-iteration overhead (``prefill_iteration_overhead_s``) and disaggregated hand-over
-    time (``disagg_handoff_s``)."""
+    time (``disagg_handoff_s``). It does not set the engine's scheduler defaults (chunk size,
+    overlap scheduler, all-reduce kernel, memory fraction): the other fields are taken as
+    given; ``serving.engine_serving_config`` fills them as ``serve --engine`` does."""
     frontend_latency_s: float | None = None
     """Time a request spends in the engine's serving front end, outside the simulated
     scheduler: the HTTP server, chat template and tokenization, the hand-over to the executor
@@ -518,6 +520,16 @@ class ServingConfig:
         if self.disagg is not None and self.scheduler != "vllm":
             raise ConfigError("`disagg` needs scheduler 'vllm', but got "
                               f"scheduler={self.scheduler!r}")
+        if self.disagg is not None and self.sp > 1:
+            # The pools' GPUs are their own degrees; an sp over them would speed the prefill
+            # pool up on GPUs the report never counts.
+            raise ConfigError(f"`sp` (sequence parallelism) applies to a colocated replica, not "
+                              f"to `disagg` pools, but got sp={self.sp}: give the prefill pool "
+                              "more GPUs (e.g. prefill=1xTP8) instead")
+        if self.speculative is not None and self.scheduler == "static":
+            raise ConfigError("`speculative` needs a continuous-batching scheduler: the "
+                              "'static' baseline decodes one token a step, so its report "
+                              "would credit drafts it never verifies")
 
     @property
     def gpus_per_replica(self) -> int:

@@ -24,7 +24,7 @@ import heapq
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from charon_search.serving.config import ServingConfig
@@ -153,12 +153,14 @@ class ReplicaEngine:
             holds every token.
         tokens_per_step: tokens committed per decode step (speculation: expected accepted + 1).
         decode_q: tokens processed per decoding request and step (k + 1 when verifying).
-        draft_s: extra seconds of a decode step's drafting given (num_decode, kv_sum).
+        draft_s: extra seconds of an iteration's drafting given (prefill chunks as
+            ``(tokens, context)``, num_decode, kv_sum): a draft model also runs the prompts.
     """
 
     def __init__(self, name: str, role: str, cost: IterationCostModel, config: ServingConfig,
                  *, num_kv_blocks: int, overhead_s: float, tokens_per_step: float = 1.0,
-                 decode_q: int = 1, draft_s: Callable[[int, float], float] | None = None,
+                 decode_q: int = 1,
+                 draft_s: Callable[[Sequence[tuple[int, int]], int, float], float] | None = None,
                  on_prefilled: Callable[[Request, float], None] | None = None,
                  on_finished: Callable[[Request, float], None] | None = None,
                  record: bool = False, prefill_overhead_s: float = 0.0,
@@ -477,7 +479,8 @@ class ReplicaEngine:
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
                 r, r.prefilled)
             if not pool.reserve(extra):
-                r.hit_tokens -= r.hit_blocks * bs
+                if not r.num_preemptions:
+                    r.hit_tokens -= r.hit_blocks * bs
                 self._release_prefix(r, now_s)
                 r.prefilled = 0
                 break
@@ -512,8 +515,8 @@ class ReplicaEngine:
                 padded = self.graph_sizes[i]
                 captured = True
         gpu_s = self.cost.iteration_s(shape, n_dec, kv_sum, q, padded_decode=padded)
-        if n_dec and self.draft_s is not None:
-            gpu_s += self.draft_s(n_dec, kv_sum)
+        if self.draft_s is not None:
+            gpu_s += self.draft_s(shape, n_dec, kv_sum)
         # The host launches each kernel of an iteration that replays no graph. Behind an overlap
         # scheduler it starts on batch n + 1 as soon as it has launched batch n (at once for a
         # graph replay), so the GPU time of a back-to-back predecessor hides part of it.
@@ -626,7 +629,10 @@ class ReplicaEngine:
         if hit:
             tree.acquire(r.prefix_keys[:hit], now_s)
             r.hit_blocks = hit
-            r.hit_tokens += hit * self.pool.block_size
+            if not r.num_preemptions:
+                # Counted at the first admission only: a recompute after a preemption re-hits
+                # the request's own blocks, and the hit rate is per prompt token.
+                r.hit_tokens += hit * self.pool.block_size
             r.prefilled = hit * self.pool.block_size
 
     def finish_iteration(self, now_s: float) -> None:
@@ -734,14 +740,14 @@ class ReplicaEngine:
             while self.waiting and len(batch) < cfg.max_num_seqs:
                 r = self.waiting[0]
                 need = self.pool.pages_for(r.prompt_tokens + r.output_tokens)
-                if batch and blocks + need > self.pool.num_pages:
-                    break
+                if blocks + need > self.pool.num_pages:
+                    break  # a first request larger than the cache never starts: infeasible
                 blocks += need
                 batch.append(self.waiting.popleft())
             if not batch:
                 return 0.0
             self._static_batch = batch
-            self.pool.owned_pages = min(blocks, self.pool.num_pages)
+            self.pool.owned_pages = blocks
             longest = max(r.prompt_tokens for r in batch)
             self._static_steps_left = max(r.output_tokens for r in batch) - 1
             self._static_ctx = longest

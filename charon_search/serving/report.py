@@ -72,7 +72,8 @@ class ServingReport:
     num_completed: int
     num_preemptions: int
     prefix_hit_rate: float
-    """Prompt tokens served from the prefix cache / prompt tokens admitted."""
+    """Prompt tokens served from the prefix cache at each request's first admission / prompt
+    tokens (a recompute after a preemption is not counted again), in [0, 1]."""
     kv_utilization: float
     """Time-averaged used KV blocks / capacity (mean over replicas)."""
     mean_requests_in_system: float

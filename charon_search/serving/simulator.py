@@ -112,10 +112,14 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
         else config.max_num_batched_tokens, block_size=config.block_size,
         kv_dtype=config.kv_dtype,
         linear_state_ratio=SGLANG_MAMBA_FULL_MEMORY_RATIO if config.engine == "sglang" else 0.0,
-        linear_state_requests=config.max_num_seqs, **weight_storage(model, config.precision))
+        linear_state_requests=config.max_num_seqs, **weight_storage(model, config.precision),
+        **_draft_memory(config, tp=1 if dpa else tp))
     blocks = cap.num_blocks
     if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV
+    # Sequence parallelism: each of the sp GPUs of a colocated replica keeps whole requests'
+    # KV (``dynamic_sp.SequenceParallelCostModel``), so the replica holds sp times one's.
+    blocks *= config.sp
     if blocks < 1:
         shipped = sorted(model.hf_config.get("_charon_checkpoints") or {})
         hint = (f"; the catalog's {model.name} checkpoints are {', '.join(shipped)} "
@@ -128,6 +132,23 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
             f"`--memory-fraction`){hint}"
         )
     return blocks
+
+
+def _draft_memory(config: ServingConfig, *, tp: int) -> dict[str, float]:
+    """Per GPU, the weights and per-token KV of a speculative draft model (``kv_cache_capacity``
+    keyword arguments): it runs TP-sharded beside the target at the target's precision (as
+    ``ServingSimulation._draft_fn`` costs it) and keeps its own KV for every cached token."""
+    spec = config.speculative
+    if spec is None or spec.method != "draft":
+        return {}
+    from charon_search.catalog import load_model
+    from charon_search.memory.serving import WEIGHT_DTYPE_BYTES, kv_bytes_per_token
+
+    draft = load_model(spec.draft_model)
+    wbytes = WEIGHT_DTYPE_BYTES[{"fp4": "nvfp4"}.get(config.precision, config.precision)]
+    return {"extra_weights_bytes": draft.num_params * wbytes / tp,
+            "extra_kv_bytes_per_token": kv_bytes_per_token(draft, tp=tp,
+                                                           kv_dtype=config.kv_dtype)}
 
 
 def kv_paging(model: ModelSpec, config: ServingConfig, blocks: int
@@ -366,7 +387,7 @@ class ServingSimulation:
         assert spec is not None
         k = spec.num_draft_tokens
         if spec.method == "mtp":
-            return lambda n, kv: k * cost.mtp_step_s(n, kv)
+            return lambda shape, n, kv: k * cost.mtp_step_s(n, kv) if n else 0.0
         draft = self._draft
         if draft is None:
             from charon_search.catalog import load_model
@@ -375,7 +396,13 @@ class ServingSimulation:
             draft = GraphIterationCostModel(draft_spec, cluster, tp=pool.tp, pp=1,
                                             precision=self.config.precision,
                                             fused_kernels=self.config.fused_kernels)
-        return lambda n, kv: k * draft.iteration_s((), n, kv, 1)
+        def draft_s(shape: Sequence[tuple[int, int]], n: int, kv: float) -> float:
+            # The draft model runs the iteration's prompt chunks once (its own KV) and then
+            # proposes k tokens for every decoding request, one forward each.
+            first = draft.iteration_s(shape, n, kv, 1) if shape or n else 0.0
+            return first + (k - 1) * draft.iteration_s((), n, kv, 1) if n else first
+
+        return draft_s
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, prio: int, kind: int, payload: Any) -> None:
@@ -430,7 +457,7 @@ class ServingSimulation:
         kv = n * (p + o / 2)
         step = dec.cost.iteration_s((), n, kv, dec.q, padded_decode=n) + dec.overhead_s
         if dec.draft_s is not None:
-            step += dec.draft_s(n, kv)
+            step += dec.draft_s((), n, kv)
         return t + max(0.0, o - 1) / dec.e * step
 
     def warm_prefix_caches(self, prefixes: Sequence[tuple[int, int]]) -> int:
@@ -726,6 +753,7 @@ def run_simulation(model: ModelSpec | str, cluster: ClusterSpec | str,
         raise ConfigError("the workload has no requests")
     _check_parallel(spec_model, cfg)
     _check_precision(spec_model, cl, cfg)
+    _check_speculative(spec_model, cfg)
     _check_context(spec_model, requests)
     _check_prompt_budget(cfg, requests)
     sim = ServingSimulation(spec_model, cl, cfg, cost_model=cost_model,
@@ -853,6 +881,46 @@ def _check_precision(model: ModelSpec, cluster: ClusterSpec, cfg: ServingConfig)
                 f"{what} as {cfg.precision} GEMMs, which {cl.gpu.name} (cluster {cl.name}) has "
                 f"no tensor cores for; its formats: {formats} (weight-only 4-bit experts, as "
                 f"gpt-oss's MXFP4 ones, are the only lower precision modelled there)")
+
+
+def mtp_layers(model: ModelSpec) -> int:
+    """Multi-token-prediction layers the checkpoint ships (DeepSeek-V3 / GLM
+    ``num_nextn_predict_layers``, Qwen3.5 ``mtp_num_hidden_layers``, MiniMax
+    ``mtp_transformer_layers`` with ``use_mtp``); 0 for a model without MTP heads."""
+    hf = model.hf_config
+    if "use_mtp" in hf and not hf.get("use_mtp"):
+        return 0
+    return max(int(hf.get(k) or 0) for k in ("num_nextn_predict_layers",
+                                             "mtp_num_hidden_layers", "mtp_transformer_layers"))
+
+
+def _check_speculative(model: ModelSpec, cfg: ServingConfig) -> None:
+    """MTP needs the checkpoint's MTP layers; a draft model must share the target's vocabulary
+    (vLLM and SGLang refuse another one) and be smaller than it.
+
+    Raises:
+        ConfigError: naming the field, the model and what it has.
+    """
+    spec = cfg.speculative
+    if spec is None:
+        return
+    if spec.method == "mtp" and not mtp_layers(model):
+        raise ConfigError(f"`speculative.method` 'mtp' needs a checkpoint with MTP layers "
+                          f"(num_nextn_predict_layers / mtp_num_hidden_layers), but {model.name} "
+                          "has none: give a draft model (method 'draft', `draft_model`; serve "
+                          "--spec-draft MODEL)")
+    if spec.method == "draft":
+        from charon_search.catalog import load_model
+
+        draft = load_model(spec.draft_model)
+        if draft.vocab_size != model.vocab_size:
+            raise ConfigError(f"`speculative.draft_model` {draft.name!r} must share the target's "
+                              f"vocabulary, but has {draft.vocab_size:,} tokens against "
+                              f"{model.name}'s {model.vocab_size:,}")
+        if draft.num_params >= model.num_params:
+            raise ConfigError(f"`speculative.draft_model` {draft.name!r} must be smaller than "
+                              f"the target, but has {draft.num_params:,} parameters against "
+                              f"{model.name}'s {model.num_params:,}")
 
 
 def _check_parallel(model: ModelSpec, cfg: ServingConfig) -> None:

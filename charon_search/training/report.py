@@ -16,7 +16,9 @@ FLOPS_CONVENTION = (
     "hardware_flops = the FLOPs of every op the simulated ranks run, recompute included, with "
     "attention counted over the full s x s scores (non-causal, as Megatron's HFU and "
     "torch.utils.flop_counter count it, so hfu can exceed mfu without recompute; the step "
-    "time prices causal kernels); mfu/hfu against the GPU's dense bf16 peak."
+    "time prices causal kernels; sliding-window layers at their window, while model_flops "
+    "count them at full length as torchtitan does, so a windowed model's hfu can be below its "
+    "mfu); mfu/hfu against the GPU's dense bf16 peak."
 )
 
 

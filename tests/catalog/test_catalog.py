@@ -197,3 +197,28 @@ def test_load_from_module() -> None:
     assert spec.num_layers == 2 and spec.model_type == "llama"
     with pytest.raises(ConfigError):
         load_model(torch.nn.Linear(2, 2))
+
+
+def test_an_hf_module_is_read_only_when_its_stock_class_is_what_gets_traced() -> None:
+    """Tracing rebuilds the HF class from the module's config: the stock class is read (its
+    parameters counted on the module), a subclass with layers of its own is refused (its
+    adapter's 2 x 64 x 4096 weights and forward would not be simulated)."""
+    import torch
+    from torch import nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+
+    class WithAdapter(LlamaForCausalLM):
+        def __init__(self, config):  # type: ignore[no-untyped-def]
+            super().__init__(config)
+            self.adapter = nn.Linear(64, 4096)
+
+    with torch.device("meta"):
+        stock, custom = LlamaForCausalLM(cfg), WithAdapter(cfg)
+    spec = load_model(stock)
+    assert spec.num_params == sum(p.numel() for p in stock.parameters()) == 119_104
+    with pytest.raises(ConfigError, match=r"WithAdapter .* is not a HuggingFace transformers "
+                                          r"class"):
+        load_model(custom)

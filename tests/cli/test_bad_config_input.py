@@ -4,6 +4,7 @@ traceback or a silently different run (``config_fields.typed_kwargs`` and the CL
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from charon_search.serving import ServingConfig, WorkloadSpec
 from charon_search.serving.workload import read_trace
 
 TRAIN = ["train", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8"]
+TRACE = str(Path(__file__).parents[2] / "charon_search" / "data" / "traces"
+            / "splitwise_conv_2k.csv")
 SERVE = ["serve", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--num-requests", "4",
          "--no-progress"]
 
@@ -104,7 +107,7 @@ def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> No
     (["--disagg", "prefill=1xTP2,decode=1xTP2", "--tp", "4"], "but got --tp too"),
     (["--workload", "poisson", "--concurrency", "4"], "`--concurrency` applies to a concurrency"),
     (["--workload", "concurrency", "--concurrency", "4", "--rate", "2"], "`--rate` applies"),
-    (["--spec-acceptance", "0.8"], "`--spec-acceptance` needs `--spec-k K`"),
+    (["--spec-acceptance", "0.8"], "`--spec-acceptance` and `--spec-draft` need `--spec-k K`"),
     (["--spec-k", "2", "--spec-acceptance", "1.5"],
      "`speculative.acceptance_rate` (serve --spec-acceptance) must lie in [0, 1] (one number, "
      "or one per draft position), but got 1.5"),
@@ -114,6 +117,12 @@ def test_serve_config_file_errors_exit_2(tmp_path, capsys, config, needle) -> No
     (["--workload", "poison"], "a workload is one of ['poisson', 'gamma', 'concurrency', "
                                "'burst'] or a trace file"),
     (["--ep", "2"], "`ep > 1` needs a MoE model"),
+    (["--spec-k", "0"], "`--spec-k` must be >= 1 draft tokens"),
+    (["--spec-draft", "llama-3.1-8b"], "`--spec-acceptance` and `--spec-draft` need `--spec-k"),
+    (["--spec-k", "2", "--model", "llama-3.1-8b"], "'mtp' needs a checkpoint with MTP layers"),
+    (["--workload", TRACE, "--input-len", "64"],
+     "`--input-len` applies to a poisson or gamma or concurrency or burst workload, but the "
+     "workload is the trace"),
 ])
 def test_serve_flag_errors_exit_2(capsys, argv, needle) -> None:
     assert main([*SERVE, *argv]) == 2
@@ -185,8 +194,15 @@ def test_a_config_json_must_state_its_sizes(tmp_path, capsys) -> None:
     bare = tmp_path / "bare.json"
     bare.write_text('{"model_type": "llama"}')
     assert main(["trace", str(bare), "--seq", "128"]) == 2
-    assert "must state hidden_size, num_hidden_layers, num_attention_heads" in \
-        capsys.readouterr().err
+    assert ("must state hidden_size, num_hidden_layers, num_attention_heads, vocab_size, "
+            "intermediate_size") in capsys.readouterr().err
+    # A Llama config without its vocabulary and MLP width had built a 12.6 M-parameter model
+    # from Llama-2-7B's 32,000 and 11,008.
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"model_type": "llama", "hidden_size": 96, "num_hidden_layers": 2, '
+                       '"num_attention_heads": 4}')
+    assert main(["trace", str(partial), "--seq", "128"]) == 2
+    assert "must state vocab_size, intermediate_size" in capsys.readouterr().err
     gpt2 = tmp_path / "gpt2.json"
     gpt2.write_text('{"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4, '
                     '"vocab_size": 1000, "n_positions": 512}')
@@ -381,3 +397,50 @@ def test_profiles_flags_of_another_action_are_errors(capsys) -> None:
     assert main(["profiles", "info", "--write"]) == 2
     assert "`--write` applies to `profiles fit-collectives`, not to `profiles info`" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("experts, top_k, needle", [
+    (0, 2, "got 0 experts and top-k 2"),
+    (4, 8, "got 4 experts and top-k 8"),
+])
+def test_a_moe_config_needs_top_k_within_its_experts(tmp_path, capsys, experts, top_k,
+                                                     needle) -> None:
+    """torch had failed inside the router with "k not in range for dimension"."""
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 256, "num_local_experts": experts, "num_experts_per_tok": top_k}
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(cfg))
+    assert main(["trace", str(path), "--seq", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "a MoE needs" in err and needle in err and "Traceback" not in err
+
+
+def test_a_window_without_layer_types_windows_every_layer(tmp_path) -> None:
+    """Mistral-7B-v0.1 states `sliding_window` without per-layer types; HF windows every
+    layer. The window had been ignored (the model priced slower than without it)."""
+    import json
+
+    from charon_search.catalog import load_model
+    from charon_search.hardware import load_cluster
+    from charon_search.training import simulate_training
+
+    base = {"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 256, "max_position_embeddings": 32768}
+    steps = {}
+    for name, extra in (("full", {}), ("window", {"sliding_window": 64}),
+                        ("typed", {"sliding_window": 64,
+                                   "layer_types": ["sliding_attention"] * 2})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**base, **extra}))
+        spec = load_model(folder)
+        rep = simulate_training(spec, load_cluster("h100-sxm-8gpu"), Layout(seq_len=8192),
+                                num_gpus=1)
+        steps[name] = (rep.step_time_s, rep.hardware_flops_per_step)
+        if extra:
+            assert spec.sliding_layers == (True, True)
+    assert steps["window"] == pytest.approx(steps["typed"])
+    # Executed attention: 64 keys a query instead of all 8,192.
+    assert steps["window"][1] < 0.5 * steps["full"][1]

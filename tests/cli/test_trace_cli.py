@@ -47,6 +47,10 @@ def test_trace_decode_uses_ctx(tmp_path) -> None:
         ["trace", "/no/such/config.json"],
         ["trace", "debug-llama", "--gpu", "no-such-gpu"],
         ["trace", "debug-llama", "--seq", "0"],
+        ["trace", "debug-llama", "--phase", "train", "--seq", "64", "--ctx", "100000"],
+        ["trace", "debug-llama", "--phase", "prefill", "--seq", "64", "--ctx", "8"],
+        ["profiles", "fit-collectives", "--gpu", "h100"],
+        ["profiles", "eval", "--gpu", "a40", "--op-kind", "attention"],
     ],
 )
 def test_bad_input_exits_2(argv, capsys) -> None:

@@ -348,3 +348,86 @@ def test_warm_prefixes_respect_the_kv_capacity(affine, cluster) -> None:
     tree = sim.replicas[0].pool.tree
     assert tree.num_blocks == 100 and tree.num_pinned == 0
     assert [tree.match([(p, i) for i in range(64)]) for p in (0, 1, 2)] == [0, 36, 64]
+
+
+# ------------------------------------------------------------------ review checks (session 56)
+def test_static_batching_refuses_a_request_larger_than_the_cache(affine, cluster) -> None:
+    """10 blocks of 16 tokens hold 160 tokens: a 100 + 100 request never fits (it had run with
+    kv_utilization ~1.0, memory beyond capacity)."""
+    from charon_search.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError, match="needs more KV blocks than the cache has"):
+        simulate_serving("debug-llama", cluster, _cfg(num_kv_blocks=10, scheduler="static"),
+                         [req(0, 0.0, 100, 100)], cost_model=affine)
+
+
+def test_prefix_hit_rate_counts_each_prompt_once_under_preemption(affine, cluster) -> None:
+    """Every prompt is one of 2 shared 512-token prefixes; preemptions re-admit requests that
+    re-hit their own blocks. The rate stays a share of prompt tokens (it had reached 1.63)."""
+    wl = WorkloadSpec(arrival="burst", num_requests=20, seed=0,
+                      input_len=LengthDistribution(value=512),
+                      output_len=LengthDistribution(value=300),
+                      shared_prefix_tokens=512, num_prefixes=2)
+    rep = simulate_serving("debug-llama", cluster, _cfg(num_kv_blocks=200, prefix_caching=True),
+                           wl, cost_model=affine, keep_requests=True)
+    assert rep.num_preemptions > 0
+    assert 0 < rep.prefix_hit_rate <= 1
+    assert all(h <= 512 for h in rep.per_request["prefix_hit_tokens"])
+
+
+def test_speculation_needs_what_it_drafts_with(cluster) -> None:
+    from charon_search.serving.config import DisaggConfig, PoolConfig
+
+    wl = WorkloadSpec(num_requests=2, input_len=LengthDistribution(value=64),
+                      output_len=LengthDistribution(value=8))
+    mtp = SpeculativeConfig(num_draft_tokens=2, acceptance_rate=0.7)
+    with pytest.raises(ConfigError, match=r"'mtp' needs a checkpoint with MTP layers .* but "
+                                          r"llama-3\.1-8b has none"):
+        simulate_serving("llama-3.1-8b", "h100-sxm-8gpu", ServingConfig(speculative=mtp), wl)
+    other_vocab = SpeculativeConfig(num_draft_tokens=2, acceptance_rate=0.7, method="draft",
+                                    draft_model="mpt-1b")
+    with pytest.raises(ConfigError, match="must share the target's vocabulary, but has 50,368"):
+        simulate_serving("llama-3.1-8b", "h100-sxm-8gpu",
+                         ServingConfig(speculative=other_vocab), wl)
+    bigger = SpeculativeConfig(num_draft_tokens=2, acceptance_rate=0.7, method="draft",
+                               draft_model="llama-3.1-70b")
+    with pytest.raises(ConfigError, match="must be smaller than the target"):
+        simulate_serving("llama-3.1-8b", "h100-sxm-8gpu", ServingConfig(speculative=bigger), wl)
+    with pytest.raises(ConfigError, match="`speculative` needs a continuous-batching scheduler"):
+        ServingConfig(scheduler="static", speculative=mtp)
+    pools = DisaggConfig(prefill=PoolConfig(tp=2), decode=PoolConfig(tp=2))
+    with pytest.raises(ConfigError, match=r"`sp` .* applies to a colocated replica"):
+        ServingConfig(disagg=pools, sp=4)
+
+
+def test_a_draft_model_holds_memory_and_prefills_the_prompt() -> None:
+    """Llama-3.1-8B drafting for Llama-3.1-70B at TP 4 on H100: per GPU the draft holds
+    8,030,261,248 x 2 B / 4 = 4.0 GB of weights and 32 layers x 2 x (8/4 heads) x 128 x 2 B =
+    32,768 B of KV beside the target's 80 x 2 x 2 x 128 x 2 = 81,920 B per token, so the cache
+    holds (A - 4.0 GB) / 114,688 tokens where it held A / 81,920."""
+    from charon_search.catalog import load_model
+    from charon_search.hardware import load_cluster
+    from charon_search.serving.simulator import kv_capacity_blocks
+
+    model, h100 = load_model("llama-3.1-70b"), load_cluster("h100-sxm-8gpu")
+    base = ServingConfig(tp=4)
+    spec = base.replace(speculative=SpeculativeConfig(
+        num_draft_tokens=3, acceptance_rate=0.0, method="draft", draft_model="llama-3.1-8b"))
+    plain = kv_capacity_blocks(model, h100, base, tp=4, pp=1, ep=1) * base.block_size
+    drafted = kv_capacity_blocks(model, h100, spec, tp=4, pp=1, ep=1) * base.block_size
+    avail = plain * 81_920
+    assert drafted == pytest.approx((avail - 8_030_261_248 * 2 / 4) / 114_688, abs=32)
+    # The draft also runs the prompt: a lone request's first token comes later with it.
+    one = [req(0, 0.0, 2048, 2)]
+    t_plain = simulate_serving(model, h100, base, one).ttft_s["mean"]
+    t_draft = simulate_serving(model, h100, spec, one).ttft_s["mean"]
+    assert t_draft > t_plain * 1.05
+
+
+def test_sequence_parallel_replica_holds_sp_times_the_kv(cluster) -> None:
+    from charon_search.catalog import load_model
+    from charon_search.serving.simulator import kv_capacity_blocks
+
+    model = load_model("debug-llama")
+    one = kv_capacity_blocks(model, cluster, ServingConfig(), tp=1, pp=1, ep=1)
+    assert kv_capacity_blocks(model, cluster, ServingConfig(sp=4), tp=1, pp=1, ep=1) == 4 * one
