@@ -30,9 +30,11 @@ def _clean(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if not k.startswith(_PRIVATE_PREFIX)}
 
 
-def _one_line(e: BaseException) -> str:
-    """An exception's message on one line (transformers' validation errors span several)."""
-    return " ".join(str(e).split())
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (transformers' validation errors span several),
+    cut at ``limit`` characters (its unsupported-class error lists every model class)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 @contextlib.contextmanager

@@ -216,7 +216,7 @@ def _check_sizes_stated(name: str, cfg: Mapping[str, Any], hf: Any) -> None:
     required = REQUIRED_SIZES + (() if text.model_type in WIDTH_DERIVED_TYPES
                                  else ("intermediate_size",))
     missing = [k for k in required if k not in stated and aliases.get(k) not in stated
-               and not (k == "intermediate_size" and stated & {"ffn_dim",
+               and not (k == "intermediate_size" and stated & {"ffn_dim", "d_ff",
                                                                "moe_intermediate_size"})]
     if missing:
         raise ConfigError(f"model config {name!r} must state {', '.join(missing)} (transformers "

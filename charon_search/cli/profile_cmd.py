@@ -101,6 +101,18 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    # The arguments before the GPU: a bad command fails the same on a machine without one.
+    points = parse_points(args.points)
+    if not (args.model or args.grid or args.train_attention or args.fp8_gemm
+            or args.gh100_crosscheck or args.collectives or args.overlap):
+        raise ConfigError("nothing to measure: give --model NAME, --grid, --train-attention, "
+                          "--fp8-gemm, --gh100-crosscheck, --collectives or --overlap")
+    from charon_search.catalog import load_model
+    from charon_search.cli._common import prepare_out_folder
+
+    for name in args.model or ():
+        load_model(name)  # an unknown name: its one-line error, with the close ones
+    prepare_out_folder("--out", args.out)
     try:
         import torch
     except ImportError:
@@ -113,7 +125,6 @@ def run(args: argparse.Namespace) -> int:
     gpu = _gpu_key(args, device)
     source = default_source(device)
     shapes = []
-    points = parse_points(args.points)
     errors: list[str] = []
     for name in args.model or ():
         try:

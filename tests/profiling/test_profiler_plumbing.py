@@ -133,6 +133,16 @@ def test_profile_cli_rejects_bad_sizes_before_looking_for_a_gpu(tmp_path, capsys
     assert "--head-dim must be a positive integer, got 0" in capsys.readouterr().err
     assert main(["profile", "--repeats", "0", "--out", str(tmp_path)]) == 2
     assert "--repeats must be a positive integer" in capsys.readouterr().err
+    # What the command measures is checked before the GPU too: a bad command fails the same
+    # on a machine without one.
+    assert main(["profile", "--out", str(tmp_path)]) == 2
+    assert "nothing to measure: give --model NAME" in capsys.readouterr().err
+    assert main(["profile", "--model", "llama-3.1-8bb", "--out", str(tmp_path)]) == 2
+    assert "closest catalog names: llama-3.1-405b, llama-3.1-70b, llama-3.1-8b" in (
+        capsys.readouterr().err)
+    assert main(["profile", "--model", "llama-3.1-8b", "--points", "1x", "--out",
+                 str(tmp_path)]) == 2
+    assert "--points item '1x'" in capsys.readouterr().err
     # valid sizes on a machine without CUDA: the one-line GPU error, not a traceback
     assert main(["profile", "--train-attention", "--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
