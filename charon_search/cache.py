@@ -30,6 +30,8 @@ def sources_fingerprint(*parts: str) -> str:
     h = hashlib.sha256()
     for part in parts:
         base = root / part
+        if not base.exists():
+            raise FileNotFoundError(f"sources_fingerprint: no {part!r} in the package")
         files = [base] if base.is_file() else sorted(base.rglob("*.py"))
         for path in files:
             if "__pycache__" not in path.parts:

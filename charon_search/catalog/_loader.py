@@ -122,12 +122,13 @@ def load_model(model: Any) -> ModelSpec:
         cls = type(model)
         # Tracing rebuilds the stock HF class from the config: a subclass or remote-code model
         # would be simulated without its own layers and forward, so it is refused.
-        if not cls.__module__.startswith("transformers.models."):
+        if (not cls.__module__.startswith("transformers.models.")
+                or not cls.__name__.endswith("ForCausalLM")):
             raise ConfigError(
                 f"`model` {cls.__name__} (module {cls.__module__}) is not a HuggingFace "
-                f"transformers class: charon-search traces the stock class its config names, "
-                f"rebuilt from the config, so code of its own would not be simulated; pass the "
-                f"stock model or its config.json")
+                f"transformers causal-LM class: charon-search traces the stock *ForCausalLM "
+                f"class its config names, rebuilt from the config, so code of its own would not "
+                f"be simulated; pass the stock causal-LM model or its config.json")
         spec = spec_from_config(cls.__name__, cfg)
         n = int(sum(p.numel() for p in model.parameters()))
         if n != spec.num_params:
@@ -170,10 +171,10 @@ def spec_from_config(
 #: checkpoint's default (a bare ``{"model_type": "llama"}`` builds Llama-2-7B), a model nobody
 #: asked for.
 REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-#: The MLP width is required too, except where the architecture derives it (GPT-2's
-#: ``n_inner`` = 4h, MPT's ``expansion_ratio``) or a MoE states its experts' width instead
-#: (Qwen3.5: every layer is MoE).
-WIDTH_DERIVED_TYPES = frozenset({"gpt2", "mpt"})
+#: The MLP width is required too, except where the architecture derives it (GPT-2's, GPT-J's
+#: and GPT-BigCode's ``n_inner`` = 4h, MPT's ``expansion_ratio``, Bloom's and Falcon's 4h) or
+#: a MoE whose every layer is MoE states its experts' width instead (Qwen3.5).
+WIDTH_DERIVED_TYPES = frozenset({"gpt2", "mpt", "gptj", "gpt_bigcode", "bloom", "falcon"})
 
 
 #: Sizes that must be positive integers wherever a config.json (or its nested text config)
@@ -215,9 +216,13 @@ def _check_sizes_stated(name: str, cfg: Mapping[str, Any], hf: Any) -> None:
     aliases.update(getattr(type(text), "attribute_map", {}) or {})
     required = REQUIRED_SIZES + (() if text.model_type in WIDTH_DERIVED_TYPES
                                  else ("intermediate_size",))
+    text_cfg = next((cfg[s] for s in ("text_config", "llm_config", "language_config")
+                     if isinstance(cfg.get(s), Mapping)), cfg)
+    all_moe = "moe_intermediate_size" in stated and not (
+        text_cfg.get("mlp_only_layers") or text_cfg.get("first_k_dense_replace")
+        or (text_cfg.get("decoder_sparse_step") or 1) > 1)
     missing = [k for k in required if k not in stated and aliases.get(k) not in stated
-               and not (k == "intermediate_size" and stated & {"ffn_dim", "d_ff",
-                                                               "moe_intermediate_size"})]
+               and not (k == "intermediate_size" and (stated & {"ffn_dim", "d_ff"} or all_moe))]
     if missing:
         raise ConfigError(f"model config {name!r} must state {', '.join(missing)} (transformers "
                           f"would fill in its own defaults for model_type "

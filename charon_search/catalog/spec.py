@@ -89,8 +89,9 @@ class ModelSpec:
         """Per decoder layer: whether its attention uses the sliding window (HF per-layer
         ``layer_types`` ``sliding_attention`` / ``chunked_attention`` / ``full_attention``, kept
         by the catalog as ``extra["attention_layer_types"]``); ``()`` when the model has no
-        such layers). A window without per-layer types (Mistral-7B-v0.1: HF Mistral windows
-        every layer) applies to every layer."""
+        window, or per-layer types of another length than its layers. A window without
+        per-layer types (Mistral-7B-v0.1: HF Mistral windows every layer) applies to every
+        layer."""
         kinds = tuple(self.extra.get("attention_layer_types") or ())
         if not self.sliding_window:
             return ()

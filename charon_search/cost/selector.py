@@ -155,6 +155,14 @@ _MOE_ENGINES = ("vllm", "sglang", "trtllm")
 #: batches where a GPU has no wide-EP rows (SGLang's fused MoE).
 DEEPEP_FAMILY, DEEPEP_FALLBACK = "moe_ffn_skew.sglang_deepep", "moe_ffn_skew.sglang"
 DEEPEP_NORMAL_FAMILY = "moe_ffn_skew.sglang_deepep_normal"
+#: Tag of per-tensor fp8 experts that vLLM runs with ``Fp8MoEMethod`` (an ``fp8`` checkpoint,
+#: or ``--quantization fp8``), whose default is the Triton fused MoE. vLLM's measured
+#: per-tensor ``fp8`` rows time ModelOpt's FlashInfer CUTLASS method, which only ModelOpt
+#: exports run: on Hopper (H100) they are 2.0-2.6x slower than bf16 from 1 to 16,384 tokens
+#: (Mixtral's experts: 0.67 vs 0.26 ms at one token). Before Blackwell such experts take the
+#: Triton rows (``moe_ffn_skew.vllm_triton``; H100 has only their block-scaled ones, the same
+#: kernel with one scale per 128 x 128 block); Blackwell keeps vLLM's own rows.
+FP8_MOE_METHOD_TAG = "moe_method:fp8"
 #: Tokens per EP rank DeepEP's low-latency mode dispatches at most (SGLang
 #: ``SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK``, default 128; aiconfigurator's
 #: ``wideep_generation_moe_perf`` rows stop there). Larger batches (prefill) run DeepEP's normal
@@ -352,6 +360,9 @@ class FusedCostModel:
                 moe = _moe_kernel(node.tags)
                 if moe is not None:
                     fam, dtype = moe[0], moe[1]
+                    if (FP8_MOE_METHOD_TAG in node.tags and fam == "moe_ffn_skew.vllm"
+                            and "fp4" not in self.gpu.peak_flops_per_s):
+                        fam = "moe_ffn_skew.vllm_triton"
                     if fam == DEEPEP_FAMILY and params.get("tokens", 0.0) > DEEPEP_LL_MAX_TOKENS:
                         fam = DEEPEP_NORMAL_FAMILY  # a prefill batch: DeepEP's normal mode
                     _global_moe_shape(params, moe[2])

@@ -359,7 +359,10 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
         groups: dict[tuple[str, str], int] = {}
         recompute_k = 0
         if layout.recompute == "full":
-            recompute_k = layout.recompute_num_layers or len(layers)
+            # Megatron's --recompute-num-layers counts per model chunk (as the step time
+            # does): a rank of v chunks recomputes k layers in each.
+            chunks = 2 if layout.schedule == "dualpipe" else layout.vpp
+            recompute_k = min(len(layers), layout.recompute_num_layers * chunks) or len(layers)
         for j, name in enumerate(layers):
             mode = layout.recompute
             if mode == "full" and j >= recompute_k:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from charon_search.cost.predictor import MOE_WEIGHT_BYTES
-from charon_search.cost.selector import GEMM_ROWS_TAG
+from charon_search.cost.selector import FP8_MOE_METHOD_TAG, GEMM_ROWS_TAG
 from charon_search.errors import ConfigError
 from charon_search.ir.ops import OpKind, Role
 from charon_search.ir.symbolic import Poly
@@ -407,18 +407,13 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     scale = _PRECISION_BYTES[dtype] / 2.0
     wbytes = Poly.const(_PRECISION_BYTES[dtype])
     moe_dtype = quant.moe_dtype
-    if engine == "vllm" and moe_dtype == "fp8" and not quant.modelopt and not moe_kernel:
-        # vLLM runs per-tensor fp8 experts (an `fp8` checkpoint, or `--quantization fp8`) with
-        # Fp8MoEMethod, whose default is the Triton fused MoE. Its measured per-tensor `fp8`
-        # rows time ModelOpt's FlashInfer CUTLASS method instead, which only ModelOpt exports
-        # run: on H100 they are 2-2.6x slower than bf16 from 1 to 16,384 tokens (Mixtral's
-        # experts: 0.67 vs 0.26 ms at one token), which would make fp8 MoE slower than bf16.
-        moe_kernel = "triton"
     formats, rows = MOE_KERNEL_ROWS.get(moe_kernel, (frozenset(), ("", "")))
     if moe_dtype in formats:
         engine, moe_dtype = rows[0] or engine, rows[1] or moe_dtype
     moe_tags = frozenset({f"moe_dtype:{moe_dtype}", f"moe_engine:{engine}",
                           f"moe_ep:{ep}"} if moe_dtype else ())
+    if engine == "vllm" and moe_dtype == "fp8" and not quant.modelopt:
+        moe_tags |= {FP8_MOE_METHOD_TAG}  # vLLM's Fp8MoEMethod, not ModelOpt's (cost.selector)
     rows = BLOCK_FP8_GEMM_ROWS.get(dense_engine or engine, "") if quant.block_fp8 else ""
     dense_tags = frozenset({f"{GEMM_ROWS_TAG}{rows}"} if rows else ())
 

@@ -887,7 +887,8 @@ def mtp_layers(model: ModelSpec) -> int:
     """Multi-token-prediction layers the checkpoint ships (DeepSeek-V3 / GLM
     ``num_nextn_predict_layers``, Qwen3.5 ``mtp_num_hidden_layers``, MiniMax
     ``mtp_transformer_layers`` with ``use_mtp``); 0 for a model without MTP heads."""
-    hf = model.hf_config
+    hf = dict(model.hf_config)
+    hf.update(hf.get("text_config") or {})  # multimodal configs nest the language model's
     if "use_mtp" in hf and not hf.get("use_mtp"):
         return 0
     return max(int(hf.get(k) or 0) for k in ("num_nextn_predict_layers",
@@ -906,13 +907,17 @@ def _check_speculative(model: ModelSpec, cfg: ServingConfig) -> None:
         return
     if spec.method == "mtp" and not mtp_layers(model):
         raise ConfigError(f"`speculative.method` 'mtp' needs a checkpoint with MTP layers "
-                          f"(num_nextn_predict_layers / mtp_num_hidden_layers), but {model.name} "
+                          f"(num_nextn_predict_layers / mtp_num_hidden_layers / "
+                          f"mtp_transformer_layers), but {model.name} "
                           "has none: give a draft model (method 'draft', `draft_model`; serve "
                           "--spec-draft MODEL)")
     if spec.method == "draft":
         from charon_search.catalog import load_model
 
-        draft = load_model(spec.draft_model)
+        try:
+            draft = load_model(spec.draft_model)
+        except ConfigError as e:
+            raise ConfigError(f"`speculative.draft_model` (serve --spec-draft): {e}") from None
         if draft.vocab_size != model.vocab_size:
             raise ConfigError(f"`speculative.draft_model` {draft.name!r} must share the target's "
                               f"vocabulary, but has {draft.vocab_size:,} tokens against "

@@ -99,8 +99,8 @@ class LengthDistribution:
 
     @property
     def longest(self) -> int | None:
-        """The longest length ``sample`` draws (clipped to ``maximum``); None for ``lognormal``,
-        whose tail only ``maximum`` bounds."""
+        """The longest length ``sample`` draws (within [minimum, maximum] by construction);
+        None for ``lognormal``, whose tail only ``maximum`` bounds."""
         if self.kind == "lognormal":
             return None
         top = (self.value if self.kind == "fixed" else self.high if self.kind == "uniform"

@@ -76,7 +76,7 @@ def scatter_plots(result: ValidationResult, img_dir: Path) -> dict[str, Path]:
             ax.set_yscale("log")
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_minor_formatter(NullFormatter())
-                if hi < 10 * lo:  # within a decade: a few plain ticks (no power of 10 inside)
+                if hi < 10 * lo:  # within a decade: a few plain ticks (at most one power of 10)
                     axis.set_major_locator(MaxNLocator(nbins=4))
                     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
                     axis.set_minor_locator(NullLocator())

@@ -163,7 +163,8 @@ def compute_bands(data: Mapping[str, Any], *, min_rows: int = MIN_GROUP_ROWS) ->
              if (e == ANY and m == ANY) or len(v) >= min_rows]
     return {
         "source": (f"charon-search validate on {len(data.get('records') or [])} predicted "
-                   f"metrics of {len(data.get('cases') or {})} records (generated_at "
+                   f"metrics of {len({r['id'] for r in data.get('records') or []})} predicted "
+                   f"records (generated_at "
                    f"{data.get('generated_at') or 'unknown'}); ratio = measured / predicted of "
                    "a time or memory, predicted / measured of a rate (the step-time ratio it "
                    "implies); serving rows compare benchmark-mean TTFT and TPOT"),
@@ -215,7 +216,7 @@ def load_bands(path: str | Path | None = None) -> ErrorBands:
         doc = json.loads(p.read_text())
     except OSError as e:
         raise ConfigError(f"error bands {str(p)!r}: {e}; write them with `charon-search "
-                          "accuracy --from validate.json --bands FILE`") from None
+                          "accuracy --from validate.json --out report.md --bands FILE`") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"error bands {str(p)!r}: not JSON ({e})") from None
     if not isinstance(doc, Mapping):

@@ -279,20 +279,19 @@ def validate_record(rec: Record, repeat: tuple[str, bool] | None = None, *,
         info["skipped"] = reason
         return out
     info["sim"] = dict(res.info)
-    for metric, reason in res.skipped_metrics.items():
+    lost = {m: f"simulator error: predicted {float(v)}" for m, v in res.predicted.items()
+            if not math.isfinite(float(v))}
+    predicted = {m: v for m, v in res.predicted.items() if m not in lost}
+    for metric, reason in {**res.skipped_metrics, **lost}.items():
         skipped_metrics.append({"id": rec.id, "metric": metric, "reason": reason})
-    if not res.predicted:
+    if not predicted:
         reason = "no measured metric can be predicted: " + "; ".join(
-            f"{m}: {r}" for m, r in res.skipped_metrics.items())
+            f"{m}: {r}" for m, r in {**res.skipped_metrics, **lost}.items())
         skipped.append({"id": rec.id, "reason": reason})
         info["skipped"] = reason
         return out
-    for metric, pred in res.predicted.items():
+    for metric, pred in predicted.items():
         meas = rec.measured[metric]
-        if not math.isfinite(float(pred)):
-            skipped_metrics.append({"id": rec.id, "metric": metric,
-                                    "reason": f"simulator error: predicted {float(pred)}"})
-            continue
         rows.append({"id": rec.id, "metric": metric, "measured": meas,
                      "predicted": float(pred), "error": (float(pred) - meas) / meas})
     return out
@@ -396,7 +395,9 @@ def check_result_json(data: Any, where: str,
     "measured", "predicted", "error"}`` (the last three numbers) whose ids have an entry in
     ``cases`` (a mapping of id -> mapping), ``skipped`` a list of ``{"id", "reason"}``,
     ``skipped_metrics`` a list of ``{"id", "metric", "reason"}``, ``summary`` a mapping;
-    ``wall_s`` (a number) and ``coverage`` (a list) are optional.
+    ``wall_s`` (a number) and ``coverage`` (a list) are optional. The entries must add up: no
+    record both predicted and skipped, every ``cases`` id one or the other, every ``error``
+    (predicted - measured) / measured of a finite prediction and a positive measurement.
 
     Raises:
         ConfigError: naming ``where`` and the first bad entry.

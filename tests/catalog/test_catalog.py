@@ -220,5 +220,11 @@ def test_an_hf_module_is_read_only_when_its_stock_class_is_what_gets_traced() ->
     spec = load_model(stock)
     assert spec.num_params == sum(p.numel() for p in stock.parameters()) == 119_104
     with pytest.raises(ConfigError, match=r"WithAdapter .* is not a HuggingFace transformers "
-                                          r"class"):
+                                          r"causal-LM class"):
         load_model(custom)
+    # The stock class with a module attached at run time: its parameters give it away.
+    with torch.device("meta"):
+        stock.adapter = nn.Linear(64, 4096)
+    with pytest.raises(ConfigError, match=r"holds 385,344 parameters, but the class rebuilt "
+                                          r"from its config holds 119,104"):
+        load_model(stock)

@@ -311,10 +311,10 @@ def test_gpt_oss_expert_parallel_layer_sends_its_rows_once_and_fuses_its_experts
 
 def test_vllm_per_tensor_fp8_experts_run_the_triton_fused_moe():
     """An assumed fp8 checkpoint (per-tensor scales, vLLM's Fp8MoEMethod) runs the Triton fused
-    MoE, not the ModelOpt FlashInfer kernel vLLM's per-tensor rows time: Mixtral's two active
-    experts a layer at one token are 0.176 ms in vLLM's block-fp8 Triton rows on H100 (the
-    closest Triton rows: H100 has no per-tensor ones) against 0.256 ms in bf16, so fp8 must
-    price below bf16 (it was 2.5x above: 21.6 vs 8.6 ms over 32 layers)."""
+    MoE before Blackwell, not the ModelOpt FlashInfer kernel vLLM's per-tensor rows time:
+    Mixtral's two active experts a layer at one token are 0.176 ms in vLLM's block-fp8 Triton
+    rows on H100 (the closest Triton rows: H100 has no per-tensor ones) against 0.256 ms in
+    bf16, so fp8 must price below bf16 (it was 2.5x above: 21.6 vs 8.6 ms over 32 layers)."""
     from charon_search.hardware import load_cluster
     from charon_search.serving.config import ServingConfig
     from charon_search.serving.simulator import build_cost_model
@@ -323,7 +323,7 @@ def test_vllm_per_tensor_fp8_experts_run_the_triton_fused_moe():
     prefill, _ = serving_graphs(mixtral, tp=1, pp=1, ep=1, dp_attention=False,
                                 precision="fp8", engine="vllm")
     experts = [n for _, n in _gemms(prefill) if n.role == "moe.expert"]
-    assert experts and all({"moe_dtype:fp8", "moe_engine:vllm_triton"} <= n.tags
+    assert experts and all({"moe_dtype:fp8", "moe_engine:vllm", "moe_method:fp8"} <= n.tags
                            for n in experts)
 
     def experts_s(precision: str) -> float:

@@ -362,3 +362,15 @@ def test_sliding_window_layers_attend_over_the_window() -> None:
     assert r.layer_times_s["dense"] == plain.layer_times_s["dense"]
     assert sum(r.layer_times_s["dense@sliding"].values()) < sum(r.layer_times_s["dense"].values())
     assert r.step_time_s < plain.step_time_s
+
+
+def test_recompute_num_layers_counts_per_model_chunk_in_memory_too() -> None:
+    """8 layers on pp 2 with vpp 2: a chunk holds 2, so a quota of 2 recomputes every layer in
+    memory as in time (the memory model had counted it per rank: half the layers)."""
+    from charon_search.memory import memory_report
+
+    base = dict(pp=2, vpp=2, schedule="interleaved-1f1b", global_batch_size=8, seq_len=256)
+    act = {k: memory_report(SPEC, Layout(recompute="full", recompute_num_layers=k, **base),
+                            toy_cluster()).stages[0].activations_bytes for k in (0, 1, 2)}
+    assert act[2] == pytest.approx(act[0])
+    assert act[1] > act[2]

@@ -332,11 +332,13 @@ def test_variant_errors_name_the_variant_and_need_overrides(by_id, tmp_path, cap
 def test_a_yaml_record_may_name_a_gpu_spec(by_id, tmp_path, capsys):
     """The CSV's `h100_sxm` / `A100-SXM4-80GB` resolve in YAML records too; a made-up one is
     an error listing SCHEMA.md's keys."""
+    from charon_search.validation.names import resolve_gpu
     from charon_search.validation.records import load_records
 
-    for name in ("h100_sxm", "A100-SXM4-80GB", "b200_sxm"):
+    for name, spec in (("h100_sxm", "h100-sxm-80gb"), ("A100-SXM4-80GB", "a100-sxm-80gb"),
+                       ("b200_sxm", "b200-sxm-180gb")):
         (rec,) = load_records(_yaml_record(by_id, tmp_path, **{"hardware.gpu": name}))
-        assert rec.hardware["gpu"] == name
+        assert resolve_gpu(rec.hardware["gpu"]).name == spec
     with pytest.raises(ConfigError, match=r"or the name of a GPU spec .* but got 'z100'"):
         load_records(_yaml_record(by_id, tmp_path, **{"hardware.gpu": "z100"}))
 
@@ -486,3 +488,24 @@ def test_a_per_engine_fit_keeps_the_other_engines_provenance(tmp_path):
     cal = yaml.safe_load(spec.read_text())["calibration"]
     assert cal["frontend_latency_s"] == {"vllm": 0.01, "trtllm": 0.002}
     assert cal["provenance"]["frontend_latency_s"] == "trtllm fit T; its other entries: vLLM fit V"
+
+
+def test_a_non_finite_prediction_skips_the_record_and_the_json_still_adds_up(by_id):
+    """Every metric predicted nan: the record is skipped with the reason (it had been in neither
+    list, so `validate --json` wrote a file its own --from refused)."""
+    from charon_search.validation.runner import check_result_json
+
+    rec = by_id["korthikanti_fig1_22b_memory"]
+    nan = float("nan")
+
+    def nan_memory(model, layout, cluster, **kw):
+        return {"peak_reserved_bytes": nan,
+                "stages": [{"params_bytes": nan, "grads_bytes": nan, "optimizer_bytes": nan,
+                            "activations_bytes": nan}]}
+
+    res = run_validation([rec], simulate_training=lambda *a, **k: {"step_time_s": 1.0},
+                         memory_report=nan_memory)
+    assert res.rows == []
+    (skip,) = res.skipped
+    assert skip["id"] == rec.id and "simulator error: predicted nan" in skip["reason"]
+    check_result_json(res.to_json(), "run")
