@@ -177,6 +177,9 @@ REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vo
 WIDTH_DERIVED_TYPES = frozenset({"gpt2", "mpt", "gptj", "gpt_bigcode", "bloom", "falcon"})
 
 
+#: Keys under which multimodal config.json files nest their language model's config.
+NESTED_TEXT_CONFIGS = ("text_config", "llm_config", "language_config")
+
 #: Sizes that must be positive integers wherever a config.json (or its nested text config)
 #: states them, under their HF spellings.
 POSITIVE_SIZES = ("hidden_size", "n_embd", "num_hidden_layers", "n_layer",
@@ -188,8 +191,7 @@ def _check_sizes_positive(name: str, cfg: Mapping[str, Any]) -> None:
     """``ConfigError`` naming a size of ``cfg`` that is not a positive integer, or key/value
     heads that do not divide the attention heads (transformers would fail later with a bare
     ``ZeroDivisionError``, or build a model no GPU runs)."""
-    parts = [("", cfg)] + [(f"{sub}.", cfg[sub]) for sub in
-                           ("text_config", "llm_config", "language_config")
+    parts = [("", cfg)] + [(f"{sub}.", cfg[sub]) for sub in NESTED_TEXT_CONFIGS
                            if isinstance(cfg.get(sub), Mapping)]
     for prefix, part in parts:
         for key in POSITIVE_SIZES:
@@ -209,15 +211,15 @@ def _check_sizes_stated(name: str, cfg: Mapping[str, Any], hf: Any) -> None:
     leaves out, under any of the spellings the config class maps them to (``n_embd``...)."""
     stated = set(cfg)
     aliases: dict[str, str] = dict(getattr(type(hf), "attribute_map", {}) or {})
-    for sub in ("text_config", "llm_config", "language_config"):
+    for sub in NESTED_TEXT_CONFIGS:
         if isinstance(cfg.get(sub), Mapping):
             stated |= set(cfg[sub])
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
     aliases.update(getattr(type(text), "attribute_map", {}) or {})
     required = REQUIRED_SIZES + (() if text.model_type in WIDTH_DERIVED_TYPES
                                  else ("intermediate_size",))
-    text_cfg = next((cfg[s] for s in ("text_config", "llm_config", "language_config")
-                     if isinstance(cfg.get(s), Mapping)), cfg)
+    text_cfg = next((cfg[s] for s in NESTED_TEXT_CONFIGS if isinstance(cfg.get(s), Mapping)),
+                    cfg)
     all_moe = "moe_intermediate_size" in stated and not (
         text_cfg.get("mlp_only_layers") or text_cfg.get("first_k_dense_replace")
         or (text_cfg.get("decoder_sparse_step") or 1) > 1)

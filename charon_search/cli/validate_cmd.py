@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
                           f"{args.limit}")
     if args.rows < -1:
         raise ConfigError(f"`--rows` must be >= 0 (0 = none) or -1 (all), but got {args.rows}")
-    if args.max_regression is not None and (not args.max_regression >= 0 or not args.baseline
-                                            or math.isinf(args.max_regression)):
+    if args.max_regression is not None and not (
+            args.baseline and math.isfinite(args.max_regression) and args.max_regression >= 0):
         raise ConfigError("`--max-regression` needs `--baseline` and a finite value >= 0 "
                           f"(percentage points), but got {args.max_regression} "
                           f"{'with' if args.baseline else 'without'} a baseline")

@@ -21,6 +21,7 @@ from charon_search.validation.flops import (
     model_flops_per_step,
 )
 from charon_search.validation.names import Unexpressible
+from charon_search.validation.stats import group_of
 from charon_search.validation.translate import ServingCase, TrainingCase
 
 __all__ = ["CaseResult", "predict_case", "read_number"]
@@ -156,7 +157,7 @@ def _training(case: TrainingCase, simulate: Callable[..., Any] | None,
         if value is None:
             skipped[metric] = (f"{metric} is a serving metric; a training record's metrics are "
                                "step times, throughput, FLOP rates and memory"
-                               if metric in SERVING_METRICS else
+                               if (group_of(metric) or "").startswith("serving_") else
                                "metric not in the schema vocabulary known to the validator")
             continue
         pred[metric] = value
@@ -223,11 +224,6 @@ def _training_metric(metric: str, case: TrainingCase, step: float, tokens: float
         return per_gpu / convention_peak_flops_per_s(conv, str(case.record.hardware["gpu"]),
                                                      prec)
     return None
-
-
-#: What ``_serving`` predicts (a training record naming one is told so).
-SERVING_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s",
-                   "output_tokens_per_s_per_gpu", "output_tokens_per_s_per_node")
 
 
 def _serving(case: ServingCase, simulate: Callable[..., Any] | None) -> CaseResult:
