@@ -183,7 +183,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                       quantized_weight_bytes: float = 0.0,
                       memory_rule: str = "total",
                       extra_weights_bytes: float = 0.0,
-                      extra_kv_bytes_per_token: float = 0.0) -> KvCacheCapacity:
+                      extra_kv_bytes_per_token: float = 0.0,
+                      mtp_layers: int = 0) -> KvCacheCapacity:
     """How many KV tokens/blocks fit on each GPU of a serving replica.
 
     Args:
@@ -219,6 +220,10 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
             activation and CUDA-graph bytes are reported but held outside the fraction.
         extra_weights_bytes, extra_kv_bytes_per_token: per GPU, what another model sharing the
             GPUs adds (a speculative draft model's weights, and its KV beside each token's).
+        mtp_layers: Multi-token-prediction layers served for speculative decoding, on the last
+            pipeline stage: each is a decoder layer of the last layer's block type (its weights
+            and KV; DeepSeek-V3's MoE layer, 11.51 B parameters) plus its ``2h x h`` input
+            projection in bf16 (``eh_proj``); they share the target's embedding and LM head.
     """
     from charon_search.memory.report import _resolve
 
@@ -227,6 +232,8 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
                     ("max_batched_tokens", max_batched_tokens)):
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+    if not isinstance(mtp_layers, int) or mtp_layers < 0:
+        raise ConfigError(f"`mtp_layers` must be a non-negative integer, but got {mtp_layers!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError("`0 < gpu_memory_utilization <= 1` must hold, but got "
                           f"{gpu_memory_utilization}")
@@ -254,9 +261,13 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
     non_torch = cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes * (tp > 1 or pp > 1)
     best: KvCacheCapacity | None = None
     for i, layers in enumerate(stages):
+        if i == pp - 1 and mtp_layers:
+            layers = list(layers) + [layer_types[-1]] * mtp_layers
         names = list(layers) + (["embedding"] if i == 0 else []) + (
             ["lm_head"] if i == pp - 1 else [])
         weights = extra_weights_bytes
+        if i == pp - 1:
+            weights += mtp_layers * 2 * spec.hidden_size ** 2 * WEIGHT_DTYPE_BYTES["bf16"]
         for name in names:
             groups = _param_groups(prof, spec, name)
             if quantized_roles is not None and groups.by_role:

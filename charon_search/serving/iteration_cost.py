@@ -142,6 +142,12 @@ class IterationCostModel(ABC):
         """One MTP draft step (one extra decoder layer + LM head); default: a full decode step."""
         return self.iteration_s((), num_decode, decode_kv_sum, 1)
 
+    def mtp_prefill_s(self, prefill: PrefillChunks) -> float:
+        """The MTP layer's pass over an iteration's prompt chunks (its KV and each prompt's
+        first proposal); default 0: a model without layers (``AffineIterationCostModel``)
+        takes it as part of its prefill coefficients."""
+        return 0.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AffineIterationCostModel(IterationCostModel):
@@ -606,19 +612,38 @@ class GraphIterationCostModel(IterationCostModel):
                 self._memo_token_linear[key] = hit
         return hit
 
+    def _mtp_linear(self, tokens: int) -> float:
+        """The token-linear ops of one decoder layer of the last block type (the MTP layer's)
+        at ``tokens`` tokens, on the bucket grid."""
+        key = bucket(tokens)
+        hit = self._memo_mtp.get(key)
+        if hit is None:
+            hit = self._sum(self._prefill_parts[-1].linear, 1, key, key)
+            self._memo_mtp[key] = hit
+        return hit
+
+    def _layers(self) -> int:
+        return max(1, sum(p.count for p in self._decode_parts))
+
     def mtp_step_s(self, num_decode: int, decode_kv_sum: float) -> float:
         """One MTP head: one decoder layer of the last block type plus the LM head."""
         if num_decode <= 0:
             return 0.0
         key = bucket(num_decode)
-        hit = self._memo_mtp.get(key)
-        if hit is None:
-            part = self._prefill_parts[-1]
-            hit = self._sum(part.linear, 1, key, key) + self.head_s(key)
-            self._memo_mtp[key] = hit
-        per_layer_attn = self.decode_attention_s(num_decode, decode_kv_sum) / max(
-            1, sum(p.count for p in self._decode_parts))
-        return hit + per_layer_attn
+        return (self._mtp_linear(self.rank_tokens(key)) + self.head_s(key)
+                + self.decode_attention_s(num_decode, decode_kv_sum) / self._layers())
+
+    def mtp_prefill_s(self, prefill: PrefillChunks) -> float:
+        """The MTP layer over the prompt chunks: one decoder layer of the last block type over
+        their tokens with one layer's share of their attention, and the LM head on each
+        chunk's last token (its first proposal)."""
+        tokens = sum(q for q, _ in prefill)
+        if not tokens:
+            return 0.0
+        attn = self.prefill_attention_total_s([self.prefill_attention_s(q, kv)
+                                               for q, kv in prefill])
+        return (self._mtp_linear(self.rank_tokens(tokens)) + self.head_s(len(prefill))
+                + attn / self._layers())
 
     def kv_bytes_per_token(self) -> float:
         return self._kv_token_bytes

@@ -113,7 +113,7 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
         kv_dtype=config.kv_dtype,
         linear_state_ratio=SGLANG_MAMBA_FULL_MEMORY_RATIO if config.engine == "sglang" else 0.0,
         linear_state_requests=config.max_num_seqs, **weight_storage(model, config.precision),
-        **_draft_memory(config, tp=1 if dpa else tp))
+        **_draft_memory(model, config, tp=1 if dpa else tp))
     blocks = cap.num_blocks
     if dpa:
         blocks *= tp  # each attention-DP rank holds its own requests' KV
@@ -134,13 +134,16 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     return blocks
 
 
-def _draft_memory(config: ServingConfig, *, tp: int) -> dict[str, float]:
-    """Per GPU, the weights and per-token KV of a speculative draft model (``kv_cache_capacity``
-    keyword arguments): it runs TP-sharded beside the target at the target's precision (as
-    ``ServingSimulation._draft_fn`` costs it) and keeps its own KV for every cached token."""
+def _draft_memory(model: ModelSpec, config: ServingConfig, *, tp: int) -> dict[str, Any]:
+    """``kv_cache_capacity`` keyword arguments for speculative decoding's extra memory: the
+    checkpoint's MTP layers (``mtp_layers``), or, per GPU, a draft model's weights and per-token
+    KV (it runs TP-sharded beside the target at the target's precision, as
+    ``ServingSimulation._draft_fn`` costs it, and keeps its own KV for every cached token)."""
     spec = config.speculative
-    if spec is None or spec.method != "draft":
+    if spec is None:
         return {}
+    if spec.method == "mtp":
+        return {"mtp_layers": mtp_layers(model)}
     from charon_search.catalog import load_model
     from charon_search.memory.serving import WEIGHT_DTYPE_BYTES, kv_bytes_per_token
 
@@ -367,9 +370,9 @@ class ServingSimulation:
             self._kv_xfer_window = window
             self._prefill_cluster = cluster
             self._prefill_gpus = holders
-        draft = None
-        if role != "prefill" and cfg.speculative is not None:
-            draft = self._draft_fn(cost, pool, cluster)
+        # A disaggregated prefill pool drafts too: its draft model or MTP layers run over the
+        # prompt (their KV, the first proposal), as the decode pool never sees the prompt.
+        draft = self._draft_fn(cost, pool, cluster) if cfg.speculative is not None else None
         engines = []
         for i in range(pool.num_replicas):
             engines.append(ReplicaEngine(
@@ -387,7 +390,10 @@ class ServingSimulation:
         assert spec is not None
         k = spec.num_draft_tokens
         if spec.method == "mtp":
-            return lambda shape, n, kv: k * cost.mtp_step_s(n, kv) if n else 0.0
+            # The MTP layers run over the prompt chunks once (their own KV, the first
+            # proposal), then propose k tokens for every decoding request, one pass each.
+            return lambda shape, n, kv: (cost.mtp_prefill_s(shape)
+                                         + (k * cost.mtp_step_s(n, kv) if n else 0.0))
         draft = self._draft
         if draft is None:
             from charon_search.catalog import load_model

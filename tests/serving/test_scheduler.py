@@ -424,6 +424,35 @@ def test_a_draft_model_holds_memory_and_prefills_the_prompt() -> None:
     assert t_draft > t_plain * 1.05
 
 
+def test_mtp_layers_hold_memory_and_run_over_the_prompt(cluster) -> None:
+    """debug-moe's MTP layer is a copy of its last (MoE) layer: attention 64 x 64 (q) + 2 x
+    64 x 32 (k, v) + 64 x 64 (o) = 12,288, q/k norms 32, layer norms 128, router 64 x 8 = 512,
+    experts 8 x 3 x 64 x 32 = 49,152, so 62,112 parameters, plus the 2h x h = 8,192 input
+    projection: (62,112 + 8,192) x 2 B = 140,608 B at bf16 on one GPU. Its KV is a third layer
+    beside the model's two: 2 x 2 heads x 16 x 2 B = 128 B more per token (256 -> 384)."""
+    from charon_search.catalog import load_model
+    from charon_search.memory.serving import kv_cache_capacity
+    from charon_search.serving.simulator import build_cost_model
+
+    plain = kv_cache_capacity("debug-moe", cluster, tp=1)
+    mtp = kv_cache_capacity("debug-moe", cluster, tp=1, mtp_layers=1)
+    assert mtp.weights_bytes - plain.weights_bytes == 140_608
+    assert (plain.kv_bytes_per_token, mtp.kv_bytes_per_token) == (256, 384)
+    with pytest.raises(ConfigError, match="`mtp_layers` must be a non-negative integer"):
+        kv_cache_capacity("debug-moe", cluster, tp=1, mtp_layers=-1)
+    # The MTP layer also runs over the prompt: a lone request's first token comes exactly one
+    # MTP prompt pass later (one chunk of 8,192 tokens, long enough that the GPU, not the
+    # host's kernel launches, sets the prefill's time).
+    base = _cfg(num_kv_blocks=1000)
+    spec = base.replace(speculative=SpeculativeConfig(num_draft_tokens=2, acceptance_rate=0.0))
+    one = [req(0, 0.0, 8192, 2)]
+    t_plain = simulate_serving("debug-moe", cluster, base, one).ttft_s["mean"]
+    t_mtp = simulate_serving("debug-moe", cluster, spec, one).ttft_s["mean"]
+    cost = build_cost_model(load_model("debug-moe"), cluster, base)
+    assert cost.mtp_prefill_s([(8192, 8192)]) > 0
+    assert t_mtp - t_plain == pytest.approx(cost.mtp_prefill_s([(8192, 8192)]), rel=1e-6)
+
+
 def test_sequence_parallel_replica_holds_sp_times_the_kv(cluster) -> None:
     from charon_search.catalog import load_model
     from charon_search.serving.simulator import kv_capacity_blocks
