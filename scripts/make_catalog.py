@@ -3,9 +3,10 @@
 Reads HF ``config.json`` files from ``/work/shared/data/peers/aiconfigurator-core/model_configs``
 (Apache-2.0, copied from the ``aiconfigurator-core`` 0.12.0 wheel) and writes the GPT (Megatron)
 shapes and the Llama-2 configs from published tables. The package never reads ``/work/shared``:
-this script is run once and its output is committed.
+this script is run once and its output is committed; ``--check`` verifies that the committed
+files are what it writes (CI-free: it needs the peer files).
 
-    python scripts/make_catalog.py [--peers DIR]
+    python scripts/make_catalog.py [--peers DIR] [--check]
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ FROM_PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 _LLAMA4_NOTE = ("the language model of Llama4ForConditionalGeneration (its `text_config`, "
                 "transformers `llama4_text`); the vision tower is not modelled; the routed "
                 "experts are traced as grouped GEMMs over the routed rows and the chunked local "
-                "attention layers priced as a sliding window of the chunk (frontend._llama4)")
+                "attention layers priced as a sliding window of the chunk (frontend._llama4). "
+                "Language model only: {count} parameters, against the {stated} Meta states for "
+                "the whole model (vision encoder included)")
 
 #: Multimodal configs whose language model is an architecture transformers knows under another
 #: ``model_type``: catalog name -> (the ``text_config`` model_type to use, why). The vision tower
@@ -73,9 +76,13 @@ TEXT_MODELS: dict[str, tuple[str, str]] = {
                           "vision tower is not modelled"),
     "kimi-k2.5": ("deepseek_v3", "text_config model_type 'kimi_k2' is the DeepSeek-V3 "
                   "architecture (its auto_map names modeling_deepseek.DeepseekV3ForCausalLM); "
-                  "the MoonViT vision tower is not modelled"),
-    "llama-4-scout-17b-16e": ("llama4_text", _LLAMA4_NOTE),
-    "llama-4-maverick-17b-128e": ("llama4_text", _LLAMA4_NOTE),
+                  "the MoonViT vision tower is not modelled. Language model only: this config "
+                  "has 1,026.4 B parameters (no MTP layer, `num_nextn_predict_layers` 0), "
+                  "against the 1.04 T Moonshot states for Kimi K2"),
+    "llama-4-scout-17b-16e": ("llama4_text", _LLAMA4_NOTE.format(count="107.8 B",
+                                                                  stated="109 B")),
+    "llama-4-maverick-17b-128e": ("llama4_text", _LLAMA4_NOTE.format(count="400.7 B",
+                                                                      stated="400 B")),
 }
 
 #: catalog name -> {precision: (peer file stem whose ``quantization_config`` describes the
@@ -181,10 +188,24 @@ SC21 = ("Narayanan et al., SC21 'Efficient Large-Scale Language Model Training o
         "Using Megatron-LM', arXiv:2104.04473, Table 1 (vocab 51,200, seq 2048)")
 KORTHIKANTI = ("Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer "
                "Models', arXiv:2205.05198, Table 3 (vocab 51,200, seq 2048)")
-MCORE = ("NVIDIA Megatron-Core performance table (MCore GPT configs, vocab 131,072, seq 4096), "
-         "shapes as stated in /work/shared/validation/published-dev.yaml records")
 
-#: name -> (layers, hidden, heads, seq, vocab, source)
+def mcore_source(stated: str) -> str:
+    """``_charon_source`` of a Megatron-Core weak-scaling GPT (``stated``: its stated size)."""
+    return ("NVIDIA Megatron-LM README 'Training Speed and Scalability' (github.com/NVIDIA/"
+            "Megatron-LM, added 2024-07-15; images/model_table.png): the Megatron-Core GPT "
+            "weak-scaling series, stated sizes 1.7, 16, 70, 177 and 462 B, vocab 131,072, seq "
+            "4096; shapes (layers/hidden/heads) as stated by the `mcore_h100_weak_*` records in "
+            f"charon_search/data/validation/published-dev.yaml. This model's stated size: "
+            f"{stated}. Input embedding and output layer untied (Megatron's "
+            "`--untie-embeddings-and-output-weights`): ASSUMED (the README does not name the "
+            "flags); the stated sizes say so: untied, the counts (12*l*h^2 + 13*l*h + 2*V*h + "
+            "(s + 2)*h) are 1.754, 16.13, 69.84, 177.23 and 461.54 B; tied, 1.485, 15.33, 68.76, "
+            "175.62 and 459.13 B, which misses the 1.7 B by 12.6 %, and the README calls the 177 "
+            "B 'slightly more than 175 billion parameters due to larger vocabulary size'")
+
+
+#: name -> (layers, hidden, heads, seq, vocab, source); embeddings tied (SC21's parameter
+#: formula counts V*h once), unless listed in ``UNTIED``.
 GPT: dict[str, tuple[int, int, int, int, int, str]] = {
     # SC21 Table 1 rows: params (B), heads, hidden, layers.
     "gpt-1.7b": (24, 2304, 24, 2048, 51200, SC21),
@@ -210,7 +231,9 @@ DEBUG = {
         "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
         "num_nextn_predict_layers": 1,
-        "_charon_source": "tiny Llama for tests (torchtitan 'debugmodel' style); not a real model",
+        "_charon_source": "tiny Llama for tests (torchtitan 'debugmodel' style); not a real "
+                          "model; context 131,072; one MTP layer (`num_nextn_predict_layers`) "
+                          "so that tests can run MTP speculation",
     },
     "debug-hybrid": {
         "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
@@ -227,7 +250,8 @@ DEBUG = {
                             "partial_rotary_factor": 0.25},
         "tie_word_embeddings": False, "eos_token_id": 1,
         "_charon_source": "tiny Qwen3.5-MoE for tests (three Gated DeltaNet layers, then one "
-                          "full-attention layer, all MoE); not a real model",
+                          "full-attention layer, all MoE); not a real model; context 131,072 "
+                          "(as the other debug models) so that tests can serve real traces",
     },
     "debug-moe": {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
@@ -238,19 +262,10 @@ DEBUG = {
         "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "attention_bias": False, "output_router_logits": False,
         "num_nextn_predict_layers": 1,
-        "_charon_source": "tiny Qwen3-MoE for tests (layer 0 dense, layer 1 MoE); not real",
+        "_charon_source": "tiny Qwen3-MoE for tests (layer 0 dense, layer 1 MoE); not real; "
+                          "context 131,072; one MTP layer, as `debug-llama`",
     },
 }
-
-#: SOURCES.md notes of the debug models beyond their `_charon_source`.
-DEBUG_NOTES = {
-    "debug-hybrid": "; context 131,072 (as the debug models below) so that tests can serve "
-                    "real traces",
-    "debug-llama": "; context 131,072; one MTP layer (`num_nextn_predict_layers`) so that "
-                   "tests can run MTP speculation",
-    "debug-moe": "; context 131,072; one MTP layer, as `debug-llama`",
-}
-
 
 def llama2(name: str, dims: dict[str, int]) -> dict[str, object]:
     hf = "meta-llama/Llama-2-7b-hf" if name.endswith("7b") else "meta-llama/Llama-2-70b-hf"
@@ -264,14 +279,18 @@ def llama2(name: str, dims: dict[str, int]) -> dict[str, object]:
     }
 
 
-def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str) -> dict:
-    """A GPT-2-architecture config (learned positions, LayerNorm, GELU 4h MLP) of Megatron GPT."""
+def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str,
+        tied: bool = True) -> dict:
+    """A GPT-2-architecture config (learned positions, LayerNorm, GELU 4h MLP) of Megatron GPT.
+
+    ``tied``: the output layer shares the input embedding (Megatron's default); ``False`` is
+    ``--untie-embeddings-and-output-weights``."""
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": layers,
         "n_embd": hidden, "n_head": heads, "n_inner": 4 * hidden, "n_positions": seq,
         "vocab_size": vocab, "activation_function": "gelu_pytorch_tanh",
         "layer_norm_epsilon": 1e-5,
-        "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": True,
+        "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": tied,
         "_charon_source": source,
     }
 
@@ -316,20 +335,16 @@ def checkpoints(name: str, peers: Path) -> dict[str, dict[str, object]]:
     return out
 
 
-def write(name: str, cfg: dict) -> None:
-    path = OUT / f"{name}.json"
-    path.write_text(json.dumps(cfg, indent=2, sort_keys=False) + "\n")
-    print(f"wrote {path.relative_to(ROOT)}")
+def build(peers: Path) -> dict[str, str]:
+    """Every file of the catalog directory: file name -> text."""
+    files: dict[str, str] = {}
 
+    def write(name: str, cfg: dict) -> None:
+        files[f"{name}.json"] = json.dumps(cfg, indent=2, sort_keys=False) + "\n"
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", type=Path, default=PEERS)
-    args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, str]] = []
     for name, (stem, hf, aliases) in FROM_PEERS.items():
-        cfg = json.loads((args.peers / f"{stem}_config.json").read_text())
+        cfg = json.loads((peers / f"{stem}_config.json").read_text())
         note = ""
         if name in TEXT_MODELS:
             model_type, note = TEXT_MODELS[name]
@@ -339,13 +354,13 @@ def main() -> None:
             cfg.pop(key, None)
         cfg["_charon_source"] = AIC.format(file=f"{stem}_config.json", hf=hf) + note
         cfg["_charon_aliases"] = [hf, *aliases]
-        if ckpt := checkpoints(name, args.peers):
+        if ckpt := checkpoints(name, peers):
             cfg["_charon_checkpoints"] = ckpt
         write(name, cfg)
         sources.append((name, cfg["_charon_source"]))
     # Llama-3.3-70B has exactly the Llama-3.1-70B architecture (HF config.json of
     # meta-llama/Llama-3.3-70B-Instruct differs only in generation/token fields).
-    cfg = json.loads((OUT / "llama-3.1-70b.json").read_text())
+    cfg = json.loads(files["llama-3.1-70b.json"])
     cfg["_charon_source"] = ("Llama-3.1-70B architecture (aiconfigurator-core "
                              "meta-llama--Meta-Llama-3.1-70B_config.json); Llama-3.3-70B-Instruct "
                              "shares it (HF meta-llama/Llama-3.3-70B-Instruct config.json)")
@@ -357,47 +372,84 @@ def main() -> None:
         write(name, cfg)
         sources.append((name, str(cfg["_charon_source"])))
     for name, row in {**GPT, **MORE_GPT}.items():
-        cfg = gpt(*row)
+        cfg = gpt(*row, tied=name not in UNTIED)
         write(name, cfg)
         sources.append((name, cfg["_charon_source"]))
     for name, row in MPT.items():
-        cfg = mpt(*row)
+        cfg = mpt(*row, note=MPT_NOTES.get(name, ""))
         write(name, cfg)
         sources.append((name, cfg["_charon_source"]))
     write("opt-175b", OPT_175B)
     sources.append(("opt-175b", str(OPT_175B["_charon_source"])))
     for name, cfg in DEBUG.items():
         write(name, cfg)
-        sources.append((name, str(cfg["_charon_source"]) + DEBUG_NOTES[name]))
+        sources.append((name, str(cfg["_charon_source"])))
     lines = [
         "# Shipped model configs: sources and licenses",
         "",
         "Generated by `scripts/make_catalog.py`. Each file is a HuggingFace `config.json`; the",
         "`_charon_source` key repeats the source and `_charon_aliases` lists accepted HF ids.",
         "Files taken from `aiconfigurator-core` 0.12.0 are Apache-2.0 (the wheel's METADATA);",
-        "GPT shapes are built as HF `gpt2` configs from the cited paper tables.",
+        "GPT shapes are built as HF `gpt2` configs from the cited paper tables. The `source` of",
+        "each row is the file's `_charon_source`, word for word.",
         "",
         "| name | source |",
         "|---|---|",
         *(f"| `{n}` | {s} |" for n, s in sorted(sources)),
         "",
     ]
-    (OUT / "SOURCES.md").write_text("\n".join(lines))
+    files["SOURCES.md"] = "\n".join(lines)
+    return files
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=Path, default=PEERS,
+                        help="aiconfigurator-core's model_configs directory")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a shipped file differs from what this "
+                             "script would write (or is missing)")
+    args = parser.parse_args()
+    files = build(args.peers)
+    if args.check:
+        stale = [n for n, text in files.items()
+                 if not (OUT / n).is_file() or (OUT / n).read_text() != text]
+        extra = sorted(p.name for p in OUT.iterdir() if p.is_file() and p.name not in files)
+        for n in stale:
+            print(f"differs: {(OUT / n).relative_to(ROOT)}")
+        for n in extra:
+            print(f"not generated: {(OUT / n).relative_to(ROOT)}")
+        print(f"{len(files) - len(stale)} of {len(files)} files as generated"
+              + (f"; {len(extra)} not generated" if extra else ""))
+        return 1 if stale or extra else 0
+    OUT.mkdir(parents=True, exist_ok=True)
+    for n, text in files.items():
+        (OUT / n).write_text(text)
+        print(f"wrote {(OUT / n).relative_to(ROOT)}")
+    return 0
 
 
 #: Megatron-Core GPT weak-scaling shapes, as stated (layers/hidden/heads/ffn/vocab) by the
-#: records in /work/shared/validation/published-dev.yaml (NVIDIA Megatron-Core README table).
+#: records in charon_search/data/validation/published-dev.yaml (NVIDIA Megatron-LM README table).
 MORE_GPT: dict[str, tuple[int, int, int, int, int, str]] = {
-    "mcore-gpt-1.7b": (24, 2048, 16, 4096, 131072, MCORE),
-    "mcore-gpt-16b": (32, 6144, 48, 4096, 131072, MCORE),
-    "mcore-gpt-70b": (84, 8192, 64, 4096, 131072, MCORE),
-    "mcore-gpt-177b": (96, 12288, 96, 4096, 131072, MCORE),
-    "mcore-gpt-462b": (112, 18432, 144, 4096, 131072, MCORE),
+    "mcore-gpt-1.7b": (24, 2048, 16, 4096, 131072, mcore_source("1.7 B")),
+    "mcore-gpt-16b": (32, 6144, 48, 4096, 131072, mcore_source("16 B")),
+    "mcore-gpt-70b": (84, 8192, 64, 4096, 131072, mcore_source("70 B")),
+    "mcore-gpt-177b": (96, 12288, 96, 4096, 131072, mcore_source("177 B")),
+    "mcore-gpt-462b": (112, 18432, 144, 4096, 131072, mcore_source("462 B")),
 }
+#: GPT configs with untied input embedding and output layer.
+UNTIED = frozenset(MORE_GPT)
 
 MPT_SRC = ("MosaicML MPT (HF model_type 'mpt': ALiBi, no biases, tied embeddings); shapes "
            "(layers/hidden/heads, vocab 50,368, seq 2048) as stated by the MPT records in "
-           "/work/shared/validation/published-dev.yaml (MosaicML LLM Foundry throughput table)")
+           "charon_search/data/validation/published-dev.yaml (MosaicML LLM Foundry throughput "
+           "table)")
+#: What the name of an MPT model does not say.
+MPT_NOTES = {
+    "mpt-70b": "; the shape of llm-foundry's scripts/train/yamls/pretrain/mpt-70b.yaml (d_model "
+               "8192, 80 layers, 64 heads, expansion 4): 64.8 B parameters, not 70 B",
+}
 #: name -> (layers, hidden, heads)
 MPT = {
     "mpt-1b": (24, 2048, 16), "mpt-3b": (32, 2560, 20), "mpt-7b": (32, 4096, 32),
@@ -405,13 +457,13 @@ MPT = {
 }
 
 
-def mpt(layers: int, hidden: int, heads: int) -> dict:
+def mpt(layers: int, hidden: int, heads: int, note: str = "") -> dict:
     return {
         "architectures": ["MptForCausalLM"], "model_type": "mpt", "n_layers": layers,
         "d_model": hidden, "n_heads": heads, "expansion_ratio": 4, "max_seq_len": 2048,
         "vocab_size": 50368, "no_bias": True, "layer_norm_epsilon": 1e-5,
         "attn_config": {"alibi": True},
-        "tie_word_embeddings": True, "_charon_source": MPT_SRC,
+        "tie_word_embeddings": True, "_charon_source": MPT_SRC + note,
     }
 
 
@@ -429,4 +481,4 @@ OPT_175B = {
 }
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

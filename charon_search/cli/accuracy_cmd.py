@@ -1,9 +1,15 @@
 """Write the accuracy report (markdown + log-log scatter PNGs) from `validate --json` output.
 
     charon-search validate --json validate.json
-    charon-search accuracy --from validate.json --out docs/accuracy.md
-    charon-search accuracy --from validate.json --out docs/accuracy.md \
+    charon-search accuracy --from validate.json --out docs/accuracy.md \\
+        --calibration docs/calibration/*.yaml   # + each calibration's leave-one-source-out table
+    charon-search accuracy --from validate.json --out docs/accuracy.md \\
+        --calibration docs/calibration/*.yaml \\
         --bands charon_search/data/validation/error_bands.json   # + the validated error bands
+
+Without `--calibration` the report has no calibration sections. The shipped docs/accuracy.md
+is regenerated in one step by `python scripts/accuracy_report.py --workers 2` (validates every
+record, then runs the last command above).
 """
 
 from __future__ import annotations

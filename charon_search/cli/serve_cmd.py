@@ -4,7 +4,9 @@ Examples:
     charon-search serve --model llama-3.1-70b --cluster h100-sxm-8gpu --tp 4 \\
         --workload poisson --rate 4 --num-requests 2000 --input-len 2000 --output-len 200 \\
         --max-num-seqs 256 --max-batched-tokens 8192 --chunked-prefill --json serve.json
-    charon-search serve ... --disagg prefill=2xTP2,decode=1xTP4 --kv-transfer rdma --engine sglang
+    charon-search serve --model llama-3.1-70b --cluster h100-sxm-8gpu --engine sglang \\
+        --workload concurrency --concurrency 8 --num-requests 32 --input-len 2000 \\
+        --output-len 200 --disagg prefill=1xTP4,decode=1xTP4 --kv-transfer rdma
     charon-search serve ... --workload trace.csv     # arrived_at, prompt_tokens, output_tokens
 
 Engine knobs beyond these flags go in ``--config serving.yaml`` (the ``ServingConfig`` fields,
