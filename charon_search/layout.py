@@ -7,6 +7,7 @@ hardware vary independently, as in calculon). Validation names the rule and the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -185,6 +186,14 @@ class Layout:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+        for f in dataclasses.fields(self):
+            if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
+                raise ConfigError(f"`{f.name}` must be true or false, but got "
+                                  f"{getattr(self, f.name)!r}")
+        for name in ("hsdp_shard", "recompute_num_layers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"`{name}` must be an integer >= 0, but got {v!r}")
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("recompute", self.recompute, RECOMPUTE_MODES)
         _choice("precision", self.precision, PRECISIONS)
@@ -233,10 +242,6 @@ class Layout:
                 f"(global_batch_size={self.global_batch_size}, "
                 f"micro_batch_size={self.micro_batch_size}, dp={self.dp})"
             )
-        for name in ("hsdp_shard", "recompute_num_layers"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"`{name}` must be an integer >= 0, but got "
-                                  f"{getattr(self, name)}")
         if self.hsdp_shard and (self.dp % self.hsdp_shard or self.zero_stage == 0):
             raise ConfigError(
                 f"`hsdp_shard` must divide dp and needs zero_stage >= 1, but got "
@@ -251,10 +256,18 @@ class Layout:
                 raise ConfigError(
                     f"`pp_layout` must list pp * vpp = {self.pp * self.vpp} stages, but got "
                     f"{len(stages)} in {self.pp_layout!r}")
-        if self.expert_load_imbalance < 1.0:
+        if (isinstance(self.expert_load_imbalance, bool)
+                or not isinstance(self.expert_load_imbalance, (int, float))
+                or not math.isfinite(self.expert_load_imbalance)
+                or self.expert_load_imbalance < 1.0):
             raise ConfigError(
-                f"`expert_load_imbalance >= 1` must hold, but got {self.expert_load_imbalance}"
-            )
+                f"`expert_load_imbalance` must be a finite number >= 1, but got "
+                f"{self.expert_load_imbalance!r}")
+        if self.recompute_num_layers and self.recompute != "full":
+            raise ConfigError(
+                f"`recompute_num_layers` applies to recompute 'full' only, but got "
+                f"(recompute_num_layers={self.recompute_num_layers}, "
+                f"recompute={self.recompute!r})")
 
     def validate_for(self, model: ModelSpec, num_gpus: int | None = None,
                      *, allow_uneven_pp: bool = True) -> None:

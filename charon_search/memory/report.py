@@ -85,7 +85,8 @@ class MemoryOptions:
     gradients (in ``grad_bytes``, FSDP2's reduce dtype) until the last backward. PyTorch's
     pipelining does this for FSDP stages (``torch/distributed/pipelining/stage.py``,
     ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``). ``None``: on for an
-    FSDP recipe with ``pp > 1``."""
+    FSDP recipe or ZeRO-2 with ``pp > 1`` (the step time then reduce-scatters once per step;
+    ZeRO-2 without a pipeline reduce-scatters after every micro-batch instead)."""
     attn_impl: str | None = None
     """``sdpa`` or ``eager``; ``None``: ``eager`` when ``layout.attention_kernel == 'eager'``
     (scores, softmax and dropout mask are saved), else ``sdpa``."""
@@ -348,13 +349,21 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
     expert_shards = max(1, layout.dp * layout.cp // layout.ep)
     prefetch = (opts.fsdp_prefetch_depth if opts.fsdp_prefetch_depth is not None
                 else int(layout.fsdp_prefetch))
+    # Pipelined FSDP (and ZeRO-2, which only FSDP-style frameworks run under a pipeline:
+    # DeepSpeed's pipeline engine takes ZeRO-1 at most) accumulates unsharded gradients over the
+    # micro-batches and reduce-scatters once, as the step time does.
     no_sync = (opts.fsdp_no_sync_accumulation if opts.fsdp_no_sync_accumulation is not None
-               else recipe.fsdp and layout.pp > 1)
+               else (recipe.fsdp or layout.zero_stage == 2) and layout.pp > 1)
     num_groups = sum(1 for d in (layout.tp, layout.cp, layout.dp, layout.ep, layout.pp) if d > 1)
     comm_buffers = cal.comm_buffer_bytes * num_groups
 
+    dual = layout.schedule == "dualpipe"
     stages = []
     for i, layers in enumerate(per_stage):
+        ends = (0, layout.pp - 1)
+        if dual:
+            # DualPipe: rank i holds stage i and stage p-1-i (its mirror holds the same two).
+            layers = layers + per_stage[layout.pp - 1 - i]
         # (block name, recompute mode) -> layers of that kind on this stage.
         groups: dict[tuple[str, str], int] = {}
         recompute_k = 0
@@ -368,9 +377,9 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
             if mode == "full" and j >= recompute_k:
                 mode = "none"
             groups[(name, mode)] = groups.get((name, mode), 0) + 1
-        if i == 0:
+        if i == 0 or (dual and i in ends):
             groups[("embedding", "none")] = 1
-        if i == layout.pp - 1:
+        if i == layout.pp - 1 or (dual and i in ends):
             groups[("lm_head", "none")] = 1
         # ---- parameters
         dense = expert = 0.0
@@ -385,11 +394,9 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
             else:
                 layer_unit = max(layer_unit, d + e)
         if (i == layout.pp - 1 and layout.pp > 1 and spec.tie_word_embeddings
-                and prof.params["lm_head"].tp == 0):
+                and prof.params["lm_head"].tp == 0 and not dual):
             tied, _ = prof.params["embedding"].local(tp=layout.tp, ep=1)
             dense += tied  # the last stage keeps its own copy of a tied embedding
-        if layout.schedule == "dualpipe":
-            dense, expert = 2 * dense, 2 * expert  # stage i and stage p-1-i on one device
         states = shard_states(dense_params=dense, expert_params=expert,
                               zero_stage=layout.zero_stage if layout.dp * layout.cp > 1 else 0,
                               dense_shards=dense_shards, expert_shards=expert_shards,
@@ -433,7 +440,8 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
             if fp8_saved and keeps_inputs:
                 kept -= 0.5 * ev["saved_gemm_input"]  # bf16 -> fp8 copies of GEMM inputs
             saved_stage += count * kept
-        saved_total = n_flight * saved_stage / layout.vpp
+        # A micro-batch in flight holds one of the rank's chunks: saved_stage sums them all.
+        saved_total = n_flight * saved_stage / (2 if dual else layout.vpp)
         activations = saved_total + top[0] + shared
         buffers = top[1] if top != (0.0, 0.0) else max(buf_loss, buf_layer)
 

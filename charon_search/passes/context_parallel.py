@@ -101,9 +101,17 @@ class ContextParallelPass(Pass):
                                  rewire=False)
                 added = gb.add(new.replace(inputs=(*new.inputs, ag)))
                 if bwd:
-                    for t in added.outputs[1:3] or added.outputs:
+                    # dK and dV of the whole context go back to their owners, each at its
+                    # own width (one output without the split: both).
+                    outs = added.outputs[1:3]
+                    grads = (list(zip(outs, (("head_dim",), ("v_head_dim",)), strict=False))
+                             if outs else [(t, ("head_dim", "v_head_dim"))
+                                           for t in added.outputs])
+                    for t, dims in grads:
                         gb.add_comm(OpKind.REDUCE_SCATTER, group="cp", group_size=cp,
-                                    nbytes=nbytes, reads=(t,), like=t, phase=ph,
+                                    nbytes=_kv_bytes(new, dtb, full=True,
+                                                     repeat=ctx.cp_repeat_kv, dims=dims),
+                                    reads=(t,), like=t, phase=ph,
                                     module_path=mp, name=f"cp_reduce_scatter_{node.name}")
             else:  # ulysses: fwd moves q,k,v in and o out; bwd moves do in and dq,dk,dv out
                 qkv, o = _ulysses_bytes(new, dtb)

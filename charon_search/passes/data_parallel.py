@@ -27,7 +27,7 @@ class FullyShardedPass(Pass):
     name = "fsdp"
 
     def enabled(self, ctx: PassContext) -> bool:
-        return ctx.zero_stage == 3 and ctx.phase == "train" and ctx.dp > 1
+        return ctx.zero_stage == 3 and ctx.phase == "train" and ctx.dp * ctx.cp > 1
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
         backward = graph.meta.get("direction") == "backward"
@@ -35,31 +35,42 @@ class FullyShardedPass(Pass):
         lp = local_params(fwd, tp=ctx.tp, ep=ctx.ep)
         if lp.numel <= 0:
             return PassResult(graph, False)
-        group = ctx.hsdp_shard or ctx.dp
+        # Dense weights are sharded over the dp·cp ranks (torchtitan's dp_shard_cp mesh; HSDP:
+        # the shard group's dp ranks x cp), routed experts over the ranks holding the same
+        # experts (dp·cp / ep, torchtitan's dp_shard_mod_ep), as the memory model shards them.
+        # The ``axis:`` tag names the mesh axis whose rank spacing prices each collective.
+        shards = [(lp.dense_numel, (ctx.hsdp_shard or ctx.dp) * ctx.cp, "dpcp"),
+                  (lp.expert_numel, ctx.dp * ctx.cp // ctx.ep, "edp")]
+        shards = [(numel, group, axis) for numel, group, axis in shards
+                  if numel > 0 and group > 1]
+        if not shards:
+            return PassResult(graph, False)
         gb = GraphBuilder(graph)
-        ag = gb.add_comm(
+        gathers = tuple(gb.add_comm(
             OpKind.ALL_GATHER, group="dp", group_size=group,
-            nbytes=lp.numel * DTYPE_BYTES[ctx.param_gather_dtype], reads=(), like=None,
+            nbytes=numel * DTYPE_BYTES[ctx.param_gather_dtype], reads=(), like=None,
             phase=Phase.BACKWARD if backward else Phase.FORWARD, module_path="",
             name="fsdp_all_gather_bwd" if backward else "fsdp_all_gather", rewire=False,
-            tags=("fsdp",))
+            tags=("fsdp", f"axis:{axis}")) for numel, group, axis in shards)
         params = set(graph.param_tensors) | set(fwd.param_tensors)
         grads: list[int] = []
         for n in graph.nodes:
             if any(t in params for t in n.inputs):
-                n = n.replace(inputs=(*n.inputs, ag))
+                n = n.replace(inputs=(*n.inputs, *gathers))
             added = gb.add(n)
             if backward and n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and (
                     gemm_kind(n) == "wgrad" or n.kind == OpKind.GROUPED_GEMM):
                 grads.extend(added.outputs)
         if backward:
-            gb.add_comm(OpKind.REDUCE_SCATTER, group="dp", group_size=group,
-                        nbytes=lp.numel * DTYPE_BYTES[ctx.grad_reduce_dtype],
-                        reads=tuple(grads), like=None, phase=Phase.BACKWARD,
-                        name="fsdp_reduce_scatter", rewire=False, tags=("fsdp",))
-            # FSDP2 reduce-scatters on its own stream, so the next layer's all-gather
-            # (prefetch) does not queue behind this layer's gradients.
-            gb.nodes[-1] = gb.nodes[-1].replace(stream="comm_dp_rs")
+            for numel, group, axis in shards:
+                gb.add_comm(OpKind.REDUCE_SCATTER, group="dp", group_size=group,
+                            nbytes=numel * DTYPE_BYTES[ctx.grad_reduce_dtype],
+                            reads=tuple(grads), like=None, phase=Phase.BACKWARD,
+                            name="fsdp_reduce_scatter", rewire=False,
+                            tags=("fsdp", f"axis:{axis}"))
+                # FSDP2 reduce-scatters on its own stream, so the next layer's all-gather
+                # (prefetch) does not queue behind this layer's gradients.
+                gb.nodes[-1] = gb.nodes[-1].replace(stream="comm_dp_rs")
         return PassResult(gb.finish(), True)
 
 

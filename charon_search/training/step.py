@@ -421,6 +421,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     strides["dpcp"] = min(strides["cp"], strides["dp"]) if L.cp > 1 else strides["dp"]
     # HSDP: replicas of a shard group sit hsdp_shard DP ranks apart.
     strides["dp_rep"] = strides["dp"] * max(L.hsdp_shard, 1)
+    # EP takes ep consecutive dp·cp ranks, so the ranks holding the same experts (the
+    # expert-data-parallel group, dp·cp/ep of them) sit ep of those ranks apart.
+    strides["edp"] = strides["dpcp"] * L.ep
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
                          attention_kernel=getattr(L, "attention_kernel", "flash"),
@@ -523,35 +526,60 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
             lp_cache[name] = local_params(traced.blocks[base].forward, tp=L.tp, ep=L.ep)
         return lp_cache[name]
 
-    dense_group = L.hsdp_shard or dp_cp
+    # Dense states are sharded over the dp·cp ranks (HSDP: the shard group's dp ranks x cp),
+    # expert states over the expert-data-parallel group, as the memory model shards them.
+    dense_group = (L.hsdp_shard or L.dp) * L.cp
+    replicas = dp_cp // dense_group
     expert_group = max(dp_cp // L.ep, 1)
+    # ZeRO-2 keeps only its shard of the gradients, so without a pipeline every micro-batch's
+    # backward reduce-scatters them (DeepSpeed stage 2, FSDP2 SHARD_GRAD_OP), not just the last
+    # one. Under a pipeline (torchtitan, Llama 3's FSDP: "accumulate gradients in FP32 ... over
+    # multiple micro-batches and also reduce-scatter gradients in FP32", arXiv 2407.21783
+    # Sec. 3.3.4) the micro-batches accumulate unsharded gradients, as the memory model holds
+    # them (``MemoryOptions.fsdp_no_sync_accumulation``), and reduce-scatter once.
+    syncs = m if L.zero_stage == 2 and p == 1 else 1
+    first_bwd: dict[tuple[int, int], float] = {}
+    for u in pipe.units:
+        if u.op.kind in ("B", "W"):
+            key = (u.rank, u.op.chunk)
+            first_bwd[key] = min(first_bwd.get(key, u.end_s), u.end_s)
     for r in range(p):
         rank_end = pipe.rank_end_s[r]
-        dp_free = 0.0
-        local_numel = 0.0
+        dp_free = early_free = 0.0
+        dense_numel = expert_numel = 0.0
         for c in range(v):
             names = stage_blocks[r][c]
             start, end = pipe.last_backward.get((r, c), (rank_end, rank_end))
             nl = max(len(names), 1)
             for i, name in enumerate(reversed(names)):
                 prm = lp(name)
-                local_numel += prm.numel
+                dense_numel += prm.dense_numel
+                expert_numel += prm.expert_numel
                 ready = start + (end - start) * (i + 1) / nl
                 t = 0.0
                 if L.zero_stage == 3:
-                    if L.hsdp_shard and dp_cp // L.hsdp_shard > 1:
-                        t += coster.collective("all_reduce", prm.numel * grad_b / L.hsdp_shard,
-                                               dp_cp // L.hsdp_shard, "dp_rep")[0]
+                    if replicas > 1:
+                        t += coster.collective("all_reduce",
+                                               prm.dense_numel * grad_b / dense_group,
+                                               replicas, "dp_rep")[0]
                 else:
                     kind = "all_reduce" if L.zero_stage == 0 else "reduce_scatter"
                     t += coster.collective(kind, prm.dense_numel * grad_b, dense_group, "dpcp")[0]
                     t += coster.collective(kind, prm.expert_numel * grad_b, expert_group,
-                                           "dpcp")[0]
-                    if L.hsdp_shard and L.zero_stage and dp_cp // L.hsdp_shard > 1:
-                        t += coster.collective("all_reduce", prm.numel * grad_b / L.hsdp_shard,
-                                               dp_cp // L.hsdp_shard, "dp_rep")[0]
+                                           "edp")[0]
+                    if L.zero_stage and replicas > 1:
+                        t += coster.collective("all_reduce",
+                                               prm.dense_numel * grad_b / dense_group,
+                                               replicas, "dp_rep")[0]
                 if t > 0:
-                    st = max(dp_free, ready)
+                    early_end = 0.0
+                    if syncs > 1:
+                        # The earlier micro-batches' reduce-scatters run behind the backward
+                        # passes that follow theirs, in a chain of their own.
+                        st = max(early_free, first_bwd.get((r, c), ready))
+                        early_free = early_end = st + (syncs - 1) * t
+                        dp_intervals.append((r, f"grad_sync_early.{name}", st, early_end))
+                    st = max(dp_free, ready, early_end)
                     dp_free = st + t
                     dp_intervals.append((r, f"grad_sync.{name}", st, dp_free))
         overlap = sum(max(0.0, min(e, rank_end) - s0) for rr, _, s0, e in dp_intervals
@@ -559,16 +587,19 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
         dp_slow = overlap * (cal.overlap_compute_slowdown - 1.0)
         exposed_dp = max(dp_free - rank_end, 0.0)
         t = rank_end + dp_slow + exposed_dp
-        shard = (L.hsdp_shard or dp_cp) if L.zero_stage >= 1 else 1
-        opt_numel = local_numel / shard
+        sharded = L.zero_stage >= 1
+        opt_numel = (dense_numel / dense_group + expert_numel / expert_group if sharded
+                     else dense_numel + expert_numel)
         opt_s = float(coster.cost(_optimizer_node(opt_numel, L.optimizer), 1, 1)
                       .durations_s.sum()) if opt_numel > 0 else 0.0
         tail_intervals.append((r, "compute", "optimizer_step", t, t + opt_s))
         t += opt_s
         ag_exposed = 0.0
-        if L.zero_stage in (1, 2) and shard > 1:
-            ag = coster.collective("all_gather", local_numel * DTYPE_BYTES["bf16"], shard,
-                                   "dp" if L.hsdp_shard else "dpcp")[0]
+        if L.zero_stage in (1, 2) and (dense_group > 1 or expert_group > 1):
+            ag = (coster.collective("all_gather", dense_numel * DTYPE_BYTES["bf16"], dense_group,
+                                    "dpcp")[0]
+                  + coster.collective("all_gather", expert_numel * DTYPE_BYTES["bf16"],
+                                      expert_group, "edp")[0])
             # Megatron's --overlap-param-gather hides it behind the next step's first forward.
             first_f = unit(r, 0, "F").duration_s if L.fsdp_prefetch else 0.0
             ag_exposed = max(ag - first_f, 0.0)
