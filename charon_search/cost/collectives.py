@@ -17,9 +17,13 @@ Algorithms (NCCL-like; ``algo=None`` picks the fastest available):
 
 * ``ring`` on one tier: all-reduce ``2(n-1)/n·S/B + 2(n-1)·α``; all-gather / reduce-scatter
   ``(n-1)/n·S/B + (n-1)·α``. Across tiers (multi-channel ring, each lower domain crossing through
-  its ``k_{t-1}`` NICs): the bandwidth term is the bottleneck ``max_t factor·S/(k_{t-1}·B_t)`` and
-  every step pays the slowest tier's α.
-* ``tree`` (double binary tree, all-reduce): ``2·S/B_min + 2·Σ_t ceil(log2 m_t)·α_t``.
+  its ``k_{t-1}`` NICs): the bandwidth term is the bottleneck ``max_t factor·S/(k_{t-1}·B_t)``;
+  each step pays the α of the tier its hop crosses (NCCL's tuning model: of an all-reduce's
+  ``2(n-1)`` steps, ``2·nNodes`` cross the network; ``_ring_latency``).
+* ``tree`` (double binary tree, all-reduce): ``2·S/B_min + 2·Σ_t ceil(log2 m_t)·α_t``, except
+  that across tiers an innermost level that is one node is a chain (``m_0 − 1`` steps: NCCL's
+  tuning model ``2·((nRanks/nNodes − 1)·intraLat + log2(nNodes)·interLat)``;
+  ``_tree_latency``).
 * ``nvls`` (NVLink SHARP, in-switch reduction) where a tier lists it: all-reduce ``S/B + 2α``;
   all-gather / reduce-scatter ``(n-1)/n·S/B + 2α``.
 * ``hierarchical`` for groups crossing tiers: reduce-scatter inside each level from the innermost
@@ -143,6 +147,17 @@ def group_tiers(group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> tu
     return tuple(cluster.tiers[lv.tier_idx].name for lv in _levels(group_size, stride, sizes))
 
 
+def _whole(name: str, value: float) -> int:
+    """``value`` as an int if it is a whole number >= 1, else ``ConfigError`` naming ``name``."""
+    try:
+        ok = value >= 1 and int(value) == value
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"`{name}` must be a whole number >= 1, but got {value!r}")
+    return int(value)
+
+
 def _check_group(n: int, stride: int, cluster: ClusterSpec) -> None:
     if n < 1 or stride < 1:
         raise ConfigError(f"`group_size >= 1` and `stride >= 1` must hold, but got "
@@ -244,6 +259,49 @@ def _ring_single(factor_steps: float, s: float, n: float, bw: float, alpha: floa
     return factor_steps * (n - 1) / n * s / bw + factor_steps * (n - 1) * alpha
 
 
+def _tree_latency(ctx: _Ctx) -> float:
+    """Latency of a tree all-reduce over several levels, as NCCL's tuning model charges it
+    (``src/graph/tuning.cc``, ``NCCL_ALGO_TREE``: ``2·((nRanks/nNodes − 1)·intraLat +
+    log2(nNodes)·interLat)``): inside a node NCCL's tree is a chain, one step per rank of the
+    node; across network tiers a binary tree, ``ceil(log2 m_t)`` steps at fan-out ``m_t``. Up
+    and down: times 2.
+
+    The chain applies where the innermost tier is one node (a DGX/HGX NVSwitch). An NVLink
+    domain of several nodes (GB200 NVL72: 18 trays) keeps ``ceil(log2 m_0)`` steps there: NCCL
+    runs NVLS / NVLS-tree in such a domain (in-switch reduction, a constant intra-domain
+    latency), which this model has no multi-tier candidate for, and a 71-step chain would
+    price a two-rack all-reduce of 64 KiB at 330 us where NVLS-tree takes tens of us."""
+    lat = 0.0
+    node = ctx.cluster.gpus_per_node
+    for lv in ctx.levels:
+        fan = max(lv.fan, 1.0)
+        chain = lv.tier_idx == 0 and ctx.tier(lv).num_devices <= node
+        steps = fan - 1 if chain else math.ceil(math.log2(fan))
+        lat += 2 * steps * ctx.alpha(lv, "tree")
+    return lat
+
+
+def _ring_latency(ctx: _Ctx, n: int, *, all_reduce: bool) -> float:
+    """Latency of a ring over several levels, as NCCL's tuning model charges it
+    (``src/graph/tuning.cc``, ``NCCL_ALGO_RING``: ``(nsteps − nInterSteps)·intraLat +
+    nInterSteps·interLat`` with ``nsteps = 2(n−1)``, ``nInterSteps = 2·nNodes`` for an
+    all-reduce and ``n−1``, ``nNodes−1`` for an all-gather / reduce-scatter), extended to more
+    than two tiers: one trip round the ring crosses ``D_j`` boundaries of the domains below
+    level ``j`` (``D_j = ceil(n / k_prev)``), ``D_j − D_{j+1}`` of them on level ``j``'s tier
+    and no higher one; an all-reduce makes two trips, an all-gather / reduce-scatter one less
+    one outermost hop. The other steps stay inside the innermost level and pay its α."""
+    lvs = ctx.levels
+    doms = [math.ceil(n / lv.k_prev) for lv in lvs[1:]] + [0]
+    total_steps = (2 if all_reduce else 1) * (n - 1)
+    lat, outer_steps = 0.0, 0
+    for j, lv in enumerate(lvs[1:]):
+        hops = doms[j] - doms[j + 1]
+        steps = 2 * hops if all_reduce else hops - (1 if j == len(lvs) - 2 else 0)
+        outer_steps += steps
+        lat += steps * ctx.alpha(lv, "ring")
+    return lat + (total_steps - outer_steps) * ctx.alpha(lvs[0], "ring")
+
+
 def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
     """Candidate algorithms -> (seconds, bottleneck tier)."""
     lvs = ctx.levels
@@ -258,19 +316,18 @@ def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
         if ctx.has(lv, "nvls"):
             out["nvls"] = (s / ctx.bw(lv, "nvls") + 2 * ctx.alpha(lv, "nvls"), name)
         return out
-    # Flat ring across tiers: bottleneck bandwidth, slowest α per step.
+    # Flat ring across tiers: bottleneck bandwidth; each step pays the α of the tier its hop
+    # crosses (NCCL's ring latency, ``_ring_latency``).
     terms = [(2 * (n - 1) / n * s / (lv.k_prev_min * ctx.bw(lv, "ring")), ctx.tier(lv).name)
              for lv in lvs]
     bw_s, neck = max(terms)
-    out["ring"] = (bw_s + 2 * (n - 1) * max(ctx.alpha(lv, "ring") for lv in lvs), neck)
+    out["ring"] = (bw_s + _ring_latency(ctx, n, all_reduce=True), neck)
     outer = lvs[-1]
     if ctx.has(outer, "tree"):
         terms = [(2 * s / (lv.k_prev_min * ctx.bw(lv, "tree")), ctx.tier(lv).name)
                  for lv in lvs]
         bw_s, neck = max(terms)
-        lat = sum(2 * math.ceil(math.log2(max(lv.fan, 1.0))) * ctx.alpha(lv, "tree")
-                  for lv in lvs)
-        out["tree"] = (bw_s + lat, neck)
+        out["tree"] = (bw_s + _tree_latency(ctx), neck)
     # Hierarchical: RS in, AR at the top (ring or tree: two variants, each affine in S), AG out.
     total, worst = 0.0, (-1.0, "")
     for lv in lvs[:-1]:
@@ -310,7 +367,7 @@ def _gather_scatter(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]
     terms = [((n - 1) / n * s / (lv.k_prev_min * ctx.bw(lv, "ring")), ctx.tier(lv).name)
              for lv in lvs]
     bw_s, neck = max(terms)
-    out["ring"] = (bw_s + (n - 1) * max(ctx.alpha(lv, "ring") for lv in lvs), neck)
+    out["ring"] = (bw_s + _ring_latency(ctx, n, all_reduce=False), neck)
     parts = [(_ring_single(1, s / lv.k_prev, lv.fan, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring")),
               ctx.tier(lv).name) for lv in lvs]
     out["hierarchical"] = (sum(p for p, _ in parts), max(parts)[1])
@@ -369,12 +426,14 @@ def estimate_collective(
 ) -> CollectiveEstimate:
     """Like ``collective_time`` but also says which algorithm and tiers were used."""
     k = _kind(kind)
-    n = int(group_size)
+    n = _whole("group_size", group_size)
+    stride = _whole("stride", stride)
+    _whole("concurrent_groups", concurrent_groups)
     if k is OpKind.SEND_RECV and n > 1:
         n = 2  # one transfer between ranks r and r + stride
     _check_group(n, stride, cluster)
-    if nbytes < 0:
-        raise ConfigError(f"`nbytes >= 0` must hold, but got {nbytes=}")
+    if not 0 <= nbytes < math.inf:  # also NaN
+        raise ConfigError(f"`nbytes >= 0` must hold for a finite number, but got {nbytes!r}")
     if n <= 1 or nbytes == 0:
         return CollectiveEstimate(duration_s=0.0, algorithm="none", tiers=(),
                                   bottleneck_tier="")
@@ -440,7 +499,9 @@ def collective_time(
         Seconds, including ``calibration.collective_launch_s``; 0.0 for one rank or 0 bytes.
 
     Raises:
-        ConfigError: unknown kind or algorithm, or a group larger than the cluster.
+        ConfigError: unknown kind or algorithm, a group larger than the cluster, ``nbytes``
+            negative, NaN or infinite, or ``group_size`` / ``stride`` / ``concurrent_groups``
+            not a whole number >= 1.
 
     Example:
         >>> from charon_search.testing import toy_cluster
@@ -448,13 +509,16 @@ def collective_time(
         >>> round(t * 1e3, 3)  # 2·(1/2)·1e9 B / (450e9 · 0.8) + 2·1 µs
         2.78
     """
-    if algo is None:
+    # Fast path for plain ints and finite positive bytes; anything else (NaN / inf bytes,
+    # fractional or numpy sizes) takes the checked path of ``estimate_collective``.
+    if (algo is None and type(group_size) is int and type(stride) is int
+            and type(concurrent_groups) is int and concurrent_groups >= 1):
         k = _KIND_CACHE.get(kind) if isinstance(kind, str) else None
         k = k or _kind(kind)
-        n = int(group_size)
+        n = group_size
         if k is OpKind.SEND_RECV and n > 1:
             n = 2
-        if n > 1 and nbytes > 0 and stride >= 1 and (n - 1) * stride < cluster.tiers[
+        if n > 1 and 0 < nbytes < math.inf and stride >= 1 and (n - 1) * stride < cluster.tiers[
                 -1].num_devices:
             return _fast_time(k, float(nbytes), n, cluster, stride, concurrent_groups)
     return estimate_collective(kind, nbytes, group_size, cluster, stride=stride, algo=algo,

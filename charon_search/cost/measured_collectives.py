@@ -15,7 +15,9 @@ depend on the other groups of the node, so the single-group measurement holds fo
 them). Message sizes between measured ones are interpolated log-log; below the smallest the
 smallest's time applies (the latency floor), above the largest the time grows in proportion to
 the bytes (the bus is saturated there). Everything else — groups that leave the node, PCIe
-boxes, GPUs without a table — returns ``None`` and keeps the α-β model.
+boxes, GPUs without a table — returns ``None`` and keeps the α-β model, never below the
+slowest measured group it contains (``measured_floor_s``: where the two sources meet, a larger
+group must not cost less than a measured smaller one).
 
 The rows are aiconfigurator-core 0.12.0 ``comm/nccl/<version>/nccl_perf.parquet`` (NCCL 2.27.3
 on A100 and L40S, 2.29.2 elsewhere; ``charon_search/data/profiles/ATTRIBUTION.md``); ``bytes``
@@ -31,10 +33,11 @@ from functools import cache
 from typing import Any
 
 from charon_search.cost.profile_db import ProfileDB, default_profile_db, normalize_gpu
+from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 
-__all__ = ["MEASURED_KINDS", "Curve", "cost_model_nccl_s", "loglog_curve", "loglog_interp",
-           "measured_nccl_s"]
+__all__ = ["MEASURED_KINDS", "Curve", "cost_model_nccl_floor_s", "cost_model_nccl_s",
+           "loglog_curve", "loglog_interp", "measured_floor_s", "measured_nccl_s"]
 
 #: Collective kinds with NCCL rows in the DB.
 MEASURED_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -43,6 +46,8 @@ Curve = tuple[tuple[float, ...], tuple[float, ...]]
 #: Curves per (DB content hash, GPU, kind, group size): two DB objects of the same content
 #: share them, and a DB written anew gets its own.
 _curves: dict[tuple[str, str, str, int], Curve | None] = {}
+#: (group size, curve) of the measured sizes per (DB content hash, GPU, kind).
+_sizes: dict[tuple[str, str, str], tuple[tuple[int, Curve], ...]] = {}
 _lock = threading.Lock()
 
 
@@ -107,12 +112,12 @@ def measured_nccl_s(kind: str, nbytes: float, group_size: int, cluster: ClusterS
 
     ``db`` defaults to the shipped profile DB.
     """
-    n = int(group_size)
+    n, stride = _checked(nbytes, group_size, stride)
     if kind not in MEASURED_KINDS or n <= 1 or nbytes <= 0:
         return None
     inner = cluster.tiers[0]
     # Ranks 0, stride, ..., (n-1)·stride all inside the first node, behind one NVSwitch.
-    if inner.name != "nvlink" or (n - 1) * max(1, int(stride)) >= cluster.gpus_per_node:
+    if inner.name != "nvlink" or (n - 1) * stride >= cluster.gpus_per_node:
         return None
     db = db if db is not None else default_profile_db()
     gpu = _gpu_key(cluster.gpu.name)
@@ -120,6 +125,98 @@ def measured_nccl_s(kind: str, nbytes: float, group_size: int, cluster: ClusterS
         return None
     curve = _curve(db, gpu, kind, n)
     return None if curve is None else loglog_interp(curve, nbytes)
+
+
+def _checked(nbytes: float, group_size: int, stride: int) -> tuple[int, int]:
+    """(group size, stride) as ints, or ``ConfigError`` for NaN / infinite bytes and sizes
+    that are not whole numbers >= 1 (what ``cost.collectives`` rejects too)."""
+    if not nbytes < math.inf or nbytes != nbytes:
+        raise ConfigError(f"`nbytes >= 0` must hold for a finite number, but got {nbytes!r}")
+    for name, v in (("group_size", group_size), ("stride", stride)):
+        if not (v >= 1 and int(v) == v):
+            raise ConfigError(f"`{name}` must be a whole number >= 1, but got {v!r}")
+    return int(group_size), int(stride)
+
+
+def _measured_curves(db: ProfileDB, gpu: str, kind: str) -> tuple[tuple[int, Curve], ...]:
+    """(group size, curve) of every intra-node ``kind`` curve in ``db`` for ``gpu``, by size."""
+    key = (db.content_hash, gpu, kind)
+    hit = _sizes.get(key)  # a dict read is atomic; writes take the lock
+    if hit is not None:
+        return hit
+    out: list[tuple[int, Curve]] = []
+    if db.has(gpu, kind):
+        cols = db.table(gpu, kind).select(variant="").columns
+        for g in sorted({int(g) for g, nn in zip(cols["group_size"], cols["num_nodes"])
+                         if nn == 1 and g > 1}):
+            curve = _curve(db, gpu, kind, g)
+            if curve is not None:
+                out.append((g, curve))
+    with _lock:
+        _sizes[key] = tuple(out)
+    return _sizes[key]
+
+
+def measured_floor_s(kind: str, nbytes: float, group_size: int, cluster: ClusterSpec, *,
+                     stride: int = 1, db: ProfileDB | None = None) -> float | None:
+    """Seconds that a collective the α-β model prices cannot beat: the slowest measured
+    intra-node NCCL ``kind`` over a group the given group contains; None without one.
+
+    The measured rows (``measured_nccl_s``) and the model meet where a group outgrows them
+    (more ranks than any measured size, ranks in several nodes or NVL72 trays, a strided group
+    on an NVL72 rack); the two disagree by 20-60 % at mid sizes, so without this the cost could
+    fall as the group grows. Physically it cannot: the ``k`` ranks of the group behind one
+    NVSwitch (``k`` = most group ranks in one domain of the innermost ``nvlink`` tier: a DGX
+    node, a whole NVL72 rack) do at least the work of a measured group of ``g <= k`` ranks
+    (every GPU of an NVSwitch domain reaches the switch over the same links, so ``g`` ranks of
+    the domain cost what the measured ``g`` did):
+
+    * all-reduce, all-gather, reduce-scatter at the same ``S`` bytes: each of the ``k`` ranks
+      still reduces or receives the whole buffer (``(n-1)/n·S`` grows with ``n``), and a group
+      across nodes adds a network stage (NCCL's 2·log2(nNodes) inter-node latencies, its
+      bandwidth bounded by min(NVLink, NICs)) to the intra-node one;
+    * all-to-all at the same ``S``: every rank sends ``(n-1)/n·S`` (more) to ``n-1`` (more)
+      peers, the ones outside the domain over links slower than its NVLink.
+
+    The floor is the largest such measured time over the measured sizes ``g <= k`` (measured
+    sizes are not monotone among themselves: NVLS makes 8 H100s faster than 4 above 64 MiB).
+    Measured groups themselves keep their own rows (``measured_nccl_s``). None where no
+    measurement applies (kind not measured, innermost tier not NVLink, GPU without rows).
+    """
+    n, stride = _checked(nbytes, group_size, stride)
+    if kind not in MEASURED_KINDS or n <= 1 or nbytes <= 0:
+        return None
+    inner = cluster.tiers[0]
+    if inner.name != "nvlink" or stride >= inner.num_devices:
+        return None
+    db = db if db is not None else default_profile_db()
+    gpu = _gpu_key(cluster.gpu.name)
+    if db is None or gpu is None:
+        return None
+    k = min(n, -(-inner.num_devices // stride))  # ranks 0, stride, ... inside domain 0
+    best: float | None = None
+    for g, curve in _measured_curves(db, gpu, kind):
+        if g > k:
+            break
+        t = loglog_interp(curve, nbytes)
+        if best is None or t > best:
+            best = t
+    return best
+
+
+def cost_model_nccl_floor_s(cost_model: Any, kind: str, nbytes: float, group_size: int,
+                            cluster: ClusterSpec, *, stride: int = 1) -> float:
+    """``measured_floor_s`` from ``cost_model``'s profile DB (0.0 where there is none, or
+    where the model does not read measurements: see ``cost_model_nccl_s``).
+
+    The callers that price a collective by ``cost_model_nccl_s`` and else by the α-β model
+    take ``max(model seconds, this)`` for the latter, so that a group never costs less than a
+    measured group it contains."""
+    db = getattr(cost_model, "db", None)
+    if not getattr(cost_model, "use_profile", False) or db is None:
+        return 0.0
+    t = measured_floor_s(kind, nbytes, group_size, cluster, stride=stride, db=db)
+    return 0.0 if t is None else t
 
 
 def cost_model_nccl_s(cost_model: Any, kind: str, nbytes: float, group_size: int,

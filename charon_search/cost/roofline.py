@@ -55,9 +55,16 @@ def node_peak_flops_per_s(node: Node, gpu: GpuSpec) -> float:
 
 def node_compute_efficiency(node: Node, gpu: GpuSpec) -> float:
     """Fraction of the peak the roofline assumes: the GPU's per-dtype override for tensor-core
-    kinds (``compute_efficiency_by_dtype``), else ``compute_efficiency``."""
+    kinds (``compute_efficiency_by_dtype``) of the dtype whose tensor cores run the node
+    (``GpuSpec.compute_dtype``: an fp4 GEMM on Hopper runs at the bf16 rate and efficiency),
+    else ``compute_efficiency``."""
     if node.kind in TENSOR_CORE_KINDS:
-        return gpu.compute_efficiency_by_dtype.get(node.dtype, gpu.compute_efficiency)
+        by_dtype = gpu.compute_efficiency_by_dtype
+        if not by_dtype:
+            return gpu.compute_efficiency
+        dtype = node.dtype if node.dtype in gpu.peak_flops_per_s else gpu.compute_dtype(
+            node.dtype)
+        return by_dtype.get(dtype, gpu.compute_efficiency)
     return gpu.compute_efficiency
 
 

@@ -52,6 +52,7 @@ import numpy as np
 from charon_search.cost.base import COST_BACKENDS, CostBackend, NodeCost, ShapePoint
 from charon_search.cost.predictor import NUM_SMS, PREDICTED_KINDS, PredictorStore
 from charon_search.cost.profile_db import SHAPE_KEYS, ProfileDB, default_profile_db
+from charon_search.cost.roofline import TENSOR_CORE_KINDS
 from charon_search.ir.ops import ATTENTION_BWD_FLOP_RATIO, CAUSAL_CONV_TAG
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ DSA_ROW_HEADS = 64.0
 # (``cost.attention_kernels.BWD_THROUGHPUT_VS_FWD``).
 
 _MEMO_SIZE = 4096
+#: Matmul-like kinds (``roofline.TENSOR_CORE_KINDS``) as the strings nodes carry.
+_TENSOR_KINDS = frozenset(str(k) for k in TENSOR_CORE_KINDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +219,20 @@ GEMM_ROWS_TAG = "gemm_rows:"
 BLOCK_FP8_GEMM_ENGINES = ("sglang", "trtllm")
 
 
-def _db_dtype(dtype: str) -> str:
+#: Element types whose tensor-core (matmul-like) nodes have no rows of their own and must not
+#: take the bf16 ones: an fp32 matmul runs at the spec's ``fp32`` rate (PyTorch's default,
+#: ``torch.backends.cuda.matmul.allow_tf32 = False``, is a CUDA-core SGEMM: 67 TFLOP/s on H100
+#: against 989.5 for bf16), a ``tf32`` one at the TF32 tensor-core rate (494.5). The bf16 rows
+#: would price them 2-15x too fast (``roofline`` prices them at their own peak instead).
+FULL_PRECISION_DTYPES = frozenset({"fp32", "tf32"})
+
+
+def _db_dtype(dtype: str, kind: str = "") -> str:
+    """The DB dtype of a node's rows: fp16 runs at bf16 speed, and so do fp32 / tf32 nodes
+    off the tensor cores (elementwise, norms: memory-bound, their bytes tell them apart); an
+    fp32 / tf32 matmul keeps its own dtype (no rows: ``FULL_PRECISION_DTYPES``)."""
+    if dtype in FULL_PRECISION_DTYPES and kind in _TENSOR_KINDS:
+        return dtype
     return {"fp16": "bf16", "fp32": "bf16", "tf32": "bf16"}.get(dtype, dtype)
 
 
@@ -350,6 +366,10 @@ class FusedCostModel:
                 if nbytes > 0:
                     params["bytes"] = nbytes
                 params.update(_token_rows(node, params, b, s))
+            if node.dtype in FULL_PRECISION_DTYPES and kind in _TENSOR_KINDS:
+                # fp32 / tf32 matmuls: their own peak, never the bf16 rows (see the constant).
+                dur[i], prov[i], detail[i] = self._roofline(node, b, s, c)
+                continue
             fam = _family(kind, params, node.role)
             dtype = _db_dtype(node.dtype)
             if kv8:
@@ -727,7 +747,7 @@ class ProfileCostBackend(CostBackend):
             return None
         params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
         hit = model._profile_hit(str(node.kind), _family(str(node.kind), params, node.role),
-                                 _db_dtype(node.dtype), params)
+                                 _db_dtype(node.dtype, str(node.kind)), params)
         return None if hit is None else NodeCost(duration_s=hit, provenance="profile",
                                                  detail="exact")
 

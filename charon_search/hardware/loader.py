@@ -319,9 +319,37 @@ def _provenance(raw: Mapping[str, Any], fields: set[str], tier_names: set[str], 
 
 
 # --------------------------------------------------------------------------- GPUs
+#: Ceiling of a plausible dense bf16 peak per GPU (FLOP/s): GB300 lists 2,500 TFLOP/s; 5 PFLOP/s
+#: leaves a generation of headroom and still catches a misplaced decimal point.
+MAX_BF16_PEAK_FLOPS = 5000e12
+
+
+def _check_peaks(peak: Mapping[str, float], file: str, where: str) -> None:
+    """Cross-check the peaks of one GPU (a typo in one of them, e.g. a factor 10, passes every
+    per-value rule): fp16 == bf16 (same tensor-core rate on every NVIDIA part since Ampere),
+    fp8 >= bf16, tf32 <= bf16, bf16 <= ``MAX_BF16_PEAK_FLOPS``."""
+    tf = {k: v / 1e12 for k, v in peak.items()}
+    loc = _where(file, where)
+    if "bf16" in tf and "fp16" in tf and abs(tf["bf16"] - tf["fp16"]) > 1e-6 * tf["bf16"]:
+        raise ConfigError(f"{loc}: fp16 and bf16 must be equal (same tensor-core rate), but "
+                          f"got fp16 {tf['fp16']:g} and bf16 {tf['bf16']:g}")
+    if "bf16" in tf and "fp8" in tf and tf["fp8"] < tf["bf16"]:
+        raise ConfigError(f"{loc}: fp8 must be >= bf16, but got fp8 {tf['fp8']:g} < "
+                          f"bf16 {tf['bf16']:g}")
+    if "bf16" in tf and "tf32" in tf and tf["tf32"] > tf["bf16"]:
+        raise ConfigError(f"{loc}: tf32 must be <= bf16, but got tf32 {tf['tf32']:g} > "
+                          f"bf16 {tf['bf16']:g}")
+    if "bf16" in tf and tf["bf16"] > MAX_BF16_PEAK_FLOPS / 1e12:
+        raise ConfigError(f"{_where(file, where + '.bf16')} must be <= "
+                          f"{MAX_BF16_PEAK_FLOPS / 1e12:g} (dense "
+                          f"TFLOP/s per GPU), but got {tf['bf16']:g}")
+
+
 def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
-    """Build a ``GpuSpec`` from a parsed GPU YAML mapping (strict; units converted)."""
-    values, _ = _parse_block(raw, _GPU_FIELDS, file, path)
+    """Build a ``GpuSpec`` from a parsed GPU YAML mapping (strict; units converted).
+
+    Besides each value's own rule, the peaks are cross-checked (``_check_peaks``)."""
+    values, yaml_keys = _parse_block(raw, _GPU_FIELDS, file, path)
     p = f"{path}." if path else ""
     peak: dict[str, float] = {}
     for dtype, v in values["peak_flops_per_s"].items():
@@ -338,6 +366,7 @@ def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
                                          file, where))
     if not peak:
         raise ConfigError(f"{_where(file, f'{p}peak_tflops_per_s')} must list at least one dtype")
+    _check_peaks(peak, file, f"{p}peak_tflops_per_s")
     by_dtype: dict[str, float] = {}
     for dtype, v in values.get("compute_efficiency_by_dtype", {}).items():
         where = f"{p}compute_efficiency_by_dtype.{dtype}"
@@ -352,9 +381,10 @@ def gpu_from_dict(raw: Any, *, file: str = "<dict>", path: str = "") -> GpuSpec:
     unsourced = sorted(k for k in values if k in figures and k not in sources
                        and not (k == "compute_efficiency_by_dtype" and not values[k]))
     if unsourced:
+        # Name each figure by the key the file wrote (``nic_bandwidth_gbit_per_s``).
         raise ConfigError(
             f"{_where(file, f'{p}sources')} must give a source for every figure; "
-            f"missing: {unsourced}"
+            f"missing: {[yaml_keys.get(k, k) for k in unsourced]}"
         )
     kwargs = {k: v for k, v in values.items() if k not in ("peak_flops_per_s", "sources")}
     return GpuSpec(peak_flops_per_s=peak, sources=sources, **kwargs)

@@ -26,8 +26,16 @@ FRONTEND_KEYED_TIMES = ("frontend_latency_s", "frontend_prompt_token_s",
 ENGINE_KEYED_TIMES = (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s",
                       "eager_kernel_host_s", "disagg_handoff_s")
 
-__all__ = ["Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
+__all__ = ["PEAK_FALLBACK", "Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
 
+
+#: Where a GPU lists no peak for a dtype, the dtype whose tensor cores run it, followed until
+#: a listed one (``GpuSpec.compute_dtype``). 4-bit formats on a GPU without FP4 tensor cores are
+#: weight-only (W4A16: the kernels dequantize to bf16 and compute there; the serving check
+#: admits no other 4-bit GEMM on such GPUs), so fp4 and int4 go to bf16 (fp16 where only that is
+#: listed); fp8 without FP8 tensor cores likewise (weight-only fp8, as Marlin runs on A100).
+PEAK_FALLBACK = {"fp32": "tf32", "fp16": "bf16", "bf16": "fp16", "fp4": "bf16", "int4": "bf16",
+                 "fp8": "bf16", "int8": "fp8"}
 
 #: Fused-attention kernel generations a GPU's attention costs can represent: 1 FlashAttention in
 #: Triton, 2 FlashAttention-2, 3 FlashAttention-3 / cuDNN / TRT-LLM (``cost.attention_kernels``).
@@ -81,19 +89,27 @@ class GpuSpec:
                               f"{list(ATTENTION_KERNEL_GENS)}, but got "
                               f"{self.attention_kernel_gen!r}")
 
+    def compute_dtype(self, dtype: str) -> str:
+        """The ``peak_flops_per_s`` key whose tensor cores run ``dtype`` on this GPU: ``dtype``
+        itself where listed, else the first listed one along ``PEAK_FALLBACK`` (fp8 -> bf16 on
+        A100; fp4 and int4 are weight-only there, W4A16, and run at the bf16 rate)."""
+        cur, seen = dtype, {dtype}
+        while cur not in self.peak_flops_per_s:
+            nxt = PEAK_FALLBACK.get(cur)
+            if nxt is None or nxt in seen:
+                raise ConfigError(
+                    f"GPU {self.name} has no peak FLOP/s for dtype {dtype!r}; "
+                    f"known: {sorted(self.peak_flops_per_s)}"
+                )
+            cur = nxt
+            seen.add(cur)
+        return cur
+
     def peak_flops(self, dtype: str) -> float:
-        """Peak dense FLOP/s for ``dtype``; fp32 falls back to tf32 tensor cores."""
-        if dtype in self.peak_flops_per_s:
-            return self.peak_flops_per_s[dtype]
-        # int4 here is weight-only (W4A16): the kernels dequantize to bf16 and compute there.
-        fallback = {"fp32": "tf32", "fp16": "bf16", "bf16": "fp16", "fp4": "fp8", "fp8": "bf16",
-                    "int8": "fp8", "int4": "bf16"}
-        if dtype in fallback and fallback[dtype] in self.peak_flops_per_s:
-            return self.peak_flops(fallback[dtype])
-        raise ConfigError(
-            f"GPU {self.name} has no peak FLOP/s for dtype {dtype!r}; "
-            f"known: {sorted(self.peak_flops_per_s)}"
-        )
+        """Peak dense FLOP/s for ``dtype`` (``compute_dtype``: fp32 falls back to tf32 tensor
+        cores where the spec lists no fp32, 4-bit formats without FP4 tensor cores to bf16)."""
+        hit = self.peak_flops_per_s.get(dtype)
+        return hit if hit is not None else self.peak_flops_per_s[self.compute_dtype(dtype)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

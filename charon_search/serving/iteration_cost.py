@@ -221,7 +221,7 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
     (``serving.custom_allreduce``); the other NCCL collectives inside one NVLink node from the
     profile DB's NCCL rows (``cost.measured_collectives``).
     """
-    from charon_search.cost.measured_collectives import cost_model_nccl_s
+    from charon_search.cost.measured_collectives import cost_model_nccl_floor_s, cost_model_nccl_s
     from charon_search.cost.selector import default_cost_model
     from charon_search.serving.custom_allreduce import custom_allreduce_s, mnnvl_allreduce_s
 
@@ -238,7 +238,9 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
                 t = mnnvl_allreduce_s(tp_allreduce, cluster.gpu.name, group, nbytes)
         if t is None:
             t = cost_model_nccl_s(model, kind, nbytes, group, cluster)
-        return t if t is not None else collective_s(kind, nbytes, group, cluster)
+        return t if t is not None else max(collective_s(kind, nbytes, group, cluster),
+                                           cost_model_nccl_floor_s(model, kind, nbytes, group,
+                                                                   cluster))
 
     launch_s = float(cluster.gpu.launch_overhead_s)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from charon_search.cost.attention_kernels import attention_time_factor
 from charon_search.cost.collectives import estimate_collective
-from charon_search.cost.measured_collectives import cost_model_nccl_s
+from charon_search.cost.measured_collectives import cost_model_nccl_floor_s, cost_model_nccl_s
 from charon_search.cost.roofline import node_compute_efficiency, node_peak_flops_per_s
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
@@ -264,8 +264,10 @@ class GraphCoster:
                 except ConfigError as e:
                     raise ConfigError(f"{group} group of {group_size} ranks (stride {stride}): "
                                       f"{e}") from e
-                hit = (est.duration_s, est.bottleneck_tier or (est.tiers[-1] if est.tiers
-                                                                else ""))
+                floor = cost_model_nccl_floor_s(self.cost_model, kind, nbytes, group_size,
+                                                self.cluster, stride=stride)
+                hit = (max(est.duration_s, floor),
+                       est.bottleneck_tier or (est.tiers[-1] if est.tiers else ""))
             self._comm_memo[key] = hit
         return hit
 
@@ -293,8 +295,11 @@ class GraphCoster:
                     if prov[i] == "roofline" and full_square_causal(n, b, s, cc):
                         dur[i] *= CAUSAL_WORK_FRACTION
             if n.is_comm:
+                # A pass may price a collective on another mesh axis than its scheduling
+                # group (``axis:<name>`` tag: FSDP's dp·cp and expert-data-parallel groups).
+                axis = next((t[5:] for t in n.tags if t.startswith("axis:")), n.group)
                 t, tier = self.collective(n.kind.value, n.params["bytes"](b, s, cc),
-                                          int(n.params["group_size"].const_value()), n.group)
+                                          int(n.params["group_size"].const_value()), axis)
                 dur[i], prov[i], tiers[i] = t, "collective", tier
             elif n.kind == OpKind.OTHER and n.target.startswith("pass:"):
                 dur[i] = 0.0  # joins inserted by passes are bookkeeping, not kernels

@@ -278,7 +278,7 @@ def test_gpu_rules(gpu_raw: dict) -> None:
     expect(bad, "peak_tflops_per_s.fp6", "allowed: fp64")
     bad = copy.deepcopy(gpu_raw)
     del bad["sources"]["hbm_bandwidth_gbyte_per_s"]
-    expect(bad, "source for every figure", "hbm_bandwidth_bytes_per_s")
+    expect(bad, "source for every figure", "hbm_bandwidth_gbyte_per_s")  # the key the file wrote
     bad = copy.deepcopy(gpu_raw)
     bad["hbm_capacity_gb"] = 85.9
     expect(bad, "second time", "hbm_capacity_bytes")
