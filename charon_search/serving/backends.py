@@ -633,9 +633,11 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             chunked_prefill=True, max_num_batched_tokens=chunk,
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
-            prefix_caching=False, decode_in_budget=False, overlap_scheduler=overlap,
+            prefix_caching=not aic, decode_in_budget=False, overlap_scheduler=overlap,
             cuda_graph_sizes=graphs,
             sources=(*graphs_src,
+                *(() if aic else ("SGLang radix (prefix) cache on by default "
+                                  "(ServerArgs.disable_radix_cache=False)",)),
                 "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
                 "host work hidden behind the GPU" if overlap else SGLANG_HYBRID_NO_OVERLAP,
                 "SGLang: a new prefill batch runs before decoding; with --enable-mixed-chunk "
@@ -645,9 +647,9 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
                 f"SGLang chunked_prefill_size {chunk} ({SGLANG_CHUNK_DEFAULT_RULE})",
                 "max_prefill_tokens = isl + 1500 (aiconfigurator sglang.rule)" if aic else
                 f"max_prefill_tokens {SGLANG_DEFAULT_MAX_PREFILL_TOKENS} (ServerArgs default)",
-                "no prefix reuse: the silicon rows' TTFT equals half of a whole synchronized "
-                "wave's prefill (TTFT ~ concurrency x isl / tp), which a radix-cache hit "
-                "would remove",
+                *(("no prefix reuse: the silicon rows' TTFT equals half of a whole "
+                   "synchronized wave's prefill (TTFT ~ concurrency x isl / tp), which a "
+                   "radix-cache hit would remove",) if aic else ()),
             ))
     if backend == "trtllm" and launcher == "inferencex":
         trt = _inferencex_trtllm(isl=isl, osl=osl, tp=tp, model=model, gpu=gpu,

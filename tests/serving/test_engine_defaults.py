@@ -17,7 +17,8 @@ from charon_search.serving.engine_defaults import LATEST_RELEASES, engine_servin
 def test_sglang_chunks_by_gpu_memory_and_schedules_prefill_first() -> None:
     """SGLang's default chunked-prefill size: 8192 tokens on the 141 GB H200 (35-160 GiB),
     16384 on the 180 GB B200 (>= 160 GiB); prompts before decodes, decodes outside the budget,
-    the overlap scheduler and its custom all-reduce."""
+    the overlap scheduler, its custom all-reduce and its radix cache (on unless a launch passes
+    --disable-radix-cache)."""
     h200, prof = engine_serving_config({"engine": "sglang"}, gpu="h200-sxm-141gb",
                                        prompt_tokens=[1024])
     b200, _ = engine_serving_config({"engine": "sglang"}, gpu="b200-sxm-180gb",
@@ -26,7 +27,7 @@ def test_sglang_chunks_by_gpu_memory_and_schedules_prefill_first() -> None:
     assert prof is not None and prof.backend == "sglang"
     assert h200.prefill_schedule == "prefill_first" and not h200.decode_in_budget
     assert h200.overlap_scheduler and h200.iteration_overhead_s == 0.0
-    assert h200.tp_allreduce == "sglang" and not h200.prefix_caching
+    assert h200.tp_allreduce == "sglang" and h200.prefix_caching
     # A hybrid linear-attention model runs SGLang without the overlap scheduler.
     hybrid, _ = engine_serving_config({"engine": "sglang"}, gpu="h200-sxm-141gb",
                                       prompt_tokens=[1024], linear_attention=True)
@@ -35,10 +36,10 @@ def test_sglang_chunks_by_gpu_memory_and_schedules_prefill_first() -> None:
 
 def test_fields_the_user_sets_win() -> None:
     cfg, _ = engine_serving_config(
-        {"engine": "sglang", "max_num_batched_tokens": 4096, "prefix_caching": True,
+        {"engine": "sglang", "max_num_batched_tokens": 4096, "prefix_caching": False,
          "tp_allreduce": "nccl"}, gpu="h200-sxm-141gb", prompt_tokens=[1024])
     assert (cfg.max_num_batched_tokens, cfg.prefix_caching, cfg.tp_allreduce) == (
-        4096, True, "nccl")
+        4096, False, "nccl")
     assert cfg.prefill_schedule == "prefill_first"  # the rest stays SGLang's
 
 
