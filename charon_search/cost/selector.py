@@ -53,7 +53,7 @@ from charon_search.cost.base import COST_BACKENDS, CostBackend, NodeCost, ShapeP
 from charon_search.cost.predictor import NUM_SMS, PREDICTED_KINDS, PredictorStore
 from charon_search.cost.profile_db import SHAPE_KEYS, ProfileDB, default_profile_db
 from charon_search.cost.roofline import TENSOR_CORE_KINDS
-from charon_search.ir.ops import ATTENTION_BWD_FLOP_RATIO, CAUSAL_CONV_TAG
+from charon_search.ir.ops import ATTENTION_BWD_FLOP_RATIO, CAUSAL_CONV_TAG, Role
 
 if TYPE_CHECKING:
     from charon_search.hardware.spec import ClusterSpec, GpuSpec
@@ -366,8 +366,13 @@ class FusedCostModel:
                 if nbytes > 0:
                     params["bytes"] = nbytes
                 params.update(_token_rows(node, params, b, s))
-            if node.dtype in FULL_PRECISION_DTYPES and kind in _TENSOR_KINDS:
+            if (node.dtype in FULL_PRECISION_DTYPES and kind in _TENSOR_KINDS
+                    and node.role != Role.MOE_ROUTER):
                 # fp32 / tf32 matmuls: their own peak, never the bf16 rows (see the constant).
+                # Not a router: HF's DeepSeek-V3 / Kimi / GLM code upcasts the router GEMM to
+                # fp32, which the engines and Megatron run on bf16 inputs (vLLM's replicated
+                # gate, TensorRT-LLM's dsv3_router_gemm_op, Megatron's moe_router_dtype
+                # default); at the fp32 rate it added 11 % to DeepSeek-V3's H200 prefill.
                 dur[i], prov[i], detail[i] = self._roofline(node, b, s, c)
                 continue
             fam = _family(kind, params, node.role)
@@ -747,7 +752,8 @@ class ProfileCostBackend(CostBackend):
             return None
         params = {k: float(v(point.b, point.s, point.c)) for k, v in node.params.items()}
         hit = model._profile_hit(str(node.kind), _family(str(node.kind), params, node.role),
-                                 _db_dtype(node.dtype, str(node.kind)), params)
+                                 _db_dtype(node.dtype, "" if node.role == Role.MOE_ROUTER
+                                           else str(node.kind)), params)
         return None if hit is None else NodeCost(duration_s=hit, provenance="profile",
                                                  detail="exact")
 

@@ -193,6 +193,21 @@ def test_fp32_and_tf32_gemms_run_at_their_own_peak(gpu: str) -> None:
     assert 2 * 4096**3 / fp32.duration_s <= 67e12
 
 
+def test_an_fp32_router_gemm_keeps_the_bf16_rows() -> None:
+    """HF's DeepSeek-V3 code upcasts the router GEMM (8192 tokens x 7168 -> 256 experts) to
+    fp32; the engines and Megatron run it on bf16 inputs, so it is priced as the bf16 one."""
+    from charon_search.ir.ops import Role
+
+    fm = FusedCostModel(toy_cluster(gpu="h100-sxm-80gb"))
+    bf16 = fm.cost(gemm_node(8192, 256, 7168).replace(role=Role.MOE_ROUTER),
+                   ShapePoint(1, 1, 1))
+    fp32 = fm.cost(gemm_node(8192, 256, 7168, dtype="fp32").replace(role=Role.MOE_ROUTER),
+                   ShapePoint(1, 1, 1))
+    assert fp32.provenance != "roofline"
+    assert fp32.duration_s < 2 * 8192 * 256 * 7168 / 67e12  # faster than the fp32 peak allows
+    assert fp32.duration_s == pytest.approx(bf16.duration_s, rel=0.5)
+
+
 # ------------------------------------------------------------------ 5. fp4 without FP4 cores
 def test_fp4_without_fp4_tensor_cores_is_weight_only_at_bf16_rate() -> None:
     """8192^3 = 1.0995e12 FLOP on H800 (roofline only): fp4 = bf16 = /(989.5e12·0.7) + 4 us =
