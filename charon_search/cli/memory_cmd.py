@@ -76,8 +76,12 @@ def run(args: argparse.Namespace) -> int:
                 st.buffers_bytes, st.peak_allocated_bytes, st.peak_reserved_bytes)
         print(f"{st.stage:>5} " + " ".join(f"{format_bytes(v):>11}" for v in vals))
     verdict = "fits" if rep.fits else f"does not fit: {rep.reason}"
+    st = rep.stages[rep.bottleneck_stage]
+    beside = (f", {format_bytes(st.peak_device_bytes)} with "
+              f"{format_bytes(st.device_overhead_bytes)} of NCCL buffers outside the allocator"
+              if st.device_overhead_bytes > 0 else "")
     print(f"peak reserved {format_bytes(rep.peak_reserved_bytes)} "
-          f"(stage {rep.bottleneck_stage}); {verdict}")
+          f"(stage {rep.bottleneck_stage}{beside}); {verdict}")
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(rep.to_dict(), indent=2) + "\n")
     return 0

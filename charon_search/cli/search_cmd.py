@@ -1,7 +1,8 @@
 """Search a space for the Pareto front of an objective (Optuna samplers on Ray workers).
 
 Writes OUT/trials.parquet, OUT/pareto.parquet, OUT/pareto.html and the Optuna study (default a
-journal file OUT/study.journal that `optuna-dashboard OUT/study.journal` serves). Re-running with
+journal file OUT/study.journal that `optuna-dashboard OUT/study.journal` serves, after
+`pip install optuna-dashboard`). Re-running with
 the same --out/--storage and study name resumes the study up to --trials trials in total: the
 sampler is reseeded from --seed and the trials stored, so it proposes new points, and a space or
 objective edited since is refused (its trials would be mixed in one front).

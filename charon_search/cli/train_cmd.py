@@ -156,8 +156,13 @@ def run(args: argparse.Namespace) -> int:
     ]
     if report.memory:
         peak = report.memory.get("peak_reserved_bytes")
+        device = report.memory.get("peak_device_bytes")
         if peak is not None:
-            rows.append(("peak reserved memory", f"{peak / 2**30:.1f} GiB (fits: "
+            # ``fits`` compares the device total: reserved plus NCCL buffers outside the
+            # caching allocator.
+            beside = (f"; {device / 2**30:.1f} GiB with NCCL buffers"
+                      if device is not None and device > peak else "")
+            rows.append(("peak reserved memory", f"{peak / 2**30:.1f} GiB{beside} (fits: "
                                                  f"{report.memory.get('fits')})"))
     print(f"{report.model} on {report.cluster}, {report.num_gpus} GPUs "
           f"(tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} "
