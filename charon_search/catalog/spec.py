@@ -54,6 +54,20 @@ class ModelSpec:
     """Further facts (MLA ranks, sliding window...)."""
 
     @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: ``num_params`` less, in each MoE layer, the routed experts
+        it is not sent to (``num_experts - num_experts_per_token`` of them, each ``3 x hidden x
+        moe_intermediate_size`` with a gated MLP, else 2); the embedding table counts whole, as
+        Mixtral's 12.9 B and DeepSeek-V3's 37 B do. Equal to ``num_params`` for a dense model."""
+        if not self.num_experts or not self.num_params:
+            return self.num_params
+        moe_layers = (sum(1 for t in self.layer_types if is_moe_block(t)) if self.layer_types
+                      else self.num_layers)
+        per_expert = (3 if self.gated_mlp else 2) * self.hidden_size * self.moe_intermediate_size
+        idle = self.num_experts - self.num_experts_per_token
+        return self.num_params - moe_layers * idle * per_expert
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 

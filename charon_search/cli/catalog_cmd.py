@@ -33,12 +33,13 @@ def run(args: argparse.Namespace) -> int:
     specs = [load_model(n) for n in names]
     w = max(len("model"), *(len(n) for n in names))          # columns fit the longest name
     t = max(len("type"), *(len(sp.model_type) for sp in specs))
-    print(f"{'model':{w}s} {'params':>17s} {'layers':>6s} {'hidden':>6s} {'heads':>5s} "
-          f"{'kv':>4s} {'experts':>9s} {'type':{t}s} checkpoints")
+    print(f"{'model':{w}s} {'params':>17s} {'active':>17s} {'layers':>6s} {'hidden':>6s} "
+          f"{'heads':>5s} {'kv':>4s} {'experts':>9s} {'type':{t}s} checkpoints")
     for name, spec in zip(names, specs):
         experts = (f"{spec.num_experts_per_token}/{spec.num_experts}" if spec.num_experts
                    else "-")
-        print(f"{name:{w}s} {spec.num_params:17,d} {spec.num_layers:6d} {spec.hidden_size:6d} "
+        print(f"{name:{w}s} {spec.num_params:17,d} {spec.num_active_params:17,d} "
+              f"{spec.num_layers:6d} {spec.hidden_size:6d} "
               f"{spec.num_attention_heads:5d} {spec.num_key_value_heads:4d} {experts:>9s} "
               f"{spec.model_type:{t}s} {_checkpoints(spec)}")
     if args.models_only:

@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         doc = {
             "model": spec.name, "phase": args.phase, "params": int(spec.num_params),
+            "active_params": int(spec.num_active_params),
             "totals": {"flops": total_flops, "bytes": total_bytes},
             "nodes": [{k: v for k, v in r.items() if k != "shape"} for r in rows],
         }

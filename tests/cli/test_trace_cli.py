@@ -16,9 +16,9 @@ def test_trace_json(tmp_path, capsys) -> None:
                "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"model", "phase", "params", "totals", "nodes"}
+    assert set(doc) == {"model", "phase", "params", "active_params", "totals", "nodes"}
     assert doc["model"] == "debug-llama" and doc["phase"] == "train"
-    assert doc["params"] == 119104
+    assert doc["params"] == doc["active_params"] == 119104  # dense: every parameter is active
     tm = trace_model("debug-llama", "train")
     assert doc["totals"]["flops"] == pytest.approx(tm.total_flops(2, 128))
     assert doc["totals"]["bytes"] == pytest.approx(tm.total_bytes(2, 128))
@@ -70,5 +70,8 @@ def test_catalog_lists_models(capsys) -> None:
     assert main(["catalog", "--models-only"]) == 0
     out = capsys.readouterr().out
     assert "llama-3.1-70b" in out and "deepseek-v3" in out and "8/256" in out
+    # Mixtral's active parameters: 46,702,792,704 less 32 layers x (8 - 2) idle experts x
+    # 3 x 4096 x 14336 = 12,879,925,248 (Mistral AI: 12.9 B active).
+    assert "46,702,792,704    12,879,925,248" in out
     # the quantized checkpoints whose per-module precision the entry states
     assert "int4 (moonshotai/Kimi-K2.5)" in out and "fp4 (openai/gpt-oss-120b)" in out
