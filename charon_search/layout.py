@@ -29,6 +29,7 @@ __all__ = [
     "as_layout",
     "check_layout_on_cluster",
     "pp_layout_stages",
+    "shard_groups",
 ]
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
@@ -54,6 +55,15 @@ CP_RING_IMPLS = ("overlapped", "torch_traced")
 FP8_GEMM_KERNELS = ("cutlass", "cublaslt")
 RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-dp-pp", "tp-dp-cp-pp", "tp-dp-pp", "tp-pp-dp")
 
+
+
+def shard_groups(*, dp: int, cp: int, ep: int, hsdp_shard: int = 0) -> tuple[int, int]:
+    """``(dense, expert)``: the ranks ZeRO / FSDP shard a rank's states over, one rule for the
+    memory model, the step time and the FSDP pass. Dense weights over the dp·cp ranks
+    (torchtitan's ``dp_shard_cp``; HSDP: the shard group's dp ranks x cp), routed experts over
+    the expert-data-parallel group of dp·cp / ep ranks holding the same experts (torchtitan's
+    ``dp_shard_mod_ep``), at least 1."""
+    return (hsdp_shard or dp) * cp, max(1, dp * cp // ep)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
@@ -174,6 +184,11 @@ class Layout:
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def shard_groups(self) -> tuple[int, int]:
+        """``(dense, expert)`` ranks ZeRO / FSDP shard states over (``shard_groups``)."""
+        return shard_groups(dp=self.dp, cp=self.cp, ep=self.ep, hsdp_shard=self.hsdp_shard)
 
     @property
     def num_micro_batches(self) -> int:

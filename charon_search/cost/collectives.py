@@ -147,7 +147,7 @@ def group_tiers(group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> tu
     return tuple(cluster.tiers[lv.tier_idx].name for lv in _levels(group_size, stride, sizes))
 
 
-def _whole(name: str, value: float) -> int:
+def whole_number(name: str, value: float) -> int:
     """``value`` as an int if it is a whole number >= 1, else ``ConfigError`` naming ``name``."""
     try:
         ok = value >= 1 and int(value) == value
@@ -426,9 +426,9 @@ def estimate_collective(
 ) -> CollectiveEstimate:
     """Like ``collective_time`` but also says which algorithm and tiers were used."""
     k = _kind(kind)
-    n = _whole("group_size", group_size)
-    stride = _whole("stride", stride)
-    _whole("concurrent_groups", concurrent_groups)
+    n = whole_number("group_size", group_size)
+    stride = whole_number("stride", stride)
+    whole_number("concurrent_groups", concurrent_groups)
     if k is OpKind.SEND_RECV and n > 1:
         n = 2  # one transfer between ranks r and r + stride
     _check_group(n, stride, cluster)

@@ -32,6 +32,7 @@ from bisect import bisect_left
 from functools import cache
 from typing import Any
 
+from charon_search.cost.collectives import whole_number
 from charon_search.cost.profile_db import ProfileDB, default_profile_db, normalize_gpu
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
@@ -132,10 +133,7 @@ def _checked(nbytes: float, group_size: int, stride: int) -> tuple[int, int]:
     that are not whole numbers >= 1 (what ``cost.collectives`` rejects too)."""
     if not nbytes < math.inf or nbytes != nbytes:
         raise ConfigError(f"`nbytes >= 0` must hold for a finite number, but got {nbytes!r}")
-    for name, v in (("group_size", group_size), ("stride", stride)):
-        if not (v >= 1 and int(v) == v):
-            raise ConfigError(f"`{name}` must be a whole number >= 1, but got {v!r}")
-    return int(group_size), int(stride)
+    return whole_number("group_size", group_size), whole_number("stride", stride)
 
 
 def _measured_curves(db: ProfileDB, gpu: str, kind: str) -> tuple[tuple[int, Curve], ...]:

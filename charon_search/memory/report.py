@@ -345,8 +345,7 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
     fp8_saved = (opts.fp8_saved_activations if opts.fp8_saved_activations is not None
                  else layout.precision == "fp8") and layout.precision == "fp8"
 
-    dense_shards = (layout.hsdp_shard or layout.dp) * layout.cp
-    expert_shards = max(1, layout.dp * layout.cp // layout.ep)
+    dense_shards, expert_shards = layout.shard_groups
     prefetch = (opts.fsdp_prefetch_depth if opts.fsdp_prefetch_depth is not None
                 else int(layout.fsdp_prefetch))
     # Pipelined FSDP (and ZeRO-2, which only FSDP-style frameworks run under a pipeline:

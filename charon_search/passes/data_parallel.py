@@ -15,6 +15,7 @@ the step simulator (``sim.step``), not in the per-micro-batch block graphs.
 from __future__ import annotations
 
 from charon_search.ir import DTYPE_BYTES, OpGraph, OpKind, Phase
+from charon_search.layout import shard_groups
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 from charon_search.passes.params import local_params
@@ -35,12 +36,11 @@ class FullyShardedPass(Pass):
         lp = local_params(fwd, tp=ctx.tp, ep=ctx.ep)
         if lp.numel <= 0:
             return PassResult(graph, False)
-        # Dense weights are sharded over the dp·cp ranks (torchtitan's dp_shard_cp mesh; HSDP:
-        # the shard group's dp ranks x cp), routed experts over the ranks holding the same
-        # experts (dp·cp / ep, torchtitan's dp_shard_mod_ep), as the memory model shards them.
-        # The ``axis:`` tag names the mesh axis whose rank spacing prices each collective.
-        shards = [(lp.dense_numel, (ctx.hsdp_shard or ctx.dp) * ctx.cp, "dpcp"),
-                  (lp.expert_numel, ctx.dp * ctx.cp // ctx.ep, "edp")]
+        # Dense weights over dp·cp ranks, routed experts over the expert-data-parallel group
+        # (``layout.shard_groups``, the memory model's rule). The ``axis:`` tag names the mesh
+        # axis whose rank spacing prices each collective.
+        dense, expert = shard_groups(dp=ctx.dp, cp=ctx.cp, ep=ctx.ep, hsdp_shard=ctx.hsdp_shard)
+        shards = [(lp.dense_numel, dense, "dpcp"), (lp.expert_numel, expert, "edp")]
         shards = [(numel, group, axis) for numel, group, axis in shards
                   if numel > 0 and group > 1]
         if not shards:

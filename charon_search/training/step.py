@@ -526,11 +526,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
             lp_cache[name] = local_params(traced.blocks[base].forward, tp=L.tp, ep=L.ep)
         return lp_cache[name]
 
-    # Dense states are sharded over the dp·cp ranks (HSDP: the shard group's dp ranks x cp),
-    # expert states over the expert-data-parallel group, as the memory model shards them.
-    dense_group = (L.hsdp_shard or L.dp) * L.cp
+    # Dense and expert states shard as the memory model shards them (``Layout.shard_groups``).
+    dense_group, expert_group = L.shard_groups
     replicas = dp_cp // dense_group
-    expert_group = max(dp_cp // L.ep, 1)
     # ZeRO-2 keeps only its shard of the gradients, so without a pipeline every micro-batch's
     # backward reduce-scatters them (DeepSpeed stage 2, FSDP2 SHARD_GRAD_OP), not just the last
     # one. Under a pipeline (torchtitan, Llama 3's FSDP: "accumulate gradients in FP32 ... over
