@@ -3,8 +3,11 @@
 Each pipeline rank executes its op order (``sim.schedules``) on its compute stream; an op starts
 when the rank is free and its dependencies are done: the same micro-batch's forward on the
 previous virtual stage (plus the P2P activation transfer), its backward on the next virtual
-stage (plus the gradient transfer), or its own forward on the last stage. Units are scheduled in
-global start-time order (ties by rank), which is deterministic.
+stage (plus the gradient transfer), or its own forward on the last stage. A DualPipe forward
+paired with the backward after it (``PipeOp.paired``) runs as deepseek-ai/DualPipe's
+``_forward_backward_chunk`` does: it waits for both inputs, and its activation is sent with the
+backward's gradient once both have run. Units are scheduled in global start-time order (ties by
+rank), which is deterministic.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
     in_flight = [0] * p
     max_in_flight = [0] * p
     cost_memo: dict[tuple[int, int, str], UnitCost] = {}
+    paired_f: list[Key | None] = [None] * p
 
     def ucost(r: int, c: int, kind: str) -> UnitCost:
         k = (r, c, kind)
@@ -153,7 +157,14 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
         units.append(u)
         last_op[r] = u
         free[r] = u.end_s
-        end_of[(op.kind, op.mb, r, op.chunk)] = u.end_s
+        if op.kind == "F" and op.paired:
+            # Its activation goes out with the pair's sends, after the paired backward.
+            paired_f[r] = (op.kind, op.mb, r, op.chunk)
+        else:
+            end_of[(op.kind, op.mb, r, op.chunk)] = u.end_s
+            if paired_f[r] is not None:
+                end_of[paired_f[r]] = u.end_s
+                paired_f[r] = None
         if op.kind == "F":
             in_flight[r] += 1
             max_in_flight[r] = max(max_in_flight[r], in_flight[r])
@@ -170,6 +181,10 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             return None
         op = order[ptr[r]]
         t = ready_at(r, op)
+        if t is not None and op.paired:
+            # DualPipe's overlapped forward-backward chunk waits for both of its inputs.
+            tb = ready_at(r, order[ptr[r] + 1])
+            t = None if tb is None else max(t, tb)
         return None if t is None else (op, t)
 
     total = sum(len(o) for o in orders)

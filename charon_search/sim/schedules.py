@@ -21,7 +21,7 @@ each rank's list in order, so a schedule is an order, not a bubble formula.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from charon_search.errors import ConfigError
 from charon_search.registry import Registry
@@ -35,6 +35,10 @@ class PipeOp:
     """``F``, ``B`` or ``W``."""
     mb: int
     chunk: int = 0
+    paired: bool = field(default=False, compare=False)
+    """DualPipe: this ``F`` and the ``B`` after it run as one overlapped forward-backward chunk,
+    which starts once both inputs have arrived (``DualPipe._forward_backward_chunk`` receives
+    the forward's activation and the backward's gradient, then computes)."""
 
 
 OrderFn = Callable[[int, int, int, int], list[PipeOp]]
@@ -119,9 +123,9 @@ def dualpipe(p: int, m: int, v: int, r: int) -> list[PipeOp]:
     def mb(direction: int, i: int) -> int:
         return i if direction == 0 else half_m + i
 
-    def f(phase: int) -> None:
+    def f(phase: int, paired: bool = False) -> None:
         d = phase ^ second
-        out.append(PipeOp("F", mb(d, nxt_f[d]), d))
+        out.append(PipeOp("F", mb(d, nxt_f[d]), d, paired))
         nxt_f[d] += 1
 
     def b(phase: int, zb: bool = False) -> None:
@@ -149,17 +153,14 @@ def dualpipe(p: int, m: int, v: int, r: int) -> list[PipeOp]:
         w()
         f(1)
     for i in range(half_m - p + half_rank + 1):  # 4: nF0B1F1B0
-        if i == 0 and middle:
-            f(0)
-            b(1)
-        else:
-            f(0)
-            b(1)
-        f(1)
+        # The middle ranks run their first F0 and B1 apart ("to further reduce bubble size").
+        f(0, paired=not (i == 0 and middle))
+        b(1)
+        f(1, paired=True)
         b(0)
     for _ in range(half_ranks - half_rank - 1):  # 5: nB1F1B0
         b(1)
-        f(1)
+        f(1, paired=True)
         b(0)
     zb = False
     steps6 = half_rank + 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from charon_search.sim.engine import StreamEngine, Task
@@ -99,3 +101,58 @@ def test_pipeline_deterministic() -> None:
     b = run_pipeline(schedule="interleaved-1f1b", p=4, m=8, v=2, cost=_uniform(2))
     assert [(u.rank, u.op, u.start_s, u.end_s) for u in a.units] == \
         [(u.rank, u.op, u.start_s, u.end_s) for u in b.units]
+
+
+def _ep_overlapped(r: int, c: int, kind: str) -> UnitCost:
+    # F 1.0 and B 2.0, each with 0.4 of exposed EP all-to-all; a back-to-back F and B of
+    # opposite directions hide one of them (DualPipe's overlapped forward-backward chunk).
+    d = {"F": 1.0, "B": 2.0, "W": 1.0}[kind] * (1.3 if (r, c) == (0, 0) else 1.0)
+    comm = () if kind == "W" else (("ep", 0.4),)
+    return UnitCost(duration_s=d, compute_s=d - sum(v for _, v in comm), exposed_comm_s=comm)
+
+
+def test_dualpipe_pairs_wait_for_both_inputs_and_send_together() -> None:
+    """deepseek-ai/DualPipe ``_forward_backward_chunk``: receive the forward's activation and
+    the backward's gradient, compute both, then send both."""
+    p, m, lat = 8, 32, 0.3
+    res = run_pipeline(schedule="dualpipe", p=p, m=m, v=2, cost=_ep_overlapped, split_w=True,
+                       pair_overlap=True, p2p_s=lat)
+    by_key = {(u.op.kind, u.op.mb, u.rank, u.op.chunk): u for u in res.units}
+    per_rank = {r: [u for u in res.units if u.rank == r] for r in range(p)}
+    pairs = 0
+    for r, units in per_rank.items():
+        for u, nxt in itertools.pairwise(units):
+            if not u.op.paired:
+                continue
+            pairs += 1
+            assert nxt.op.kind == "B" and nxt.start_s == pytest.approx(u.end_s)
+            # The paired backward's gradient comes from the next stage of its direction.
+            src_rank = r + 1 if nxt.op.chunk == 0 else r - 1
+            src = by_key.get(("B", nxt.op.mb, src_rank, nxt.op.chunk))
+            if src is not None:
+                assert u.start_s >= src.end_s + lat - 1e-9
+            # Whoever takes this forward's activation starts after the pair's end + transfer.
+            dst_rank = r + 1 if u.op.chunk == 0 else r - 1
+            dst = by_key.get(("F", u.op.mb, dst_rank, u.op.chunk))
+            if dst is not None:
+                assert dst.start_s >= nxt.end_s + lat - 1e-9
+    # Step 4 pairs both directions, step 5 one: 2 (m/2 - p + h + 1) + (p/2 - h - 1) per rank,
+    # less the middle ranks' first F0 / B1, which run apart.
+    expected = sum(2 * (m // 2 - p + min(r, p - 1 - r) + 1) + (p // 2 - min(r, p - 1 - r) - 1)
+                   - (r in (p // 2 - 1, p // 2)) for r in range(p))
+    assert pairs == expected
+
+
+def test_dualpipe_bubble_closed_form_at_four_ranks() -> None:
+    """DeepSeek-V3 report, Table 2: DualPipe's bubble (p/2 - 1)(F&B + B - 3W), here with
+    F&B = F + B - 0.4 (the hidden all-to-all): 1.6 at p = 4 on the edge ranks."""
+    def cost(r: int, c: int, kind: str) -> UnitCost:
+        d = {"F": 1.0, "B": 2.0, "W": 1.0}[kind]
+        comm = () if kind == "W" else (("ep", 0.4),)
+        return UnitCost(duration_s=d, compute_s=d - sum(v for _, v in comm), exposed_comm_s=comm)
+    p, m = 4, 16
+    res = run_pipeline(schedule="dualpipe", p=p, m=m, v=2, cost=cost, split_w=True,
+                       pair_overlap=True)
+    idle = [res.rank_end_s[r] - sum(u.end_s - u.start_s for u in res.units if u.rank == r)
+            for r in range(p)]
+    assert max(idle) == pytest.approx((p / 2 - 1) * ((1.0 + 2.0 - 0.4) + 2.0 - 3 * 1.0))
