@@ -148,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
         ("compute", format_seconds(bd["compute_s"])),
         ("exposed comm", format_seconds(bd["exposed_comm_s"]) + "  " + ", ".join(
             f"{k} {format_seconds(v)}" for k, v in bd["exposed_comm_by_kind_s"].items())),
-        ("pipeline bubble", format_seconds(bd["pipeline_bubble_s"])),
+        ("pipeline bubble", format_seconds(bd["pipeline_bubble_s"]) + (
+            f"  ({format_seconds(bd['stage_imbalance_s'])} of it from unequal stages)"
+            if bd.get("stage_imbalance_s") else "")),
         ("overlap slowdown", format_seconds(bd["overlap_slowdown_s"])),
         ("optimizer", format_seconds(bd["optimizer_s"])),
         ("micro-batches", str(report.num_micro_batches)),

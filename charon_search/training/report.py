@@ -32,6 +32,10 @@ class StepBreakdown:
     """Per axis: ``tp``, ``cp``, ``ep``, ``dp`` (gradient sync / FSDP), ``dp_param_gather``."""
     pipeline_bubble_s: float = 0.0
     """Idle time of the critical rank inside the pipeline (includes waiting on P2P)."""
+    stage_imbalance_s: float = 0.0
+    """The part of ``pipeline_bubble_s`` that stages of unequal cost add: how much longer the
+    pipeline runs than the same schedule with every rank at the ranks' mean unit costs (the
+    same work, evenly split). Inside ``pipeline_bubble_s``, not a separate term of the step."""
     overlap_slowdown_s: float = 0.0
     optimizer_s: float = 0.0
     other_s: float = 0.0

@@ -365,6 +365,30 @@ def _optimizer_node(numel: float, optimizer: str) -> OpGraph:
     return OpGraph(name="optimizer", nodes=(node,), tensors={})
 
 
+def _stage_imbalance_s(pipe: PipelineResult, bubble: float, *, schedule: str, p: int,
+                       m: int, v: int, unit: Any, p2p_s: float, split_w: bool,
+                       pair_overlap: bool) -> float:
+    """How much longer the pipeline runs because its stages cost unequal time.
+
+    The same schedule is run again with every rank at the ranks' mean cost of each unit
+    (chunk, F/B/W): the same work, evenly split. The difference of the two pipelines' makespans
+    is what unequal stages (an embedding or LM-head stage, uneven layer counts, dense first
+    layers) cost, within the critical rank's ``bubble``."""
+    if p <= 1 or bubble <= 0:
+        return 0.0
+    kinds = sorted({(u.op.chunk, u.op.kind) for u in pipe.units})
+    mean: dict[tuple[int, str], UnitCost] = {}
+    for c, kind in kinds:
+        parts = [unit(r, c, kind) for r in range(p)]
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        mean[(c, kind)] = total.scaled(1.0 / p)
+    even = run_pipeline(schedule=schedule, p=p, m=m, v=v, cost=lambda r, c, k: mean[(c, k)],
+                        p2p_s=p2p_s, split_w=split_w, pair_overlap=pair_overlap)
+    return min(max(max(pipe.rank_end_s) - max(even.rank_end_s), 0.0), bubble)
+
+
 def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, Any], *,
                       num_gpus: int | None = None, cost_model: Any = None, traced: Any = None,
                       memory: bool = True) -> StepReport:
@@ -625,10 +649,14 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     # Unit durations may differ from their parts by overlap rounding; keep the sum exact.
     comp += max(busy - comp - sum(u.cost.slowdown_s for u in mine) - unit_exposed, 0.0)
     bubble = pipe.rank_end_s[crit] - busy
+    imbalance = _stage_imbalance_s(pipe, bubble, schedule=L.schedule, p=p, m=m, v=v,
+                                   unit=unit, p2p_s=p2p_s, split_w=split_w,
+                                   pair_overlap=dual and L.moe_a2a_overlap)
     breakdown = StepBreakdown(
         compute_s=comp, exposed_comm_s=sum(by_kind.values()),
         exposed_comm_by_kind_s={k: v for k, v in sorted(by_kind.items()) if v > 0},
-        pipeline_bubble_s=max(bubble, 0.0), overlap_slowdown_s=slow,
+        pipeline_bubble_s=max(bubble, 0.0), stage_imbalance_s=imbalance,
+        overlap_slowdown_s=slow,
         optimizer_s=rank_parts[crit]["opt"], other_s=cal.iteration_cpu_overhead_s)
     replicas = L.tp * L.cp * L.dp
     hw_flops = sum(u.cost.hw_flops for u in pipe.units) * replicas

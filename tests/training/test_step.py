@@ -374,3 +374,29 @@ def test_recompute_num_layers_counts_per_model_chunk_in_memory_too() -> None:
                             toy_cluster()).stages[0].activations_bytes for k in (0, 1, 2)}
     assert act[2] == pytest.approx(act[0])
     assert act[1] > act[2]
+
+
+def test_stage_imbalance_closed_form() -> None:
+    """1F1B, p 2, m 4, rank 1 three times rank 0's cost (F 1/3, B 2/6). The pipeline runs
+    39: rank 1's 4 x 9 of work after rank 0's first F (1), then rank 0's last B (2). Evenly
+    split (F 2, B 4) it runs (m + p - 1)(F + B) = 30, so unequal stages cost 9."""
+    from charon_search.sim.layer import UnitCost
+    from charon_search.sim.pipeline import run_pipeline
+    from charon_search.training.step import _stage_imbalance_s
+
+    def unit(r: int, c: int, kind: str) -> UnitCost:
+        d = {"F": 1.0, "B": 2.0}[kind] * (3.0 if r == 1 else 1.0)
+        return UnitCost(duration_s=d, compute_s=d)
+    pipe = run_pipeline(schedule="1f1b", p=2, m=4, v=1, cost=unit)
+    assert max(pipe.rank_end_s) == pytest.approx(39.0)
+    bubble = 39.0 - 4 * 3.0  # rank 0 is critical and busy 12
+    assert _stage_imbalance_s(pipe, bubble, schedule="1f1b", p=2, m=4, v=1, unit=unit,
+                              p2p_s=0.0, split_w=False, pair_overlap=False) == pytest.approx(9.0)
+
+
+def test_stage_imbalance_is_inside_the_bubble() -> None:
+    flat = _sim(Layout(tp=2, global_batch_size=8, seq_len=256)).breakdown
+    assert flat.stage_imbalance_s == 0.0
+    # Stage 0 holds the embedding, stage 1 the LM head over a 1024 vocabulary: unequal stages.
+    bd = _sim(Layout(tp=2, pp=2, schedule="1f1b", global_batch_size=8, seq_len=256)).breakdown
+    assert 0.0 < bd.stage_imbalance_s <= bd.pipeline_bubble_s
