@@ -61,9 +61,19 @@ def shard_groups(*, dp: int, cp: int, ep: int, hsdp_shard: int = 0) -> tuple[int
     """``(dense, expert)``: the ranks ZeRO / FSDP shard a rank's states over, one rule for the
     memory model, the step time and the FSDP pass. Dense weights over the dp·cp ranks
     (torchtitan's ``dp_shard_cp``; HSDP: the shard group's dp ranks x cp), routed experts over
-    the expert-data-parallel group of dp·cp / ep ranks holding the same experts (torchtitan's
-    ``dp_shard_mod_ep``), at least 1."""
-    return (hsdp_shard or dp) * cp, max(1, dp * cp // ep)
+    the ranks *of that same shard group* holding the same experts: ``shard·cp / ep`` with
+    ``shard = hsdp_shard or dp`` (torchtitan takes EP out of ``dp_shard``: ``dp_shard_mod_ep =
+    dp_shard·cp / ep``, and ``dp_replicate`` replicates experts as it replicates dense weights;
+    Megatron's partial distributed optimizer shards the expert-DP group inside its
+    distributed-optimizer instance the same way), at least 1.
+
+    >>> shard_groups(dp=8, cp=1, ep=2)  # experts over the 4 ranks holding the same experts
+    (8, 4)
+    >>> shard_groups(dp=8, cp=1, ep=2, hsdp_shard=2)  # shard group of 2 = one EP group
+    (2, 1)
+    """
+    shard = hsdp_shard or dp
+    return shard * cp, max(1, shard * cp // ep)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
@@ -78,7 +88,8 @@ class Layout:
     cp: int = 1
     """Context-parallel degree."""
     ep: int = 1
-    """Expert-parallel degree; experts are sharded inside dp*cp, so ep divides dp*cp."""
+    """Expert-parallel degree; experts are sharded inside dp*cp, so ep divides dp*cp (with HSDP
+    inside one shard group: ep divides hsdp_shard*cp)."""
     vpp: int = 1
     """Virtual pipeline chunks per pipeline rank (interleaved 1F1B); 1 = no interleaving."""
     sequence_parallel: bool = False
@@ -261,6 +272,14 @@ class Layout:
             raise ConfigError(
                 f"`hsdp_shard` must divide dp and needs zero_stage >= 1, but got "
                 f"(hsdp_shard={self.hsdp_shard}, dp={self.dp}, zero_stage={self.zero_stage})"
+            )
+        if self.hsdp_shard and (self.hsdp_shard * self.cp) % self.ep:
+            # Experts shard (and EP groups form) inside one HSDP shard group; the replica
+            # groups hold copies (torchtitan's dp_shard_mod_ep = dp_shard * cp / ep).
+            raise ConfigError(
+                f"with hsdp_shard > 0, `ep` must divide hsdp_shard * cp (expert parallelism "
+                f"lives inside one HSDP shard group), but got (ep={self.ep}, "
+                f"hsdp_shard={self.hsdp_shard}, cp={self.cp})"
             )
         if self.pp_layout:
             stages = pp_layout_stages(self.pp_layout)

@@ -65,16 +65,26 @@ def run(args: argparse.Namespace) -> int:
                      if args.framework == "torchtitan" else {})
         options = MemoryOptions.for_framework(args.framework, **overrides)
     rep = memory_report(spec, layout, cluster, options=options)
+    m = layout.num_micro_batches
     print(f"{spec.name} on {cluster.gpu.name} ({format_bytes(rep.device_memory_bytes)}); "
           f"tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} "
-          f"zero={layout.zero_stage} mbs={layout.micro_batch_size} seq={layout.seq_len} "
+          f"zero={layout.zero_stage} mbs={layout.micro_batch_size} "
+          f"gbs={layout.global_batch_size} micro-batches={m} seq={layout.seq_len} "
           f"recompute={layout.recompute}")
+    if layout.pp > 1 and m < layout.pp:
+        print(f"warning: only {m} micro-batch(es) per step for pp={layout.pp}, so each stage "
+              f"holds at most {m} in flight; a runnable {layout.schedule} plan needs at least "
+              f"pp={layout.pp} micro-batches (set --gbs to at least mbs*dp*pp = "
+              f"{layout.micro_batch_size * layout.dp * layout.pp}) and then holds more "
+              f"activations than shown here")
     cols = ("params", "grads", "optimizer", "activations", "buffers", "allocated", "reserved")
-    print(f"{'stage':>5} " + " ".join(f"{c:>11}" for c in cols))
+    print(f"{'stage':>5} " + " ".join(f"{c:>11}" for c in cols) + f" {'in-flight':>9}")
     for st in rep.stages:
         vals = (st.params_bytes, st.grads_bytes, st.optimizer_bytes, st.activations_bytes,
                 st.buffers_bytes, st.peak_allocated_bytes, st.peak_reserved_bytes)
-        print(f"{st.stage:>5} " + " ".join(f"{format_bytes(v):>11}" for v in vals))
+        print(f"{st.stage:>5} " + " ".join(f"{format_bytes(v):>11}" for v in vals)
+              + f" {st.in_flight:>9}")
+    print("in-flight: chunk micro-batches whose activations the stage holds at its peak")
     verdict = "fits" if rep.fits else f"does not fit: {rep.reason}"
     st = rep.stages[rep.bottleneck_stage]
     beside = (f", {format_bytes(st.peak_device_bytes)} with "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +143,16 @@ class MemoryOptions:
         if isinstance(self.recipe, str) and self.recipe not in STATE_RECIPES:
             raise ConfigError(f"`recipe` must be one of {sorted(STATE_RECIPES)}, "
                               f"but got {self.recipe!r}")
+        bucket = self.ddp_bucket_bytes
+        if (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
+                or not math.isfinite(bucket) or bucket < 0):
+            raise ConfigError(f"`ddp_bucket_bytes` must be a finite number >= 0, but got "
+                              f"{bucket!r}")
+        depth = self.fsdp_prefetch_depth
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                                  or depth < 0):
+            raise ConfigError(f"`fsdp_prefetch_depth` must be None or an integer >= 0, but "
+                              f"got {depth!r}")
 
 
 def torchtitan_loss_impl(tp: int, *, loss_parallel: bool = True,
@@ -308,8 +319,9 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
     Args:
         model: A ``ModelSpec`` or a catalog name.
         layout: The training layout, a ``Layout`` or a mapping of its fields (validated
-            against the model; bad layouts raise ``ConfigError``, layouts that merely do not
-            fit return ``fits == False``).
+            against the model with the step simulator's rules, ``training.step.
+            validate_layout``: a layout ``simulate_training`` rejects raises ``ConfigError``
+            here too; layouts that merely do not fit return ``fits == False``).
         cluster: A ``ClusterSpec`` or a cluster name (GPU capacity, allocator calibration).
         options: Framework conventions (state recipe, selective-recompute policy...).
         profile: A precomputed ``ModelMemoryProfile`` (else traced and cached).
@@ -322,10 +334,14 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
         ...                     global_batch_size=8, seq_len=8192), "h100-sxm-8gpu")
         >>> rep.fits, rep.reason  # doctest: +SKIP
     """
+    # The simulator's rules (interleaving needs m % pp == 0, DualPipe an even pp, Ulysses heads,
+    # eager attention without CP...): a layout the step simulator rejects has no memory either.
+    from charon_search.training.step import validate_layout
+
     layout = as_layout(layout, hint=" (memory_report takes model, layout, cluster)")
     spec, cl = _resolve(model, cluster)
     opts = options or MemoryOptions()
-    layout.validate_for(spec)
+    validate_layout(spec, layout, None)
     check_layout_on_cluster(layout, cl, gpu_count=False)
     attn_impl = opts.attn_impl or ("eager" if layout.attention_kernel == "eager" else "sdpa")
     compiled = layout.fused_kernels if opts.compiled is None else opts.compiled
@@ -413,6 +429,7 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
         n_flight = in_flight_chunks(layout.schedule, pp=layout.pp, stage_idx=i,
                                     num_micro_batches=m, vpp=layout.vpp)
         saved_stage = 0.0
+        head_kept = 0.0  # what the LM head with its loss keeps per micro-batch (last stage)
         top = (0.0, 0.0)  # (transient, buffers) of the block whose peak is the stage's peak
         shared = 0.0  # attention mask / RoPE tables: one copy, referenced by every layer
         for (name, mode), count in groups.items():
@@ -439,8 +456,22 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
             if fp8_saved and keeps_inputs:
                 kept -= 0.5 * ev["saved_gemm_input"]  # bf16 -> fp8 copies of GEMM inputs
             saved_stage += count * kept
+            if loss:
+                head_kept += count * kept
         # A micro-batch in flight holds one of the rank's chunks: saved_stage sums them all.
-        saved_total = n_flight * saved_stage / (2 if dual else layout.vpp)
+        n_chunks = 2 if dual else layout.vpp
+        saved_total = n_flight * saved_stage / n_chunks
+        if head_kept > 0 and n_chunks > 1:
+            # The LM head (and its fp32 logits) belongs to one chunk of the rank only: count it
+            # for the micro-batches of that chunk alive at the peak, not averaged over chunks
+            # (interleaved 1F1B: the last chunk of rank p-1, one micro-batch at its peak;
+            # DualPipe: stage p-1, chunk 1 of rank 0 and chunk 0 of rank p-1).
+            head_chunk = (0 if dual and i == layout.pp - 1 else n_chunks - 1)
+            per_chunk = (saved_stage - head_kept) / n_chunks
+            saved_total = max(
+                total * per_chunk + alive * head_kept
+                for total, alive in _alive_chunk_counts(layout.schedule, layout.pp, m,
+                                                        layout.vpp, i, head_chunk))
         activations = saved_total + top[0] + shared
         buffers = top[1] if top != (0.0, 0.0) else max(buf_loss, buf_layer)
 
@@ -463,6 +494,27 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
                      "fused_saved": opts.fused_saved,
                      "fsdp_prefetch_depth": prefetch, "fsdp_no_sync_accumulation": no_sync},
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _alive_chunk_counts(schedule: str, pp: int, num_micro_batches: int, vpp: int, rank: int,
+                        chunk: int) -> tuple[tuple[int, int], ...]:
+    """``(chunk micro-batches alive, of them on chunk)`` pairs over rank ``rank``'s op order
+    (``sim.schedules``, the order the step simulator runs): a forward makes its chunk
+    micro-batch alive, its backward frees it. Only the pairs no other pair dominates are kept
+    (the peak of ``total * a + on_chunk * b`` for ``a, b >= 0`` is among them)."""
+    from charon_search.sim.schedules import schedule_order
+
+    total = on_chunk = 0
+    seen = {(0, 0)}
+    for op in schedule_order(schedule, pp, num_micro_batches, vpp, rank):
+        step = 1 if op.kind == "F" else -1 if op.kind == "B" else 0
+        total += step
+        on_chunk += step if op.chunk == chunk else 0
+        seen.add((total, on_chunk))
+    return tuple(sorted(pair for pair in seen
+                        if not any(o != pair and o[0] >= pair[0] and o[1] >= pair[1]
+                                   for o in seen)))
 
 
 def _buffers(layout: Layout, recipe: StateRecipe, opts: MemoryOptions, *, dense_shards: int,

@@ -100,8 +100,12 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
     GLM-5) adds ``dsa_indexer_bytes_per_token`` and, with an fp8 cache, stores the latent in
     FlashMLA's sparse fp8 layout (``dsa_fp8_latent_bytes``).
     """
-    if kv_dtype not in DTYPE_BYTES:
-        raise ConfigError(f"`kv_dtype` must be one of {sorted(DTYPE_BYTES)}, but got {kv_dtype!r}")
+    _check_kv_dtype(kv_dtype)
+    _check_degree("tp", tp)
+    if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int)
+                                   or num_layers < 0):
+        raise ConfigError(f"`num_layers` must be None or an integer >= 0, but got "
+                          f"{num_layers!r}")
     layers = spec.num_kv_layers if num_layers is None else num_layers
     nbytes = DTYPE_BYTES[kv_dtype]
     if spec.attention == "mla":
@@ -118,6 +122,36 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
     return 2 * layers * heads * spec.head_dim * nbytes
 
 
+
+
+def _kv_dtypes() -> tuple[str, ...]:
+    """The KV-cache dtypes a serving launch may set (``serving.config.KV_DTYPES``; imported
+    here, not at module level: ``charon_search.serving`` imports this module)."""
+    from charon_search.serving.config import KV_DTYPES
+
+    return KV_DTYPES
+
+
+def _check_kv_dtype(kv_dtype: object) -> None:
+    allowed = _kv_dtypes()
+    if kv_dtype not in allowed or kv_dtype not in DTYPE_BYTES:
+        raise ConfigError(f"`kv_dtype` must be one of {list(allowed)}, but got {kv_dtype!r}")
+
+
+def _check_degree(name: str, v: object) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+
+
+def _check_ep(spec: ModelSpec, ep: int) -> None:
+    """``ep`` shards the routed experts: a MoE model, and it divides their count."""
+    if ep > 1 and not spec.is_moe:
+        raise ConfigError(f"`ep > 1` needs a MoE model, but {spec.name} is dense (ep={ep}); "
+                          f"allowed: ep=1")
+    if spec.is_moe and spec.num_experts % ep:
+        divisors = [d for d in range(1, spec.num_experts + 1) if spec.num_experts % d == 0]
+        raise ConfigError(f"`ep` must divide num_experts, but got (ep={ep}, "
+                          f"num_experts={spec.num_experts}); allowed: {divisors}")
 
 
 def dsa_fp8_latent_bytes(rank: int, rope: int) -> int:
@@ -230,8 +264,9 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
     spec, cl = _resolve(model, cluster)
     for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("block_size", block_size),
                     ("max_batched_tokens", max_batched_tokens)):
-        if not isinstance(v, int) or v < 1:
-            raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+        _check_degree(name, v)
+    _check_kv_dtype(kv_dtype)
+    _check_ep(spec, ep)
     if not isinstance(mtp_layers, int) or mtp_layers < 0:
         raise ConfigError(f"`mtp_layers` must be a non-negative integer, but got {mtp_layers!r}")
     if not 0 < gpu_memory_utilization <= 1:

@@ -6,9 +6,12 @@ first evaluation pays and later ones reuse. ``evaluate(config)`` returns the rec
 cannot run (out of memory) is returned with ``feasible=False`` and ``prune_reason`` instead of
 raising, after the cheap memory check and before any timeline is built.
 
-* ``training``: ``charon_search.memory.fits`` first, then ``charon_search.training.
+* ``training``: ``charon_search.memory.memory_report`` first, then ``charon_search.training.
   simulate_training``; adds derived fields (``tokens_per_s_per_gpu``, ``gpu_s_per_token``,
-  ``cost_per_million_tokens_usd``).
+  ``cost_per_million_tokens_usd``). ``peak_memory_bytes`` is the device total the memory
+  check compares (reserved + NCCL buffers, ``MemoryReport.peak_device_bytes``), in pruned and
+  feasible records alike; ``peak_reserved_bytes`` the allocator's share alone. A layout the
+  simulator rejects (``ConfigError``) is an infeasible record, ``prune_reason`` "invalid: ...".
 * ``serving``: ``charon_search.serving.simulate_serving`` (aggregated or disaggregated pools).
 * ``validation``: one measured record of ``charon-search validate`` (``validation.runner.
   validate_record``), for ``run_validation(..., workers=N)``.
@@ -24,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from charon_search.errors import InfeasibleError
+from charon_search.errors import ConfigError, InfeasibleError
 from charon_search.registry import Registry
 from charon_search.search.rules import RuleContext
 
@@ -149,19 +152,34 @@ class TrainingEvaluator(_Cached):
             "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes),
             "tokens_per_step": layout.global_batch_size * layout.seq_len,
         }
-        mem = memory_report(model, layout, cluster)  # microseconds-milliseconds, no timeline
+        # A layout the simulator rejects (interleaving with m % pp != 0, DualPipe with an odd
+        # pp, ...) is an infeasible point with the rule as its reason, whichever of the memory
+        # check and the step simulator finds it (the worker's "invalid:" convention).
+        try:
+            mem = memory_report(model, layout, cluster)  # microseconds-milliseconds
+        except ConfigError as e:
+            return {**rec, "feasible": False, "prune_reason": f"invalid: {e}"}
+        # ``peak_memory_bytes`` is the figure the prune compares with the device: reserved
+        # plus NCCL buffers outside the allocator (``MemoryReport.peak_device_bytes``), so an
+        # objective's ``peak_memory_bytes <= device`` agrees with ``fits``;
+        # ``peak_reserved_bytes`` is the allocator's share alone (max_memory_reserved).
+        rec["peak_memory_bytes"] = float(round(mem.peak_device_bytes))
+        rec["peak_reserved_bytes"] = float(round(mem.peak_reserved_bytes))
         if not mem.fits:
-            rec["peak_memory_bytes"] = float(round(mem.peak_reserved_bytes))
             return {**rec, "feasible": False, "prune_reason": f"memory: {mem.reason}"}
         try:
             report = simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
         except InfeasibleError as e:
             return {**rec, "feasible": False, "prune_reason": f"infeasible: {e}"}
+        except ConfigError as e:
+            return {**rec, "feasible": False, "prune_reason": f"invalid: {e}"}
         rec.update({k: v for k, v in flatten_report(report).items()
                     if not k.startswith("layout.")})
         mem_dict = report.memory or {}
+        if mem_dict.get("peak_device_bytes") is not None:
+            rec["peak_memory_bytes"] = float(round(mem_dict["peak_device_bytes"]))
         if mem_dict.get("peak_reserved_bytes") is not None:
-            rec["peak_memory_bytes"] = float(round(mem_dict["peak_reserved_bytes"]))
+            rec["peak_reserved_bytes"] = float(round(mem_dict["peak_reserved_bytes"]))
         _derive_training(rec, cluster)
         rec.setdefault("feasible", True)
         rec["feasible"] = True

@@ -553,6 +553,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     # Dense and expert states shard as the memory model shards them (``Layout.shard_groups``).
     dense_group, expert_group = L.shard_groups
     replicas = dp_cp // dense_group
+    # HSDP replicates expert shards across the replica groups as it does dense ones.
+    expert_replicas = max(dp_cp // L.ep // expert_group, 1)
     # ZeRO-2 keeps only its shard of the gradients, so without a pipeline every micro-batch's
     # backward reduce-scatters them (DeepSpeed stage 2, FSDP2 SHARD_GRAD_OP), not just the last
     # one. Under a pipeline (torchtitan, Llama 3's FSDP: "accumulate gradients in FP32 ... over
@@ -579,20 +581,19 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
                 expert_numel += prm.expert_numel
                 ready = start + (end - start) * (i + 1) / nl
                 t = 0.0
-                if L.zero_stage == 3:
-                    if replicas > 1:
-                        t += coster.collective("all_reduce",
-                                               prm.dense_numel * grad_b / dense_group,
-                                               replicas, "dp_rep")[0]
-                else:
+                if L.zero_stage != 3:
                     kind = "all_reduce" if L.zero_stage == 0 else "reduce_scatter"
                     t += coster.collective(kind, prm.dense_numel * grad_b, dense_group, "dpcp")[0]
                     t += coster.collective(kind, prm.expert_numel * grad_b, expert_group,
                                            "edp")[0]
-                    if L.zero_stage and replicas > 1:
-                        t += coster.collective("all_reduce",
-                                               prm.dense_numel * grad_b / dense_group,
-                                               replicas, "dp_rep")[0]
+                if L.zero_stage and replicas > 1:
+                    t += coster.collective("all_reduce",
+                                           prm.dense_numel * grad_b / dense_group,
+                                           replicas, "dp_rep")[0]
+                if L.zero_stage and expert_replicas > 1 and prm.expert_numel > 0:
+                    t += coster.collective("all_reduce",
+                                           prm.expert_numel * grad_b / expert_group,
+                                           expert_replicas, "dp_rep")[0]
                 if t > 0:
                     early_end = 0.0
                     if syncs > 1:

@@ -163,3 +163,19 @@ def test_dualpipe_ranks_hold_a_stage_and_its_mirror() -> None:
 def test_layout_rejects_values_it_cannot_simulate(kw, message) -> None:
     with pytest.raises(ConfigError, match=message):
         Layout(**kw)
+
+
+def test_hsdp_all_reduces_expert_gradients_across_replica_groups() -> None:
+    """Mixtral, dp = 8, HSDP shard groups of 2, ep = 2, ZeRO-3: one shard group is one EP group,
+    so each rank holds its 4 experts whole (4 x 3 x 4096 x 14336 = 704,643,072 parameters a
+    layer) and the 4 replica groups must all-reduce those fp32 gradients, 2,818,572,288 B, over
+    4 ranks spaced 2 apart; a MoE layer's gradient sync takes at least that."""
+    from charon_search.cost.collectives import estimate_collective
+
+    lay = Layout(dp=8, hsdp_shard=2, ep=2, zero_stage=3, global_batch_size=8, seq_len=4096)
+    assert lay.shard_groups == (2, 1)
+    r = cs.simulate_training("mixtral-8x7b", CLUSTER, lay, memory=False)
+    ar = estimate_collective("all_reduce", 704_643_072 * 4, 4, load_cluster(CLUSTER),
+                             stride=2).duration_s
+    syncs = [e - s for _, name, s, e in r.timeline.dp_intervals if name == "grad_sync.moe"]
+    assert syncs and min(syncs) >= ar
