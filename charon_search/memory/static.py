@@ -16,6 +16,7 @@ from charon_search.catalog.spec import ModelSpec, is_moe_block
 from charon_search.errors import ConfigError
 from charon_search.ir.graph import TracedBlock
 from charon_search.ir.ops import Role
+from charon_search.passes.tensor_parallel import is_replicated_gemm
 
 __all__ = [
     "STATE_RECIPES",
@@ -101,8 +102,14 @@ def traced_param_groups(block: TracedBlock) -> ParamGroups:
     for t in fwd.param_tensors:
         numel = fwd.tensors[t].numel
         n = numel.const_value() if numel.is_const() else 0.0
-        roles = {fwd.node(nid).role for nid in fwd.consumers.get(t, ())}
-        if Role.MOE_EXPERT in roles:
+        users = [fwd.node(nid) for nid in fwd.consumers.get(t, ())]
+        roles = {u.role for u in users}
+        if users and all(is_replicated_gemm(u) for u in users):
+            # MLA down-projections: every TP rank holds them whole (the TP pass keeps them
+            # replicated, as Megatron, vLLM and SGLang do).
+            rep += n
+            role, group = users[0].role, 1
+        elif Role.MOE_EXPERT in roles:
             expert += n
             role, group = Role.MOE_EXPERT, 2
         elif roles & _TP_WEIGHT_ROLES:

@@ -268,3 +268,18 @@ def test_memory_options_accept_zero() -> None:
                          options=MemoryOptions(ddp_bucket_bytes=0,
                                                fsdp_prefetch_depth=0)).stages[0]
     assert base.peak_allocated_bytes - zero.peak_allocated_bytes == pytest.approx(26_214_400)
+
+
+def test_mla_down_projections_are_replicated_weights() -> None:
+    """DeepSeek-V3's MLA down-projections, q_a_proj 7168 x 1536 = 11,010,048 and
+    kv_a_proj_with_mqa 7168 x 576 = 4,128,768 parameters, run whole on every TP rank (the TP
+    pass keeps them replicated, as Megatron, vLLM and SGLang do), so their weights are
+    replicated, not divided by TP: 15,138,816 parameters of the attention's projections."""
+    import charon_search.memory.profile as prof
+    from charon_search.catalog import load_model
+    from charon_search.memory.static import traced_param_groups
+
+    traced = prof._trace(load_model("deepseek-v3"), "decode", "sdpa")
+    by_role = {r: (tp, rep, ex) for r, tp, rep, ex in traced_param_groups(traced.blocks["moe"])
+               .by_role}
+    assert by_role["attn.qkv"][1] == 11_010_048 + 4_128_768
