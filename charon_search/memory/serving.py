@@ -293,7 +293,10 @@ def kv_cache_capacity(model: ModelSpec | str, cluster: ClusterSpec | str, *, tp:
     if expert_tp < 1:
         raise ConfigError(f"`moe_tp` must be a positive integer, but got {moe_tp!r}")
     cal = cl.calibration
-    non_torch = cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes * (tp > 1 or pp > 1)
+    # NCCL's buffers wherever the rank talks to others: TP, PP, and expert parallelism (an
+    # attention-DP rank runs its attention with tp = 1 but its MoE over the EP group).
+    talks = tp > 1 or pp > 1 or ep > 1 or expert_tp > 1
+    non_torch = cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes * talks
     best: KvCacheCapacity | None = None
     for i, layers in enumerate(stages):
         if i == pp - 1 and mtp_layers:

@@ -283,3 +283,15 @@ def test_mla_down_projections_are_replicated_weights() -> None:
     by_role = {r: (tp, rep, ex) for r, tp, rep, ex in traced_param_groups(traced.blocks["moe"])
                .by_role}
     assert by_role["attn.qkv"][1] == 11_010_048 + 4_128_768
+
+
+def test_attention_dp_rank_holds_nccl_buffers() -> None:
+    """An attention-DP rank of DeepSeek-V3 (tp 1, ep 8) runs its MoE over the EP group, so it
+    holds NCCL's buffers like a TP-8 rank: allocator extra + comm buffers (1 GiB + 392 MiB on
+    the H200 box) outside the KV pool."""
+    from charon_search.hardware import load_cluster
+    from charon_search.memory.serving import kv_cache_capacity
+
+    cal = load_cluster("h200-sxm-8gpu").calibration
+    cap = kv_cache_capacity("deepseek-v3", "h200-sxm-8gpu", tp=1, ep=8, weight_dtype="fp8")
+    assert cap.non_torch_bytes == cal.allocator_reserved_extra_bytes + cal.comm_buffer_bytes
