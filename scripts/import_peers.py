@@ -541,6 +541,10 @@ def import_aiconfigurator(peers: Path) -> list[pd.DataFrame]:
 
 
 # ---------------------------------------------------------------------------- vidur
+#: vidur model folders whose norms are LayerNorm, not RMSNorm.
+LAYERNORM_MODELS = ("phi-2",)
+
+
 def convert_vidur_mlp(path: str, gpu: str, source: str, *, with_gemm: bool) -> pd.DataFrame:
     """vidur per-op table (ms, per-TP shard shapes) -> norm / elementwise (/ gemm) rows.
 
@@ -568,8 +572,11 @@ def convert_vidur_mlp(path: str, gpu: str, source: str, *, with_gemm: bool) -> p
         col = f"time_stats.{op}.mean"  # absent for ops a model lacks (phi-2: one norm)
         return df[col].values * MS if col in df.columns else np.full(len(df), np.nan)
     parts = []
+    # phi-2 normalizes with LayerNorm (its HF config: ``layer_norm_eps``, PhiModel's
+    # nn.LayerNorm); every other vidur model with RMSNorm.
+    norm = "layernorm" if any(m in Path(path).parts for m in LAYERNORM_MODELS) else "rmsnorm"
     for op in ("input_layernorm", "post_attention_layernorm"):
-        parts.append(pd.DataFrame({**common, "op_kind": "norm", "variant": "rmsnorm",
+        parts.append(pd.DataFrame({**common, "op_kind": "norm", "variant": norm,
                                    "rows": tokens, "cols": hidden, "latency_s": ms(op)}))
     parts.append(pd.DataFrame({**common, "op_kind": "elementwise", "variant": "add",
                                "rows": tokens, "cols": hidden,
@@ -661,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{','.join(v or '-' for v in t['variants'])}")
     print(f"total rows {sum(t['rows'] for t in index['tables'])}, "
           f"{total / 1e6:.2f} MB, content hash {index['content_hash']}")
+    dropped = sum(t["duplicates_dropped"] for t in index["tables"])
+    print(f"{dropped} rows dropped that repeat a stored row's shape and features (the same "
+          "shape measured in another model's table; the first is kept)")
     return 0
 
 

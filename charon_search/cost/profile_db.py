@@ -76,6 +76,9 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "send_recv": ("bytes", "group_size", "num_nodes"),
 }
 
+#: Feature columns beyond the lookup key that tell stored rows apart (``write_profile_db``).
+DEDUP_EXTRA: dict[str, tuple[str, ...]] = {"elementwise": ("rows", "cols")}
+
 #: Normalized GPU key -> spellings used by the measurement sources (aiconfigurator system
 #: folder names, vidur SKU folders, ``nvidia-smi`` device names).
 GPU_KEYS: dict[str, tuple[str, ...]] = {
@@ -291,7 +294,8 @@ class ProfileDB:
             sub = tbl.select(variant=variant, dtype=dtype)
             names = SHAPE_KEYS.get(op_kind, ())
             keys = zip(*(sub.columns[n].tolist() for n in names))
-            # Keep the first row on duplicates (the shipped DB has none).
+            # Keep the first row on duplicates (elementwise rows of one size and several widths;
+            # those are priced by the predictor, not looked up).
             for key, lat in zip(keys, sub.columns["latency_s"].tolist()):
                 out.setdefault(key, lat)
         with self._lock:
@@ -329,7 +333,11 @@ def write_profile_db(rows: Any, root: str | Path, *, extra_index: Mapping[str, A
     for (gpu, kind), part in sorted(df.groupby(["gpu", "op_kind"], sort=True)):
         keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ())]
         part = part.sort_values(keys, kind="stable")
-        dedup_keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ())]
+        # Rows that repeat a lookup key with the same features are the same measurement taken
+        # from another model's table: the first is kept. Elementwise rows keep every width
+        # (tokens x elements per token) of a size: the predictor learns the time from it.
+        dedup_keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ()), *DEDUP_EXTRA.get(kind, ())]
+        before = len(part)
         part = part.drop_duplicates(subset=dedup_keys, keep="first")
         rel = f"{gpu}/{kind}.parquet"
         path = root / rel
@@ -340,7 +348,8 @@ def write_profile_db(rows: Any, root: str | Path, *, extra_index: Mapping[str, A
         data = path.read_bytes()
         hasher.update(rel.encode())
         hasher.update(data)
-        tables.append({"gpu": gpu, "op_kind": kind, "rows": len(part), "file": rel,
+        tables.append({"gpu": gpu, "op_kind": kind, "rows": len(part),
+                       "duplicates_dropped": before - len(part), "file": rel,
                        "bytes": len(data),
                        "dtypes": sorted(part["dtype"].unique().tolist()),
                        "variants": sorted(part["variant"].unique().tolist()),
