@@ -211,7 +211,14 @@ def count_params(spec: ModelSpec) -> int:
 
 
 def _count_uncached(spec: ModelSpec) -> int:
-    rm = build_reduced_model(spec, attn_impl="eager")
+    # Counted on the eager attention path, which every HF class has; a config it cannot build
+    # is reported without naming that path (the user asked for none: ``trace --attn sdpa``).
+    try:
+        rm = build_reduced_model(spec, attn_impl="eager")
+    except ConfigError as e:
+        cause = e.__cause__ or e
+        raise ConfigError(f"model {spec.name!r}: transformers cannot build it: "
+                          f"{type(cause).__name__}: {_one_line(cause)}") from cause
     layers = rm.model.get_submodule(rm.layers_path)
     layer_ids = {id(p) for layer in layers for p in layer.parameters()}
     outside = sum(p.numel() for p in rm.model.parameters() if id(p) not in layer_ids)

@@ -5,6 +5,13 @@ Example:
 
 FLOPs and bytes come from the traced HF model (FakeTensors, no weights); times are the roofline
 of each operator on ``--gpu`` (one GPU, no parallelism, operators run back to back).
+
+The operator table shows the nodes as traced, which are upper bounds in four places: attention
+counts the full ``s x c`` score square (no causal discount) and every layer's keys (sliding-
+window and chunked layers too), a routed-expert grouped GEMM reads every expert's weights
+whatever the token count, and the embedding lookup reads the whole table. The whole-model
+totals apply the corrections the simulators do (``_step_graphs``) and also print the traced
+sums.
 """
 
 from __future__ import annotations
@@ -95,15 +102,25 @@ def run(args: argparse.Namespace) -> int:
                     "flops": float(ev.flops[i]), "bytes": float(ev.bytes[i]),
                     "time_s": float(t[i]) if t is not None else None,
                 })
-    total_flops = tm.total_flops(b, s, c)
-    total_bytes = tm.total_bytes(b, s, c)
-    total_time = None
+    traced_flops = tm.total_flops(b, s, c)
+    traced_bytes = tm.total_bytes(b, s, c)
+    traced_time = None
     if gpu is not None:
-        total_time = 0.0
+        traced_time = 0.0
         for name, blk in tm.blocks.items():
             for graph in (blk.forward, blk.backward):
                 if graph is not None:
-                    total_time += counts[name] * float(times[graph.name].sum())
+                    traced_time += counts[name] * float(times[graph.name].sum())
+    from charon_search.cost.roofline import roofline_times
+
+    total_flops = total_bytes = 0.0
+    total_time = 0.0 if gpu is not None else None
+    for count, graph in _step_graphs(tm, spec, b, s, c):
+        ev = graph.evaluate(b, s, c)
+        total_flops += count * float(ev.flops.sum())
+        total_bytes += count * float(ev.bytes.sum())
+        if total_time is not None:
+            total_time += count * float(roofline_times(graph, gpu, b, s, c).sum())
     out = sys.stdout
     print(f"{spec.name}: {spec.num_params:,} params, {spec.num_layers} layers, phase "
           f"{args.phase}, b={b} s={s} c={c}, dtype {args.dtype}, attention {tm.attn_impl}"
@@ -125,11 +142,20 @@ def run(args: argparse.Namespace) -> int:
           f"{format_flops(total_flops)}, {format_bytes(total_bytes)} moved"
           + (f", roofline {format_seconds(total_time)} on one {gpu.name}"
              if total_time is not None else ""), file=out)
+    print("  as the simulators cost a step: causal attention computes half its score square, "
+          "sliding-window / chunked layers attend to their window, routed experts read the "
+          "weights of the experts the tokens reach, the embedding reads the looked-up rows. "
+          f"The rows above are as traced, upper bounds on these terms: "
+          f"{format_flops(traced_flops)}, {format_bytes(traced_bytes)} moved"
+          + (f", roofline {format_seconds(traced_time)}" if traced_time is not None else ""),
+          file=out)
     if args.json is not None:
         doc = {
             "model": spec.name, "phase": args.phase, "params": int(spec.num_params),
             "active_params": int(spec.num_active_params),
-            "totals": {"flops": total_flops, "bytes": total_bytes},
+            "totals": {"flops": total_flops, "bytes": total_bytes, "time_s": total_time},
+            "traced_totals": {"flops": traced_flops, "bytes": traced_bytes,
+                              "time_s": traced_time},
             "nodes": [{k: v for k, v in r.items() if k != "shape"} for r in rows],
         }
         try:
@@ -158,3 +184,81 @@ def _times(tm: Any, gpu: Any, b: int, s: int, c: int) -> dict[str, Any]:
             if graph is not None:
                 out[graph.name] = roofline_times(graph, gpu, b, s, c)
     return out
+
+
+def _step_graphs(tm: Any, spec: Any, b: int, s: int, c: int) -> list[tuple[int, Any]]:
+    """``(layers, graph)`` of one step at ``(b, s, c)``, with the corrections the simulators
+    apply to the traced graphs (each by the function that applies it there):
+
+    * sliding-window and chunked layers attend to their window's keys, without a causal mask
+      (training's ``@sliding`` blocks: ``training.step.sliding_layer_types`` and
+      ``_with_sliding``, here at ``c`` keys, so a decode step's window caps its cache reads);
+    * a causal attention over its full score square computes half of it
+      (``sim.costing.kernel_flops``, as the training simulator counts hardware FLOPs);
+    * a routed-expert grouped GEMM reads the weights of the experts its ``tokens x top_k``
+      rows reach, ``1 - e^(-r)`` of them (``_touched_experts``: the cost predictor's rule);
+    * the embedding lookup reads the looked-up rows and the token ids, not the table, and the
+      RoPE position tables count as precomputed (``serving._fusion._embedding_gather``;
+      forward graphs: a training backward still writes the whole table's gradient).
+
+    Each corrected node holds its values at ``(b, s, c)`` as constants.
+    """
+    from charon_search.ir import OpKind, Poly, Role
+    from charon_search.layout import Layout
+    from charon_search.serving._fusion import _embedding_gather
+    from charon_search.sim.costing import kernel_flops
+    from charon_search.training.step import SLIDING_SUFFIX, _with_sliding, sliding_layer_types
+
+    counts = dict(tm.block_counts())
+    layer_types = sliding_layer_types(spec, Layout(seq_len=c))
+    blocks = _with_sliding(dict(tm.blocks), layer_types, spec.sliding_window)
+    for t in layer_types:
+        if t.endswith(SLIDING_SUFFIX):
+            counts[t] = counts.get(t, 0) + 1
+            counts[t.removesuffix(SLIDING_SUFFIX)] -= 1
+    attention = (OpKind.ATTENTION, OpKind.ATTENTION_BWD)
+    out = []
+    for name, count in counts.items():
+        if count <= 0:
+            continue
+        blk = blocks[name]
+        weights = set(blk.forward.param_tensors)
+        for graph in (blk.forward, blk.backward):
+            if graph is None:
+                continue
+            if graph is blk.forward:
+                graph = _embedding_gather(graph)
+            nodes = []
+            for n in graph.nodes:
+                if n.kind in attention and n.attended_c(c) == c:
+                    # (a sparse attention past its top-k keys attends to that many per query,
+                    # no causal square: left as traced)
+                    n = n.replace(flops=Poly.const(kernel_flops(n, b, s, c)))
+                elif (n.kind == OpKind.GROUPED_GEMM and str(n.role) == Role.MOE_EXPERT.value
+                      and {"tokens", "top_k", "num_experts"} <= set(n.params)):
+                    full = sum(float(graph.tensors[t].nbytes(b, s, c)) for t in n.inputs
+                               if t in weights or t in graph.param_tensors)
+                    touched = _touched_experts(*(float(n.params[k](b, s, c))
+                                                 for k in ("tokens", "top_k", "num_experts")))
+                    n = n.replace(bytes_read=Poly.const(
+                        float(n.bytes_read(b, s, c)) - full * (1.0 - touched)))
+                nodes.append(n)
+            out.append((count, graph.with_nodes(nodes)))
+    return out
+
+
+def _touched_experts(tokens: float, top_k: float, experts: float) -> float:
+    """Expected share of a MoE layer's experts that receive at least one of ``tokens x top_k``
+    rows under uniform routing, as the cost predictor prices expert weight reads
+    (``cost.predictor.shape_flops_bytes``: ``1 - e^(-r)``, ``r = tokens x top_k / experts``):
+    its weight bytes at this token count over those at a count that reaches every expert."""
+    import numpy as np
+
+    from charon_search.cost.predictor import shape_flops_bytes
+
+    # Weight bytes = bytes at 1 byte per weight less bytes at 0 (the activations cancel).
+    cols = {"tokens": np.array([tokens, tokens, 1e12, 1e12]), "top_k": top_k,
+            "num_experts": experts, "n": 1.0, "k": 1.0,
+            "weight_bytes": np.array([1.0, 0.0, 1.0, 0.0])}
+    _, nbytes = shape_flops_bytes("grouped_gemm", cols, 4)
+    return float((nbytes[0] - nbytes[1]) / (nbytes[2] - nbytes[3]))

@@ -26,7 +26,7 @@ fp8 values plus one fp32 scale per ``FP8_DISPATCH_BLOCK`` for a training layout'
 
 from __future__ import annotations
 
-from charon_search.ir import Node, OpGraph, OpKind, Poly, Role
+from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Poly, Role
 from charon_search.passes._rewrite import GraphBuilder
 from charon_search.passes.base import (
     FP8_DISPATCH_BLOCK,
@@ -157,14 +157,16 @@ class ExpertParallelPass(Pass):
         p["num_experts"] = p["num_experts"] / ep
         p["load_imbalance"] = Poly.const(imbalance)
         # Expert weights: ep-th of them are read (forward, dgrad) or their gradients written
-        # (wgrad) per rank.
-        w = node.params["num_experts"] * node.params["n"] * node.params["k"] * 2
-        saved = w * (1 - 1 / ep)
+        # (wgrad) per rank. Weights are read at the GEMM's dtype (an fp8 grouped GEMM of
+        # ``passes.fusion.FP8Pass`` reads fp8 copies); gradients are written in bf16.
+        w = node.params["num_experts"] * node.params["n"] * node.params["k"]
+        keep = 1 - 1 / ep
+        saved = w * DTYPE_BYTES.get(node.dtype, 2) * keep
         br, bw = node.bytes_read - saved, node.bytes_written
         if br(1, 1, 1) < 0:
             br = node.bytes_read
-            if (bw - saved)(1, 1, 1) >= 0:
-                bw = bw - saved
+            if (bw - w * 2 * keep)(1, 1, 1) >= 0:
+                bw = bw - w * 2 * keep
         return node.replace(params=p, bytes_read=br, bytes_written=bw)
 
 

@@ -13,10 +13,14 @@
   local ops (copies, gathers, scatters, products, sums, top-k; not the router GEMM) are one
   kernel each, moving only the run's external inputs and outputs;
 * eager attention (``attn.core`` batched GEMMs + softmax) becomes one flash-attention kernel
-  (``attention`` / ``attention_bwd``; FLOPs halved for the causal mask, which flash skips).
+  (``attention`` / ``attention_bwd``). Over a square score block (``q_len == kv_len``: prefill,
+  training) its FLOPs are halved for the causal mask, whose masked half flash skips, and the
+  node carries ``causal=1``; a decode step (one query over the cache) skips nothing and keeps
+  ``causal=0`` and the full FLOPs, as a traced SDPA decode node does.
 
 ``fp8`` (on when ``precision == "fp8"``): the GEMMs of attention and MLP blocks (and expert
-grouped GEMMs) run in fp8; quantize ops are inserted on their activation inputs:
+grouped GEMMs, by the same rules) run in fp8; quantize ops are inserted on their activation
+inputs, and a GEMM's reads halve (its fp8 operands; the output stays bf16):
 
 * Hopper fp8 tensor cores only take the "TN" layout (both operands K-major; cuBLASLt fp8
   requirement, NVIDIA cuBLAS docs "cublasLtMatmul ... FP8"), so the weight-gradient GEMM
@@ -47,13 +51,16 @@ from charon_search.ir import (
     Node,
     OpGraph,
     OpKind,
+    Phase,
     Poly,
     Role,
+    sym,
 )
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
-__all__ = ["FUSABLE_KINDS", "FUSABLE_ROLES", "FP8Pass", "FusionPass", "attention_params"]
+__all__ = ["FUSABLE_KINDS", "FUSABLE_ROLES", "FP8Pass", "FusionPass", "attention_params",
+           "square_scores"]
 
 FUSABLE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.ATTN_QK_NORM,
                            Role.ATTN_ROPE, Role.MLP_ACT})
@@ -116,16 +123,29 @@ def _numel(n: Node) -> Poly:
     return n.params.get("numel", n.params.get("tokens", Poly()))
 
 
+def square_scores(q_len: Poly, kv_len: Poly) -> bool:
+    """Whether an attention's queries are its keys (``q_len == kv_len``, a prefill or training
+    sequence attending to itself; traced key counts may read ``c`` where the queries read
+    ``s``, equal there), so a causal mask leaves out half the score square. A decode step (one
+    query over ``c`` cached keys) is not square."""
+    c = sym("c")
+    return q_len.subs(s=c) == kv_len.subs(s=c)
+
+
 def attention_params(bmm1: Node, bmm2: Node) -> dict[str, Poly] | None:
+    """Flash-attention params of an eager ``scores = Q K^T`` / ``P V`` pair; ``causal`` is 1
+    over a square score block (``square_scores``: the LM's causal mask), 0 otherwise."""
     batch = bmm1.params["batch"]
     terms = dict(batch.terms)
     if len(terms) != 1 or (1, 0, 0) not in terms:
         return None  # batch is not heads*b
     heads = terms[(1, 0, 0)]
+    q_len, kv_len = bmm1.params["m"], bmm1.params["n"]
     return {"batch": Poly.from_dict({(1, 0, 0): 1.0}), "heads": Poly.const(heads),
-            "kv_heads": Poly.const(heads), "q_len": bmm1.params["m"],
-            "kv_len": bmm1.params["n"], "head_dim": bmm1.params["k"],
-            "v_head_dim": bmm2.params["n"], "causal": Poly.const(1)}
+            "kv_heads": Poly.const(heads), "q_len": q_len,
+            "kv_len": kv_len, "head_dim": bmm1.params["k"],
+            "v_head_dim": bmm2.params["n"],
+            "causal": Poly.const(1 if square_scores(q_len, kv_len) else 0)}
 
 
 def _eager_attention_params(nodes: list[Node]) -> dict[str, Poly] | None:
@@ -189,10 +209,14 @@ class FusionPass(Pass):
             if bwd and attn_params is not None:
                 if bwd_runs < len(fwd_params) and fwd_params[bwd_runs] is not None:
                     attn_params = fwd_params[bwd_runs]
+                else:  # a backward is training's: its sequence attends to itself, causally
+                    attn_params["causal"] = Poly.const(1)
                 bwd_runs += 1
             if attn_params is None:
                 continue
-            fwd_flops = sum((n.flops for n in bmms[:2]), Poly()) / 2  # causal: flash skips half
+            fwd_flops = sum((n.flops for n in bmms[:2]), Poly())
+            if attn_params["causal"].const_value() == 1:
+                fwd_flops = fwd_flops / 2  # causal square: flash skips the masked half
             replace[i] = _merge(graph, nodes,
                                 kind=OpKind.ATTENTION_BWD if bwd else OpKind.ATTENTION,
                                 name=f"flash_{nodes[0].name}", params=attn_params,
@@ -236,7 +260,7 @@ class FP8Pass(Pass):
                 continue
             changed = True
             # wgrad contracts over tokens: its operands need a transposed (token-major) copy.
-            layout = "t" if node.kind == OpKind.GEMM and gemm_kind(node) == "wgrad" else "n"
+            layout = "t" if _is_wgrad(node, gb) else "n"
             new_inputs = []
             for t in node.inputs:
                 if t in params or gb.tensors[t].dtype not in _FLOAT_DTYPES:
@@ -263,7 +287,7 @@ class FP8Pass(Pass):
                         tags=frozenset({"fp8"})))
                     quantized[key] = out
                 new_inputs.append(quantized[key])
-            half = {"bytes_read": node.bytes_read / 2} if node.kind == OpKind.GEMM else {}
+            half = {"bytes_read": node.bytes_read / 2}
             kind = gemm_kind(node) if node.kind == OpKind.GEMM else "fwd"
             extra = {}
             if ctx.fp8_recipe == "rowwise" and node.kind == OpKind.GEMM and kind == "fwd":
@@ -276,6 +300,18 @@ class FP8Pass(Pass):
         if not changed:
             return PassResult(graph, False)
         return PassResult(gb.finish(), True)
+
+
+def _is_wgrad(node: Node, gb: GraphBuilder) -> bool:
+    """A weight-gradient GEMM (it contracts over the tokens): a dense one by its shape
+    (``gemm_kind``); a grouped one (``dW[e] = X_e^T dY_e``, the ``[E, k, n]`` gradient of the
+    experts' weights) is the backward grouped GEMM whose outputs have no token dimension."""
+    if node.kind == OpKind.GEMM:
+        return gemm_kind(node) == "wgrad"
+    return (node.kind == OpKind.GROUPED_GEMM and node.phase == Phase.BACKWARD
+            and bool(node.outputs)
+            and all(gb.tensors[t].numel.degree("b") == 0 and gb.tensors[t].numel.degree("s") == 0
+                    for t in node.outputs))
 
 
 def _rowwise_rescale(gb: GraphBuilder, gemm: Node) -> None:

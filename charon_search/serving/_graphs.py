@@ -18,14 +18,18 @@ reduce-scatter of the DP ranks' tokens (``_fusion.gather_experts_tp``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from charon_search.cost.predictor import MOE_WEIGHT_BYTES
+from charon_search.catalog import config_hash
+from charon_search.cost.predictor import MOE_WEIGHT_BYTES, ROOFLINE_COMPUTE_DTYPE
 from charon_search.cost.selector import FP8_MOE_METHOD_TAG, GEMM_ROWS_TAG
 from charon_search.errors import ConfigError
+from charon_search.ir.graph import DTYPE_BYTES
 from charon_search.ir.ops import OpKind, Role
 from charon_search.ir.symbolic import Poly
 from charon_search.memory.serving import moe_tp_degree
@@ -54,14 +58,27 @@ def serving_graphs(model: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention:
     ``MOE_KERNEL_ROWS`` key, "" = the engine's default) overrides the kernel of 4-bit experts.
     """
     moe_engine = engine if engine in MOE_ENGINES else MOE_ENGINES[0]
-    key = (model.name, model.num_layers, model.hidden_size, model.layer_types, tp, ep,
-           dp_attention, precision, fused_kernels, moe_engine, moe_kernel)
+    key = (_model_key(model), tp, ep, dp_attention, precision, fused_kernels, moe_engine,
+           moe_kernel)
     hit = _CACHE.get(key)
     if hit is None:
         hit = _build(model, tp=tp, ep=ep, dp_attention=dp_attention, precision=precision,
                      fused_kernels=fused_kernels, engine=moe_engine, moe_kernel=moe_kernel)
         _CACHE[key] = hit
     return hit
+
+
+def _model_key(model: ModelSpec) -> tuple:
+    """What of ``model`` its serving graphs depend on: the HF config's content (the trace
+    cache's ``config_hash``, which leaves out the private ``_charon_*`` keys), the shipped
+    checkpoints' quantization (``_charon_checkpoints``, read by ``checkpoint_quant``) and the
+    spec fields ``_build`` reads. Not the name alone: a config edited at the same path, or two
+    HF modules of one class, share a name but not their graphs."""
+    checkpoints = json.dumps(model.hf_config.get("_charon_checkpoints") or {}, sort_keys=True,
+                             default=str)
+    return (model.name, config_hash(model.hf_config),
+            hashlib.sha256(checkpoints.encode()).hexdigest()[:16], model.num_layers,
+            model.hidden_size, model.num_key_value_heads, model.layer_types)
 
 
 def _build(model: ModelSpec, *, tp: int, ep: int, dp_attention: bool, precision: str,
@@ -266,6 +283,11 @@ class CheckpointQuant:
     weight_bytes: float = 0.0
     """Stored bytes per quantized weight with its scales (``_FORMAT_WEIGHT_BYTES``); 0 = the
     precision's bare element size (no checkpoint known)."""
+    compute_dtype: str = ""
+    """Dtype the quantized GEMMs compute in, i.e. of the activations they read
+    (``cost.predictor.ROOFLINE_COMPUTE_DTYPE`` of the format): bf16 for weight-only W4A16
+    checkpoints (MXFP4, int4 compressed-tensors), whose kernels dequantize the 4-bit weights
+    and run bf16 MMAs on bf16 activations; "" = ``precision`` (W8A8 / W4A4)."""
     modelopt: bool = False
     """A TensorRT Model Optimizer export (``quant_method: modelopt``), which vLLM runs with its
     ModelOpt methods rather than ``Fp8MoEMethod``."""
@@ -327,6 +349,7 @@ def checkpoint_quant(model: ModelSpec, precision: str) -> CheckpointQuant:
                            moe_dtype=_MOE_FORMAT[method] if Role.MOE_EXPERT.value not in keep
                            else "", block_fp8=method == "fp8_block", weight_bytes=wbytes,
                            modelopt=qc.get("quant_method") == "modelopt",
+                           compute_dtype=ROOFLINE_COMPUTE_DTYPE.get(_MOE_FORMAT[method], ""),
                            source=str(entry.get("source", "")))
 
 
@@ -392,9 +415,16 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
                      moe_kernel: str = "", dense_engine: str = "") -> OpGraph:
     """GEMMs of ``quant.quantized_roles`` run at ``quant.precision``; the rest stay bf16.
 
-    Their operand bytes shrink with the element size (the quantized checkpoint stores weights
-    at that precision; fp8 kernels also read fp8 activations); outputs stay bf16. Routed-expert
-    grouped GEMMs are tagged with the MoE kernel format, ``engine`` and the EP degree
+    Their weight bytes shrink to the checkpoint's stored bytes per weight, scales included
+    (``quant.weight_bytes``: int4 in groups of 32 0.5625, MXFP4 0.53125, NVFP4 0.5625; the
+    bare element size without a checkpoint); the activations they read move at the dtype the
+    kernel computes in (``quant.compute_dtype``; for routed experts that of their kernel format,
+    ``cost.predictor.ROOFLINE_COMPUTE_DTYPE``): fp8 / fp4 for W8A8 / W4A4 kernels, bf16 for
+    weight-only W4A16 ones (int4, MXFP4 experts), which also keep ``dtype`` bf16 so the roofline
+    prices them at the bf16 tensor-core rate, not the FP4 one. Outputs stay bf16. A node's
+    weight elements are ``n x k`` (dense, the traced ``[k, n]`` weight of this rank) or
+    ``num_experts x n x k`` (grouped: its local experts). Routed-expert grouped GEMMs are
+    tagged with the MoE kernel format, ``engine`` and the EP degree
     (``moe_ep:<ep>``: their shape parameters are one rank's, ``tokens x top_k`` rows over its
     ``num_experts`` local experts; measured EP rows are keyed by the global tokens and experts).
     ``moe_kernel`` (``MOE_KERNEL_ROWS``) replaces the engine and format tags with the rows of
@@ -402,14 +432,15 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     NB: activation-quantization kernels are not added (fused into the preceding norm/act in
     vLLM and TRT-LLM).
     """
-    dtype = quant.precision
+    precision = quant.precision
     kinds = (OpKind.GEMM, OpKind.GROUPED_GEMM)
-    scale = _PRECISION_BYTES[dtype] / 2.0
-    wbytes = Poly.const(_PRECISION_BYTES[dtype])
+    wb = quant.weight_bytes or _PRECISION_BYTES[precision]
     moe_dtype = quant.moe_dtype
     formats, rows = MOE_KERNEL_ROWS.get(moe_kernel, (frozenset(), ("", "")))
     if moe_dtype in formats:
         engine, moe_dtype = rows[0] or engine, rows[1] or moe_dtype
+    dense_dtype = quant.compute_dtype or precision
+    expert_dtype = ROOFLINE_COMPUTE_DTYPE.get(moe_dtype, dense_dtype)
     moe_tags = frozenset({f"moe_dtype:{moe_dtype}", f"moe_engine:{engine}",
                           f"moe_ep:{ep}"} if moe_dtype else ())
     if engine == "vllm" and moe_dtype == "fp8" and not quant.modelopt:
@@ -418,15 +449,21 @@ def _with_gemm_dtype(graph: OpGraph, quant: CheckpointQuant, engine: str, ep: in
     dense_tags = frozenset({f"{GEMM_ROWS_TAG}{rows}"} if rows else ())
 
     def quantized(n: Node) -> Node:
-        params, tags = n.params, n.tags | {dtype}
+        params, tags = n.params, n.tags | {precision}
+        dtype = dense_dtype
+        weights = n.params["n"] * n.params["k"]
         if n.kind == OpKind.GEMM:
             tags |= dense_tags
         elif n.kind == OpKind.GROUPED_GEMM:
+            weights = weights * n.params["num_experts"]
             # The bf16 MoE cost model prices expert weights at this many bytes.
-            params = {**params, "weight_bytes": wbytes}
+            params = {**params, "weight_bytes": Poly.const(wb)}
             if _str_role(n) == Role.MOE_EXPERT.value:
                 tags |= moe_tags
-        return n.replace(dtype=dtype, bytes_read=n.bytes_read * scale, params=params, tags=tags)
+                dtype = expert_dtype
+        acts = n.bytes_read - weights * DTYPE_BYTES["bf16"]
+        read = weights * wb + acts * (DTYPE_BYTES[dtype] / DTYPE_BYTES["bf16"])
+        return n.replace(dtype=dtype, bytes_read=read, params=params, tags=tags)
 
     return graph.with_nodes(
         quantized(n) if n.kind in kinds and _str_role(n) in quant.quantized_roles else n

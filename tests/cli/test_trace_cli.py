@@ -16,12 +16,22 @@ def test_trace_json(tmp_path, capsys) -> None:
                "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"model", "phase", "params", "active_params", "totals", "nodes"}
+    assert set(doc) == {"model", "phase", "params", "active_params", "totals", "traced_totals",
+                        "nodes"}
     assert doc["model"] == "debug-llama" and doc["phase"] == "train"
     assert doc["params"] == doc["active_params"] == 119104  # dense: every parameter is active
     tm = trace_model("debug-llama", "train")
-    assert doc["totals"]["flops"] == pytest.approx(tm.total_flops(2, 128))
-    assert doc["totals"]["bytes"] == pytest.approx(tm.total_bytes(2, 128))
+    assert doc["traced_totals"]["flops"] == pytest.approx(tm.total_flops(2, 128))
+    assert doc["traced_totals"]["bytes"] == pytest.approx(tm.total_bytes(2, 128))
+    # The totals count the causal half of each (s x s) attention square, forward and backward,
+    # and leave out the RoPE table ops of the embedding block (precomputed, as in serving).
+    layers = tm.block_counts()["dense"]
+    attn = sum(n["flops"] for n in doc["nodes"] if n["kind"].startswith("attention"))
+    emb = tm.blocks["embedding"].forward
+    rope = sum(n.flops(2, 128, 128) for n in emb.nodes
+               if n.role == "embed" and n.kind in ("elementwise", "copy"))
+    assert doc["totals"]["flops"] == pytest.approx(
+        tm.total_flops(2, 128) - layers * attn / 2 - rope)
     gemms = [n for n in doc["nodes"] if n["kind"] == "gemm"]
     assert gemms and all(n["role"] for n in gemms)
     q = next(n for n in gemms if n["module_path"] == "self_attn.q_proj" and n["graph"] == "fwd")

@@ -41,10 +41,12 @@ def test_gpt_oss_fp4_keeps_attention_router_and_head_bf16(gpt_oss):
         assert by_role["moe.router"] == {"bf16"}
         assert by_role["lm_head"] == {"bf16"}
         experts = [n for _, n in gemms if n.role == "moe.expert"]
-        assert experts and all(n.dtype == "fp4" for n in experts)
+        # W4A16: 4-bit weights, bf16 activations and bf16 MMAs (not the FP4 tensor-core rate);
+        # weights at MXFP4's 4 bits + one E8M0 scale byte per 32 = 0.53125 bytes.
+        assert experts and all(n.dtype == "bf16" for n in experts)
         for n in experts:
-            assert {"moe_dtype:w4a16_mxfp4", "moe_engine:trtllm"} <= n.tags
-            assert n.params["weight_bytes"](1, 1, 1) == 0.5
+            assert {"fp4", "moe_dtype:w4a16_mxfp4", "moe_engine:trtllm"} <= n.tags
+            assert n.params["weight_bytes"](1, 1, 1) == 0.5 + 1 / 32
 
 
 def test_unknown_engine_runs_vllm_kernels(gpt_oss):
@@ -164,7 +166,8 @@ def test_kimi_int4_checkpoint_quantizes_only_the_routed_experts():
     gemms = _gemms(decode)
     experts = [n for _, n in gemms if n.role == "moe.expert"]
     assert experts and all({"moe_dtype:int4_wo", "moe_engine:vllm"} <= n.tags
-                           and n.params["weight_bytes"](1, 1, 1) == 0.5 for n in experts)
+                           and n.params["weight_bytes"](1, 1, 1) == 0.5 + 2 / 32
+                           and n.dtype == "bf16" for n in experts)
     others = {n.role: n.dtype for _, n in gemms if n.role != "moe.expert"}
     assert others["attn.qkv"] == others["moe.shared"] == others["lm_head"] == "bf16"
     assert "int4" not in others.values()  # the router runs in fp32 (HF DeepSeek-V3)
