@@ -669,8 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total rows {sum(t['rows'] for t in index['tables'])}, "
           f"{total / 1e6:.2f} MB, content hash {index['content_hash']}")
     dropped = sum(t["duplicates_dropped"] for t in index["tables"])
-    print(f"{dropped} rows dropped that repeat a stored row's shape and features (the same "
-          "shape measured in another model's table; the first is kept)")
+    print(f"{dropped} rows dropped that repeat a stored row's lookup key (the same shape "
+          "measured in another model's table; the first is kept)")
     return 0
 
 

@@ -77,7 +77,11 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 #: Feature columns beyond the lookup key that tell stored rows apart (``write_profile_db``).
-DEDUP_EXTRA: dict[str, tuple[str, ...]] = {"elementwise": ("rows", "cols")}
+#: Empty for now: keeping every width of an elementwise size (``{"elementwise": ("rows",
+#: "cols")}``, A100 4,610 -> 12,463 rows) was checked in session 58 and moved Megatron's
+#: unfused 22B layer rows 3 points slower (docs/calibration/README.md, session 58), past their
+#: test bound, until Megatron's fused elementwise kernels are modelled.
+DEDUP_EXTRA: dict[str, tuple[str, ...]] = {}
 
 #: Normalized GPU key -> spellings used by the measurement sources (aiconfigurator system
 #: folder names, vidur SKU folders, ``nvidia-smi`` device names).
@@ -294,8 +298,7 @@ class ProfileDB:
             sub = tbl.select(variant=variant, dtype=dtype)
             names = SHAPE_KEYS.get(op_kind, ())
             keys = zip(*(sub.columns[n].tolist() for n in names))
-            # Keep the first row on duplicates (elementwise rows of one size and several widths;
-            # those are priced by the predictor, not looked up).
+            # Keep the first row on duplicates (write_profile_db stores none).
             for key, lat in zip(keys, sub.columns["latency_s"].tolist()):
                 out.setdefault(key, lat)
         with self._lock:
@@ -333,9 +336,8 @@ def write_profile_db(rows: Any, root: str | Path, *, extra_index: Mapping[str, A
     for (gpu, kind), part in sorted(df.groupby(["gpu", "op_kind"], sort=True)):
         keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ())]
         part = part.sort_values(keys, kind="stable")
-        # Rows that repeat a lookup key with the same features are the same measurement taken
-        # from another model's table: the first is kept. Elementwise rows keep every width
-        # (tokens x elements per token) of a size: the predictor learns the time from it.
+        # Rows that repeat a lookup key (and ``DEDUP_EXTRA``) are the same shape measured in
+        # another model's table: the first is kept, and the count is recorded.
         dedup_keys = ["variant", "dtype", *SHAPE_KEYS.get(kind, ()), *DEDUP_EXTRA.get(kind, ())]
         before = len(part)
         part = part.drop_duplicates(subset=dedup_keys, keep="first")
