@@ -29,6 +29,18 @@ from pathlib import Path
 
 import pandas as pd
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _version_key(path: Path) -> tuple:
+    """A version folder's name as a comparable tuple: 1.3.0rc20 after 1.3.0rc3, 0.24.0 after
+    0.9.0, a release after its candidates (numbers compare as numbers, the rest as text)."""
+    import re
+
+    parts = tuple((0, int(p)) if p.isdigit() else (1, p)
+                  for p in re.findall(r"\d+|[^\d.]+", path.parent.name))
+    return parts if any(kind for kind, _ in parts) else (*parts, (2, ""))  # 1.3.0 after 1.3.0rc20
+
 #: aiconfigurator system folder -> shipped GPU key.
 GPUS = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb"}
 M_KEPT = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -43,13 +55,13 @@ def _rows(path: Path, dtype: str, source: str) -> pd.Series:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", default="/work/shared/data/peers")
-    ap.add_argument("--out", default="charon_search/data/kernels")
+    ap.add_argument("--out", default=str(REPO / "charon_search" / "data" / "kernels"))
     args = ap.parse_args()
     frames = []
     for folder, key in GPUS.items():
         base = Path(args.peers) / "aiconfigurator-core/systems/data" / folder / "gemm"
-        trt = sorted((base / "trtllm").glob("*/gemm_perf.parquet"))[-1]
-        vllm = sorted((base / "vllm").glob("*/gemm_perf.parquet"))[-1]
+        trt = max((base / "trtllm").glob("*/gemm_perf.parquet"), key=_version_key)
+        vllm = max((base / "vllm").glob("*/gemm_perf.parquet"), key=_version_key)
         cub = _rows(trt, "fp8", "torch_flow")
         cut = _rows(vllm, "fp8", "CutlassFP8ScaledMMLinearKernel")
         j = pd.concat([cub.rename("cublaslt"), cut.rename("cutlass")], axis=1).dropna()
