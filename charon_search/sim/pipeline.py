@@ -12,6 +12,7 @@ rank), which is deterministic.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,31 @@ class _Topo:
         return self.at(pos, c)
 
 
+@functools.lru_cache(maxsize=64)
+def _plan(schedule: str, p: int, m: int, v: int
+          ) -> tuple[tuple[tuple[PipeOp, ...], ...], dict[tuple[int, PipeOp],
+                                                       tuple[tuple[Key, bool], ...]]]:
+    """Each rank's op order and each op's dependencies ``(unit key, crosses ranks)``: the
+    schedule's structure, the same for every run of it (the step simulator runs a schedule
+    twice, ``training.step._stage_imbalance_s``; a search revisits its shapes)."""
+    dual = schedule == "dualpipe"
+    topo = _Topo(p, 2 if dual else v, m, dual)
+    orders = tuple(tuple(schedule_order(schedule, p, m, v, r)) for r in range(p))
+
+    def deps(r: int, op: PipeOp) -> tuple[tuple[Key, bool], ...]:
+        if op.kind == "F":
+            nb = topo.neighbor(r, op.chunk, -1)
+            return () if nb is None else ((("F", op.mb, nb[0], nb[1]), nb[0] != r),)
+        if op.kind == "B":
+            nb = topo.neighbor(r, op.chunk, +1)
+            if nb is None:
+                return ((("F", op.mb, r, op.chunk), False),)
+            return ((("B", op.mb, nb[0], nb[1]), nb[0] != r),)
+        return ((("B", op.mb, r, op.chunk), False),)
+
+    return orders, {(r, op): deps(r, op) for r, order in enumerate(orders) for op in order}
+
+
 def run_pipeline(*, schedule: str, p: int, m: int, v: int,
                  cost: Callable[[int, int, str], UnitCost], p2p_s: float = 0.0,
                  split_w: bool = False, pair_overlap: bool = False) -> PipelineResult:
@@ -87,8 +113,7 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             directions run back to back hide the shorter one's exposed communication.
     """
     dual = schedule == "dualpipe"
-    topo = _Topo(p, 2 if dual else v, m, dual)
-    orders = [schedule_order(schedule, p, m, v, r) for r in range(p)]
+    orders, plan_deps = _plan(schedule, p, m, v)
     ptr = [0] * p
     free = [0.0] * p
     end_of: dict[Key, float] = {}
@@ -110,31 +135,13 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             cost_memo[k] = cost(r, c, kind)
         return cost_memo[k]
 
-    def deps(r: int, op: PipeOp) -> list[tuple[Key, float]]:
-        if op.kind == "F":
-            nb = topo.neighbor(r, op.chunk, -1)
-            return [] if nb is None else [(("F", op.mb, nb[0], nb[1]), p2p_s if nb[0] != r
-                                           else 0.0)]
-        if op.kind == "B":
-            nb = topo.neighbor(r, op.chunk, +1)
-            if nb is None:
-                return [(("F", op.mb, r, op.chunk), 0.0)]
-            return [(("B", op.mb, nb[0], nb[1]), p2p_s if nb[0] != r else 0.0)]
-        return [(("B", op.mb, r, op.chunk), 0.0)]
-
-    dep_memo: dict[tuple[int, PipeOp], list[tuple[Key, float]]] = {}
-
     def ready_at(r: int, op: PipeOp) -> float | None:
         t = 0.0
-        dk = (r, op)
-        dl = dep_memo.get(dk)
-        if dl is None:
-            dl = dep_memo[dk] = deps(r, op)
-        for key, lat in dl:
+        for key, crosses in plan_deps[(r, op)]:
             e = end_of.get(key)
             if e is None:
                 return None
-            t = max(t, e + lat)
+            t = max(t, e + p2p_s) if crosses else max(t, e)
         return t
 
     def execute(r: int, op: PipeOp, t_ready: float) -> None:
