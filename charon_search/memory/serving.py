@@ -139,8 +139,11 @@ def _check_kv_dtype(kv_dtype: object) -> None:
 
 
 def _check_degree(name: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"`{name}` must be a positive integer, but got {v!r}")
+    """The serving configs' positive-integer check (``serving.config._positive_int``, imported
+    here for the same reason as ``_kv_dtypes``)."""
+    from charon_search.serving.config import _positive_int
+
+    _positive_int(name, v)
 
 
 def _check_ep(spec: ModelSpec, ep: int) -> None:
