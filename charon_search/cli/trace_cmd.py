@@ -196,13 +196,15 @@ def _step_graphs(tm: Any, spec: Any, b: int, s: int, c: int) -> list[tuple[int, 
     * a causal attention over its full score square computes half of it
       (``sim.costing.kernel_flops``, as the training simulator counts hardware FLOPs);
     * a routed-expert grouped GEMM reads the weights of the experts its ``tokens x top_k``
-      rows reach, ``1 - e^(-r)`` of them (``_touched_experts``: the cost predictor's rule);
+      rows reach, ``1 - e^(-r)`` of them (``cost.predictor.touched_expert_fraction``, as the
+      cost predictor prices them);
     * the embedding lookup reads the looked-up rows and the token ids, not the table, and the
       RoPE position tables count as precomputed (``serving._fusion._embedding_gather``;
       forward graphs: a training backward still writes the whole table's gradient).
 
     Each corrected node holds its values at ``(b, s, c)`` as constants.
     """
+    from charon_search.cost.predictor import touched_expert_fraction
     from charon_search.ir import OpKind, Poly, Role
     from charon_search.layout import Layout
     from charon_search.serving._fusion import _embedding_gather
@@ -238,27 +240,10 @@ def _step_graphs(tm: Any, spec: Any, b: int, s: int, c: int) -> list[tuple[int, 
                       and {"tokens", "top_k", "num_experts"} <= set(n.params)):
                     full = sum(float(graph.tensors[t].nbytes(b, s, c)) for t in n.inputs
                                if t in weights or t in graph.param_tensors)
-                    touched = _touched_experts(*(float(n.params[k](b, s, c))
-                                                 for k in ("tokens", "top_k", "num_experts")))
+                    touched = float(touched_expert_fraction(*(
+                        float(n.params[k](b, s, c)) for k in ("tokens", "top_k", "num_experts"))))
                     n = n.replace(bytes_read=Poly.const(
                         float(n.bytes_read(b, s, c)) - full * (1.0 - touched)))
                 nodes.append(n)
             out.append((count, graph.with_nodes(nodes)))
     return out
-
-
-def _touched_experts(tokens: float, top_k: float, experts: float) -> float:
-    """Expected share of a MoE layer's experts that receive at least one of ``tokens x top_k``
-    rows under uniform routing, as the cost predictor prices expert weight reads
-    (``cost.predictor.shape_flops_bytes``: ``1 - e^(-r)``, ``r = tokens x top_k / experts``):
-    its weight bytes at this token count over those at a count that reaches every expert."""
-    import numpy as np
-
-    from charon_search.cost.predictor import shape_flops_bytes
-
-    # Weight bytes = bytes at 1 byte per weight less bytes at 0 (the activations cancel).
-    cols = {"tokens": np.array([tokens, tokens, 1e12, 1e12]), "top_k": top_k,
-            "num_experts": experts, "n": 1.0, "k": 1.0,
-            "weight_bytes": np.array([1.0, 0.0, 1.0, 0.0])}
-    _, nbytes = shape_flops_bytes("grouped_gemm", cols, 4)
-    return float((nbytes[0] - nbytes[1]) / (nbytes[2] - nbytes[3]))

@@ -180,13 +180,19 @@ def shape_flops_bytes(op_kind: str, cols: Mapping[str, Any], n: int
         # and EP-local terms), so a fraction 1 - exp(-r) of the weights moves. Fused-MoE
         # kernels (vLLM/SGLang Triton fused_moe, TensorRT-LLM/CUTLASS grouped GEMM) launch
         # tiles only for experts with rows (moe_align_block_size / expert offsets).
-        r = t * topk / np.maximum(e, 1)
-        touched = 1.0 - np.exp(-r)
+        touched = touched_expert_fraction(t, topk, e)
         # Gated expert FFN: gate+up [rows, k] x [k, 2n] and down [rows, n] x [n, k].
         flops = 2 * rows * 3 * nn * k
         nbytes = wb * local_experts * touched * 3 * nn * k + 2 * rows * (2 * k + 3 * nn)
         return flops, nbytes
     raise KeyError(op_kind)
+
+
+def touched_expert_fraction(tokens: Any, top_k: Any, experts: Any) -> Any:
+    """Expected share of a MoE layer's experts that receive at least one of ``tokens x top_k``
+    rows under uniform routing: ``1 - e^(-r)``, ``r = tokens x top_k / experts`` (an expert
+    gets Poisson(r) rows), the share of expert weights a fused-MoE kernel reads."""
+    return 1.0 - np.exp(-(tokens * top_k / np.maximum(experts, 1)))
 
 
 def feature_matrix(op_kind: str, cols: Mapping[str, Any], n: int, num_sms: int
