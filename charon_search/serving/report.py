@@ -85,7 +85,11 @@ class ServingReport:
     slo_attainment: float
     """Fraction of completed requests meeting the SLOs."""
     duration_s: float
-    """Simulated time from the first arrival to the last completion."""
+    """Simulated time from the first arrival to the last completion: the window of
+    ``requests_per_s``, ``output_tokens_per_s`` and goodput. A closed loop whose first wave
+    was ramped in (``WorkloadSpec.ramp_up_s``, by default over one request lifetime) starts
+    it at the ramp's last start and counts the tokens streamed inside it, as a benchmark
+    client that starts every stream at once would see the loop."""
     num_iterations: int
     kv_capacity_tokens: int
     """KV-cache capacity per replica of the (decode) pool, in tokens held in every KV layer."""

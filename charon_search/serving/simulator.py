@@ -303,6 +303,12 @@ class ServingSimulation:
             eng.stream = self._stream_fn(i if config.frontend else 0, i)
         self._finished = 0
         self._on_finish_hook: Any = None
+        self._ramp_end_s = 0.0
+        self._decode_resamples_first = config.engine in ("", "vllm")
+        """Disaggregated: the decode pool samples the first token again (vLLM's NixlConnector
+        flow); SGLang streams the prefill's token at the join and TensorRT-LLM's generation
+        server continues from it (``engine.ReplicaEngine.first_token_at_join``)."""
+        """Send time of a closed loop's last ramped first-wave request (0 without a ramp)."""
 
     def _stream_fn(self, front: int, replica: int) -> Any:
         """Replica ``replica``'s path to its clients through front end ``front``: the output
@@ -520,6 +526,9 @@ class ServingSimulation:
             for i in range(first):
                 spec = next(pending)
                 self._push(ramp_up_s * i / first + front(spec), 0, _ARRIVE, spec)
+            # A benchmark client starts every stream at once; a ramp only seeds the steady
+            # state, so the report measures throughput from its last start (``report``).
+            self._ramp_end_s = ramp_up_s * (first - 1) / first
             self._on_finish_hook = issue
         else:
             for spec in requests:
@@ -539,6 +548,12 @@ class ServingSimulation:
                 target.enqueue(req)
                 dirty.add(index[id(target)])
             elif kind == _KV and isinstance(payload, Request):
+                if self._decode_resamples_first:
+                    # vLLM's decode instance drops the prefill's sampled token and recomputes
+                    # the last prompt token to sample it itself (v1 Scheduler
+                    # _update_waiting_for_remote_kv: num_computed_tokens -= 1 on a full
+                    # prompt hit), so it runs all output_tokens steps.
+                    payload.gen0 = 0
                 payload.prefilled = payload.target
                 target = self._least_loaded(self.decode_pool)
                 target.enqueue(payload)
@@ -555,6 +570,11 @@ class ServingSimulation:
                     d = engine.start_iteration(now)
                     if d > 0:
                         self._push(now + d, 1, _ITER, engine)
+                    elif engine.busy:  # a batch ran, but took no time: it would never end
+                        raise InfeasibleError(
+                            f"replica {engine.name}: an iteration was costed at {d} s; the "
+                            f"cost model and the overheads (iteration_overhead_s, "
+                            f"kernel_launch_overhead_s) must give every iteration > 0 s")
             dirty.clear()
             if bar is not None and self._finished != last_done:
                 bar.update(self._finished - last_done)
@@ -593,14 +613,33 @@ class ServingSimulation:
             tpot = np.where(out_tok > 1, (e2e - ttft) / (out_tok - 1), np.nan)
         t0 = float(arrived.min()) if n else 0.0
         t_end = float(np.nanmax(finish)) if done.any() else t0
-        duration = max(t_end - t0, 1e-12)
+        run_s = max(t_end - t0, 1e-12)
+        # Throughput window: the whole run, or for a ramped closed loop from the ramp's end:
+        # the ramp, with fewer streams in flight than the loop keeps, is not part of a
+        # benchmark (``run``'s ``ramp_up_s``). Inside it each request counts the output
+        # tokens it streams there (the first at its first token, the rest evenly until its
+        # last) and, as a request, the share of its lifetime there (so requests/s meets
+        # Little's law, in flight / E2E, however short the run).
+        r0 = t0 + self._ramp_end_s if closed_loop else t0
+        if r0 > t0 and t_end > r0:
+            duration = t_end - r0
+
+            def share(start: np.ndarray) -> np.ndarray:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    inside = np.clip(finish - np.maximum(start, r0), 0.0, None)
+                    return np.where(finish > start, inside / (finish - start), 1.0)
+
+            win_tok = (first >= r0) + np.maximum(out_tok - 1, 0) * share(first)
+            win_req = np.where(done, share(arrived), 0.0)
+        else:
+            duration, win_tok, win_req = run_s, out_tok, done.astype(float)
         # Measurement window for Little's law: the arrival period (open loop) or the run.
         if not closed_loop and n > 1 and arrived.max() > t0:
             w0, w1 = t0, float(arrived.max())
             arrival_rate = (n - 1) / (w1 - w0)
         else:
             w0, w1 = t0, t_end
-            arrival_rate = n / duration
+            arrival_rate = n / run_s
         fin = np.where(done, finish, t_end)
         overlap = np.clip(np.minimum(fin, w1) - np.maximum(arrived, w0), 0.0, None)
         in_system = float(overlap.sum() / max(w1 - w0, 1e-12))
@@ -615,7 +654,7 @@ class ServingSimulation:
         if cfg.slo_tpot_s is not None:
             ok &= ~(tpot > cfg.slo_tpot_s)
         mean_tpot = float(np.nanmean(tpot[done])) if np.isfinite(tpot[done]).any() else math.nan
-        out_rate = float(out_tok[done].sum() / duration)
+        out_rate = float(win_tok[done].sum() / duration)
         prompt = sum(r.prompt_tokens for r in reqs)
         hits = sum(r.hit_tokens for r in reqs)
         kv_util = [eng.kv_used_page_s / (eng.busy_s * eng.pool.num_pages)
@@ -635,7 +674,7 @@ class ServingSimulation:
         window = self.decode_pool[0].pool.window
         return ServingReport(
             ttft_s=latency_stats(ttft[done]), tpot_s=latency_stats(tpot[done]), itl_s=itl,
-            e2e_s=latency_stats(e2e[done]), requests_per_s=float(done.sum() / duration),
+            e2e_s=latency_stats(e2e[done]), requests_per_s=float(win_req.sum() / duration),
             output_tokens_per_s=out_rate,
             tokens_per_s_per_user=1.0 / mean_tpot if mean_tpot > 0 else math.nan,
             tokens_per_s_per_gpu=out_rate / num_gpus, num_gpus=num_gpus,
@@ -644,7 +683,7 @@ class ServingSimulation:
             prefix_hit_rate=hits / prompt if prompt else 0.0,
             kv_utilization=float(np.mean(kv_util)) if kv_util else 0.0,
             mean_requests_in_system=in_system, arrival_rate=arrival_rate,
-            goodput_requests_per_s=float(ok.sum() / duration),
+            goodput_requests_per_s=float(win_req[ok].sum() / duration),
             slo_attainment=float(ok.sum() / max(1, done.sum())), duration_s=duration,
             num_iterations=sum(eng.num_iterations for eng in self.replicas),
             kv_capacity_tokens=self.decode_pool[0].pool.capacity_tokens,
@@ -652,7 +691,7 @@ class ServingSimulation:
             mean_tokens_per_step=self._e, dynamic_sp_saved_s=saved,
             frontend_busy=float((out_tok[done].sum() * self.frontend_output_token_s
                                  + sum(c.busy_s for c in self._cycles))
-                                / max(1, len(self._streams), len(self._cycles)) / duration),
+                                / max(1, len(self._streams), len(self._cycles)) / run_s),
             config=_jsonable_config(cfg), per_request=per_request)
 
     def write_chrome_trace(self, path: str | Path) -> None:

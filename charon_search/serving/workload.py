@@ -9,6 +9,7 @@ one finishes).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,8 +79,9 @@ class LengthDistribution:
         if self.kind == "uniform" and not 1 <= self.low <= self.high:
             raise ConfigError(f"`1 <= low <= high` must hold, but got (low={self.low}, "
                               f"high={self.high})")
-        if self.kind == "lognormal" and (self.mean <= 0 or self.sigma < 0):
-            raise ConfigError(f"lognormal needs mean > 0, sigma >= 0, got ({self.mean=}, "
+        if self.kind == "lognormal" and not (0 < self.mean < math.inf
+                                             and 0 <= self.sigma < math.inf):
+            raise ConfigError(f"lognormal needs finite mean > 0, sigma >= 0, got ({self.mean=}, "
                               f"{self.sigma=})")
         if self.kind == "empirical" and not self.values:
             raise ConfigError("empirical length distribution needs non-empty `values`")
@@ -194,11 +196,11 @@ class WorkloadSpec:
         if self.arrival not in ARRIVALS:
             raise ConfigError(f"`workload.arrival` must be one of {list(ARRIVALS)}, "
                               f"but got {self.arrival!r}")
-        if self.arrival in ("poisson", "gamma") and self.rate_per_s <= 0:
-            raise ConfigError(f"`workload.rate_per_s` must be > 0 requests/s, but got "
+        if self.arrival in ("poisson", "gamma") and not 0 < self.rate_per_s < math.inf:
+            raise ConfigError(f"`workload.rate_per_s` must be > 0 requests/s and finite, but got "
                               f"{self.rate_per_s}")
-        if self.arrival == "gamma" and self.cv <= 0:
-            raise ConfigError(f"`workload.cv` must be > 0, but got {self.cv}")
+        if self.arrival == "gamma" and not 0 < self.cv < math.inf:
+            raise ConfigError(f"`workload.cv` must be > 0 and finite, but got {self.cv}")
         if self.concurrency < 1:
             raise ConfigError(f"`workload.concurrency` must be >= 1, but got {self.concurrency}")
         if self.num_requests < 1 and self.arrival != "trace":
@@ -390,11 +392,18 @@ def _check_trace_values(cols: Mapping[str, Sequence[Any]], where: str) -> None:
 
 
 def workload_from_requests(requests: Sequence[RequestSpec]) -> list[RequestSpec]:
-    """Validate a hand-built request list (ids unique, lengths positive)."""
+    """Validate a hand-built request list (ids unique, lengths positive, finite arrival
+    times: a list is replayed open loop at its ``arrived_at_s``, think times finite >= 0)."""
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
         raise ConfigError("request ids must be unique")
     for r in requests:
         if r.prompt_tokens < 1 or r.output_tokens < 1:
             raise ConfigError(f"request {r.request_id}: prompt and output tokens must be >= 1")
+        if not math.isfinite(r.arrived_at_s):
+            raise ConfigError(f"request {r.request_id}: `arrived_at_s` must be a finite number "
+                              f"of seconds, but got {r.arrived_at_s}")
+        if not 0 <= r.think_time_s < math.inf:
+            raise ConfigError(f"request {r.request_id}: `think_time_s` must be a finite number "
+                              f">= 0 seconds, but got {r.think_time_s}")
     return list(requests)
