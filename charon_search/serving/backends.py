@@ -113,6 +113,34 @@ SGLANG_GRAPH_BS = (256, 512)
 SGLANG_GRAPH_BS_FALLBACK = 160
 
 
+def sglang_default_cuda_graph_max_bs(gpu: GpuSpec | None, *, tp: int) -> int:
+    """SGLang's default ``cuda_graph_max_bs`` on ``gpu`` at tensor parallelism ``tp`` (rule
+    above; None = a GPU of unknown memory, taken as 60-160 GiB like the chunk default)."""
+    mib = gpu.hbm_capacity_bytes / 2**20 if gpu is not None else SGLANG_GRAPH_BS_MIN_GPU_MIB
+    if mib >= SGLANG_LARGE_GPU_MIB:
+        return SGLANG_GRAPH_BS_LARGE_GPU
+    if mib >= SGLANG_GRAPH_BS_MIN_GPU_MIB:
+        return SGLANG_GRAPH_BS[tp >= 4]
+    return SGLANG_GRAPH_BS_FALLBACK
+
+
+def sglang_cuda_graph_sizes(max_bs: int) -> tuple[int, ...]:
+    """The decode batch sizes SGLang captures up to ``max_bs`` with padding and without
+    speculative decoding (``ServerArgs._generate_cuda_graph_batch_sizes``, 0.5.x): 1, 2, 4, 8,
+    12, every 8th size from 16 to 256, every 16th from 272 to 496, every 32nd from 512.
+    Speculative decoding captures a denser list (not modelled: these sizes are kept)."""
+    sizes = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+             *range(512, max_bs + 1, 32))
+    return tuple(x for x in sizes if x <= max_bs)
+
+
+#: TensorRT-LLM's default CUDA graphs (``CudaGraphConfig``, tensorrt_llm/llmapi/llm_args.py):
+#: ``enable_padding`` False and, with no ``batch_sizes``, ``max_batch_size`` 128, so
+#: ``_generate_cuda_graph_batch_sizes(128, False)`` = 1..31, 32, 64, 128. Without padding a
+#: generation batch of another size runs eagerly.
+TRTLLM_DEFAULT_CUDA_GRAPH_SIZES = (*range(1, 32), 32, 64, 128)
+
+
 def sglang_default_mem_fraction(gpu: GpuSpec, *, tp: int, pp: int = 1, prefill_tokens: int,
                                 cuda_graph_max_bs: int = 0, dp_attention: int = 0,
                                 speculative: bool = False) -> float:
@@ -121,10 +149,7 @@ def sglang_default_mem_fraction(gpu: GpuSpec, *, tp: int, pp: int = 1, prefill_t
     graphs up to ``cuda_graph_max_bs`` (0: SGLang's default for the GPU), ``dp_attention``
     attention-DP ranks (0: none) and a speculative draft model where ``speculative``."""
     mib = gpu.hbm_capacity_bytes / 2**20
-    bs = cuda_graph_max_bs or (
-        SGLANG_GRAPH_BS_LARGE_GPU if mib >= SGLANG_LARGE_GPU_MIB else
-        SGLANG_GRAPH_BS[tp >= 4] if mib >= SGLANG_GRAPH_BS_MIN_GPU_MIB else
-        SGLANG_GRAPH_BS_FALLBACK)
+    bs = cuda_graph_max_bs or sglang_default_cuda_graph_max_bs(gpu, tp=tp)
     reserved = (SGLANG_RESERVED_BASE_MIB
                 + SGLANG_RESERVED_PER_PREFILL_TOKEN_MIB
                 * max(prefill_tokens, SGLANG_RESERVED_MIN_PREFILL_TOKENS)
@@ -423,6 +448,8 @@ class EngineProfile:
     max_num_seqs: int = 0
     block_size: int = 0
     cuda_graph_sizes: tuple[int, ...] = ()
+    cuda_graph_padding: bool = True
+    """``ServingConfig.cuda_graph_padding`` (TensorRT-LLM's default: False)."""
     piecewise_graph_tokens: int = 0
     """``ServingConfig.piecewise_graph_tokens`` (vLLM's piecewise CUDA graphs; 0: none)."""
     moe_kernel: str = ""
@@ -475,6 +502,7 @@ class EngineProfile:
                 "prefix_caching": self.prefix_caching,
                 "decode_in_budget": self.decode_in_budget,
                 "kv_admission": self.kv_admission,
+                "cuda_graph_padding": self.cuda_graph_padding,
                 "iteration_overhead_s": self.iteration_overhead_s,
                 "overlap_scheduler": self.overlap_scheduler,
                 "batch_wait_iters": self.batch_wait_iters,
@@ -628,14 +656,28 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
         why = ("the aiconfigurator agg rule asks for it" if mixed else
                "the 0.5.1.post1 template misspells the flag" if aic else "SGLang default")
         chunk = sglang_default_chunked_prefill(gpu)
+        if not aic:
+            from charon_search.hardware import load_gpu
+
+            max_bs = sglang_default_cuda_graph_max_bs(load_gpu(gpu) if gpu else None, tp=tp)
+            graphs = sglang_cuda_graph_sizes(max_bs)
+            graphs_src = (f"CUDA graphs up to cuda_graph_max_bs {max_bs} (ServerArgs default "
+                          f"for the GPU at TP {tp}, the value sglang_default_mem_fraction "
+                          "reserves memory for): sizes 1, 2, 4, 8, 12, 16..256 step 8, "
+                          "272..496 step 16, 512.. step 32 (ServerArgs."
+                          "_generate_cuda_graph_batch_sizes)",)
         return EngineProfile(
             backend=backend, prefill_schedule="mixed" if mixed else "prefill_first",
             chunked_prefill=True, max_num_batched_tokens=chunk,
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
             prefix_caching=not aic, decode_in_budget=False, overlap_scheduler=overlap,
-            cuda_graph_sizes=graphs,
+            cuda_graph_sizes=graphs, kv_admission="ratio",
             sources=(*graphs_src,
+                "SGLang PrefillAdder admission: a request starts only if its prompt plus "
+                "min(max_new_tokens, 4096) fits beside new_token_ratio (0.7, decaying per "
+                "decode step, raised after a retraction) x the running requests' remaining "
+                "output (managers/schedule_policy.py; kv_admission 'ratio')",
                 *(() if aic else ("SGLang radix (prefix) cache on by default "
                                   "(ServerArgs.disable_radix_cache=False)",)),
                 "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "
@@ -657,11 +699,17 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
         if trt is not None:
             return trt
     if backend == "trtllm":
+        if not aic:
+            graphs = TRTLLM_DEFAULT_CUDA_GRAPH_SIZES
+            graphs_src = ("CUDA graphs of generation batches of 1..31, 32, 64, 128 requests, "
+                          "no padding: a batch of another size runs eagerly (CudaGraphConfig "
+                          "defaults: enable_padding False, max_batch_size 128; "
+                          "_generate_cuda_graph_batch_sizes)",)
         return EngineProfile(
             backend=backend, prefill_schedule="mixed", chunked_prefill=False,
             max_num_batched_tokens=max_batch_size + isl + AIC_PREFILL_HEADROOM_TOKENS,
             max_prefill_tokens=0, prefix_caching=False, kv_admission="reserve_max",
-            overlap_scheduler=True, cuda_graph_sizes=graphs,
+            overlap_scheduler=True, cuda_graph_sizes=graphs, cuda_graph_padding=aic,
             gpu_memory_utilization=AIC_TRTLLM_FREE_MEMORY_FRACTION if aic else 0.0,
             sources=(*graphs_src,
                 *((f"kv_cache_config.free_gpu_memory_fraction {AIC_TRTLLM_FREE_MEMORY_FRACTION} "
@@ -815,7 +863,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
         decode_in_budget=False, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
-        cuda_graph_sizes=tuple(x for x in DEFAULT_CUDA_GRAPH_SIZES if x <= cap),
+        cuda_graph_sizes=sglang_cuda_graph_sizes(cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
         allreduce_norm_fusion=fp4_blackwell, gpu_memory_utilization=mem,
         sources=(

@@ -40,11 +40,16 @@ SCHEDULERS = ("vllm", "static")
 #: ``Scheduler.get_next_batch_to_run`` without ``--enable-mixed-chunk``, its default).
 PREFILL_SCHEDULES = ("mixed", "prefill_first")
 #: When a request is admitted against the KV cache. ``on_demand``: blocks are allocated as the
-#: request grows and the newest request is preempted when they run out (vLLM, SGLang).
-#: ``reserve_max``: admitted only if its prompt + output fit next to the running requests' own
-#: prompt + output, so nothing is ever preempted (TensorRT-LLM's default capacity scheduler
-#: policy ``GUARANTEED_NO_EVICT``).
-KV_ADMISSIONS = ("on_demand", "reserve_max")
+#: request grows; when they run out the most recently admitted running request is preempted
+#: (vLLM v1 ``Scheduler.schedule``). ``ratio``: SGLang's ``PrefillAdder``
+#: (``managers/schedule_policy.py``): a request is admitted only if its remaining prompt plus
+#: ``min(max_new_tokens, 4096)`` fits in the free KV minus the running requests' expected
+#: future output (``new_token_ratio`` x their remaining output, the ratio decaying per decode
+#: step and raised after a retraction; ``engine.ReplicaEngine``). ``reserve_max``: admitted
+#: only if its prompt + output fit next to the running requests' own prompt + output, so
+#: nothing is ever preempted (TensorRT-LLM's default capacity scheduler policy
+#: ``GUARANTEED_NO_EVICT``).
+KV_ADMISSIONS = ("on_demand", "ratio", "reserve_max")
 #: Tensor-parallel all-reduce implementations: NCCL, or an engine's custom NVLink kernel.
 TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 #: Kernel running the routed experts of a quantized MoE checkpoint when a launch chose it;
@@ -61,9 +66,11 @@ KV_TRANSFER_TIERS = ("rdma", "nvlink")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "int4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 
-#: vLLM's default CUDA-graph capture sizes: 1, 2, 4, then every multiple of 8 up to 512
-#: (vllm/config/compilation.py, ``cudagraph_capture_sizes`` default in v0.10+).
-DEFAULT_CUDA_GRAPH_SIZES: tuple[int, ...] = (1, 2, 4, *range(8, 513, 8))
+#: vLLM's default CUDA-graph capture sizes (v0.11+, ``VllmConfig._set_cudagraph_sizes``,
+#: vllm/config/vllm.py): 1, 2, 4, every multiple of 8 below 256, then every 16th size from 256
+#: up to ``max_cudagraph_capture_size`` = min(2 x max_num_seqs, 512), here 512 (max_num_seqs
+#: 256). vLLM 0.10 captured every multiple of 8 up to 512.
+DEFAULT_CUDA_GRAPH_SIZES: tuple[int, ...] = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 
 
 def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
@@ -273,7 +280,7 @@ class ServingConfig:
     """Decode tokens count against ``max_num_batched_tokens`` (vLLM, TensorRT-LLM); False:
     the budget is for prefill tokens only (SGLang's chunked-prefill size)."""
     kv_admission: str = "on_demand"
-    """``on_demand`` or ``reserve_max``; see ``KV_ADMISSIONS``."""
+    """``on_demand``, ``ratio`` or ``reserve_max``; see ``KV_ADMISSIONS``."""
     batch_wait_iters: int = 0
     """Hold newly arrived prompts back while decodes run, for at most this many iterations, until
     the prompt + decode tokens of the batch reach ``batch_wait_tokens`` (TensorRT-LLM
@@ -320,7 +327,13 @@ class ServingConfig:
     cuda_graph: bool = True
     """Decode-only batches replay captured CUDA graphs (no host launch cost)."""
     cuda_graph_sizes: tuple[int, ...] = DEFAULT_CUDA_GRAPH_SIZES
-    """Captured decode batch sizes; a batch is padded up to the next one."""
+    """Captured decode batch sizes. vLLM (``engine`` ``vllm`` or ``""``) keys its graphs by
+    tokens (``CudagraphDispatcher``: a speculative verify batch of n requests x q tokens is
+    matched on n x q); SGLang and TensorRT-LLM by requests."""
+    cuda_graph_padding: bool = True
+    """A decode batch is padded up to the next captured size; False: only a batch of exactly
+    a captured size replays its graph, any other runs eagerly (TensorRT-LLM
+    ``CudaGraphConfig.enable_padding``, False by default)."""
     piecewise_graph_tokens: int = 0
     """Iterations carrying prompt tokens with at most this many tokens in all replay piecewise
     CUDA graphs: the model between its attention calls is captured, and only the attention
@@ -492,6 +505,22 @@ class ServingConfig:
             if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
                 raise ConfigError(f"`{name}` must be >= 0 seconds (or null for the cluster's "
                                   f"calibrated value), but got {v!r}")
+        overhead = self.iteration_overhead_s
+        if overhead is not None and not (isinstance(overhead, (int, float)) and overhead >= 0.0):
+            raise ConfigError("`iteration_overhead_s` must be >= 0 seconds (or null for the "
+                              f"cluster's calibrated value), but got {overhead!r}")
+        launch = self.kernel_launch_overhead_s
+        if not (isinstance(launch, (int, float)) and launch >= 0.0):
+            raise ConfigError(f"`kernel_launch_overhead_s` must be >= 0 seconds, but got "
+                              f"{launch!r}")
+        for name in ("slo_ttft_s", "slo_tpot_s"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0.0):
+                raise ConfigError(f"`{name}` must be > 0 seconds (or null: not constrained), "
+                                  f"but got {v!r}")
+        if not isinstance(self.cuda_graph_padding, bool):
+            raise ConfigError("`cuda_graph_padding` must be true or false, but got "
+                              f"{self.cuda_graph_padding!r}")
         for name in ("batch_wait_iters", "batch_wait_tokens", "adp_balance_timeout_iters",
                      "piecewise_graph_tokens"):
             v = getattr(self, name)
@@ -505,8 +534,8 @@ class ServingConfig:
         if self.gpu_memory_utilization is not None and not (
                 0.0 < self.gpu_memory_utilization <= 1.0):
             raise ConfigError(
-                f"`0 < gpu_memory_utilization <= 1` must hold (or null: the engine's default), "
-                f"but got {self.gpu_memory_utilization}"
+                "`0 < gpu_memory_utilization <= 1` (serve --memory-fraction) must hold (or "
+                f"null: the engine's default), but got {self.gpu_memory_utilization}"
             )
         if self.num_kv_blocks < 0:
             raise ConfigError(f"`num_kv_blocks >= 0` must hold, but got {self.num_kv_blocks}")

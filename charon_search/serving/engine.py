@@ -2,20 +2,28 @@
 
 The replica owns a waiting queue, the requests it runs and a paged KV pool. ``start_iteration``
 composes a batch (decodes first, then running chunked prefills, then FCFS admissions within the
-token budget ``max_num_batched_tokens`` and ``max_num_seqs``), preempting the newest running
-request by recompute when the KV cache cannot grow; ``finish_iteration`` applies its effects.
+token budget ``max_num_batched_tokens`` and ``max_num_seqs``); ``finish_iteration`` applies its
+effects. When the KV cache cannot hold a decode step or a running prefill's next chunk, the
+most recently admitted running request (decoding or prefilling) is preempted by recompute, and
+no waiting request is admitted in that step (vLLM v1 ``Scheduler.schedule``:
+``self.running.pop()``, waiting requests only ``if not preempted_reqs``).
 Engine policies (``ServingConfig``): ``prefill_schedule="prefill_first"`` runs a prefill-only
 batch whenever a request can be admitted (SGLang without mixed chunk), ``max_prefill_tokens``
 caps one batch's prompt tokens, ``decode_in_budget=False`` keeps decode tokens out of the budget
-(SGLang), and ``kv_admission="reserve_max"`` admits a request only when its prompt + output KV
-fits beside the running requests' (TensorRT-LLM ``GUARANTEED_NO_EVICT``, never preempts).
+(SGLang), ``kv_admission="ratio"`` reserves KV for the running requests' expected output
+(SGLang ``PrefillAdder``) and ``kv_admission="reserve_max"`` admits a request only when its
+prompt + output KV fits beside the running requests' (TensorRT-LLM ``GUARANTEED_NO_EVICT``,
+never preempts). Prefix caching (``kv_cache``) shares a prompt's full blocks from the step that
+schedules them under vLLM (``KVCacheManager.allocate_slots`` caches them before the forward),
+from the end of its prefill under SGLang and TensorRT-LLM.
 The discrete-event loop around replicas is ``simulator.py``.
 
 Decode bookkeeping is aggregate so an iteration costs O(1) in the number of decoding requests:
 request *j* that joins the decode set at decode step ``join_j`` with ``stored_j`` KV tokens has
 ``stored_j + (t - join_j) * e`` tokens at step ``t`` (``e`` tokens committed per step, 1 without
 speculation), so the batch's total context is ``A + n * t * e`` with ``A = sum(stored_j -
-join_j * e)``, and completion steps sit in a heap.
+join_j * e)``, and completion steps sit in a heap. Preemptions (and, under ``ratio``, requests
+with more than 4096 output tokens left) cost O(n) each.
 """
 
 from __future__ import annotations
@@ -39,6 +47,20 @@ _EPS = 1e-9
 #: (``SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_DEFAULT`` = 1000, every mode but decode, target
 #: verify and idle), so the scheduler polls right after such a batch.
 SGLANG_RECV_PROMPT_WEIGHT = 1000
+#: SGLang's admission estimate (``kv_admission="ratio"``): ``new_token_ratio`` starts at
+#: ``default_init_new_token_ratio`` 0.7 x ``--schedule-conservativeness`` 1.0, decays by
+#: (0.7 - 0.7 x 0.14) / 600 per decode step to its minimum 0.7 x 0.14
+#: (``global_config.py``: ``default_min_new_token_ratio_factor`` 0.14,
+#: ``default_new_token_ratio_decay_steps`` 600; ``Scheduler.update_running_batch``), returns to
+#: its start when the scheduler idles (``Scheduler.self_check_during_idle``) and is set to
+#: ``(decoded + 20 x n) / max_new`` over the n requests still running after a retraction
+#: (``ScheduleBatch.retract_decode``, ``retract_decode_steps`` 20). A request's future output
+#: is clipped at ``CLIP_MAX_NEW_TOKENS_ESTIMATION`` 4096 (``schedule_policy.py``).
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
+SGLANG_NEW_TOKEN_RATIO_DECAY = (SGLANG_INIT_NEW_TOKEN_RATIO - SGLANG_MIN_NEW_TOKEN_RATIO) / 600
+SGLANG_RETRACT_DECODE_STEPS = 20
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 
 
 class ItlHistogram:
@@ -85,7 +107,7 @@ class ItlHistogram:
 class Request:
     """Mutable per-request simulation state."""
 
-    __slots__ = ("arrived_s", "finish_s", "finish_step", "first_token_s", "gen0",
+    __slots__ = ("admit_seq", "arrived_s", "finish_s", "finish_step", "first_token_s", "gen0",
                  "generated_at_finish",
                  "hit_blocks", "hit_tokens", "join_step", "num_preemptions", "output_tokens",
                  "prefilled", "prefix_keys", "prompt_tokens", "spec", "stored0", "target",
@@ -116,6 +138,8 @@ class Request:
         """Decoding with at least a full window of tokens stored (``KvWindow``)."""
         self.window_seq = -1
         """The engine's window-heap entry of the current decode membership."""
+        self.admit_seq = 0
+        """When the request last entered the running set (admission order, for preemption)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +219,26 @@ class ReplicaEngine:
         self._first_pending: list[Request] = []
         self.static = config.scheduler == "static"
         self.graph_sizes = config.cuda_graph_sizes if config.cuda_graph else ()
+        # vLLM keys its CUDA graphs by tokens (CudagraphDispatcher, BatchDescriptor.num_tokens)
+        # and caches a prompt's full blocks when it schedules them (KVCacheManager
+        # .allocate_slots -> cache_blocks); SGLang and TensorRT-LLM key graphs by requests and
+        # insert a prompt into their prefix cache once its prefill has run.
+        vllm_like = config.engine in ("", "vllm")
+        self.graph_by_tokens = vllm_like
+        self.cache_at_schedule = vllm_like
+        self.ratio = config.kv_admission == "ratio"
+        self.new_token_ratio = SGLANG_INIT_NEW_TOKEN_RATIO
+        """SGLang's ``new_token_ratio`` (``kv_admission="ratio"``)."""
+        self._admit_seq = 0
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.decoding: dict[int, Request] = {}
         self.dstep = 0
         self._a_sum = 0.0  # sum(stored0 - join_step * e) over the decode set
+        # sum(output - gen0 + join_step * e) over the decode set (its remaining output is this
+        # minus n * dstep * e), and how many of them had more than the clip left at joining.
+        self._left_sum = 0.0
+        self._n_long = 0
         self._hit_sum = 0  # shared (tree) blocks referenced by the decode set
         # Windowed layers (KvWindow): a decoding request keeps min(stored, window) tokens there.
         # Requests below a full window are summed like _a_sum; the others count a full window
@@ -315,6 +354,8 @@ class ReplicaEngine:
         r.stored0 = r.target
         self.decoding[id(r)] = r
         self._a_sum += r.stored0 - r.join_step * self.e
+        self._left_sum += r.output_tokens - r.gen0 + r.join_step * self.e
+        self._n_long += r.output_tokens - r.gen0 > SGLANG_CLIP_MAX_NEW_TOKENS
         self._hit_sum += r.hit_blocks
         if self._window_tokens:
             room = self._window_tokens - r.stored0
@@ -337,6 +378,8 @@ class ReplicaEngine:
         """Remove from the decode set; returns tokens generated so far."""
         del self.decoding[id(r)]
         self._a_sum -= r.stored0 - r.join_step * self.e
+        self._left_sum -= r.output_tokens - r.gen0 + r.join_step * self.e
+        self._n_long -= r.output_tokens - r.gen0 > SGLANG_CLIP_MAX_NEW_TOKENS
         self._hit_sum -= r.hit_blocks
         if self._window_tokens:
             if r.window_full:
@@ -355,25 +398,74 @@ class ReplicaEngine:
             self.pool.tree.release(r.prefix_keys[: r.hit_blocks], now_s)
         r.hit_blocks = 0
 
-    def _preempt_newest(self, now_s: float) -> bool:
-        """Preempt the most recently admitted running request (recompute); False if none."""
-        if self.decoding:
-            r = next(reversed(self.decoding.values()))
+    def _admit(self, r: Request) -> None:
+        """``r`` enters the running set (the tail of vLLM's ``running`` list)."""
+        self._admit_seq += 1
+        r.admit_seq = self._admit_seq
+
+    def _newest_running(self) -> Request | None:
+        """The most recently admitted running request: vLLM's ``self.running.pop()``, decoding
+        or prefilling alike. Under ``ratio`` only decoding requests: SGLang retracts from its
+        running (decode) batch, which its chunked request is not part of
+        (``ScheduleBatch.retract_decode``; it picks the fewest output tokens, which FCFS
+        admission makes the newest). O(decode set), paid per preemption only."""
+        newest = self.prefilling[-1] if self.prefilling and not self.ratio else None
+        for r in self.decoding.values():
+            if newest is None or r.admit_seq > newest.admit_seq:
+                newest = r
+        return newest
+
+    def _preempt(self, r: Request, now_s: float) -> None:
+        """Preempt running request ``r`` by recompute: free its KV, requeue it first."""
+        if self.decoding.get(id(r)) is r:
             generated = self._leave_decode(r)
             r.gen0 = math.floor(generated + _EPS)
             r.target = r.prompt_tokens + int(r.gen0)
-        elif self.prefilling:
-            r = self.prefilling.pop()
-            self.pool.owned_pages -= self._prefill_private(r, r.prefilled)
         else:
-            return False
+            self.prefilling.remove(r)
+            self.pool.owned_pages -= self._prefill_private(r, r.prefilled)
         self._release_prefix(r, now_s)
         self._unreserve(r)
         r.prefilled = 0
         r.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(r)
-        return True
+
+    def _decode_charge(self, q: int) -> int:
+        """Pages the decode set holds after growing by ``q`` tokens each (the O(1) upper bound
+        when it fits, else the exact count)."""
+        upper = self._decode_pages_upper(q)
+        return upper if upper <= self.pool.available() else self._decode_pages_exact(q)
+
+    def _future_output_tokens(self) -> float:
+        """SGLang's reservation for the decode set: ``min(remaining output, 4096)`` summed."""
+        if self._n_long:
+            clip = SGLANG_CLIP_MAX_NEW_TOKENS
+            return sum(min(clip, max(0.0, r.output_tokens - r.gen0
+                                     - (self.dstep - r.join_step) * self.e))
+                       for r in self.decoding.values())
+        return max(0.0, self._left_sum - len(self.decoding) * self.dstep * self.e)
+
+    def _ratio_room(self) -> float:
+        """SGLang ``PrefillAdder.rem_total_tokens`` before this step's admissions: free and
+        evictable KV tokens minus ``new_token_ratio`` x the decode set's future output."""
+        return (self.pool.available() * self.pool.block_size
+                - self.new_token_ratio * self._future_output_tokens())
+
+    def _update_ratio(self, retracted: bool) -> None:
+        """SGLang's ``new_token_ratio`` after a decode step (constants above)."""
+        if not retracted:
+            self.new_token_ratio = max(self.new_token_ratio - SGLANG_NEW_TOKEN_RATIO_DECAY,
+                                       SGLANG_MIN_NEW_TOKEN_RATIO)
+            return
+        decoded = max_new = 0.0
+        for r in self.decoding.values():
+            decoded += r.gen0 + (self.dstep - r.join_step) * self.e
+            max_new += r.output_tokens
+        if max_new > 0:
+            n = len(self.decoding)
+            self.new_token_ratio = min(1.0, (decoded + SGLANG_RETRACT_DECODE_STEPS * n)
+                                       / max_new)
 
     # ------------------------------------------------------------------ scheduling
     def _admissible(self, budget: int, q: int) -> bool:
@@ -398,8 +490,10 @@ class ReplicaEngine:
         cfg = self.cfg
         pool = self.pool
         budget = cfg.max_num_batched_tokens
-        bs = pool.block_size
         q = self.q
+        if self.ratio and self._last_end_s != now_s and not self.num_running:
+            # SGLang resets its estimate whenever the scheduler found nothing to run.
+            self.new_token_ratio = SGLANG_INIT_NEW_TOKEN_RATIO
         # Overlap scheduler: back to back, this batch was formed when the previous one started.
         self._cutoff_s = (self._prev_start_s if cfg.overlap_scheduler
                           and self._last_end_s == now_s else math.inf)
@@ -412,6 +506,7 @@ class ReplicaEngine:
             if self._decode_pages_upper(q) + pool.pages_for(r.target + q) > pool.available():
                 break
             self.waiting.popleft()
+            self._admit(r)
             self._join_decode(r)
             if math.isnan(r.first_token_s):
                 if self.first_token_at_join:
@@ -424,43 +519,85 @@ class ReplicaEngine:
                         and self.role != "decode" and self._admissible(budget, 0))
         if prefill_only:
             q = 0
-        # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest.
+        # 1. Decodes must be able to grow by q tokens; otherwise preempt the newest running
+        # request (vLLM: the tail of ``running``, whichever phase it is in).
+        preempted = False
         charge = 0
         while self.decoding:
-            limit = pool.available()
-            upper = self._decode_pages_upper(q)
-            charge = upper if upper <= limit else self._decode_pages_exact(q)
-            if charge <= limit:
+            charge = self._decode_charge(q)
+            if charge <= pool.available():
                 break
-            self._preempt_newest(now_s)
+            victim = self._newest_running()
+            assert victim is not None
+            self._preempt(victim, now_s)
+            preempted = True
             charge = 0
         pool.owned_pages += charge
         self._dec_charge = charge
         pool.evict_overflow()
         n_dec = 0 if prefill_only else len(self.decoding)
+        if self.ratio and n_dec:
+            self._update_ratio(retracted=preempted)
         if cfg.decode_in_budget:
             budget -= n_dec * q
         prefill_cap = cfg.max_prefill_tokens or budget
+        # SGLang's PrefillAdder: KV room left after the decode set's expected output.
+        room = self._ratio_room() if self.ratio else math.inf
         taken = 0
         chunks: list[tuple[Request, int]] = []
-        # 2. Running (partially prefilled) requests, then 3. FCFS admissions.
-        for r in self.prefilling:
-            if budget <= 0:
-                break
+        # 2. Running (partially prefilled) requests, in admission order.
+        i = 0
+        while i < len(self.prefilling) and budget > 0:
+            r = self.prefilling[i]
             take = min(r.target - r.prefilled, budget)
+            if self.ratio:
+                # SGLang ``add_chunked_req``: the chunk is cut to the room left, and waits
+                # when there is none (its request is not retracted for it).
+                take = min(take, math.floor(room))
+                if take <= 0:
+                    break
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
                 r, r.prefilled)
-            if not pool.reserve(extra):
-                break
+            fits = pool.reserve(extra)
+            while not fits and not self.ratio:
+                # vLLM: preempt the tail of ``running`` until the chunk fits, the request
+                # itself last (``if preempted_req == request: break``).
+                victim = self._newest_running()
+                assert victim is not None
+                decoding = self.decoding.get(id(victim)) is victim
+                self._preempt(victim, now_s)
+                preempted = True
+                if victim is r:
+                    break
+                if decoding:  # it was charged for this step in 1.: charge the others again
+                    pool.owned_pages -= charge
+                    charge = self._decode_charge(q) if self.decoding else 0
+                    pool.owned_pages += charge
+                    self._dec_charge = charge
+                    n_dec = 0 if prefill_only else len(self.decoding)
+                    if cfg.decode_in_budget:
+                        budget += q
+                fits = pool.reserve(extra)
+            if not fits:
+                break  # preempted itself, or (``ratio``) no KV for its chunk: it waits
             pool.owned_pages += extra
+            if self.cache_at_schedule:
+                pool.owned_pages -= self._insert_prefix(r, now_s, r.prefilled + take)
             chunks.append((r, take))
             budget -= take
             taken += take
+            if self.ratio:
+                left = r.output_tokens - int(r.gen0)
+                room -= take + (min(left, SGLANG_CLIP_MAX_NEW_TOKENS)
+                                if r.prefilled + take >= r.target else 0)
+            i += 1
         hold = cfg.batch_wait_iters > 0 and n_dec > 0 and self._hold_prompts(budget, n_dec)
         if not hold and cfg.adp_balance_timeout_iters and self.adp_ranks > 1:
             hold = self._hold_for_balance(budget, n_dec)
-        while (not hold and self.waiting and budget > 0 and taken < prefill_cap
-               and self.num_running < cfg.max_num_seqs):
+        # 3. FCFS admissions, none in a step that preempted (vLLM schedules the waiting queue
+        # only ``if not preempted_reqs``; SGLang retracts after it found no prefill to run).
+        while (not hold and not preempted and self.waiting and budget > 0
+               and taken < prefill_cap and self.num_running < cfg.max_num_seqs):
             r = self.waiting[0]
             if r.prefilled >= r.target:
                 break  # KV-arrived request that did not fit in step 0
@@ -475,21 +612,33 @@ class ReplicaEngine:
                 need = pool.pages_for(r.target + r.output_tokens - int(r.gen0))
                 if self._reserved and self._reserved_sum + need > pool.num_pages:
                     break  # GUARANTEED_NO_EVICT: wait until a running request frees its share
+            future = 0
+            if self.ratio:
+                # PrefillAdder.add_one_req: the whole remaining prompt plus its clipped output
+                # must fit (``total_tokens >= rem_total_tokens`` -> NO_TOKEN).
+                future = min(r.output_tokens - int(r.gen0), SGLANG_CLIP_MAX_NEW_TOKENS)
+                if remaining + future >= room:
+                    if r.hit_blocks:
+                        self._unmatch(r, now_s)
+                    break
             take = remaining if not cfg.chunked_prefill else min(remaining, budget)
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
                 r, r.prefilled)
             if not pool.reserve(extra):
-                if not r.num_preemptions:
-                    r.hit_tokens -= r.hit_blocks * bs
-                self._release_prefix(r, now_s)
-                r.prefilled = 0
+                self._unmatch(r, now_s)
                 break
             pool.owned_pages += extra
             self.waiting.popleft()
+            self._admit(r)
             self.prefilling.append(r)
+            if self.cache_at_schedule:
+                pool.owned_pages -= self._insert_prefix(r, now_s, r.prefilled + take)
             if self.reserve_max:
                 self._reserved[id(r)] = need
                 self._reserved_sum += need
+            # A chunked (truncated) admission reserves only its chunk (``_update_prefill_budget``
+            # with max_new_tokens 0); the rest is checked when its last chunk is scheduled.
+            room -= take + (future if take == remaining else 0)
             chunks.append((r, take))
             budget -= take
             taken += take
@@ -499,20 +648,26 @@ class ReplicaEngine:
             self._dec_charge = 0
             return self.start_iteration(now_s, allow_prefill_only=False)
         if not chunks and not self.decoding:
-            if len(self.prefilling) > 1:
-                # Partial prefills hold the blocks each other needs: recompute the newest.
-                self._preempt_newest(now_s)
+            if preempted and self.waiting:
+                # Everything running was preempted: the next step admits from the queue.
                 return self.start_iteration(now_s)
             return 0.0
-        # 4. Cost: decode-only batches replay a CUDA graph of the next captured size.
+        # 4. Cost: decode-only batches replay a CUDA graph of the next captured size (vLLM:
+        # of n_dec x q tokens; SGLang, TensorRT-LLM: of n_dec requests), or of exactly their
+        # size without padding (``cuda_graph_padding``).
         shape = [(take, r.prefilled + take) for r, take in chunks]
         kv_sum = self._decode_kv_sum() + n_dec * q if n_dec else 0.0
         padded = 0
         captured = False
         if not chunks and self.graph_sizes:
-            i = bisect_left(self.graph_sizes, n_dec)
-            if i < len(self.graph_sizes):
-                padded = self.graph_sizes[i]
+            need = n_dec * q if self.graph_by_tokens else n_dec
+            i = bisect_left(self.graph_sizes, need)
+            if i < len(self.graph_sizes) and (cfg.cuda_graph_padding
+                                              or self.graph_sizes[i] == need):
+                size = self.graph_sizes[i]
+                # The cost model pads whole requests: a token size that q does not divide is
+                # rounded up to the next whole request (< q tokens more).
+                padded = -(-size // q) if self.graph_by_tokens else size
                 captured = True
         gpu_s = self.cost.iteration_s(shape, n_dec, kv_sum, q, padded_decode=padded)
         if self.draft_s is not None:
@@ -688,17 +843,30 @@ class ReplicaEngine:
         self.pool.owned_pages -= self._dec_charge
         self._dec_charge = 0
 
-    def _insert_prefix(self, r: Request, now_s: float) -> None:
+    def _insert_prefix(self, r: Request, now_s: float, tokens: int | None = None) -> int:
+        """Move the full prefix blocks of ``r``'s first ``tokens`` prompt tokens (None: those
+        prefilled) from its private pages into the shared tree; returns the private pages
+        this frees when ``r`` stores ``tokens`` tokens."""
         tree = self.pool.tree
         if tree is None or not r.prefix_keys:
-            return
-        full = min(len(r.prefix_keys), r.prefilled // self.pool.block_size)
-        if full > r.hit_blocks:
-            # The newly computed prefix blocks move from private to the shared tree.
-            if r.hit_blocks:
-                tree.release(r.prefix_keys[: r.hit_blocks], now_s)
-            tree.acquire(r.prefix_keys[:full], now_s)
-            r.hit_blocks = full
+            return 0
+        tokens = r.prefilled if tokens is None else tokens
+        full = min(len(r.prefix_keys), tokens // self.pool.block_size)
+        if full <= r.hit_blocks:
+            return 0
+        private = self._prefill_private(r, tokens)
+        if r.hit_blocks:
+            tree.release(r.prefix_keys[: r.hit_blocks], now_s)
+        tree.acquire(r.prefix_keys[:full], now_s)
+        r.hit_blocks = full
+        return private - self._prefill_private(r, tokens)
+
+    def _unmatch(self, r: Request, now_s: float) -> None:
+        """Undo ``_match_prefix`` for a request that was not admitted after all."""
+        if not r.num_preemptions:
+            r.hit_tokens -= r.hit_blocks * self.pool.block_size
+        self._release_prefix(r, now_s)
+        r.prefilled = 0
 
     def warm_prefix(self, prefix_id: int, tokens: int, now_s: float) -> bool:
         """Leave the full blocks of ``tokens`` prompt tokens of prefix ``prefix_id`` cached and

@@ -2,8 +2,10 @@
 
 ``charon-search serve --engine sglang`` (or ``engine: sglang`` in a ``--config`` file or a
 serving search space) stands for SGLang launched without tuning flags: its prefill-first
-schedule, its chunked-prefill size for the GPU's memory, its overlap scheduler, its custom
-NVLink all-reduce, and its calibrated host times. These are the facts ``validate`` applies to
+schedule, its chunked-prefill size for the GPU's memory, its KV admission (``ratio``), its
+CUDA-graph batch sizes, its overlap scheduler, its custom NVLink all-reduce, and its
+calibrated host times (TensorRT-LLM's token budget is the exception: aiconfigurator's rule,
+``serving.backends.engine_profile``). These are the facts ``validate`` applies to
 measured rows whose launch flags are unknown (``serving.backends.engine_profile`` with
 ``launcher="engine_defaults"``), so the validated error band ``serve`` prints for the engine
 describes the configuration it simulated. Every field the user sets wins over the engine's
@@ -63,7 +65,7 @@ def engine_serving_config(data: Mapping[str, Any], *, gpu: str, prompt_tokens: S
     profile = engine_profile(given.engine, isl=max(prompt_tokens, default=0),
                              max_batch_size=given.max_num_seqs,
                              version=version or LATEST_RELEASES[given.engine],
-                             launcher="engine_defaults", gpu=gpu,
+                             launcher="engine_defaults", gpu=gpu, tp=given.tp,
                              linear_attention=linear_attention)
     return ServingConfig.from_dict({**profile.config_kwargs(), **data}, where=where), profile
 

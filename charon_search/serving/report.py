@@ -2,8 +2,12 @@
 
 Metric names are the field names (``ttft_s``, ``tpot_s``, ...); objectives refer to them.
 TPOT of a request is ``(e2e - ttft) / (output_tokens - 1)`` (requests with one output token
-have none); ``tokens_per_s_per_user`` is ``1 / mean TPOT``; ITL is the gap between consecutive
-tokens of a request (one decode iteration, divided by the tokens it commits).
+have none); ``tokens_per_s_per_user`` is ``1 / mean TPOT``. ITL comes per token (``itl_s``:
+a decode iteration divided by the tokens it commits, as SGLang's ``bench_serving`` spreads a
+streamed chunk's gap over its tokens) and per streamed chunk (``itl_per_chunk_s``: one decode
+iteration, as vLLM's ``benchmark_serving`` / ``vllm bench serve`` appends one gap per chunk).
+They differ only under speculative decoding, where a step commits ``mean_tokens_per_step``
+tokens.
 """
 
 from __future__ import annotations
@@ -58,7 +62,10 @@ class ServingReport:
     tpot_s: Mapping[str, float]
     """Time per output token after the first, per request."""
     itl_s: Mapping[str, float]
-    """Inter-token latency (decode iterations weighted by the tokens they produce)."""
+    """Inter-token latency per token: each decode iteration's duration divided by the tokens
+    it commits (``mean_tokens_per_step``), weighted by those tokens (SGLang ``bench_serving``,
+    which divides a chunk's gap by its tokens). vLLM's benchmark reports one gap per streamed
+    chunk instead: ``itl_per_chunk_s``."""
     e2e_s: Mapping[str, float]
     """End-to-end latency (arrival to last token)."""
     requests_per_s: float
@@ -111,11 +118,21 @@ class ServingReport:
     """Columns ``request_id, arrived_at_s, prompt_tokens, output_tokens, ttft_s, e2e_s,
     tpot_s, num_preemptions, prefix_hit_tokens`` (when kept)."""
 
+    @property
+    def itl_per_chunk_s(self) -> dict[str, float]:
+        """Inter-token latency per streamed chunk: one decode iteration per request it gives
+        tokens to (vLLM ``benchmark_serving``: ``output.itl.append(timestamp -
+        most_recent_timestamp)`` per chunk). Each iteration's per-token ITL is its duration /
+        ``mean_tokens_per_step`` with weight (requests x ``mean_tokens_per_step``), so the
+        per-chunk statistics are exactly ``itl_s`` x ``mean_tokens_per_step``."""
+        return {k: v * self.mean_tokens_per_step for k, v in self.itl_s.items()}
+
     def to_dict(self, *, include_requests: bool = False) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "per_request"}
         for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "config"):
             out[k] = dict(out[k])
+        out["itl_per_chunk_s"] = self.itl_per_chunk_s
         if include_requests and self.per_request is not None:
             out["per_request"] = {k: list(v) for k, v in self.per_request.items()}
         return out

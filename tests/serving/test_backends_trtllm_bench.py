@@ -94,12 +94,15 @@ def test_trtllm_bench_profile_fields() -> None:
     with pytest.raises(ConfigError, match="needs backend 'trtllm'"):
         engine_profile("vllm", isl=1, max_batch_size=1, launcher="trtllm_bench",
                        max_num_tokens=1)
-    # The engine's own defaults set none of the launcher-owned fields, only TensorRT-LLM's
-    # 32-token KV blocks; aiconfigurator's benchmark rules capture a CUDA graph for every
-    # batch size up to max_batch_size.
+    # The engine's own defaults leave max_num_seqs to the caller and set TensorRT-LLM's
+    # 32-token KV blocks and its default CUDA graphs (CudaGraphConfig: 1..31, 32, 64, 128,
+    # no padding); aiconfigurator's benchmark rules capture a CUDA graph for every batch size
+    # up to max_batch_size.
     other = engine_profile("trtllm", isl=1024, max_batch_size=8,
                            launcher="engine_defaults").config_kwargs()
-    assert not {"max_num_seqs", "cuda_graph_sizes"} & set(other)
+    assert "max_num_seqs" not in other
+    assert other["cuda_graph_sizes"] == (*range(1, 32), 32, 64, 128)
+    assert other["cuda_graph_padding"] is False
     assert other["block_size"] == TRTLLM_TOKENS_PER_BLOCK
     aic = engine_profile("trtllm", isl=1024, max_batch_size=8,
                          launcher="aiconfigurator").config_kwargs()
