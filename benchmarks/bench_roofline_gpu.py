@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _bench import config_errors
+
 GEMMS = [  # (m, n, k): tokens x out x in
     (8192, 8192, 8192),
     (16384, 8192, 8192),
@@ -72,7 +74,10 @@ def main() -> None:
     from charon_search.ir import Node, OpKind, as_poly, poly_params
     from charon_search.testing import gemm_node
 
-    gpu = load_gpu(args.gpu)
+    with config_errors(ap):
+        gpu = load_gpu(args.gpu)
+    if not args.dry_run and not torch.cuda.is_available():
+        ap.error("no CUDA GPU here; use --dry-run to check the script on the CPU")
     backend = RooflineCostBackend()
     device = "cpu" if args.dry_run else "cuda"
     scale = 64 if args.dry_run else 1

@@ -32,6 +32,11 @@ Last printed line: one JSON object with ``hypervolume_ratio_at_10pct``, ``..._25
 ``..._50pct``, ``trials_per_s_1_worker``, ``trials_per_s_2_workers`` (+ details).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_search.py [--quick]
+
+Run time on a 2-core machine: ``--quick --seeds 1 --rate-repeats 1`` (the smallest setting)
+about 1 min 40 s; the full run is several times longer (the exhaustive grid is 2,025
+simulations, the throughput subset ~1,080 per run, 2 x ``--rate-repeats`` runs). Studies are
+written under ``--out``, or a temporary folder removed at exit.
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +53,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _bench import config_errors, positive_int, temp_dir  # noqa: E402
 
 SPACE = {
     "name": "bench-llama8b-training",
@@ -76,29 +82,32 @@ SPACE = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sampler", default="nsga2")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=positive_int, default=3)
     ap.add_argument("--quick", action="store_true",
                     help="num_gpus <= 16 only: a fast check with fewer than 2,000 points")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rate-only", action="store_true",
                     help="throughput only (skip the exhaustive run and the sampler replay)")
-    ap.add_argument("--rate-repeats", type=int, default=3,
+    ap.add_argument("--rate-repeats", type=positive_int, default=3,
                     help="pairs of 1- and 2-worker throughput runs (median reported)")
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
     from charon_search.search import (
+        SAMPLERS,
         SearchSpace,
         load_objective,
     )
 
+    with config_errors(ap):
+        SAMPLERS.get(args.sampler)
     spec = dict(SPACE)
     if args.quick:
         spec["params"] = {**spec["params"],
                           "num_gpus": {"type": "log_int", "low": 8, "high": 16, "base": 2}}
     space = SearchSpace.from_dict(spec, path="benchmarks/bench_search.py")
     objective = load_objective(ROOT / "objectives" / "train-fast-cheap.yaml")
-    out = Path(args.out or tempfile.mkdtemp(prefix="bench-search-"))
+    out = Path(args.out or temp_dir("bench-search-"))
     print(f"space: {space.num_points()} grid points", flush=True)
 
     quality: dict = {f"hypervolume_ratio_at_{p}pct": None for p in (10, 25, 50)}

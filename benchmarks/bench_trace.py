@@ -2,9 +2,11 @@
 
     python benchmarks/bench_trace.py [--models llama-3.1-8b ...] [--phase train]
 
-cold: first trace in this process with an empty cache directory (imports already warm: a
-debug model is traced first); warm: the same request again (in-memory cache hit) and a fresh
-process-like disk hit (memory cache cleared). Also reports one `evaluate` at a new (b, s). Prints
+cold: first trace in this process with a new empty temporary cache directory
+(``CHARON_CACHE_DIR``; imports already warm: a debug model is traced first, into another
+temporary folder); warm: the same request again (in-memory cache hit) and a fresh process-like
+disk hit (memory cache cleared). Both temporary folders are removed at exit. Smallest setting:
+``--models llama-3.1-8b`` (about 10 s). Also reports one `evaluate` at a new (b, s). Prints
 one row per model and, as the last line, one JSON object with all figures.
 """
 
@@ -12,32 +14,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
+
+from _bench import config_errors, fresh_cache_dir
 
 DEFAULT = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b", "deepseek-v3"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=DEFAULT)
+    parser.add_argument("--models", nargs="+", default=DEFAULT, metavar="MODEL")
     parser.add_argument("--phase", default="train", choices=("train", "prefill", "decode"))
     args = parser.parse_args()
-    os.environ["CHARON_CACHE_DIR"] = tempfile.mkdtemp(prefix="charon-bench-")
+    fresh_cache_dir()
 
     from charon_search import frontend
     from charon_search.catalog import load_model
     from charon_search.frontend import trace_model
 
+    with config_errors(parser):
+        specs = {name: load_model(name) for name in args.models}
     # Warm the imports with a throwaway cache, then forget that trace: a measured debug-llama
     # is then as cold as any other model.
     trace_model("debug-llama", args.phase)
     frontend.clear_memory_cache()
-    os.environ["CHARON_CACHE_DIR"] = tempfile.mkdtemp(prefix="charon-bench-")
+    fresh_cache_dir()
     results: dict[str, dict[str, float]] = {}
-    for name in args.models:
-        spec = load_model(name)
+    for name, spec in specs.items():
         t0 = time.perf_counter()
         tm = trace_model(spec, args.phase)
         cold_s = time.perf_counter() - t0

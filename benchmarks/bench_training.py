@@ -1,9 +1,14 @@
 """Speed of ``simulate_training`` for large layouts (cold vs warm).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_training.py [--repeats 5]``.
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_training.py [--repeats 5]
+[--disk-cache as-found|cold]`` (smallest: ``--repeats 1``).
 
-``cold_s``: the first evaluation in this process (model trace from the disk cache or traced
-now, pass pipeline, cost-model predictors, per-layer engine runs, pipeline, memory model).
+``cold_s``: the first evaluation of the case in this process (pass pipeline, per-layer engine
+runs, pipeline, memory model; model trace and cost-model predictors from the disk cache). The
+disk cache is stated in the output: ``as-found`` (default) uses ``$CHARON_CACHE_DIR`` as it is
+(traces and predictors of an earlier run are disk hits); ``cold`` starts from a new empty
+temporary folder (removed at exit), so the first case also traces its model and trains the
+predictors it needs.
 ``warm_s``: mean over repeated evaluations of the same layout once graphs, predictors and
 per-layer costs are cached (what a search worker pays per trial); ``warm_new_batch_s``: mean
 over layouts that differ only in the global batch (pipeline and DP sync re-simulated).
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+
+from _bench import fresh_cache_dir, positive_int
 
 from charon_search.layout import Layout
 from charon_search.training import simulate_training
@@ -36,8 +43,13 @@ CASES = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=positive_int, default=5)
+    ap.add_argument("--disk-cache", choices=("as-found", "cold"), default="as-found",
+                    help="disk cache of the cold evaluations (see above)")
     args = ap.parse_args()
+    if args.disk_cache == "cold":
+        fresh_cache_dir()
+    print(f"disk cache: {args.disk_cache}", flush=True)
     out = []
     for name, model, cluster, gpus, layout in CASES:
         t0 = time.perf_counter()
@@ -53,11 +65,12 @@ def main() -> None:
                 global_batch_size=layout.global_batch_size * (1 + k % 2)), num_gpus=gpus)
         warm_batch = (time.perf_counter() - t0) / args.repeats
         print(f"{name:28s} gpus={gpus:6d} step={r.step_time_s:8.3f}s mfu={r.mfu:6.1%} "
-              f"cold={cold:7.2f}s warm={warm * 1e3:8.1f}ms new-batch={warm_batch * 1e3:8.1f}ms")
+              f"cold={cold:7.2f}s warm={warm * 1e3:8.1f}ms new-batch={warm_batch * 1e3:8.1f}ms",
+              flush=True)
         out.append({"name": name, "model": model, "gpus": gpus, "cold_s": round(cold, 4),
                     "warm_s": round(warm, 5), "warm_new_batch_s": round(warm_batch, 5),
                     "step_time_s": r.step_time_s, "mfu": r.mfu})
-    print(json.dumps({"cases": out}))
+    print(json.dumps({"disk_cache": args.disk_cache, "repeats": args.repeats, "cases": out}))
 
 
 if __name__ == "__main__":
