@@ -5,7 +5,8 @@ journal file OUT/study.journal that `optuna-dashboard OUT/study.journal` serves,
 `pip install optuna-dashboard`). Re-running with
 the same --out/--storage and study name resumes the study up to --trials trials in total: the
 sampler is reseeded from --seed and the trials stored, so it proposes new points, and a space or
-objective edited since is refused (its trials would be mixed in one front).
+objective edited since is refused (its trials would be mixed in one front) unless the study holds
+no trial yet. Ctrl-C writes the outputs of the trials stored so far and says how many there are.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from charon_search.search import SearchOptions, load_objective, load_space, run_search
-    from charon_search.search.study import check_search_numbers
+    from charon_search.search.study import SearchInterrupted, check_search_numbers
 
     check_search_numbers(trials=args.trials, seed=args.seed,
                          population_size=args.population_size, workers=args.workers, flags=True)
@@ -74,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
         objective = dataclasses.replace(objective, guard=check_guard(args.guard, "`--guard`"))
     out = args.out or str(Path("runs") / space.name)
     prepare_out_folder("--out", out)
-    res = run_search(space, objective, SearchOptions(
-        trials=args.trials, workers=args.workers, sampler=args.sampler, seed=args.seed,
-        storage=args.storage, study_name=args.study_name, ray_address=args.ray_address,
-        out_dir=out, progress=not args.quiet, population_size=args.population_size,
-        html=not args.no_html))
+    try:
+        res = run_search(space, objective, SearchOptions(
+            trials=args.trials, workers=args.workers, sampler=args.sampler, seed=args.seed,
+            storage=args.storage, study_name=args.study_name, ray_address=args.ray_address,
+            out_dir=out, progress=not args.quiet, population_size=args.population_size,
+            html=not args.no_html))
+    except SearchInterrupted as e:  # Ctrl-C: the stored trials' outputs are written
+        print(f"charon-search search: {e}", file=sys.stderr)
+        return 130
     summary = res.summary()
     print_summary(res, objective, out)
     if args.json:

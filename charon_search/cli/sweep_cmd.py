@@ -1,14 +1,17 @@
 """Run a capacity sweep (sweeps/*.yaml) into a partitioned Parquet dataset.
 
 Output: OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-<space>-<objective>.parquet
-(all trials, with a boolean `pareto` column; partition values URI-encoded); read with
-charon_search.search.read_sweep(OUT) or pyarrow.dataset.dataset(OUT, partitioning="hive").
+(all trials, with boolean `pareto` (on the front) and `pareto_representative` columns; partition
+values URI-encoded); read with charon_search.search.read_sweep(OUT) or
+pyarrow.dataset.dataset(OUT, partitioning="hive"). Ctrl-C keeps the stored trials: re-running the
+same command with the same --date resumes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from charon_search.cli._common import prepare_out_folder, prepare_outputs
@@ -35,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from charon_search.search.study import check_search_numbers
+    from charon_search.search.study import SearchInterrupted, check_search_numbers
     from charon_search.search.sweep import load_sweep, run_sweep
 
     check_search_numbers(trials=args.trials, workers=args.workers, flags=True)
@@ -47,9 +50,13 @@ def run(args: argparse.Namespace) -> int:
         from charon_search.search.objective import check_guard
 
         guard = check_guard(args.guard, "`--guard`")
-    summaries = run_sweep(spec, args.out, workers=args.workers, trials=args.trials,
-                          date=args.date, ray_address=args.ray_address,
-                          progress=not args.quiet, guard=guard)
+    try:
+        summaries = run_sweep(spec, args.out, workers=args.workers, trials=args.trials,
+                              date=args.date, ray_address=args.ray_address,
+                              progress=not args.quiet, guard=guard)
+    except SearchInterrupted as e:  # Ctrl-C: the combination's stored trials are kept
+        print(f"charon-search sweep: {e}", file=sys.stderr)
+        return 130
     for s in summaries:
         print(f"{s['sweep']} model={s['model']} gpu={s['gpu']} date={s['date']}: "
               f"{s['num_trials']} trials, {s['num_feasible']} feasible, "

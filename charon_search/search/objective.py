@@ -50,6 +50,8 @@ _TERM_KEYS = ("metric", "direction")
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>|==|=)\s*([^\s<>=]\S*)\s*$")
 #: The bound ``device`` refers to this record key (GPU memory capacity, bytes).
 DEVICE_KEY = "device_memory_bytes"
+#: Largest relative constraint violation told to the sampler (an infinite metric's).
+MAX_VIOLATION = 1e6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +93,9 @@ class Bound:
         if math.isnan(value):
             return 1.0
         scale = max(abs(limit), 1e-12)
-        return (value - limit) / scale if self.op == "<=" else (limit - value) / scale
+        v = (value - limit) / scale if self.op == "<=" else (limit - value) / scale
+        # an infinite metric stays a finite constraint value: samplers fit models to them
+        return min(max(v, -MAX_VIOLATION), MAX_VIOLATION)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,6 +51,7 @@ from charon_search.search.results import (
     CONFIG_PREFIX,
     RECORD_PREFIX,
     config_columns,
+    encode_attr,
     pareto_rows,
     split_attrs,
     trial_rows,
@@ -61,8 +62,8 @@ from charon_search.search.space import SearchSpace, config_key
 from charon_search.search.storage import make_storage
 from charon_search.search.worker import make_executor
 
-__all__ = ["SAMPLERS", "SearchOptions", "SearchResult", "check_ray_address",
-           "check_search_numbers", "make_storage", "run_search"]
+__all__ = ["SAMPLERS", "SearchInterrupted", "SearchOptions", "SearchResult",
+           "check_ray_address", "check_search_numbers", "make_storage", "run_search"]
 
 SAMPLERS: Registry[Callable[..., Any]] = Registry("sampler")
 
@@ -223,19 +224,23 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     durable = optuna.create_study(storage=storage, study_name=study_name,
                                   directions=objective.directions,  # type: ignore[arg-type]
                                   load_if_exists=True)
+    complete = (optuna.trial.TrialState.COMPLETE,)
+    previous = durable.get_trials(deepcopy=False, states=complete)
     got = [d.name.lower() for d in durable.directions]
-    if got != objective.directions:
+    if got != objective.directions and not previous:
+        # An empty study (its first run stopped before storing a trial) has nothing to mix
+        # with: start it again with these directions.
+        optuna.delete_study(study_name=study_name, storage=storage)
+        durable = optuna.create_study(storage=storage, study_name=study_name,
+                                      directions=objective.directions)  # type: ignore[arg-type]
+    elif got != objective.directions:
         raise ConfigError(
             f"study {study_name!r} in {storage_desc} has directions {got}, but objective "
             f"{objective.name!r} needs {objective.directions}; {options.new_study_hint}"
         )
-    if not durable.user_attrs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # set_metric_names is "experimental" in optuna 5
-            durable.set_metric_names(list(objective.metrics))
-        durable.set_user_attr("space", space.name)
-        durable.set_user_attr("objective", objective.name)
-        durable.set_user_attr("guard", objective.guard)
+    if not previous:
+        # No stored trial was run under the stored definitions (if any): take these.
+        _store_definitions(durable, space, objective)
     elif durable.user_attrs.get("guard") != objective.guard:
         # The stored trials' constraints were checked at the other guard: mixing would count
         # feasibility two ways in one front.
@@ -243,15 +248,14 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
             f"study {study_name!r} in {storage_desc} checked its constraints with guard "
             f"{durable.user_attrs.get('guard')}, but objective {objective.name!r} has guard "
             f"{objective.guard}; {options.new_study_hint}")
-    _check_same_definitions(durable, space, objective, study_name, storage_desc,
-                            options.new_study_hint)
+    else:
+        _check_same_definitions(durable, space, objective, study_name, storage_desc,
+                                options.new_study_hint)
     if options.sampler == "grid" and space.num_points() > GRID_MAX_POINTS:
         raise ConfigError(
             f"`sampler` 'grid' enumerates every point of space {space.name!r}, which has "
             f"{space.num_points():,} (at most {GRID_MAX_POINTS:,}); narrow its parameter "
             f"ranges or use one of {[n for n in SAMPLERS.names() if n != 'grid']}")
-    previous = durable.get_trials(deepcopy=False,
-                                  states=(optuna.trial.TrialState.COMPLETE,))
 
     # A resumed study reseeds its sampler: the same seed would replay the proposals the first
     # run already made (a seeded sampler's first points are random draws), so a resumed search
@@ -286,30 +290,51 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
 
     executor = make_executor(options.workers, address=options.ray_address,
                              evaluator=evaluator, evaluator_name=space.evaluator)
-    if target > len(previous) and executor.warms_up:
-        warm = _warm_configs(space, ctx, [cfg for _, cfg in grid_queue[:_WARM_SCAN]])
-        if warm:
-            executor.warm_up(space.evaluator, warm)
     t0 = time.perf_counter()
-    progress = _Progress(enabled=options.progress, total=target, done=len(previous),
-                         objective=objective)
+    progress: _Progress | None = None
+    interrupted = False
     try:
+        if target > len(previous) and executor.warms_up:
+            warm = _warm_configs(space, ctx, [cfg for _, cfg in grid_queue[:_WARM_SCAN]])
+            if warm:
+                executor.warm_up(space.evaluator, warm)
+        t0 = time.perf_counter()
+        progress = _Progress(enabled=options.progress, total=target, done=len(previous),
+                             objective=objective)
         loop.run(executor, target, len(previous), grid_queue, progress)
+    except KeyboardInterrupt:
+        interrupted = True  # the trials told so far are stored below; their outputs written
+    except ConfigError:
+        # The objective was rejected on the first record it scored, in a new study: store
+        # nothing, so the corrected command starts afresh (not "run with another objective").
+        loop.discard = not previous and loop.num_scored == 0
+        raise
     finally:
         try:
             loop.close()
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
             executor.close()
+            if loop.discard and all(  # only this run's trials (a shared study is kept)
+                    str(t.user_attrs.get(f"{RECORD_PREFIX}uid")).startswith(f"{loop.run_id}-")
+                    for t in durable.get_trials(deepcopy=False)):
+                optuna.delete_study(study_name=study_name, storage=storage)
     wall = time.perf_counter() - t0
 
-    trials = durable.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    trials = durable.get_trials(deepcopy=False, states=complete)
     if options.out_dir is not None:
         rows, front = write_outputs(trials, objective, space, Path(options.out_dir),
                                     html=options.html)
     else:
         rows = trial_rows(trials, objective, space)
         front = pareto_rows(rows, objective, config_columns(trials))
+    if interrupted:
+        written = f"; outputs for them written to {options.out_dir}" if options.out_dir else ""
+        raise SearchInterrupted(
+            f"interrupted: {len(rows)}/{options.trials} trials stored in {storage_desc}"
+            f"{written}; run the same command to resume", num_stored=len(rows),
+            trials=options.trials, storage=storage_desc)
     feasible = sum(1 for r in rows if r.get("feasible"))
     new = loop.num_new
     return SearchResult(
@@ -328,6 +353,15 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
         num_worker_restarts=executor.num_restarts, num_resubmits=executor.num_resubmits,
         rows=rows, pareto=front, config_keys=config_columns(trials), out_dir=options.out_dir,
     )
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``run_search``; the trials told before it are stored and, with an
+    ``out_dir``, their outputs written. ``str()`` says how many and how to resume."""
+
+    def __init__(self, message: str, *, num_stored: int, trials: int, storage: str) -> None:
+        super().__init__(message)
+        self.num_stored, self.trials, self.storage = num_stored, trials, storage
 
 
 #: Most points the grid sampler enumerates (``SearchSpace.num_points``).
@@ -358,6 +392,22 @@ def study_definitions(space: SearchSpace, objective: Objective) -> dict[str, Any
         "objective": {"terms": [[t.metric, t.direction] for t in objective.terms],
                       "constraints": [[b.metric, b.op, b.bound] for b in objective.constraints]},
     }
+
+
+def _store_definitions(durable: Any, space: SearchSpace, objective: Objective) -> None:
+    """Record on a study without trials what its trials will depend on (replacing what an
+    earlier run that stored no trial left): metric names, names, guard, definitions."""
+    import json
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # set_metric_names is "experimental" in optuna 5
+        durable.set_metric_names(list(objective.metrics))
+    durable.set_user_attr("space", space.name)
+    durable.set_user_attr("objective", objective.name)
+    durable.set_user_attr("guard", objective.guard)
+    want = json.loads(json.dumps(study_definitions(space, objective), default=str))
+    for kind in ("space", "objective"):
+        durable.set_user_attr(f"{kind}_definition", want[kind])
 
 
 def _check_same_definitions(durable: Any, space: SearchSpace, objective: Objective,
@@ -475,6 +525,10 @@ class _Loop:
         self.writes: list[Future[None]] = []
         self.run_id = uuid.uuid4().hex[:8]
         self.num_new = self.num_evaluations = self.num_memo_hits = 0
+        self.num_scored = 0
+        """Trials whose evaluated record the objective scored (values and constraints)."""
+        self.discard = False
+        """Close without storing: the first scored record rejected the objective."""
         self.constraint_names = ["valid", "evaluable", *(b.text for b in objective.constraints)]
         self.next_number = first_number
         """Trial number of the next grid trial (grid trials bypass the in-memory study)."""
@@ -620,7 +674,7 @@ class _Loop:
 
         rec = dict(rec)
         valid = rec.get("valid", True) is not False
-        evaluable = bool(rec.get("feasible", False))
+        evaluable = scored = bool(rec.get("feasible", False))
         rec["valid"] = valid
         cons = [0.0 if valid else _INVALID_VIOLATION,
                 0.0 if evaluable or not valid else _UNEVALUABLE_VIOLATION]
@@ -642,8 +696,13 @@ class _Loop:
             evaluable = False
             cons[1] = _UNEVALUABLE_VIOLATION
             missing = [m for m in self.objective.metrics if rec.get(m) is None]
-            self.check_metric_names(missing, rec)
-            rec["prune_reason"] = f"missing objective metric(s) {missing}"
+            self.check_metric_names([m for m in missing if m not in rec], rec)
+            nonfinite = [f"{m}={rec[m]}" for m in self.objective.metrics
+                         if rec.get(m) is not None and not math.isfinite(rec[m])]
+            rec["prune_reason"] = "; ".join(
+                ([f"missing objective metric(s) {missing}"] if missing else [])
+                + ([f"non-finite objective value {', '.join(nonfinite)}"] if nonfinite else []))
+        self.num_scored += scored  # past the checks that reject the objective
         if evaluable and values is not None:
             self.note_values(rec)
         rec["feasible"] = evaluable and not violated
@@ -660,8 +719,8 @@ class _Loop:
             number, self.next_number = self.next_number, self.next_number + 1
         rec["uid"] = f"{self.run_id}-{number}"
         rec.setdefault("memo_hit", False)
-        attrs = {CONFIG_PREFIX + k: _builtin(v) for k, v in cfg.items()}
-        attrs.update({RECORD_PREFIX + k: _builtin(v) for k, v in rec.items()})
+        attrs = {CONFIG_PREFIX + k: encode_attr(v) for k, v in cfg.items()}
+        attrs.update({RECORD_PREFIX + k: encode_attr(v) for k, v in rec.items()})
         told = list(values) if values is not None else self.penalty_values()
         if trial is not None:
             # The sampler needs params, values and constraints only; the config and record go
@@ -715,8 +774,10 @@ class _Loop:
             self.durable.add_trials(batch)
 
     def close(self) -> None:
-        """Write what is left, wait for the writer thread and stop it."""
+        """Write what is left (unless ``discard``), wait for the writer thread and stop it."""
         try:
+            if self.discard:
+                self.unflushed.clear()
             self.flush(force=True)
         finally:
             if self.writer is not None:
@@ -771,14 +832,6 @@ def _numeric_fields(rec: Mapping[str, Any]) -> list[str]:
     """A record's numeric keys, top-level names first (for error messages)."""
     return sorted((k for k, v in rec.items() if isinstance(v, (int, float))
                    and not isinstance(v, bool)), key=lambda k: ("." in k, k))
-
-
-def _builtin(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else str(v)
-    if hasattr(v, "item") and callable(v.item):
-        return v.item()
-    return v
 
 
 #: Least time between two progress-bar redraws.

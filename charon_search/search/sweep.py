@@ -12,15 +12,19 @@ A sweep file (``sweeps/<name>.yaml``)::
         gpus: {h100: dgx-h100-ib400, h200: dgx-h200-ib400}   # label -> cluster
 
 Each (run, model, gpu) fixes the space's ``model`` and ``cluster`` and runs a study; the trials
-(with a boolean ``pareto`` column) go to a Hive-partitioned dataset
+(with boolean columns ``pareto``: on the Pareto front, configs with equal objective values and
+repeats included, and ``pareto_representative``: the row ``pareto.parquet`` lists for its
+objective vector) go to a Hive-partitioned dataset
 ``OUT/sweep=<name>/model=<model>/gpu=<label>/date=<date>/part-<space>-<objective>.parquet`` so
 planners can diff fronts between dates: ``read_sweep(OUT)``, or
 ``pyarrow.dataset.dataset(OUT, partitioning="hive")``. Partition values are URI-encoded
 (``model=meta-llama%2FLlama-3.1-8B``), which pyarrow's Hive partitioning decodes, so a model id
 reads back as written. Every part file gives a column the same type (config keys and trial numbers
-integers, other numbers float64, empty text columns strings), so the files of different dates
-read as one dataset. Studies are kept as journal files under ``OUT/_studies/`` so an interrupted
-sweep resumes.
+integers, other numbers float64, bookkeeping columns their own types, an empty column the type
+earlier part files gave it, else string for text and float64), so the files of different dates
+read as one dataset; ``read_sweep`` also reads files whose empty columns were typed otherwise.
+Studies are kept as journal files under ``OUT/_studies/`` (without ``pareto.html``) so an
+interrupted sweep resumes with the same ``--date``.
 """
 
 from __future__ import annotations
@@ -198,44 +202,102 @@ def _segment(label: str) -> str:
     return quote(str(label), safe="")
 
 
-#: Text columns of the trial rows (``search.results.BASE_COLUMNS`` and the sweep's own):
-#: written as strings even when every value is empty.
-_TEXT_COLUMNS = frozenset({"uid", "prune_reason", "error", "worker_id", "node_id", "family",
-                           "space", "objective", "cluster", "model"})
+#: Types of the bookkeeping columns (``search.results.BASE_COLUMNS``) and the sweep's own:
+#: every part file writes them so, whatever values (or none) a combination has.
+_COLUMN_TYPES = {
+    "trial_number": "int64", "uid": "string", "feasible": "bool", "valid": "bool",
+    "prune_reason": "string", "constraint_violation": "double", "memo_hit": "bool",
+    "error": "bool", "eval_wall_s": "double", "eval_cpu_s": "double",
+    "eval_end_unix_s": "double", "worker_id": "string", "node_id": "string",
+    "family": "string", "pareto": "bool", "pareto_representative": "bool", "space": "string",
+    "objective": "string", "guard": "double", "cluster": "string", "model": "string",
+}
 
 
-def _uniform_types(table: Any, int_columns: frozenset[str]) -> Any:
-    """``table`` with the column types every part file shares: ``int_columns`` stay integers,
-    other integer columns become float64 (a metric is integral on one GPU, fractional on
-    another), and an all-empty column is a string when it holds text (``_TEXT_COLUMNS``,
-    ``guard_band.*``) and float64 otherwise, never pyarrow's ``null``."""
+def _is_text(name: str) -> bool:
+    """An all-empty metric column holds text (``guard_band.*``, ``memory.reason``)."""
+    return name.startswith("guard_band.") or name.rsplit(".", 1)[-1].endswith("reason")
+
+
+def _uniform_types(table: Any, int_columns: frozenset[str],
+                   known: Mapping[str, Any] | None = None) -> Any:
+    """``table`` with the column types every part file shares: ``_COLUMN_TYPES`` for the
+    bookkeeping columns; ``int_columns`` stay integers, other integer columns become float64
+    (a metric is integral on one GPU, fractional on another). A column without any value is
+    given the type ``known`` (earlier part files of the dataset) has for it, else string for
+    text (``_is_text``) and float64 otherwise, never pyarrow's ``null``."""
     import pyarrow as pa
 
     fields = []
     for f in table.schema:
         typ = f.type
-        if pa.types.is_null(typ):
-            text = f.name in _TEXT_COLUMNS or f.name.startswith("guard_band.")
-            typ = pa.string() if text else pa.float64()
+        if f.name in _COLUMN_TYPES:
+            typ = pa.type_for_alias(_COLUMN_TYPES[f.name])
+        elif pa.types.is_null(typ):
+            typ = (known or {}).get(f.name) or (pa.string() if _is_text(f.name)
+                                                else pa.float64())
         elif pa.types.is_integer(typ) and f.name not in int_columns:
             typ = pa.float64()
         fields.append(pa.field(f.name, typ))
     return table.cast(pa.schema(fields))
 
 
+def _part_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.parquet") if "_studies" not in p.parts)
+
+
+def _typed_schema(path: Path) -> Any:
+    """The schema of a part file, with a column that holds no value typed ``null``: it says
+    nothing about the column's type, so it unifies with any other file's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    schema = meta.schema.to_arrow_schema()
+    fields = []
+    for i, f in enumerate(schema):
+        nulls = 0
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(i).statistics
+            if stats is None or not stats.has_null_count:
+                nulls = -1
+                break
+            nulls += stats.null_count
+        fields.append(pa.field(f.name, pa.null()) if nulls == meta.num_rows else f)
+    return pa.schema(fields)
+
+
+def _known_types(root: Path) -> dict[str, Any]:
+    """Column name -> its type in the first part file under ``root`` that has a value in it."""
+    import pyarrow as pa
+
+    known: dict[str, Any] = {}
+    for path in _part_files(root) if root.is_dir() else []:
+        for f in _typed_schema(path):
+            if not pa.types.is_null(f.type):
+                known.setdefault(f.name, f.type)
+    return known
+
+
 def read_sweep(out_dir: str | Path) -> Any:
     """The sweep dataset under ``out_dir`` as one pyarrow Table (partition columns included),
-    reading every part file with the union of their schemas (older files may lack a column
-    or hold it as another type)."""
+    reading every part file with the union of their schemas (older files may lack a column,
+    hold it as another type, or hold no value in it)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     root = Path(out_dir)
-    files = sorted(p for p in root.rglob("*.parquet") if "_studies" not in p.parts)
+    files = _part_files(root)
     if not files:
         raise ConfigError(f"`out_dir` {str(root)!r} holds no sweep part files")
-    schema = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+    schema = pa.unify_schemas([_typed_schema(f) for f in files], promote_options="permissive")
+    written: dict[str, Any] = {}  # a column empty in every file: the type it was written as
+    for f in files:
+        for fld in pq.read_schema(f):
+            written.setdefault(fld.name, fld.type)
+    schema = pa.schema([pa.field(f.name, written[f.name]) if pa.types.is_null(f.type) else f
+                        for f in schema])
     paths = [str(f) for f in files]
     part = ds.partitioning(flavor="hive")
     found = ds.dataset(paths, partitioning=part, partition_base_dir=str(root)).schema
@@ -252,9 +314,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
     ``guard`` replaces every objective's guard (``search.objective``): capacity that holds at
     that quantile of the validated error. Rows and summaries carry the guard used."""
     from charon_search.search.objective import load_objective
-    from charon_search.search.results import write_parquet
+    from charon_search.search.results import front_flags, write_parquet
     from charon_search.search.space import load_space
     from charon_search.search.study import (
+        SearchInterrupted,
         SearchOptions,
         check_ray_address,
         check_search_numbers,
@@ -299,22 +362,37 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
                     parts = (f"sweep={_segment(spec.name)}", f"model={_segment(model)}",
                              f"gpu={_segment(label)}", f"date={_segment(day)}")
                     study_dir = out.joinpath("_studies", *parts)
-                    res = run_search(space, objective, SearchOptions(
-                        trials=entry.trials if trials is None else trials, workers=n_workers,
-                        sampler=entry.sampler, seed=spec.seed, out_dir=str(study_dir),
-                        ray_address=ray_address, progress=progress,
-                        new_study_hint="use another --date or --out",
-                        study_name=f"{spec.name}-{model}-{label}-{day}-{base.name}-"
-                                   f"{objective.name}"))
-                    front = {r["trial_number"] for r in res.pareto}
-                    rows = [{**r, "pareto": r["trial_number"] in front, "space": base.name,
+                    try:
+                        # html=False: the dataset is the output, and each pareto.html would
+                        # embed its own 4.8 MB copy of plotly.js.
+                        res = run_search(space, objective, SearchOptions(
+                            trials=entry.trials if trials is None else trials,
+                            workers=n_workers, sampler=entry.sampler, seed=spec.seed,
+                            out_dir=str(study_dir), ray_address=ray_address,
+                            progress=progress, html=False,
+                            new_study_hint="use another --date or --out",
+                            study_name=f"{spec.name}-{model}-{label}-{day}-{base.name}-"
+                                       f"{objective.name}"))
+                    except SearchInterrupted as e:
+                        raise SearchInterrupted(
+                            f"interrupted in model={model} gpu={label}: {e.num_stored}/"
+                            f"{e.trials} trials stored in {e.storage}; {len(summaries)} "
+                            f"combination(s) written before it; run the same command with "
+                            f"--date {day} to resume", num_stored=e.num_stored,
+                            trials=e.trials, storage=e.storage) from None
+                    on_front = front_flags(res.rows, res.pareto, objective)
+                    representatives = {r["trial_number"] for r in res.pareto}
+                    rows = [{**r, "pareto": on, "space": base.name,
+                             "pareto_representative": r["trial_number"] in representatives,
                              "objective": objective.name, "guard": objective.guard,
                              "cluster": cluster}
-                            for r in res.rows]
+                            for r, on in zip(res.rows, on_front, strict=True)]
                     name = f"part-{_segment(base.name)}-{_segment(objective.name)}.parquet"
                     ints = frozenset(res.config_keys) | {"trial_number"}
+                    known = _known_types(out)
                     write_parquet(rows, out.joinpath(*parts, name),
-                                  transform=lambda t, ints=ints: _uniform_types(t, ints))
+                                  transform=lambda t, ints=ints, known=known:
+                                  _uniform_types(t, ints, known))
                     summaries.append({"sweep": spec.name, "model": model, "gpu": label,
                                       "date": day, "space": base.name,
                                       "guard": objective.guard, **res.summary()})
