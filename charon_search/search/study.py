@@ -227,9 +227,9 @@ def run_search(space: SearchSpace, objective: Objective, options: SearchOptions,
     complete = (optuna.trial.TrialState.COMPLETE,)
     previous = durable.get_trials(deepcopy=False, states=complete)
     got = [d.name.lower() for d in durable.directions]
-    if got != objective.directions and not previous:
-        # An empty study (its first run stopped before storing a trial) has nothing to mix
-        # with: start it again with these directions.
+    if got != objective.directions and not durable.get_trials(deepcopy=False):
+        # An empty study (its first run stopped before storing any trial, pruned ones
+        # included) has nothing to mix with: start it again with these directions.
         optuna.delete_study(study_name=study_name, storage=storage)
         durable = optuna.create_study(storage=storage, study_name=study_name,
                                       directions=objective.directions)  # type: ignore[arg-type]
