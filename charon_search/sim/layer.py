@@ -58,12 +58,23 @@ class LayerCost:
     timeline: EngineResult | None = None
     """The single-layer run (for op-level traces)."""
     tasks: tuple[Task, ...] = field(default_factory=tuple)
+    dp_tail_s: tuple[float, float] = (0.0, 0.0)
+    """Seconds of ``dp`` traffic (FSDP reduce-scatters) that run past the last gating task of a
+    run of 1 and of 3 layers. ``first`` and ``period`` leave it out (the next layer overlaps
+    it); after a rank's last backward nothing does, so the step charges it (``dp_tail``)."""
 
     def layers(self, n: int) -> UnitCost:
         """Cost of ``n`` consecutive layers of this block."""
         if n <= 0:
             return UnitCost()
         return self.first + self.period.scaled(n - 1)
+
+    def dp_tail(self, n: int) -> float:
+        """``dp`` traffic left after the last of ``n`` consecutive layers (1: the single-layer
+        run's; more: the three-layer run's, whose last layer follows others)."""
+        if n <= 0:
+            return 0.0
+        return self.dp_tail_s[0] if n == 1 else self.dp_tail_s[1]
 
 
 def _is_wgrad(graph: OpGraph, i: int, outputs: frozenset[int]) -> bool:
@@ -139,6 +150,12 @@ def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True,
             for v in order]
 
 
+def _dp_tail(res: EngineResult, tasks: list[Task]) -> float:
+    """Time the run's ``dp`` collectives go on after its last gating (non-``dp``) task."""
+    gate_end = max((res.end_s[i] for i, t in enumerate(tasks) if t.group != "dp"), default=0.0)
+    return max(res.makespan_s - gate_end, 0.0)
+
+
 def _unit(res: EngineResult, wgrad_s: float, flops: float, tasks: list[Task]) -> UnitCost:
     # Exposed dp traffic after the last gating task is not part of the layer: the next layer
     # (or the step's gradient sync) overlaps it.
@@ -178,4 +195,5 @@ def layer_cost(cg: CostedGraph, *, compute_slowdown: float = 1.0, comm_slowdown:
             (g, max((v - dict(first.exposed_comm_s).get(g, 0.0)) / 2, 0.0))
             for g, v in three.exposed_comm_s),
         wgrad_s=wgrad, hw_flops=flops)
-    return LayerCost(first=first, period=period, timeline=r1, tasks=tuple(t1))
+    return LayerCost(first=first, period=period, timeline=r1, tasks=tuple(t1),
+                     dp_tail_s=(_dp_tail(r1, t1), _dp_tail(r3, t3)))

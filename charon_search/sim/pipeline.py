@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from charon_search.errors import CharonError
+from charon_search.errors import CharonError, ConfigError
 from charon_search.sim.layer import UnitCost
 from charon_search.sim.schedules import PipeOp, schedule_order
 
@@ -113,6 +113,10 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             directions run back to back hide the shorter one's exposed communication.
     """
     dual = schedule == "dualpipe"
+    if v != 1 and schedule not in ("interleaved-1f1b", "dualpipe"):
+        # These orders ignore v: their chunks > 0 would never run ("deadlocked").
+        raise ConfigError(f"schedule {schedule!r} takes v=1 (only interleaved-1f1b and "
+                          f"dualpipe run several chunks per rank), but got v={v}")
     orders, plan_deps = _plan(schedule, p, m, v)
     ptr = [0] * p
     free = [0.0] * p
@@ -225,8 +229,11 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             stale = set(range(p))
             continue
         r, (op, t_ready, _) = best_r, best
-        # Zero-bubble: fill the wait before this op with deferred weight-gradient units.
-        while pending_w[r] and free[r] < t_ready - 1e-15:
+        # Zero-bubble: fill the wait before this op with deferred weight-gradient units, each
+        # only if it ends by the time the op is ready (ZB-H1 places a W where it fits; a longer
+        # one would delay the critical F/B and waits for a later gap or the cool-down).
+        while pending_w[r] and free[r] + ucost(
+                r, pending_w[r][0].chunk, "W").duration_s <= t_ready + 1e-12:
             w = pending_w[r].popleft()
             execute(r, w, ready_at(r, w) or 0.0)
             done += 1

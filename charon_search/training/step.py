@@ -426,12 +426,24 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     dual = L.schedule == "dualpipe"
     v = 2 if dual else L.vpp
     b, s = float(L.micro_batch_size), float(L.seq_len)
-    ctx = PassContext.from_layout(L)
+    # ZeRO-3 under a pipeline gathers and reduce-scatters once per step, not per micro-batch:
+    # torchtitan keeps the gathered parameters after the forward when pipelining
+    # (``apply_fsdp``: ``reshard_after_forward = not pp_enabled``, "to avoid per-microbatch
+    # all-gathers"), and PyTorch's pipelining runs every micro-batch's backward of an FSDP stage
+    # with ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``, then
+    # reduce-scatters once after the last backward (``torch/distributed/pipelining/stage.py``,
+    # ``backward_maybe_with_nosync`` and ``perform_reduce_grad``). The block graphs then carry
+    # no FSDP traffic; the step charges one reduce-scatter per layer (as for ZeRO-2 under a
+    # pipeline) and one parameter all-gather, overlapped with the first forward.
+    fsdp_once = L.zero_stage == 3 and p > 1
+    graph_zero = {"zero_stage": 2} if fsdp_once else {}
+    ctx = PassContext.from_layout(L, **graph_zero)
     tkey = _traced_key(spec, traced)
     blocks = _parallel_blocks(traced, ctx, (tkey, ctx.key()))
     # Megatron --recompute-num-layers: only that many layers per chunk use full recompute.
     partial_rc = L.recompute == "full" and L.recompute_num_layers > 0
-    plain_ctx = ctx if not partial_rc else PassContext.from_layout(L, recompute="none")
+    plain_ctx = ctx if not partial_rc else PassContext.from_layout(L, recompute="none",
+                                                                   **graph_zero)
     plain_blocks = blocks if not partial_rc else _parallel_blocks(
         traced, plain_ctx, (tkey, plain_ctx.key()))
     # Sliding-window attention layers (gpt-oss: every other layer, 128 keys) run their own
@@ -571,6 +583,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
         rank_end = pipe.rank_end_s[r]
         dp_free = early_free = 0.0
         dense_numel = expert_numel = 0.0
+        # (ready, seconds, name, chunk, FSDP tail) of every gradient bucket of the rank, over
+        # all of its chunks.
+        buckets: list[tuple[float, float, str, int, bool]] = []
         for c in range(v):
             names = stage_blocks[r][c]
             start, end = pipe.last_backward.get((r, c), (rank_end, rank_end))
@@ -581,7 +596,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
                 expert_numel += prm.expert_numel
                 ready = start + (end - start) * (i + 1) / nl
                 t = 0.0
-                if L.zero_stage != 3:
+                if L.zero_stage != 3 or fsdp_once:
                     kind = "all_reduce" if L.zero_stage == 0 else "reduce_scatter"
                     t += coster.collective(kind, prm.dense_numel * grad_b, dense_group, "dpcp")[0]
                     t += coster.collective(kind, prm.expert_numel * grad_b, expert_group,
@@ -594,17 +609,38 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
                     t += coster.collective("all_reduce",
                                            prm.expert_numel * grad_b / expert_group,
                                            expert_replicas, "dp_rep")[0]
+                if i == nl - 1 and names:
+                    # ZeRO-3: the reduce-scatter of the chunk's last layer in backward order,
+                    # issued after its final backward op, which the layer costs leave to the
+                    # next layer (``LayerCost.dp_tail``): nothing follows it here. FSDP2's
+                    # post-backward callback waits for it before the optimizer step.
+                    bl = costs[name][1]
+                    run = next((k for k, nm in enumerate(names) if nm != name), len(names))
+                    tail = bl.dp_tail(run) if bl is not None else 0.0
+                    if tail > 0:
+                        buckets.append((end, tail, f"grad_sync_tail.{name}", c, True))
                 if t > 0:
-                    early_end = 0.0
-                    if syncs > 1:
-                        # The earlier micro-batches' reduce-scatters run behind the backward
-                        # passes that follow theirs, in a chain of their own.
-                        st = max(early_free, first_bwd.get((r, c), ready))
-                        early_free = early_end = st + (syncs - 1) * t
-                        dp_intervals.append((r, f"grad_sync_early.{name}", st, early_end))
-                    st = max(dp_free, ready, early_end)
-                    dp_free = st + t
-                    dp_intervals.append((r, f"grad_sync.{name}", st, dp_free))
+                    buckets.append((ready, t, name, c, False))
+        # Megatron launches a chunk's bucket syncs when its last backward produces them, on one
+        # DP communicator: they queue in the order they become ready, not in chunk order
+        # (interleaved 1F1B and DualPipe finish chunk 0 last).
+        buckets.sort(key=lambda bk: bk[0])
+        for ready, t, name, c, is_tail in buckets:
+            if is_tail:
+                st = max(dp_free, ready)
+                dp_free = st + t
+                dp_intervals.append((r, name, st, dp_free))
+                continue
+            early_end = 0.0
+            if syncs > 1:
+                # The earlier micro-batches' reduce-scatters run behind the backward
+                # passes that follow theirs, in a chain of their own.
+                st = max(early_free, first_bwd.get((r, c), ready))
+                early_free = early_end = st + (syncs - 1) * t
+                dp_intervals.append((r, f"grad_sync_early.{name}", st, early_end))
+            st = max(dp_free, ready, early_end)
+            dp_free = st + t
+            dp_intervals.append((r, f"grad_sync.{name}", st, dp_free))
         overlap = sum(max(0.0, min(e, rank_end) - s0) for rr, _, s0, e in dp_intervals
                       if rr == r)
         dp_slow = overlap * (cal.overlap_compute_slowdown - 1.0)
@@ -618,12 +654,13 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
         tail_intervals.append((r, "compute", "optimizer_step", t, t + opt_s))
         t += opt_s
         ag_exposed = 0.0
-        if L.zero_stage in (1, 2) and (dense_group > 1 or expert_group > 1):
+        if (L.zero_stage in (1, 2) or fsdp_once) and (dense_group > 1 or expert_group > 1):
             ag = (coster.collective("all_gather", dense_numel * DTYPE_BYTES["bf16"], dense_group,
                                     "dpcp")[0]
                   + coster.collective("all_gather", expert_numel * DTYPE_BYTES["bf16"],
                                       expert_group, "edp")[0])
-            # Megatron's --overlap-param-gather hides it behind the next step's first forward.
+            # Megatron's --overlap-param-gather hides it behind the next step's first forward
+            # (pipelined FSDP: the first micro-batch's forward gathers, prefetching layers).
             first_f = unit(r, 0, "F").duration_s if L.fsdp_prefetch else 0.0
             ag_exposed = max(ag - first_f, 0.0)
             tail_intervals.append((r, "comm_dp", "param_all_gather", t, t + ag))
