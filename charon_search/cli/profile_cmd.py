@@ -2,8 +2,13 @@
 
 Times the compute ops of a catalog model at the given points (and/or a standard shape grid)
 with CUDA events (warm-up, repeats, median) and writes profile-DB rows
-(``OUT/profile_rows.parquet``, ``cost.profile_db`` schema), a ``calibration.yaml`` block
-(collective α/β fitted to NCCL over the local GPUs, overlap slowdown) and ``summary.json``.
+(``OUT/profile_rows.parquet``, ``cost.profile_db`` schema), ``--train-attention`` rows
+(``OUT/train_attention.parquet``, the format ``sim.train_attention`` reads), a
+``calibration.yaml`` block (collective α/β fitted to NCCL over the local GPUs, overlap
+slowdown) and ``summary.json``. Rows are written as they are measured (``profile_rows.jsonl``
+per shape; the other files atomically every few seconds and after each part), so a
+``timeout`` or a failing later part keeps every finished row. Exit 1 when nothing was
+measured; 143 when terminated (SIGTERM), after writing what was measured.
 Example: ``charon-search profile --model llama-3.1-8b --points 1x4096,64x1:4096 --grid
 --overlap --out prof/``.
 """
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -57,25 +64,115 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap", action="store_true",
                         help="measure the GEMM || communication overlap slowdown")
     parser.add_argument("--gpu-name", default=None,
-                        help="profile-DB GPU key (default: from the CUDA device name)")
+                        help="profile-DB GPU key (default: from the CUDA device name; one "
+                             "that names another GPU than the device is refused)")
+    parser.add_argument("--force-gpu-name", action="store_true",
+                        help="file the rows under --gpu-name even when the CUDA device is "
+                             "another GPU (the rows' source says so)")
+    parser.add_argument("--warm-l2", action="store_true",
+                        help="reuse GEMM weights between calls (warm L2) instead of rotating "
+                             "copies that span 2x the L2 (cold weights, as in a real model)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", required=True, help="output folder")
 
 
 def _gpu_key(args: argparse.Namespace, device_name: str) -> str:
+    """The profile-DB GPU key of this run: ``--gpu-name`` (normalized) or the key of the CUDA
+    device's name. A ``--gpu-name`` that names another GPU than the one detected is refused
+    (an H100's timings must never be filed as an H200's) unless ``--force-gpu-name``."""
     from charon_search.cost.profile_db import normalize_gpu
 
-    key = args.gpu_name or normalize_gpu(device_name)
-    if key is None:
-        raise ConfigError(f"--gpu-name: cannot map CUDA device {device_name!r} to a GPU key; "
-                          "pass --gpu-name")
+    detected = normalize_gpu(device_name)
+    if not args.gpu_name:
+        if detected is None:
+            raise ConfigError(f"--gpu-name: cannot map CUDA device {device_name!r} to a GPU "
+                              "key; pass --gpu-name")
+        return detected
+    key = normalize_gpu(args.gpu_name) or args.gpu_name
+    if detected is not None and key != detected and not args.force_gpu_name:
+        raise ConfigError(f"--gpu-name {args.gpu_name} ({key}) does not match the CUDA device "
+                          f"{device_name!r} ({detected}); drop --gpu-name, or pass "
+                          "--force-gpu-name to file the rows under it anyway")
     return key
 
 
+class _Terminated(BaseException):
+    """SIGTERM (``timeout``): unwind, write what was measured, exit 143."""
+
+
+class _StickyCudaError(Exception):
+    """The CUDA context no longer works (every later shape would fail): stop the run."""
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """``write(tmp_path)``, then rename over ``path``: a reader (or a kill) never sees half a
+    file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class _RunOutput:
+    """A profile run's files under ``out``, written as results come in.
+
+    ``profile_rows.jsonl`` gets every shape's rows the moment they are timed (one JSON line per
+    row, flushed: survives even SIGKILL). ``profile_rows.parquet`` (profile-DB rows),
+    ``train_attention.parquet`` (``--train-attention``: the format ``sim.train_attention``
+    reads), ``summary.json`` and ``calibration.yaml`` are rewritten atomically at most every
+    ``flush_s`` seconds, at the end of each part and when the run ends or is terminated.
+    """
+
+    FILES = ("profile_rows.jsonl", "profile_rows.parquet", "train_attention.parquet",
+             "summary.json", "calibration.yaml")
+
+    def __init__(self, out: Path, summary: dict[str, Any], *, flush_s: float = 2.0) -> None:
+        self.out, self.summary, self.flush_s = out, summary, flush_s
+        self.tables: dict[str, list[dict[str, Any]]] = {"profile_rows": [],
+                                                        "train_attention": []}
+        self.calibration: dict[str, Any] = {}
+        for name in self.FILES:  # an earlier run's files in this folder must not mix in
+            (out / name).unlink(missing_ok=True)
+        self._jsonl = (out / "profile_rows.jsonl").open("w")
+        self._last = time.monotonic()
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(rows) for rows in self.tables.values())
+
+    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
+        self.tables[table] += rows
+        for r in rows:
+            self._jsonl.write(json.dumps({"table": table, **r}, default=str) + "\n")
+        self._jsonl.flush()
+        if time.monotonic() - self._last >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        import pandas as pd
+        import yaml
+
+        self.summary["num_rows"] = self.num_rows
+        for table, rows in self.tables.items():
+            if rows or table == "profile_rows":
+                df = pd.DataFrame(rows)
+                _atomic_write(self.out / f"{table}.parquet",
+                              lambda p, df=df: df.to_parquet(p, index=False))
+        if self.calibration:
+            text = yaml.safe_dump({"calibration": self.calibration}, sort_keys=False)
+            _atomic_write(self.out / "calibration.yaml", lambda p: p.write_text(text))
+        text = json.dumps(self.summary, indent=1, default=str) + "\n"
+        _atomic_write(self.out / "summary.json", lambda p: p.write_text(text))
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self._jsonl.close()
+
+
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-    import yaml
+    import pandas as pd  # noqa: F401 - imported before any GPU work: a missing one fails first
+    import yaml  # noqa: F401
 
     from charon_search.profiling import (
         CudaEventTimer,
@@ -88,7 +185,11 @@ def run(args: argparse.Namespace) -> int:
         select_shapes,
         standard_grid,
     )
-    from charon_search.profiling.runner import default_source
+    from charon_search.profiling.runner import (
+        db_rows_problems,
+        default_source,
+        train_attention_rows,
+    )
     from charon_search.profiling.shapes import (
         fp8_training_gemm_grid,
         gh100_crosscheck_grid,
@@ -124,8 +225,12 @@ def run(args: argparse.Namespace) -> int:
     device = torch.cuda.get_device_name(0)
     gpu = _gpu_key(args, device)
     source = default_source(device)
-    shapes = []
+    from charon_search.cost.profile_db import normalize_gpu
+
+    if normalize_gpu(device) not in (None, gpu):  # --force-gpu-name: say so on every row
+        source += f", filed as {gpu} by --force-gpu-name"
     errors: list[str] = []
+    shapes = []
     for name in args.model or ():
         try:
             shapes += select_shapes(model_graphs(name, args.phase), points)
@@ -133,64 +238,144 @@ def run(args: argparse.Namespace) -> int:
             errors.append(f"model {name}: {type(e).__name__}: {e}")
     if args.grid:
         shapes += standard_grid()
-    if args.train_attention:
-        shapes += training_attention_grid(head_dim=args.head_dim, v_head_dim=args.v_head_dim)
     if args.fp8_gemm:
         shapes += fp8_training_gemm_grid()
     if args.gh100_crosscheck:
         shapes += gh100_crosscheck_grid()
-    shapes = list(dict.fromkeys(shapes))
+    train_shapes = (training_attention_grid(head_dim=args.head_dim, v_head_dim=args.v_head_dim)
+                    if args.train_attention else [])
+    train_set = set(train_shapes)
+    shapes = [s for s in dict.fromkeys(shapes) if s not in train_set]
     timer = CudaEventTimer(warmup=args.warmup, repeats=args.repeats, use_graphs=not args.eager,
-                           sdpa_backend=args.sdpa_backend)
-    t0 = time.time()
+                           sdpa_backend=args.sdpa_backend, cold_l2=not args.warm_l2)
     kernel = f"torch {torch.__version__}"
     if args.sdpa_backend != "default":
         kernel += f" sdpa:{args.sdpa_backend}"
-    rows = profile_shapes(shapes, timer=timer, gpu=gpu, kernel=kernel, source=source,
-                          on_error=lambda s, e: errors.append(f"{s}: {type(e).__name__}: {e}"))
-    summary: dict[str, Any] = {"device": device, "gpu": gpu, "num_shapes": len(shapes),
-                               "num_rows": len(rows), "errors": errors,
-                               "compute_wall_s": time.time() - t0,
-                               "eager_fallbacks": timer.eager_fallbacks,
-                               "timing": (f"eager calls, median of {args.repeats}, "
-                                          f"{args.warmup} warm-up" if args.eager else
-                                          f"CUDA-graph replay of {timer.inner} calls, median "
-                                          f"of {args.repeats}, {args.warmup} warm-up"),
-                               "sdpa_backend": args.sdpa_backend}
-    calibration: dict[str, Any] = {}
-    if args.collectives:
-        if torch.cuda.device_count() < 2:
-            summary["collectives"] = f"skipped: {torch.cuda.device_count()} GPU visible"
-        else:
-            from charon_search.cost.nccl_fit import fit_points
+    inner = getattr(timer, "inner", 10)
+    summary: dict[str, Any] = {
+        "status": "running", "device": device, "gpu": gpu, "source": source,
+        "num_shapes": len(shapes) + len(train_shapes), "num_rows": 0, "errors": errors,
+        "parts": {},
+        "timing": (f"eager calls, median of {args.repeats}, {args.warmup} warm-up"
+                   if args.eager else f"CUDA-graph replay of >= {inner} calls, median of "
+                   f"{args.repeats}, {args.warmup} warm-up"),
+        "l2": ("warm (--warm-l2)" if args.warm_l2 else
+               "GEMM weights under 2x L2 rotated over copies spanning >= 2x L2 (cold)"),
+        "sdpa_backend": args.sdpa_backend}
+    output = _RunOutput(out, summary)
 
-            sizes = [2**i for i in range(12, 31, 2)]
-            coll = measure_collectives(sizes, warmup=args.warmup, repeats=args.repeats)
-            for r in coll:
-                rows.append({**r, "gpu": gpu, "kernel": f"nccl torch {torch.__version__}",
-                             "source": source})
-            import numpy as np
+    def on_error(shape: Any, e: Exception) -> None:
+        errors.append(f"{shape}: {type(e).__name__}: {e}")
+        try:  # a sticky error (illegal address...) fails every later shape: stop instead
+            torch.cuda.synchronize()
+        except Exception as sticky:
+            raise _StickyCudaError(f"CUDA context unusable after {shape.op_kind} "
+                                   f"{shape.variant}: {type(sticky).__name__}: "
+                                   f"{sticky}") from sticky
 
-            alpha, bus, mape = fit_points([r["op_kind"] for r in coll],
-                                          np.array([r["group_size"] for r in coll]),
-                                          np.array([r["bytes"] for r in coll]),
-                                          np.array([r["latency_s"] for r in coll]))
-            calibration["collective_alpha_us"] = {"nvlink": round(alpha * 1e6, 3)}
-            calibration["collective_bus_gbyte_per_s"] = {"nvlink": round(bus / 1e9, 1)}
-            calibration.setdefault("provenance", {})["collective.nvlink"] = (
-                f"fit to charon-search profile NCCL on {torch.cuda.device_count()}x {device}, "
-                f"{len(coll)} points, MAPE {mape:.1%}")
-    if args.overlap:
-        res = measure_overlap(timer)
-        summary["overlap"] = res
-        block = overlap_calibration(res, device=device)
-        prov = {**calibration.get("provenance", {}), **block.pop("provenance")}
-        calibration.update(block)
-        calibration["provenance"] = prov
-    pd.DataFrame(rows).to_parquet(out / "profile_rows.parquet", index=False)
-    (out / "calibration.yaml").write_text(yaml.safe_dump({"calibration": calibration},
-                                                         sort_keys=False))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    print(f"profiled {len(rows)} rows on {device} ({gpu}) in {summary['compute_wall_s']:.1f} s; "
-          f"{len(errors)} shapes failed; wrote {out}", file=sys.stderr)
-    return 0
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    try:
+        old_handler = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread (embedded use): no handler
+        old_handler = None
+    status, rc = "complete", 0
+    t0 = time.time()
+    try:
+        parts: dict[str, Any] = summary["parts"]
+        for part, part_shapes, table in (("compute", shapes, "profile_rows"),
+                                         ("train_attention", train_shapes, "train_attention")):
+            if not part_shapes:
+                continue
+            before = len(errors)
+            convert = train_attention_rows if table == "train_attention" else list
+            got = profile_shapes(part_shapes, timer=timer, gpu=gpu, kernel=kernel,
+                                 source=source, on_error=on_error,
+                                 on_rows=lambda rows, t=table, c=convert: output.add(t, c(rows)))
+            parts[part] = {"shapes": len(part_shapes), "rows": len(got),
+                           "failed": len(errors) - before}
+            summary["compute_wall_s"] = time.time() - t0
+            summary["eager_fallbacks"] = timer.eager_fallbacks
+            output.flush()
+        if args.collectives:
+            if torch.cuda.device_count() < 2:
+                parts["collectives"] = f"skipped: {torch.cuda.device_count()} GPU visible"
+                summary["collectives"] = parts["collectives"]
+            else:
+                try:
+                    _collectives(args, output, measure_collectives, gpu=gpu, device=device,
+                                 source=source)
+                    parts["collectives"] = "ok"
+                except Exception as e:
+                    errors.append(f"collectives: {type(e).__name__}: {e}")
+                    parts["collectives"] = "failed"
+                output.flush()
+        if args.overlap:
+            try:
+                res = measure_overlap(timer)
+                summary["overlap"] = res
+                block = overlap_calibration(res, device=device)
+                cal = output.calibration
+                prov = {**cal.get("provenance", {}), **block.pop("provenance")}
+                cal.update(block)
+                cal["provenance"] = prov
+                parts["overlap"] = "ok"
+            except Exception as e:  # e.g. Triton cannot JIT its copy kernel: keep the rows
+                errors.append(f"overlap: {type(e).__name__}: {e}")
+                parts["overlap"] = "failed"
+            output.flush()
+    except _StickyCudaError as e:
+        errors.append(str(e))
+        status, rc = f"aborted: {e}", 1
+    except _Terminated:
+        status, rc = "terminated (SIGTERM) before the end; the rows measured are kept", 143
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+        summary["status"] = status
+        summary.setdefault("compute_wall_s", time.time() - t0)
+        problems = db_rows_problems(output.tables["profile_rows"])
+        if problems:
+            summary["db_problems"] = problems
+        output.close()
+    measured = output.num_rows + (1 if "overlap" in summary else 0) + (
+        1 if summary["parts"].get("collectives") == "ok" else 0)
+    print(f"profiled {output.num_rows} rows on {device} ({gpu}) in "
+          f"{summary['compute_wall_s']:.1f} s; {len(errors)} failed; {status}; wrote {out}",
+          file=sys.stderr)
+    if problems:
+        print("charon-search profile: error: profile_rows.parquet would not load as is: "
+              + "; ".join(problems), file=sys.stderr)
+        rc = rc or 1
+    if measured == 0:
+        print("charon-search profile: error: nothing was measured (every shape and part "
+              "failed); see summary.json", file=sys.stderr)
+        rc = rc or 1
+    return rc
+
+
+def _collectives(args: argparse.Namespace, output: _RunOutput, measure: Any, *, gpu: str,
+                 device: str, source: str) -> None:
+    import numpy as np
+    import torch
+
+    from charon_search.cost.nccl_fit import fit_points
+
+    sizes = [2**i for i in range(12, 31, 2)]
+    coll = measure(sizes, warmup=args.warmup, repeats=args.repeats)
+    output.add("profile_rows", [{**r, "gpu": gpu, "kernel": f"nccl torch {torch.__version__}",
+                                 "source": source} for r in coll])
+    alpha, bus, mape = fit_points([r["op_kind"] for r in coll],
+                                  np.array([r["group_size"] for r in coll]),
+                                  np.array([r["bytes"] for r in coll]),
+                                  np.array([r["latency_s"] for r in coll]))
+    cal = output.calibration
+    cal["collective_alpha_us"] = {"nvlink": round(alpha * 1e6, 3)}
+    cal["collective_bus_gbyte_per_s"] = {"nvlink": round(bus / 1e9, 1)}
+    cal.setdefault("provenance", {})["collective.nvlink"] = (
+        f"fit to charon-search profile NCCL on {torch.cuda.device_count()}x {device}, "
+        f"{len(coll)} points, MAPE {mape:.1%}")

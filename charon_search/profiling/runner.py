@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import itertools
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -19,15 +21,38 @@ from typing import Any
 from charon_search.profiling.shapes import OpShape
 
 __all__ = [
+    "ELEMENTWISE_TRAFFIC",
     "CudaEventTimer",
+    "db_rows_problems",
+    "elementwise_bytes",
     "measure_collectives",
     "measure_overlap",
     "overlap_calibration",
     "profile_shapes",
     "rows_from_measurements",
+    "train_attention_rows",
 ]
 
 Timer = Callable[[OpShape], float]
+
+
+#: Bytes per element of the dtypes the timer builds.
+ITEMSIZE: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+#: Elementwise variant -> (element reads + writes per element of ``numel``, what is timed).
+#: ``add``: ``x + y`` reads 2, writes 1. ``act``: ``F.silu(g) * u`` is two kernels, SiLU
+#: (read 1, write 1) then the multiply (read 2, write 1): 5, not a fused SiLU-and-mul's 3.
+#: ``rope``: ``x * cs`` with two full-size operands (read 2, write 1), a stand-in for RoPE's
+#: read-modify-write of q/k.
+ELEMENTWISE_TRAFFIC: dict[str, tuple[int, str]] = {
+    "add": (3, "x+y, 1 kernel"),
+    "act": (5, "silu(g)*u, 2 kernels (silu, mul), not fused"),
+    "rope": (3, "x*cos_sin stand-in for rope, 1 kernel"),
+}
+
+
+def elementwise_bytes(variant: str, dtype: str, numel: float) -> float:
+    """HBM bytes the timed elementwise kernels move (``ELEMENTWISE_TRAFFIC`` x dtype size)."""
+    return float(ELEMENTWISE_TRAFFIC.get(variant, (3, ""))[0] * ITEMSIZE.get(dtype, 2) * numel)
 
 
 def rows_from_measurements(measured: Iterable[tuple[OpShape, float]], *, gpu: str, kernel: str,
@@ -36,38 +61,121 @@ def rows_from_measurements(measured: Iterable[tuple[OpShape, float]], *, gpu: st
     rows = []
     for shape, seconds in measured:
         p = dict(shape.params)
-        row: dict[str, Any] = {"gpu": gpu, "op_kind": shape.op_kind, "variant": shape.variant,
-                               "dtype": shape.dtype, "kernel": f"{kernel} {shape.op_kind}",
-                               "source": source, "latency_s": float(seconds)}
+        kern = f"{kernel} {shape.op_kind}"
         if shape.op_kind == "elementwise":
-            numel = p["numel"]
-            p["bytes"] = {"add": 6, "act": 6, "rope": 4}.get(shape.variant, 6) * numel
+            p["bytes"] = elementwise_bytes(shape.variant, shape.dtype, p["numel"])
+            what = ELEMENTWISE_TRAFFIC.get(shape.variant, (3, ""))[1]
+            kern += f" {what}" if what else ""
         if shape.op_kind == "grouped_gemm":
             p["group_size"] = 1.0
+        row: dict[str, Any] = {"gpu": gpu, "op_kind": shape.op_kind, "variant": shape.variant,
+                               "dtype": shape.dtype, "kernel": kern,
+                               "source": source, "latency_s": float(seconds)}
         row.update(p)
         rows.append(row)
     return rows
 
 
 def profile_shapes(shapes: Sequence[OpShape], *, timer: Timer, gpu: str, kernel: str,
-                   source: str, on_error: Callable[[OpShape, Exception], None] | None = None
+                   source: str, on_error: Callable[[OpShape, Exception], None] | None = None,
+                   on_rows: Callable[[list[dict[str, Any]]], None] | None = None
                    ) -> list[dict[str, Any]]:
-    """Time every shape with ``timer`` and return DB rows; shapes that fail are skipped."""
-    measured = []
+    """Time every shape with ``timer`` and return DB rows; shapes that fail are skipped.
+
+    ``on_rows`` gets each shape's rows as soon as it is timed (the CLI writes them to disk
+    then, so a kill keeps every finished row). A timer with a ``last_note`` attribute (the
+    ``CudaEventTimer``: timing method and L2 state of the last shape) has it appended to the
+    row's ``source``. An exception raised by ``on_error`` ends the loop (a sticky CUDA error).
+    """
+    rows: list[dict[str, Any]] = []
     for shape in shapes:
         try:
-            measured.append((shape, timer(shape)))
+            seconds = timer(shape)
         except Exception as e:  # an OOM or unsupported shape must not end the whole run
             if on_error is not None:
                 on_error(shape, e)
-    return rows_from_measurements(measured, gpu=gpu, kernel=kernel, source=source)
+            continue
+        note = getattr(timer, "last_note", "")
+        got = rows_from_measurements([(shape, seconds)], gpu=gpu, kernel=kernel,
+                                     source=f"{source}; {note}" if note else source)
+        rows += got
+        if on_rows is not None:
+            on_rows(got)
+    return rows
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver version (NVML, else ``nvidia-smi``), or ``"?"``."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        pass
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10).stdout.strip().splitlines()
+        return out[0].strip() if out else "?"
+    except Exception:
+        return "?"
 
 
 def default_source(device_name: str) -> str:
+    """Provenance of a run's rows: device, driver, CUDA runtime, cuDNN, torch and the date
+    (each row adds its timing method and L2 state, ``CudaEventTimer.last_note``)."""
     import torch
 
     day = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-    return f"charon-search profiler on {device_name}, torch {torch.__version__}, {day}"
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return (f"charon-search profiler on {device_name} (driver {_driver_version()}, "
+            f"CUDA {torch.version.cuda}, cuDNN {cudnn}), torch {torch.__version__}, {day}")
+
+
+def db_rows_problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why ``cost.profile_db.write_profile_db`` would reject or silently drop some of
+    ``rows`` (unknown columns; op kinds without a lookup key; rows that share a lookup key,
+    of which the writer keeps only the first). Empty when the rows load as they are."""
+    import pandas as pd
+
+    from charon_search.cost.profile_db import COLUMNS, DEDUP_EXTRA, SHAPE_KEYS
+
+    if not rows:
+        return []
+    df = pd.DataFrame(list(rows))
+    problems = []
+    unknown = sorted(set(df.columns) - set(COLUMNS))
+    if unknown:
+        problems.append(f"unknown columns {unknown} (write_profile_db rejects them)")
+    for kind, part in df.groupby("op_kind"):
+        if kind not in SHAPE_KEYS:
+            problems.append(f"op kind {kind!r} has no profile-DB lookup key: its {len(part)} "
+                            "rows would collapse to one per (variant, dtype)")
+            continue
+        keys = [c for c in ("variant", "dtype", *SHAPE_KEYS[kind], *DEDUP_EXTRA.get(kind, ()))
+                if c in part.columns]
+        dup = int(part.duplicated(subset=keys).sum())
+        if dup:
+            problems.append(f"op kind {kind!r}: {dup} rows repeat another row's lookup key "
+                            f"{keys} (write_profile_db keeps only the first)")
+    return problems
+
+
+def train_attention_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Training-attention rows in the format ``sim.train_attention`` reads: every row has
+    ``v_head_dim`` (``head_dim`` where the shape has no separate value head dim)."""
+    out = []
+    for r in rows:
+        d = dict(r)
+        v = d.get("v_head_dim")
+        if v is None or v != v:  # missing or NaN
+            d["v_head_dim"] = float(d["head_dim"])
+        out.append(d)
+    return out
 
 
 # ---------------------------------------------------------------------------- CUDA timing
@@ -79,6 +187,12 @@ SDPA_BACKENDS = {"default": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_AT
                  "efficient": "EFFICIENT_ATTENTION"}
 
 
+#: L2 size assumed when the device does not report one (the H200's is 60 MB, the H100's 50).
+DEFAULT_L2_BYTES = 64 * 2**20
+#: At most this many weight copies are rotated (the note then says how many bytes they span).
+MAX_WEIGHT_COPIES = 128
+
+
 class CudaEventTimer:
     """Median seconds of an op shape on the current CUDA device (CUDA events).
 
@@ -86,12 +200,19 @@ class CudaEventTimer:
     between two events (time / ``inner``): that is the GPU time of the kernels, as serving
     engines see it under CUDA graphs, without the Python/driver launch gaps that dominate
     eager timing of small kernels (~20-40 µs per call on a sandboxed host). Ops that cannot be
-    captured fall back to eager timing.
+    captured fall back to eager timing (not on an out-of-memory error), and the row says so.
+
+    Cold weights: a GEMM (bf16, fp8 ``_scaled_mm``, grouped expert GEMM) whose weights are
+    smaller than twice the L2 cache (decode-sized GEMMs at TP 2-8) rotates over enough weight
+    copies that together they span at least ``2 x L2`` (``cold_l2``), so each call reads its
+    weights from HBM, as a model far larger than L2 does; activations and other ops keep their
+    operands (warm L2). ``last_note`` describes how the last shape was timed (timing method,
+    L2 state); ``profile_shapes`` appends it to the row's ``source``.
     """
 
     def __init__(self, *, warmup: int = 3, repeats: int = 10, device: str = "cuda",
-                 use_graphs: bool = True, inner: int = 10, sdpa_backend: str = "default"
-                 ) -> None:
+                 use_graphs: bool = True, inner: int = 10, sdpa_backend: str = "default",
+                 cold_l2: bool = True, l2_bytes: int | None = None) -> None:
         import torch
 
         if sdpa_backend not in SDPA_BACKENDS:
@@ -102,15 +223,65 @@ class CudaEventTimer:
         self.use_graphs, self.inner = use_graphs, inner
         self.sdpa_backend = sdpa_backend
         self.eager_fallbacks = 0
+        self.cold_l2 = cold_l2
+        if l2_bytes is None and str(device).startswith("cuda"):
+            try:
+                l2_bytes = int(torch.cuda.get_device_properties(device).L2_cache_size)
+            except Exception:
+                l2_bytes = None
+        self.l2_bytes = int(l2_bytes or DEFAULT_L2_BYTES)
+        self.last_note = ""
+        self._l2_note = ""
+
+    def weight_copies(self, weight_bytes: float) -> int:
+        """How many copies of a ``weight_bytes`` weight to rotate so each call reads it cold
+        (1: no rotation, the weight is at least twice the L2 or ``cold_l2`` is off)."""
+        if not self.cold_l2 or weight_bytes <= 0 or weight_bytes >= 2 * self.l2_bytes:
+            return 1
+        return min(math.ceil(2 * self.l2_bytes / weight_bytes), MAX_WEIGHT_COPIES)
+
+    def graph_calls(self, fn: Callable[[], Any]) -> int:
+        """Calls captured per graph: ``inner``, raised to a multiple of ``fn``'s weight
+        rotation so consecutive replays keep the rotation's order (each copy is used again
+        only after all the others)."""
+        rot = max(int(getattr(fn, "rotation", 1)), 1)
+        return rot * math.ceil(self.inner / rot)
+
+    def _rotating(self, make: Callable[[], Any], weight_bytes: float
+                  ) -> tuple[list[Any], Callable[[], Any]]:
+        """``copies`` weights made by ``make`` and a function returning the next one."""
+        copies = self.weight_copies(weight_bytes)
+        ws = [make() for _ in range(copies)]
+        if copies > 1:
+            self._l2_note = (f"L2 cold: weights rotated over {copies} copies "
+                             f"({copies * weight_bytes / 1e6:.0f} MB; L2 "
+                             f"{self.l2_bytes / 1e6:.0f} MB)")
+        else:
+            self._l2_note = ("L2: weights larger than 2x L2 (read from HBM)"
+                             if self.cold_l2 else "L2 warm: operands reused")
+        cycle = itertools.cycle(ws)
+        return ws, lambda: next(cycle)
 
     def time_fn(self, fn: Callable[[], Any]) -> float:
         if self.use_graphs:
             try:
-                return self._time_graph(fn)
-            except Exception:  # not capturable (host sync, NCCL without graph support...)
+                seconds = self._time_graph(fn)
+                self.last_note = (f"timing: CUDA-graph replay of {self.graph_calls(fn)} calls, "
+                                  f"median of {self.repeats}, {self.warmup} warm-up")
+                return seconds
+            except self.torch.cuda.OutOfMemoryError:
+                raise  # not a capture problem: the shape fails, no eager re-timing
+            except Exception as e:  # not capturable (host sync, NCCL without graph support...)
                 self.eager_fallbacks += 1
                 self.torch.cuda.synchronize()
-        return self._time_eager(fn)
+                seconds = self._time_eager(fn)
+                self.last_note = (f"timing: eager calls (graph capture failed: "
+                                  f"{type(e).__name__}), median of {self.repeats}, "
+                                  f"{self.warmup} warm-up")
+                return seconds
+        seconds = self._time_eager(fn)
+        self.last_note = f"timing: eager calls, median of {self.repeats}, {self.warmup} warm-up"
+        return seconds
 
     def _events(self, fn: Callable[[], Any]) -> list[float]:
         torch = self.torch
@@ -131,6 +302,7 @@ class CudaEventTimer:
 
     def _time_graph(self, fn: Callable[[], Any]) -> float:
         torch = self.torch
+        calls = self.graph_calls(fn)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -140,16 +312,20 @@ class CudaEventTimer:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(self.inner):
+            for _ in range(calls):
                 fn()
         graph.replay()
         torch.cuda.synchronize()
-        return statistics.median(self._events(graph.replay)) / self.inner
+        return statistics.median(self._events(graph.replay)) / calls
 
     def __call__(self, shape: OpShape) -> float:
+        self._l2_note = "L2 warm: operands reused"  # GEMM builds say otherwise
         fn = self.build(shape)
         try:
-            return self.time_fn(fn)
+            seconds = self.time_fn(fn)
+            if self._l2_note:
+                self.last_note += f"; {self._l2_note}"
+            return seconds
         finally:
             del fn
             self.torch.cuda.empty_cache()
@@ -165,8 +341,10 @@ class CudaEventTimer:
         if shape.op_kind == "gemm" and shape.variant.startswith("scaled_mm."):
             return self._scaled_mm(shape.variant.split(".", 1)[1], p)
         if shape.op_kind == "gemm":
-            a, w = rnd(p["m"], p["k"]), rnd(p["n"], p["k"])
-            return lambda: F.linear(a, w)
+            a = rnd(p["m"], p["k"])
+            ws, nxt = self._rotating(lambda: rnd(p["n"], p["k"]),
+                                     p["n"] * p["k"] * ITEMSIZE.get(shape.dtype, 2))
+            return _with_rotation(lambda: F.linear(a, nxt()), len(ws))
         if shape.op_kind in ("attention", "attention_bwd"):
             return self._attention(shape, p, rnd)
         if shape.op_kind == "norm":
@@ -185,8 +363,10 @@ class CudaEventTimer:
         if shape.op_kind == "grouped_gemm":
             e = max(p["num_experts"], 1)
             rows = max(p["tokens"] * p["top_k"] // e, 1)  # balanced routing
-            xs, ws = rnd(e, rows, p["k"]), rnd(e, p["k"], p["n"])
-            return lambda: torch.bmm(xs, ws)
+            xs = rnd(e, rows, p["k"])
+            ws, nxt = self._rotating(lambda: rnd(e, p["k"], p["n"]),
+                                     e * p["k"] * p["n"] * ITEMSIZE.get(shape.dtype, 2))
+            return _with_rotation(lambda: torch.bmm(xs, nxt()), len(ws))
         raise ValueError(f"cannot profile op kind {shape.op_kind}")
 
     def _attention(self, shape: OpShape, p: dict[str, int], rnd: Callable[..., Any]
@@ -232,7 +412,9 @@ class CudaEventTimer:
         m, n, k = p["m"], p["n"], p["k"]
         fp8 = torch.float8_e4m3fn
         a = torch.randn(m, k, device=self.device).to(fp8)
-        bt = torch.randn(n, k, device=self.device).to(fp8).t()  # column-major B, as cuBLASLt wants
+        # column-major B, as cuBLASLt wants; rotated copies when it fits in L2 (cold weights)
+        bts, nxt = self._rotating(lambda: torch.randn(n, k, device=self.device).to(fp8).t(),
+                                  n * k)
         if scaling == "tensorwise":
             sa = torch.ones((), device=self.device)
             sb = torch.ones((), device=self.device)
@@ -240,8 +422,15 @@ class CudaEventTimer:
             sa = torch.ones(m, 1, device=self.device)
             sb = torch.ones(1, n, device=self.device)
         fast = scaling != "rowwise_slowacc"
-        return lambda: torch._scaled_mm(a, bt, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                                        use_fast_accum=fast)
+        return _with_rotation(lambda: torch._scaled_mm(a, nxt(), scale_a=sa, scale_b=sb,
+                                                       out_dtype=torch.bfloat16,
+                                                       use_fast_accum=fast), len(bts))
+
+
+def _with_rotation(fn: Callable[[], Any], copies: int) -> Callable[[], Any]:
+    """``fn`` marked with the number of weight copies it cycles through."""
+    fn.rotation = copies  # type: ignore[attr-defined]
+    return fn
 
 
 # ---------------------------------------------------------------------------- collectives

@@ -119,6 +119,8 @@ def test_timer_builds_backward_and_fp8_ops_on_cpu():
     fn = timer.build(small)
     inputs = [c.cell_contents for c in fn.__closure__ or ()
               if isinstance(c.cell_contents, torch.Tensor)]
+    nxt = next(c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents))
+    inputs.append(nxt())  # the (rotated, cold-L2) weight operand
     assert sum(t.dtype == torch.float8_e4m3fn for t in inputs) == 2  # not a bf16 F.linear
     assert fn().dtype == torch.bfloat16
     with pytest.raises(ValueError, match="sdpa_backend"):
