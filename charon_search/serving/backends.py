@@ -672,8 +672,9 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             max_prefill_tokens=(isl + AIC_PREFILL_HEADROOM_TOKENS if aic
                                 else SGLANG_DEFAULT_MAX_PREFILL_TOKENS),
             prefix_caching=not aic, decode_in_budget=False, overlap_scheduler=overlap,
-            cuda_graph_sizes=graphs, kv_admission="ratio",
+            cuda_graph_sizes=graphs, kv_admission="ignore_eos" if aic else "ratio",
             sources=(*graphs_src,
+                SGLANG_IGNORE_EOS_SOURCE if aic else
                 "SGLang PrefillAdder admission: a request starts only if its prompt plus "
                 "min(max_new_tokens, 4096) fits beside new_token_ratio (0.7, decaying per "
                 "decode step, raised after a retraction) x the running requests' remaining "
@@ -866,8 +867,9 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         cuda_graph_sizes=sglang_cuda_graph_sizes(cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
         allreduce_norm_fusion=fp4_blackwell, gpu_memory_utilization=mem,
+        kv_admission="ignore_eos",
         sources=(
-            f"--mem-fraction-static {mem} ({recipe.split(':')[0]})",
+            f"--mem-fraction-static {mem} ({recipe.split(':')[0]})", SGLANG_IGNORE_EOS_SOURCE,
             *(("--enable-flashinfer-allreduce-fusion (dsr1_fp4_b200.sh): the RMSNorm after "
                "each TP all-reduce runs in the all-reduce kernel",) if fp4_blackwell else ()),
             *((f"--scheduler-recv-interval {recv} (InferenceX dsr1_fp4_b200.sh, "
@@ -889,6 +891,16 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         ))
 
 
+#: Where a launch turns SGLang's radix cache off and its clients ignore EOS (the InferenceX and
+#: aiconfigurator benchmark clients do), ``PrefillAdder.add_one_req`` takes
+#: ``add_one_req_ignore_eos`` (``kv_admission="ignore_eos"``).
+SGLANG_IGNORE_EOS_SOURCE = (
+    "SGLang admission of requests that ignore EOS with the radix cache off (PrefillAdder."
+    "add_one_req_ignore_eos, managers/schedule_policy.py): a request starts only if, with every "
+    "request's remaining output known, the KV cache never runs out as they finish "
+    "(kv_admission 'ignore_eos')")
+
+
 def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
                    overlap: bool = True, allreduce_fusion: bool = False,
                    notes: tuple[str, ...] = (), gpu: str = "") -> EngineProfile:
@@ -908,8 +920,9 @@ def _sglang_recipe(recipe: str, *, tokens: int, mem: float, stream: int = 0,
         max_num_batched_tokens=chunk, max_prefill_tokens=most, prefix_caching=False,
         decode_in_budget=False, overlap_scheduler=overlap, stream_interval=stream,
         gpu_memory_utilization=mem, allreduce_norm_fusion=allreduce_fusion,
+        kv_admission="ignore_eos",
         sources=(
-            f"{flags} (InferenceX benchmarks/single_node/{recipe})",
+            f"{flags} (InferenceX benchmarks/single_node/{recipe})", SGLANG_IGNORE_EOS_SOURCE,
             *(("all-reduce fusion: the RMSNorm after each TP all-reduce runs in the all-reduce "
                "kernel",) if allreduce_fusion else ()),
             *((f"chunked_prefill_size {chunk} ({SGLANG_CHUNK_DEFAULT_RULE}), "

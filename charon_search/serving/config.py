@@ -45,11 +45,14 @@ PREFILL_SCHEDULES = ("mixed", "prefill_first")
 #: (``managers/schedule_policy.py``): a request is admitted only if its remaining prompt plus
 #: ``min(max_new_tokens, 4096)`` fits in the free KV minus the running requests' expected
 #: future output (``new_token_ratio`` x their remaining output, the ratio decaying per decode
-#: step and raised after a retraction; ``engine.ReplicaEngine``). ``reserve_max``: admitted
+#: step and raised after a retraction; ``engine.ReplicaEngine``). ``ignore_eos``: the same
+#: engine when its clients ignore EOS and its radix cache is off
+#: (``PrefillAdder.add_one_req_ignore_eos``): admitted only if, with every request's remaining
+#: output known, the cache never runs out as they finish. ``reserve_max``: admitted
 #: only if its prompt + output fit next to the running requests' own prompt + output, so
 #: nothing is ever preempted (TensorRT-LLM's default capacity scheduler policy
 #: ``GUARANTEED_NO_EVICT``).
-KV_ADMISSIONS = ("on_demand", "ratio", "reserve_max")
+KV_ADMISSIONS = ("on_demand", "ratio", "ignore_eos", "reserve_max")
 #: Tensor-parallel all-reduce implementations: NCCL, or an engine's custom NVLink kernel.
 TP_ALLREDUCES = ("nccl", "vllm", "sglang", "trtllm")
 #: Kernel running the routed experts of a quantized MoE checkpoint when a launch chose it;

@@ -61,6 +61,9 @@ SGLANG_MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
 SGLANG_NEW_TOKEN_RATIO_DECAY = (SGLANG_INIT_NEW_TOKEN_RATIO - SGLANG_MIN_NEW_TOKEN_RATIO) / 600
 SGLANG_RETRACT_DECODE_STEPS = 20
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+#: ``IGNORE_EOS_RESERVE_TOKENS`` (schedule_policy.py): tokens kept free per running request
+#: by the admission of requests that ignore EOS.
+SGLANG_IGNORE_EOS_RESERVE_TOKENS = 1
 
 
 class ItlHistogram:
@@ -226,7 +229,10 @@ class ReplicaEngine:
         vllm_like = config.engine in ("", "vllm")
         self.graph_by_tokens = vllm_like
         self.cache_at_schedule = vllm_like
-        self.ratio = config.kv_admission == "ratio"
+        self.ratio = config.kv_admission in ("ratio", "ignore_eos")
+        self.ignore_eos = config.kv_admission == "ignore_eos"
+        """SGLang's admission of requests that ignore EOS with its radix cache off
+        (``PrefillAdder.add_one_req_ignore_eos``, ``_ignore_eos_fits``)."""
         self.new_token_ratio = SGLANG_INIT_NEW_TOKEN_RATIO
         """SGLang's ``new_token_ratio`` (``kv_admission="ratio"``)."""
         self._admit_seq = 0
@@ -452,6 +458,29 @@ class ReplicaEngine:
         return (self.pool.available() * self.pool.block_size
                 - self.new_token_ratio * self._future_output_tokens())
 
+    def _ignore_eos_fits(self, r: Request, prompt: int, room: float, cur_room: float) -> bool:
+        """SGLang ``PrefillAdder.add_one_req_ignore_eos`` (clients that ignore EOS, radix cache
+        off): ``r``'s ``prompt`` tokens must fit both rooms, and, with every running request and
+        ``r`` sorted by the output tokens they have left, the cache must never run out as they
+        finish in that order: for the i-th of n, ``cur_room + freed - left_i x (n - i)`` must
+        exceed ``IGNORE_EOS_RESERVE_TOKENS`` (1) x (n - i), ``freed`` the prompt + output
+        tokens of those finished before it."""
+        paged = self.pool.pages_for(prompt) * self.pool.block_size
+        if paged > min(cur_room, room):
+            return False
+        states = [(r.output_tokens - r.gen0, r.prompt_tokens + r.gen0)]
+        for x in self.decoding.values():
+            done = x.gen0 + (self.dstep - x.join_step) * self.e
+            states.append((x.output_tokens - done, x.prompt_tokens + done))
+        states += [(x.output_tokens - x.gen0, x.prompt_tokens + x.gen0) for x in self.prefilling]
+        states = sorted(s for s in states if s[0] > 0)
+        rem, freed, n = cur_room - paged, 0.0, len(states)
+        for i, (left, occupied) in enumerate(states):
+            if rem + freed - left * (n - i) <= SGLANG_IGNORE_EOS_RESERVE_TOKENS * (n - i):
+                return False
+            freed += occupied
+        return True
+
     def _update_ratio(self, retracted: bool) -> None:
         """SGLang's ``new_token_ratio`` after a decode step (constants above)."""
         if not retracted:
@@ -543,6 +572,8 @@ class ReplicaEngine:
         prefill_cap = cfg.max_prefill_tokens or budget
         # SGLang's PrefillAdder: KV room left after the decode set's expected output.
         room = self._ratio_room() if self.ratio else math.inf
+        # ... and its ``cur_rem_tokens``: free and evictable KV tokens, less this step's prompts.
+        cur_room = float(pool.available() * pool.block_size)
         taken = 0
         chunks: list[tuple[Request, int]] = []
         # 2. Running (partially prefilled) requests, in admission order.
@@ -588,6 +619,7 @@ class ReplicaEngine:
             taken += take
             if self.ratio:
                 left = r.output_tokens - int(r.gen0)
+                cur_room -= take
                 room -= take + (min(left, SGLANG_CLIP_MAX_NEW_TOKENS)
                                 if r.prefilled + take >= r.target else 0)
             i += 1
@@ -617,7 +649,8 @@ class ReplicaEngine:
                 # PrefillAdder.add_one_req: the whole remaining prompt plus its clipped output
                 # must fit (``total_tokens >= rem_total_tokens`` -> NO_TOKEN).
                 future = min(r.output_tokens - int(r.gen0), SGLANG_CLIP_MAX_NEW_TOKENS)
-                if remaining + future >= room:
+                if (not self._ignore_eos_fits(r, remaining, room, cur_room) if self.ignore_eos
+                        else remaining + future >= room):
                     if r.hit_blocks:
                         self._unmatch(r, now_s)
                     break
@@ -639,6 +672,7 @@ class ReplicaEngine:
             # A chunked (truncated) admission reserves only its chunk (``_update_prefill_budget``
             # with max_new_tokens 0); the rest is checked when its last chunk is scheduled.
             room -= take + (future if take == remaining else 0)
+            cur_room -= take
             chunks.append((r, take))
             budget -= take
             taken += take

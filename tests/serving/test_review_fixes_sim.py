@@ -120,3 +120,41 @@ def test_an_iteration_of_no_time_is_reported_as_such():
                         kernel_launch_overhead_s=0.0, cuda_graph=False)
     with pytest.raises(InfeasibleError, match="costed at"):
         simulate_serving("debug-llama", CL, cfg, [_req(0, 0.0, 100, 10)], cost_model=free)
+
+
+def test_sglang_ignore_eos_admission_never_runs_out():
+    # SGLang with its radix cache off and clients ignoring EOS (PrefillAdder
+    # .add_one_req_ignore_eos): with every remaining output known, the k-th of k identical
+    # requests (100 + 1000 tokens, prompts paged to 112) starts only if
+    # 16,000 - 100 (k - 1) - 112 - 1000 k > 1 x k, i.e. k <= 14; nothing is ever retracted.
+    # SGLang's new_token_ratio rule admits 14 too but retracts 10 times; on-demand 40 and 39.
+    from charon_search.serving.simulator import run_simulation
+
+    def run(adm: str):
+        cfg = ServingConfig(num_kv_blocks=1000, iteration_overhead_s=1e-3, kv_admission=adm,
+                            engine="sglang", prefill_schedule="prefill_first",
+                            decode_in_budget=False, prefix_caching=False)
+        sim, rep = run_simulation("debug-llama", CL, cfg,
+                                  [_req(i, 0.0, 100, 1000) for i in range(40)],
+                                  cost_model=AFF, record_iterations=True)
+        first = next(x for e in sim.replicas for x in e.records)
+        return first.num_prefill, rep.num_preemptions, rep.num_completed
+
+    assert run("ignore_eos") == (14, 0, 40)
+    assert run("on_demand") == (40, 39, 40)
+
+
+def test_sglang_benchmark_launches_admit_as_ignore_eos():
+    # aiconfigurator's and InferenceX's SGLang launches turn the radix cache off and their
+    # clients ignore EOS; SGLang launched with its defaults keeps the ratio rule.
+    from charon_search.serving.backends import engine_profile
+
+    aic = engine_profile("sglang", isl=1024, max_batch_size=64, version="0.5.6",
+                         launcher="aiconfigurator", gpu="h200-sxm-141gb")
+    ix = engine_profile("sglang", isl=1024, osl=1024, max_batch_size=64,
+                        launcher="inferencex", model="deepseek-ai/DeepSeek-R1",
+                        gpu="h200-sxm-141gb", precision="fp8", tp=8)
+    own = engine_profile("sglang", isl=1024, max_batch_size=64, launcher="engine_defaults",
+                         gpu="h200-sxm-141gb")
+    assert (aic.kv_admission, ix.kv_admission, own.kv_admission) == (
+        "ignore_eos", "ignore_eos", "ratio")
