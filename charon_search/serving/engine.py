@@ -468,6 +468,8 @@ class ReplicaEngine:
         paged = self.pool.pages_for(prompt) * self.pool.block_size
         if paged > min(cur_room, room):
             return False
+        if self._window_tokens:
+            return True  # SGLang skips the rest for sliding-window (SWA) pools (``is_hybrid``)
         states = [(r.output_tokens - r.gen0, r.prompt_tokens + r.gen0)]
         for x in self.decoding.values():
             done = x.gen0 + (self.dstep - x.join_step) * self.e

@@ -158,3 +158,28 @@ def test_sglang_benchmark_launches_admit_as_ignore_eos():
                          gpu="h200-sxm-141gb")
     assert (aic.kv_admission, ix.kv_admission, own.kv_admission) == (
         "ignore_eos", "ignore_eos", "ratio")
+
+
+def test_sglang_ignore_eos_admission_on_a_sliding_window_pool():
+    # SGLang skips the finish-order check for sliding-window (SWA) pools and keeps only the
+    # early exit (the prompt's pages within both rooms). gpt-oss-120b, 64 requests of
+    # 1,000 + 200 tokens, 1,000 blocks of 16. Every layer holding every token: the k-th
+    # starts if 16,000 - 1,000 (k - 1) - 1,008 - 200 k > k, so 13 start, none retracted.
+    # Paged (18 windowed layers: 2,000 pages, 72 a prompt): 1,152 <= 32,000 - 1,200 (k - 1)
+    # lets 26 start, and 3 are retracted later.
+    from charon_search.serving.simulator import run_simulation
+
+    def run(windowed: bool):
+        reqs = [_req(i, 0.0, 1000, 200) for i in range(64)]
+        cfg = ServingConfig(num_kv_blocks=1000, max_num_seqs=64, windowed_kv=windowed,
+                            kv_admission="ignore_eos", engine="sglang",
+                            prefill_schedule="prefill_first", decode_in_budget=False,
+                            prefix_caching=False, max_num_batched_tokens=65536,
+                            iteration_overhead_s=1e-3)
+        sim, rep = run_simulation("gpt-oss-120b", "h100-sxm-8gpu", cfg, reqs,
+                                  record_iterations=True)
+        first = next(x for e in sim.replicas for x in e.records)
+        return first.num_prefill, rep.num_preemptions, rep.num_completed
+
+    assert run(False) == (13, 0, 64)
+    assert run(True) == (26, 3, 64)
