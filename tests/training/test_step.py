@@ -16,21 +16,7 @@ from charon_search.sim.costing import GraphCoster
 from charon_search.testing import toy_cluster
 from charon_search.training import simulate_training, stage_layers
 
-
-class FlopsCostModel:
-    """Compute nodes at 100 TFLOP/s or 1 TB/s, whichever is slower (test stand-in)."""
-
-    provenance = "roofline"
-
-    def cost_graph(self, graph, b, s, c=None):
-        ev = graph.evaluate(b, s, c)
-        return np.maximum(ev.flops / 100e12, ev.bytes / 1e12)
-
-
-SPEC = ModelSpec(name="synthetic", hf_config={}, model_type="llama", num_layers=8,
-                 hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                 intermediate_size=512, vocab_size=1024, layer_types=("dense",) * 8)
-TRACED = synthetic_model(SPEC, layer_types=("dense",))
+from .conftest import SPEC, TRACED, FlopsCostModel
 
 
 def _sim(layout: Layout, **kw):
@@ -194,7 +180,7 @@ def test_moe_ep_imbalance_and_overlap() -> None:
 def test_timeline_identical_across_processes() -> None:
     import subprocess
     import sys
-    code = ("import sys; sys.path.insert(0, 'tests/training'); import test_step as t; "
+    code = ("import sys; sys.path.insert(0, '.'); from tests.training import test_step as t; "
             "from charon_search.layout import Layout; "
             "r = t._sim(Layout(tp=2, pp=2, schedule='interleaved-1f1b', vpp=2, "
             "global_batch_size=4, seq_len=128)); "
@@ -262,7 +248,6 @@ def test_distinct_ranks_of_a_tokens_experts_match_a_sampled_router(ep, n_group, 
     """DeepSeek-V3 routing (256 experts, top-8, ``topk_group`` of ``n_group`` groups) over
     ``ep`` ranks holding consecutive experts: the closed form against 40,000 sampled tokens
     (EP 32, 4 groups: 16 candidate ranks of 8 experts, 16 * (1 - C(120,8)/C(128,8)) = 6.60)."""
-    import numpy as np
 
     from charon_search.training.step import ep_distinct_ranks
 

@@ -3,13 +3,10 @@ ZeRO-3 tail reduce-scatter, zero-bubble W placement, and ``run_pipeline``'s ``v`
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from charon_search.catalog.spec import ModelSpec
 from charon_search.errors import ConfigError
 from charon_search.layout import Layout
-from charon_search.passes.synthetic import synthetic_model
 from charon_search.sim.costing import GraphCoster
 from charon_search.sim.engine import StreamEngine, Task
 from charon_search.sim.layer import UnitCost, _dp_tail
@@ -17,21 +14,8 @@ from charon_search.sim.pipeline import run_pipeline
 from charon_search.testing import toy_cluster
 from charon_search.training import simulate_training
 
+from .conftest import SPEC, TRACED, FlopsCostModel
 
-class FlopsCostModel:
-    """Compute nodes at 100 TFLOP/s or 1 TB/s, whichever is slower (test stand-in)."""
-
-    provenance = "roofline"
-
-    def cost_graph(self, graph, b, s, c=None):
-        ev = graph.evaluate(b, s, c)
-        return np.maximum(ev.flops / 100e12, ev.bytes / 1e12)
-
-
-SPEC = ModelSpec(name="synthetic", hf_config={}, model_type="llama", num_layers=8,
-                 hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                 intermediate_size=512, vocab_size=1024, layer_types=("dense",) * 8)
-TRACED = synthetic_model(SPEC, layer_types=("dense",))
 EMBED_PARAMS = 1024 * 256  # vocab x hidden
 FP32 = 4  # gradient reduce dtype
 
