@@ -20,26 +20,25 @@ from typing import Any
 from charon_search.errors import ConfigError
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an integer >= 1 (a one-line usage error otherwise)."""
+def _int_at_least(text: str, low: int) -> int:
+    """``text`` as an integer >= ``low``, else argparse's one-line usage error."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1 (a one-line usage error otherwise)."""
+    return _int_at_least(text, 1)
 
 
 def nonnegative_int(text: str) -> int:
     """argparse ``type=``: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 @contextmanager
