@@ -150,16 +150,20 @@ def chain_tasks(cg: CostedGraph, copies: int, *, fsdp_prefetch: bool = True,
             for v in order]
 
 
+def _gate_end(res: EngineResult, tasks: list[Task]) -> float:
+    """End of the run's last gating (non-``dp``) task."""
+    return max((res.end_s[i] for i, t in enumerate(tasks) if t.group != "dp"), default=0.0)
+
+
 def _dp_tail(res: EngineResult, tasks: list[Task]) -> float:
     """Time the run's ``dp`` collectives go on after its last gating (non-``dp``) task."""
-    gate_end = max((res.end_s[i] for i, t in enumerate(tasks) if t.group != "dp"), default=0.0)
-    return max(res.makespan_s - gate_end, 0.0)
+    return max(res.makespan_s - _gate_end(res, tasks), 0.0)
 
 
 def _unit(res: EngineResult, wgrad_s: float, flops: float, tasks: list[Task]) -> UnitCost:
     # Exposed dp traffic after the last gating task is not part of the layer: the next layer
     # (or the step's gradient sync) overlaps it.
-    gate_end = max((res.end_s[i] for i, t in enumerate(tasks) if t.group != "dp"), default=0.0)
+    gate_end = _gate_end(res, tasks)
     tail = res.makespan_s - gate_end
     ex = dict(res.exposed_comm_s)
     if tail > 0 and "dp" in ex:
