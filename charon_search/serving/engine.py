@@ -653,8 +653,7 @@ class ReplicaEngine:
                 future = min(r.output_tokens - int(r.gen0), SGLANG_CLIP_MAX_NEW_TOKENS)
                 if (not self._ignore_eos_fits(r, remaining, room, cur_room) if self.ignore_eos
                         else remaining + future >= room):
-                    if r.hit_blocks:
-                        self._unmatch(r, now_s)
+                    self._unmatch(r, now_s)
                     break
             take = remaining if not cfg.chunked_prefill else min(remaining, budget)
             extra = self._prefill_private(r, r.prefilled + take) - self._prefill_private(
