@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from charon_search.errors import ConfigError
-from charon_search.profiling.runner import SDPA_BACKENDS
+from charon_search.profiling.runner import SDPA_BACKENDS, atomic_write
 
 __all__ = ["add_arguments", "run"]
 
@@ -105,14 +104,6 @@ class _StickyCudaError(Exception):
     """The CUDA context no longer works (every later shape would fail): stop the run."""
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """``write(tmp_path)``, then rename over ``path``: a reader (or a kill) never sees half a
-    file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 class _RunOutput:
     """A profile run's files under ``out``, written as results come in.
 
@@ -156,13 +147,13 @@ class _RunOutput:
         for table, rows in self.tables.items():
             if rows or table == "profile_rows":
                 df = pd.DataFrame(rows)
-                _atomic_write(self.out / f"{table}.parquet",
+                atomic_write(self.out / f"{table}.parquet",
                               lambda p, df=df: df.to_parquet(p, index=False))
         if self.calibration:
             text = yaml.safe_dump({"calibration": self.calibration}, sort_keys=False)
-            _atomic_write(self.out / "calibration.yaml", lambda p: p.write_text(text))
+            atomic_write(self.out / "calibration.yaml", lambda p: p.write_text(text))
         text = json.dumps(self.summary, indent=1, default=str) + "\n"
-        _atomic_write(self.out / "summary.json", lambda p: p.write_text(text))
+        atomic_write(self.out / "summary.json", lambda p: p.write_text(text))
         self._last = time.monotonic()
 
     def close(self) -> None:

@@ -12,13 +12,13 @@ twice (forward and backward rows are keyed apart by ``op_kind``).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from charon_search.errors import ConfigError
+from charon_search.profiling.runner import atomic_write
 
 __all__ = ["TRAIN_ATTENTION_KEY", "main", "merge_train_attention"]
 
@@ -84,9 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"merge_train_attention: error: {e}", file=sys.stderr)
         return 2
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, args.out)
+    atomic_write(args.out, lambda tmp: df.to_parquet(tmp, index=False))
     print(f"wrote {len(df)} rows ({df.gpu.iloc[0]}, {_backend(df.kernel.iloc[0])}) to "
           f"{args.out}", file=sys.stderr)
     return 0

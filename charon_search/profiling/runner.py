@@ -14,8 +14,10 @@ import datetime as _dt
 import functools
 import itertools
 import math
+import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from charon_search.profiling.shapes import OpShape
@@ -23,6 +25,7 @@ from charon_search.profiling.shapes import OpShape
 __all__ = [
     "ELEMENTWISE_TRAFFIC",
     "CudaEventTimer",
+    "atomic_write",
     "db_rows_problems",
     "elementwise_bytes",
     "measure_collectives",
@@ -34,6 +37,14 @@ __all__ = [
 ]
 
 Timer = Callable[[OpShape], float]
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp_path)``, then rename over ``path``: a reader (or a kill) never sees half a
+    file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
 
 
 #: Bytes per element of the dtypes the timer builds.
