@@ -1,17 +1,28 @@
 """Topology-aware collective costs: α-β per tier, ring / tree / NVLS / hierarchical algorithms.
 
-A group of ``n`` ranks occupies global ranks ``0, stride, 2·stride, ...`` (the representative
-group; all groups of a mesh axis are alike). Tiers are nested domains of consecutive ranks
-(``TopologyTier.num_devices``: 8 for an NVLink node, 3,072 for a pod...), so the rank positions
-decide which tiers the group spans: TP=8 with stride 1 stays on NVLink, a DP group with stride 64
-crosses nodes and maybe pods.
+A group of ``n`` ranks occupies global ranks ``o, o + stride, ..., o + (n-1)·stride``. Tiers are
+nested domains of consecutive ranks (``TopologyTier.num_devices``: 8 for an NVLink node, 72 for
+an NVL72 rack, 3,072 for a pod...), so the rank positions decide which tiers the group spans:
+TP=8 with stride 1 stays on NVLink, a DP group with stride 64 crosses nodes and maybe pods. Where
+the innermost tier sets ``job_devices`` a job fills only that many devices of each of its
+domains (GB200 NVL72: 64 of a rack's 72 GPUs), and the domains count ranks that way
+(``rank_domains``). Without ``world_size`` the group at ``o = 0`` is priced. With it (the job's
+ranks ``0 .. world_size-1``), the groups of the mesh axis tile the job (``o = r + b·n·stride``,
+``r < stride``; a send/recv pair ``(o, o + stride)`` for every ``o``) and the slowest one is
+priced, since the step waits for it: where tier sizes do not divide the groups' layout (72 GPUs
+per rack and EP=32, or the 64-GPU racks and PP stages of 32 ranks) some groups straddle a rack
+and cross the network while the group at rank 0 does not. The distinct placements are
+enumerated once per shape (``_group_offsets``: the layout repeats with the lcm of the block
+``n·stride`` and the tier sizes that cut it) and each distinct level structure is priced.
 
 Notation (per call): ``S`` = message bytes per rank (``ir.ops.PARAMS_BY_KIND``: the full buffer of
 an all-reduce, the gathered output of an all-gather, the input of a reduce-scatter, the send buffer
 of an all-to-all, the payload of a send/recv); ``k_t`` = most group ranks inside one tier-``t``
-domain (``k_{-1} = 1``, ``k_T = n`` at the outermost spanned tier ``T``); ``m_t = k_t / k_{t-1}``
-the fan-out at level ``t``; ``B_t`` = per-GPU bandwidth of tier ``t`` times its calibrated
-efficiency, divided by the contention factor; ``α_t`` the calibrated per-step latency.
+domain (``k_{-1} = 1``, ``k_T = n`` at the outermost spanned tier ``T``), ``k^min_t`` the fewest
+in an occupied one; ``m_t`` the fan-out at level ``t``, most occupied tier-``(t-1)`` domains
+inside one tier-``t`` domain (``k_t / k_{t-1}`` when every domain holds as many ranks);
+``B_t`` = per-GPU bandwidth of tier ``t`` times its calibrated efficiency, divided by the
+contention factor; ``α_t`` the calibrated per-step latency.
 
 Algorithms (NCCL-like; ``algo=None`` picks the fastest available):
 
@@ -21,21 +32,24 @@ Algorithms (NCCL-like; ``algo=None`` picks the fastest available):
   each step pays the α of the tier its hop crosses (NCCL's tuning model: of an all-reduce's
   ``2(n-1)`` steps, ``2·nNodes`` cross the network; ``_ring_latency``).
 * ``tree`` (double binary tree, all-reduce): ``2·S/B_min + 2·Σ_t ceil(log2 m_t)·α_t``, except
-  that across tiers an innermost level that is one node is a chain (``m_0 − 1`` steps: NCCL's
-  tuning model ``2·((nRanks/nNodes − 1)·intraLat + log2(nNodes)·interLat)``;
-  ``_tree_latency``).
+  that an innermost level that is one node (a DGX/HGX NVSwitch, a PCIe box) is a chain
+  (``m_0 − 1`` steps: NCCL's tuning model ``2·((nRanks/nNodes − 1)·intraLat +
+  log2(nNodes)·interLat)``; ``_tree_latency``), on one tier as across tiers.
 * ``nvls`` (NVLink SHARP, in-switch reduction) where a tier lists it: all-reduce ``S/B + 2α``;
   all-gather / reduce-scatter ``(n-1)/n·S/B + 2α``.
 * ``hierarchical`` for groups crossing tiers: reduce-scatter inside each level from the innermost
-  out (level ``t`` works on ``S/k_{t-1}`` bytes over ``m_t`` ranks), all-reduce among the
-  outermost level's ranks, then all-gather back. All-gather / reduce-scatter use half of it.
-* ``pairwise`` all-to-all: every rank sends ``S/n`` to each peer; the ``p_t = k_t - k_{t-1}``
-  peers first reached at tier ``t`` go over ``B_t``: ``max_t S·p_t/n/B_t + α_0 + Σ_{t>0}
-  p_t·α_t``. Inside the innermost tier (an NVLink switch domain) the sends to all peers are in
-  flight at once (NCCL groups them; EP kernels write every peer in one launch), so that tier
-  adds one latency ``α_0`` (``<tier>.pairwise``, fitted to measured NCCL all-to-all:
-  aiconfigurator's 2-8-GPU tables rise by 0.15-0.25 us per peer at 512 B, not by a ring
-  step's α); across a network tier every peer is a separate message, ``α_t`` each.
+  out (level ``t`` works on ``S/k^min_{t-1}`` bytes over ``m_t`` ranks: a domain holding fewer
+  ranks leaves each a larger shard for the next stage, which its fewer NICs carry), all-reduce
+  among the outermost level's ``m_T`` ranks, then all-gather back. All-gather /
+  reduce-scatter use half of it.
+* ``pairwise`` all-to-all: every rank sends ``S/n`` to each peer; the ``p_t = k_t - k^min_{t-1}``
+  peers a rank of the smallest tier-``(t-1)`` domain first reaches at tier ``t`` go over
+  ``B_t``: ``max_t S·p_t/n/B_t + α_0 + Σ_{t>0} p_t·α_t``. Inside the innermost tier (an
+  NVLink switch domain) the sends to all peers are in flight at once (NCCL groups them; EP
+  kernels write every peer in one launch), so that tier adds one latency ``α_0``
+  (``<tier>.pairwise``, fitted to measured NCCL all-to-all: aiconfigurator's 2-8-GPU tables
+  rise by 0.15-0.25 us per peer at 512 B, not by a ring step's α); across a network tier
+  every peer is a separate message, ``α_t`` each.
 * ``p2p`` send/recv between ranks ``0`` and ``stride``: ``S/B_T + α_T`` on the tier they share.
 
 Contention: ``concurrent_groups`` groups of the same shape communicate at once (e.g. the 8 DP
@@ -70,6 +84,7 @@ __all__ = [
     "collective_time",
     "estimate_collective",
     "group_tiers",
+    "rank_domains",
 ]
 
 ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "pairwise", "p2p")
@@ -100,29 +115,70 @@ class _Level:
     """Fewest group ranks inside an occupied domain of the tier below (their NICs carry rings)."""
     k: int
     """Most group ranks inside one domain of this tier."""
-
-    @property
-    def fan(self) -> float:
-        return self.k / self.k_prev
+    m: int
+    """Fan-out: most occupied domains of the tier below inside one domain of this tier."""
+    parts: int
+    """Occupied domains of the tier below over the whole group (``k`` ranks at the innermost
+    level are ``k`` parts)."""
 
 
 @functools.lru_cache(maxsize=4096)
-def _levels(n: int, stride: int, sizes: tuple[int, ...]) -> tuple[_Level, ...]:
-    """The levels a group of ``n`` ranks at ``stride`` spans (exact counting of domains)."""
-    ranks = [i * stride for i in range(n)]
+def _levels(n: int, stride: int, sizes: tuple[int, ...], offset: int = 0
+            ) -> tuple[_Level, ...]:
+    """The levels the group of ``n`` ranks ``offset + i·stride`` spans (exact counting of
+    domains)."""
+    ranks = [offset + i * stride for i in range(n)]
     out: list[_Level] = []
-    k_prev, k_prev_min = 1, 1
+    k_prev, k_prev_min, below = 1, 1, 1
     for idx, size in enumerate(sizes):
         counts: dict[int, int] = {}
+        subs: dict[int, set[int]] = {}
         for r in ranks:
-            counts[r // size] = counts.get(r // size, 0) + 1
+            d = r // size
+            counts[d] = counts.get(d, 0) + 1
+            subs.setdefault(d, set()).add(r // below)
         k, k_min = max(counts.values()), min(counts.values())
         if k > k_prev:
-            out.append(_Level(tier_idx=idx, k_prev=k_prev, k_prev_min=k_prev_min, k=k))
+            out.append(_Level(tier_idx=idx, k_prev=k_prev, k_prev_min=k_prev_min, k=k,
+                              m=max(len(v) for v in subs.values()),
+                              parts=len({r // below for r in ranks})))
         if k == n:
             break
-        k_prev, k_prev_min = k, k_min
+        k_prev, k_prev_min, below = k, k_min, size
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_offsets(n: int, stride: int, sizes: tuple[int, ...], world: int | None,
+                   pairs: bool) -> tuple[int, ...]:
+    """First ranks of the groups whose placements differ, among the groups of the axis that
+    tile ranks ``0 .. world-1`` (``(0,)`` without ``world``).
+
+    Collective groups start at ``o = r + b·n·stride`` (``r < stride``). A tier of ``T`` ranks
+    cuts no group when ``T`` is a multiple of the block ``n·stride`` or holds the whole job
+    (``T >= world``); the other tiers' boundaries repeat with ``q = lcm(n·stride, T...)``, so
+    offsets below ``q`` cover every placement, and ``r`` matters only where such a ``T`` and
+    ``stride`` do not divide one another. When every cutting tier is a multiple or a divisor of
+    the block (and of the stride) all groups lie alike and only ``o = 0`` is returned.
+
+    Send/recv pairs ``(o, o + stride)`` (``pairs``) exist for every ``o <= world - 1 - stride``;
+    the one across the first boundary of each tier smaller than the job (``o = T - stride``, or
+    ``0`` where ``T < stride``) is the pair that crosses that tier, so those and ``0`` cover the
+    tiers a pair can share.
+    """
+    span = (n - 1) * stride + 1
+    if world is None or world <= span:
+        return (0,)
+    if pairs:
+        return tuple(sorted({0, *(max(0, t - stride) for t in sizes if t < world)}))
+    block = n * stride
+    cutting = [t for t in sizes if t < world and t % block]
+    if all(block % t == 0 and (t % stride == 0 or stride % t == 0) for t in cutting):
+        return (0,)
+    q = math.lcm(block, *cutting)
+    last = min(world - span, q - 1)
+    rs = range(1) if all(t % stride == 0 or stride % t == 0 for t in cutting) else range(stride)
+    return tuple(o for b in range(0, last + 1, block) for r in rs if (o := b + r) <= last)
 
 
 def _kind(kind: OpKind | str) -> OpKind:
@@ -143,8 +199,23 @@ def group_tiers(group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> tu
     _check_group(group_size, stride, cluster)
     if group_size <= 1:
         return ()
-    sizes = tuple(t.num_devices for t in cluster.tiers)
+    sizes = rank_domains(cluster)
     return tuple(cluster.tiers[lv.tier_idx].name for lv in _levels(group_size, stride, sizes))
+
+
+def rank_domains(cluster: ClusterSpec) -> tuple[int, ...]:
+    """Consecutive global ranks per domain of each tier, innermost first: ``num_devices``, or,
+    where the innermost tier sets ``job_devices`` (a job fills ``P`` of a domain's ``T``
+    devices: 64 of an NVL72 rack's 72), ``num_devices·P/T`` (a leaf of 8 racks holds 512 job
+    ranks); the outermost then grows to a multiple of that at least ``num_devices``, so that
+    it still holds every rank. The loader checks that the tiers nest."""
+    tiers = cluster.tiers
+    inner = tiers[0]
+    if not inner.job_devices or inner.job_devices == inner.num_devices:
+        return tuple(t.num_devices for t in tiers)
+    scaled = [t.num_devices // inner.num_devices * inner.job_devices for t in tiers]
+    scaled[-1] *= -(-tiers[-1].num_devices // scaled[-1])
+    return tuple(scaled)
 
 
 def whole_number(name: str, value: float) -> int:
@@ -274,9 +345,8 @@ def _tree_latency(ctx: _Ctx) -> float:
     lat = 0.0
     node = ctx.cluster.gpus_per_node
     for lv in ctx.levels:
-        fan = max(lv.fan, 1.0)
         chain = lv.tier_idx == 0 and ctx.tier(lv).num_devices <= node
-        steps = fan - 1 if chain else math.ceil(math.log2(fan))
+        steps = lv.m - 1 if chain else math.ceil(math.log2(lv.m))
         lat += 2 * steps * ctx.alpha(lv, "tree")
     return lat
 
@@ -287,11 +357,12 @@ def _ring_latency(ctx: _Ctx, n: int, *, all_reduce: bool) -> float:
     nInterSteps·interLat`` with ``nsteps = 2(n−1)``, ``nInterSteps = 2·nNodes`` for an
     all-reduce and ``n−1``, ``nNodes−1`` for an all-gather / reduce-scatter), extended to more
     than two tiers: one trip round the ring crosses ``D_j`` boundaries of the domains below
-    level ``j`` (``D_j = ceil(n / k_prev)``), ``D_j − D_{j+1}`` of them on level ``j``'s tier
+    level ``j`` (``D_j``: the occupied ones, ``_Level.parts``), ``D_j − D_{j+1}`` of them on
+    level ``j``'s tier
     and no higher one; an all-reduce makes two trips, an all-gather / reduce-scatter one less
     one outermost hop. The other steps stay inside the innermost level and pay its α."""
     lvs = ctx.levels
-    doms = [math.ceil(n / lv.k_prev) for lv in lvs[1:]] + [0]
+    doms = [lv.parts for lv in lvs[1:]] + [0]
     total_steps = (2 if all_reduce else 1) * (n - 1)
     lat, outer_steps = 0.0, 0
     for j, lv in enumerate(lvs[1:]):
@@ -311,8 +382,8 @@ def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
         name = ctx.tier(lv).name
         out["ring"] = (_ring_single(2, s, n, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring")), name)
         if ctx.has(lv, "tree"):
-            out["tree"] = (2 * s / ctx.bw(lv, "tree")
-                           + 2 * math.ceil(math.log2(n)) * ctx.alpha(lv, "tree"), name)
+            # chain inside one node, binary tree over a network or a multi-node NVLink domain
+            out["tree"] = (2 * s / ctx.bw(lv, "tree") + _tree_latency(ctx), name)
         if ctx.has(lv, "nvls"):
             out["nvls"] = (s / ctx.bw(lv, "nvls") + 2 * ctx.alpha(lv, "nvls"), name)
         return out
@@ -329,13 +400,15 @@ def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
         bw_s, neck = max(terms)
         out["tree"] = (bw_s + _tree_latency(ctx), neck)
     # Hierarchical: RS in, AR at the top (ring or tree: two variants, each affine in S), AG out.
+    # Each stage is sized by the smallest occupied domain below it: its ranks hold the largest
+    # shards (12 ranks as 8 + 4: the 4-GPU node's ranks hold S/4 and cross on 4 NICs).
     total, worst = 0.0, (-1.0, "")
     for lv in lvs[:-1]:
-        part = 2 * _ring_single(1, s / lv.k_prev, lv.fan, ctx.bw(lv, "ring"),
+        part = 2 * _ring_single(1, s / lv.k_prev_min, lv.m, ctx.bw(lv, "ring"),
                                 ctx.alpha(lv, "ring"))
         total += part
         worst = max(worst, (part, ctx.tier(lv).name))
-    for top_algo, top in _all_reduce_top(ctx, outer, s / outer.k_prev).items():
+    for top_algo, top in _all_reduce_top(ctx, outer, s / outer.k_prev_min).items():
         neck = max(worst, (top, ctx.tier(outer).name))[1]
         key = "hierarchical" if top_algo == "ring" else f"hierarchical/{top_algo}"
         out[key] = (total + top, neck)
@@ -344,11 +417,10 @@ def _all_reduce(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
 
 def _all_reduce_top(ctx: _Ctx, lv: _Level, s: float) -> dict[str, float]:
     """All-reduce among the outermost level's ranks (one per lower domain), any algorithm."""
-    fan = lv.fan
-    out = {"ring": _ring_single(2, s, fan, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring"))}
+    out = {"ring": _ring_single(2, s, lv.m, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring"))}
     if ctx.has(lv, "tree"):
         out["tree"] = (2 * s / ctx.bw(lv, "tree")
-                       + 2 * math.ceil(math.log2(max(fan, 1.0))) * ctx.alpha(lv, "tree"))
+                       + 2 * math.ceil(math.log2(lv.m)) * ctx.alpha(lv, "tree"))
     return out
 
 
@@ -368,8 +440,9 @@ def _gather_scatter(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]
              for lv in lvs]
     bw_s, neck = max(terms)
     out["ring"] = (bw_s + _ring_latency(ctx, n, all_reduce=False), neck)
-    parts = [(_ring_single(1, s / lv.k_prev, lv.fan, ctx.bw(lv, "ring"), ctx.alpha(lv, "ring")),
-              ctx.tier(lv).name) for lv in lvs]
+    # sized by the smallest occupied domain below each stage, as the all-reduce's
+    parts = [(_ring_single(1, s / lv.k_prev_min, lv.m, ctx.bw(lv, "ring"),
+                           ctx.alpha(lv, "ring")), ctx.tier(lv).name) for lv in lvs]
     out["hierarchical"] = (sum(p for p, _ in parts), max(parts)[1])
     return out
 
@@ -377,7 +450,8 @@ def _gather_scatter(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]
 def _all_to_all(ctx: _Ctx, s: float, n: int) -> dict[str, tuple[float, str]]:
     terms, lat = [], 0.0
     for lv in ctx.levels:
-        peers = lv.k - lv.k_prev
+        # peers a rank of the smallest lower domain reaches first here (its NICs carry them)
+        peers = lv.k - lv.k_prev_min
         terms.append((s * peers / n / ctx.bw(lv, "pairwise"), ctx.tier(lv).name))
         # innermost (switched NVLink) tier: all peers at once; network tiers: per peer
         lat += ctx.alpha(lv, "pairwise") * (1 if lv.tier_idx == 0 else peers)
@@ -390,28 +464,62 @@ def _send_recv(ctx: _Ctx, s: float) -> dict[str, tuple[float, str]]:
     return {"p2p": (s / ctx.bw(lv, "p2p") + ctx.alpha(lv, "p2p"), ctx.tier(lv).name)}
 
 
-# id(cluster) -> (cluster, {(n, stride, concurrent): _Ctx}); the cluster is kept so its id
-# cannot be reused while the entry lives. Bounded: cleared when it grows past _MAX_CACHED.
-_CONTEXTS: dict[int, tuple[ClusterSpec, dict[tuple[int, int, int], _Ctx]]] = {}
+# id(cluster) -> (cluster, cache); the cluster is kept so its id cannot be reused while the
+# entry lives. The cache maps ``(n, stride, concurrent, world, pairs)`` to the contexts of the
+# distinct placements of that group shape, and ``(levels, concurrent)`` to one ``_Ctx`` (groups
+# placed alike share it and its per-kind lines). Bounded: cleared when it grows past
+# _MAX_CACHED clusters or _MAX_SHAPES entries.
+_CONTEXTS: dict[int, tuple[ClusterSpec, dict[tuple, _Ctx | tuple[_Ctx, ...]]]] = {}
 _MAX_CACHED = 64
+_MAX_SHAPES = 8192
 
 
-def _context(cluster: ClusterSpec, n: int, stride: int, concurrent_groups: int) -> _Ctx:
+def _contexts(cluster: ClusterSpec, n: int, stride: int, concurrent_groups: int,
+              world_size: int | None = None, *, pairs: bool = False) -> tuple[_Ctx, ...]:
+    """A ``_Ctx`` per distinct placement of the groups of ``n`` ranks at ``stride`` that tile
+    ranks ``0 .. world_size-1`` (``_group_offsets``); the group at rank 0 first. ``pairs``: the
+    groups are send/recv pairs (``(o, o + stride)`` for every ``o``)."""
     entry = _CONTEXTS.get(id(cluster))
     if entry is None or entry[0] is not cluster:
         if len(_CONTEXTS) >= _MAX_CACHED:
             _CONTEXTS.clear()
         entry = (cluster, {})
         _CONTEXTS[id(cluster)] = entry
-    key = (n, stride, max(1, int(concurrent_groups)))
-    ctx = entry[1].get(key)
-    if ctx is None:
-        sizes = tuple(t.num_devices for t in cluster.tiers)
-        ctx = _Ctx(cluster, _levels(n, stride, sizes), key[2])
-        if len(entry[1]) > 4096:
-            entry[1].clear()
-        entry[1][key] = ctx
-    return ctx
+    cache = entry[1]
+    conc = max(1, int(concurrent_groups))
+    key = (n, stride, conc, world_size, pairs)
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > _MAX_SHAPES:
+            cache.clear()
+        sizes = rank_domains(cluster)
+        placements = dict.fromkeys(_levels(n, stride, sizes, o) for o in _group_offsets(
+            n, stride, sizes, world_size, pairs))
+        ctxs = []
+        for levels in placements:
+            ctx = cache.get((levels, conc))
+            if ctx is None:
+                ctx = cache[(levels, conc)] = _Ctx(cluster, levels, conc)
+            ctxs.append(ctx)
+        hit = cache[key] = tuple(ctxs)
+    return hit  # type: ignore[return-value]
+
+
+def _context(cluster: ClusterSpec, n: int, stride: int, concurrent_groups: int) -> _Ctx:
+    """The ``_Ctx`` of the group at ranks ``0, stride, ..., (n-1)·stride``."""
+    return _contexts(cluster, n, stride, concurrent_groups)[0]
+
+
+def _world(world_size: int | None, cluster: ClusterSpec) -> int | None:
+    """``world_size`` checked: None, or a whole number of ranks the cluster holds."""
+    if world_size is None:
+        return None
+    world = whole_number("world_size", world_size)
+    outer = cluster.tiers[-1].num_devices
+    if world > outer:
+        raise ConfigError(f"`world_size` must be <= {outer} (the devices of cluster "
+                          f"{cluster.name}'s outermost tier), but got {world}")
+    return world
 
 
 def estimate_collective(
@@ -423,12 +531,15 @@ def estimate_collective(
     stride: int = 1,
     algo: str | None = None,
     concurrent_groups: int = 1,
+    world_size: int | None = None,
 ) -> CollectiveEstimate:
-    """Like ``collective_time`` but also says which algorithm and tiers were used."""
+    """Like ``collective_time`` but also says which algorithm and tiers were used (those of
+    the slowest group when ``world_size`` is given)."""
     k = _kind(kind)
     n = whole_number("group_size", group_size)
     stride = whole_number("stride", stride)
     whole_number("concurrent_groups", concurrent_groups)
+    world = _world(world_size, cluster)
     if k is OpKind.SEND_RECV and n > 1:
         n = 2  # one transfer between ranks r and r + stride
     _check_group(n, stride, cluster)
@@ -437,24 +548,31 @@ def estimate_collective(
     if n <= 1 or nbytes == 0:
         return CollectiveEstimate(duration_s=0.0, algorithm="none", tiers=(),
                                   bottleneck_tier="")
-    ctx = _context(cluster, n, stride, concurrent_groups)
-    lines = ctx.lines(k, n)
     s = float(nbytes)
-    if algo is not None:
-        lines = tuple(ln for ln in lines if ln[0] == algo)
-        if not lines:
-            raise ConfigError(
-                f"algorithm {algo!r} is not available for {k.value} over tiers "
-                f"{list(ctx.tier_names)} of cluster {cluster.name}; available: "
-                f"{sorted({ln[0] for ln in ctx.lines(k, n)})}"
-            )
-    best = min(lines, key=lambda ln: ln[1] + ln[2] * s)
+    worst: tuple[float, _Ctx, tuple[str, float, float, str]] | None = None
+    for ctx in _contexts(cluster, n, stride, concurrent_groups, world,
+                         pairs=k is OpKind.SEND_RECV):
+        lines = ctx.lines(k, n)
+        if algo is not None:
+            lines = tuple(ln for ln in lines if ln[0] == algo)
+            if not lines:
+                raise ConfigError(
+                    f"algorithm {algo!r} is not available for {k.value} over tiers "
+                    f"{list(ctx.tier_names)} of cluster {cluster.name}; available: "
+                    f"{sorted({ln[0] for ln in ctx.lines(k, n)})}"
+                )
+        best = min(lines, key=lambda ln: ln[1] + ln[2] * s)
+        t = best[1] + best[2] * s
+        if worst is None or t > worst[0]:
+            worst = (t, ctx, best)
+    assert worst is not None  # at least the group at rank 0
+    t, ctx, best = worst
     times: dict[str, float] = {}
     for name, a, b, _ in ctx.lines(k, n):
-        t = a + b * s
-        times[name] = min(t, times.get(name, t))
+        tn = a + b * s
+        times[name] = min(tn, times.get(name, tn))
     return CollectiveEstimate(
-        duration_s=best[1] + best[2] * s + cluster.calibration.collective_launch_s,
+        duration_s=t + cluster.calibration.collective_launch_s,
         algorithm=best[0],
         tiers=ctx.tier_names,
         bottleneck_tier=best[3],
@@ -463,14 +581,24 @@ def estimate_collective(
 
 
 def _fast_time(k: OpKind, s: float, n: int, cluster: ClusterSpec, stride: int,
-               concurrent_groups: int) -> float:
+               concurrent_groups: int, world_size: int | None) -> float:
     """``collective_time`` without building a ``CollectiveEstimate`` (algo=None)."""
-    best = math.inf
-    for _, a, b, _ in _context(cluster, n, stride, concurrent_groups).lines(k, n):
-        t = a + b * s
-        if t < best:
-            best = t
-    return best + cluster.calibration.collective_launch_s
+    pairs = k is OpKind.SEND_RECV
+    entry = _CONTEXTS.get(id(cluster))  # the hot path of ``_contexts``: one dict read
+    ctxs = (entry[1].get((n, stride, concurrent_groups, world_size, pairs))
+            if entry is not None and entry[0] is cluster else None)
+    if ctxs is None:
+        ctxs = _contexts(cluster, n, stride, concurrent_groups, world_size, pairs=pairs)
+    worst = 0.0
+    for ctx in ctxs:  # type: ignore[union-attr]
+        best = math.inf
+        for _, a, b, _ in ctx.lines(k, n):
+            t = a + b * s
+            if t < best:
+                best = t
+        if best > worst:
+            worst = best
+    return worst + cluster.calibration.collective_launch_s
 
 
 def collective_time(
@@ -482,6 +610,7 @@ def collective_time(
     stride: int = 1,
     algo: str | None = None,
     concurrent_groups: int = 1,
+    world_size: int | None = None,
 ) -> float:
     """Seconds for one collective of ``nbytes`` per rank among ``group_size`` ranks.
 
@@ -494,14 +623,17 @@ def collective_time(
         stride: distance between consecutive group ranks in global rank order.
         algo: force one of ``ALGORITHMS``; None picks the fastest available (like NCCL).
         concurrent_groups: groups of this shape communicating at the same time (link sharing).
+        world_size: ranks of the job (``0 .. world_size-1``), which the groups of this shape
+            tile; the slowest group is priced (groups that straddle an NVL72 rack cross the
+            network). None: the group at ranks ``0, stride, ...`` only.
 
     Returns:
         Seconds, including ``calibration.collective_launch_s``; 0.0 for one rank or 0 bytes.
 
     Raises:
-        ConfigError: unknown kind or algorithm, a group larger than the cluster, ``nbytes``
-            negative, NaN or infinite, or ``group_size`` / ``stride`` / ``concurrent_groups``
-            not a whole number >= 1.
+        ConfigError: unknown kind or algorithm, a group or ``world_size`` larger than the
+            cluster, ``nbytes`` negative, NaN or infinite, or ``group_size`` / ``stride`` /
+            ``concurrent_groups`` / ``world_size`` not a whole number >= 1.
 
     Example:
         >>> from charon_search.testing import toy_cluster
@@ -512,7 +644,9 @@ def collective_time(
     # Fast path for plain ints and finite positive bytes; anything else (NaN / inf bytes,
     # fractional or numpy sizes) takes the checked path of ``estimate_collective``.
     if (algo is None and type(group_size) is int and type(stride) is int
-            and type(concurrent_groups) is int and concurrent_groups >= 1):
+            and type(concurrent_groups) is int and concurrent_groups >= 1
+            and (world_size is None or (type(world_size) is int
+                                        and 1 <= world_size <= cluster.tiers[-1].num_devices))):
         k = _KIND_CACHE.get(kind) if isinstance(kind, str) else None
         k = k or _kind(kind)
         n = group_size
@@ -520,9 +654,11 @@ def collective_time(
             n = 2
         if n > 1 and 0 < nbytes < math.inf and stride >= 1 and (n - 1) * stride < cluster.tiers[
                 -1].num_devices:
-            return _fast_time(k, float(nbytes), n, cluster, stride, concurrent_groups)
+            return _fast_time(k, float(nbytes), n, cluster, stride, concurrent_groups,
+                              world_size)
     return estimate_collective(kind, nbytes, group_size, cluster, stride=stride, algo=algo,
-                               concurrent_groups=concurrent_groups).duration_s
+                               concurrent_groups=concurrent_groups,
+                               world_size=world_size).duration_s
 
 
 _KIND_CACHE: dict[str, OpKind] = {k.value: k for k in COMM_KINDS}

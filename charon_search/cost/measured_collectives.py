@@ -10,14 +10,22 @@ the better cost, as for every compute kernel (profile first, model where nothing
 
 Covered: all-reduce, all-gather, reduce-scatter and all-to-all of groups inside one node
 (``num_nodes == 1`` rows, NCCL's own kernels, variant ``""``) on GPUs whose DB holds the group
-size, on clusters whose innermost tier is NVLink (an NVSwitch: a group's bandwidth does not
-depend on the other groups of the node, so the single-group measurement holds for all of
-them). Message sizes between measured ones are interpolated log-log; below the smallest the
-smallest's time applies (the latency floor), above the largest the time grows in proportion to
-the bytes (the bus is saturated there). Everything else — groups that leave the node, PCIe
-boxes, GPUs without a table — returns ``None`` and keeps the α-β model, never below the
-slowest measured group it contains (``measured_floor_s``: where the two sources meet, a larger
-group must not cost less than a measured smaller one).
+size (or whose spec names a same-fabric sibling's rows, ``GpuSpec.nccl_profile_gpu``), where
+every group of the axis stays inside a node (``gpus_per_node`` a multiple of ``n·stride``).
+Behind an NVSwitch (innermost tier ``fabric: nvlink``) any ranks of the node qualify: a group's
+bandwidth does not depend on which GPUs it has or on the other groups of the node, so the
+single-group measurement holds for all of them. In a PCIe box (``fabric: pcie``) the path
+depends on where the GPUs sit (a shared PCIe switch, one CPU socket, across sockets), so only
+consecutive GPUs (``stride == 1``), the placement nccl-tests measured (GPUs ``0..g-1``), use
+the rows; the 8x L40S rows fall from ~20 GB/s all-reduce bus bandwidth at 2 GPUs to ~5 at 4 and
+~1.5 at 8, which no single α-β line reproduces. Several groups of a PCIe box communicating at
+once are not modelled (each keeps its single-group time). Message sizes between measured ones
+are interpolated log-log; below the smallest the smallest's time applies (the latency floor),
+above the largest the time grows in proportion to the bytes (the bus is saturated there).
+Everything else — groups that leave the node, strided PCIe groups, GPUs without a table —
+returns ``None`` and keeps the α-β model, never below the slowest measured group it contains
+(``measured_floor_s``: where the two sources meet, a larger group must not cost less than a
+measured smaller one).
 
 The rows are aiconfigurator-core 0.12.0 ``comm/nccl/<version>/nccl_perf.parquet`` (NCCL 2.27.3
 on A100 and L40S, 2.29.2 elsewhere; ``charon_search/data/profiles/ATTRIBUTION.md``); ``bytes``
@@ -32,7 +40,7 @@ from bisect import bisect_left
 from functools import cache
 from typing import Any
 
-from charon_search.cost.collectives import whole_number
+from charon_search.cost.collectives import rank_domains, whole_number
 from charon_search.cost.profile_db import ProfileDB, default_profile_db, normalize_gpu
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
@@ -52,9 +60,20 @@ _sizes: dict[tuple[str, str, str], tuple[tuple[int, Curve], ...]] = {}
 _lock = threading.Lock()
 
 
+#: Innermost-tier fabrics behind which the intra-node rows apply (``TopologyTier.fabric``).
+MEASURED_FABRICS = ("nvlink", "pcie")
+
+
 @cache
 def _gpu_key(name: str) -> str | None:
     return normalize_gpu(name)
+
+
+def _rows_gpu(cluster: ClusterSpec) -> str | None:
+    """DB key of the GPU whose NCCL rows price this cluster's intra-node collectives: the
+    spec's ``nccl_profile_gpu`` (a same-fabric sibling, e.g. A100 40 GB -> 80 GB) or its own."""
+    gpu = cluster.gpu
+    return _gpu_key(getattr(gpu, "nccl_profile_gpu", "") or gpu.name)
 
 
 def loglog_curve(points: list[tuple[float, float]]) -> Curve:
@@ -117,11 +136,14 @@ def measured_nccl_s(kind: str, nbytes: float, group_size: int, cluster: ClusterS
     if kind not in MEASURED_KINDS or n <= 1 or nbytes <= 0:
         return None
     inner = cluster.tiers[0]
-    # Ranks 0, stride, ..., (n-1)·stride all inside the first node, behind one NVSwitch.
-    if inner.name != "nvlink" or (n - 1) * stride >= cluster.gpus_per_node:
+    node = cluster.gpus_per_node
+    # Every group of the axis (ranks o, o + stride, ... for o = r + b·n·stride) inside one
+    # node: behind one NVSwitch any such group; over PCIe consecutive GPUs only.
+    if (inner.fabric not in MEASURED_FABRICS or n * stride > node or node % (n * stride)
+            or (inner.fabric == "pcie" and stride != 1)):
         return None
     db = db if db is not None else default_profile_db()
-    gpu = _gpu_key(cluster.gpu.name)
+    gpu = _rows_gpu(cluster)
     if db is None or gpu is None:
         return None
     curve = _curve(db, gpu, kind, n)
@@ -164,7 +186,7 @@ def measured_floor_s(kind: str, nbytes: float, group_size: int, cluster: Cluster
     (more ranks than any measured size, ranks in several nodes or NVL72 trays, a strided group
     on an NVL72 rack); the two disagree by 20-60 % at mid sizes, so without this the cost could
     fall as the group grows. Physically it cannot: the ``k`` ranks of the group behind one
-    NVSwitch (``k`` = most group ranks in one domain of the innermost ``nvlink`` tier: a DGX
+    NVSwitch (``k`` = group ranks in the first domain of the innermost ``nvlink`` tier: a DGX
     node, a whole NVL72 rack) do at least the work of a measured group of ``g <= k`` ranks
     (every GPU of an NVSwitch domain reaches the switch over the same links, so ``g`` ranks of
     the domain cost what the measured ``g`` did):
@@ -178,20 +200,24 @@ def measured_floor_s(kind: str, nbytes: float, group_size: int, cluster: Cluster
 
     The floor is the largest such measured time over the measured sizes ``g <= k`` (measured
     sizes are not monotone among themselves: NVLS makes 8 H100s faster than 4 above 64 MiB).
-    Measured groups themselves keep their own rows (``measured_nccl_s``). None where no
-    measurement applies (kind not measured, innermost tier not NVLink, GPU without rows).
+    Measured groups themselves keep their own rows (``measured_nccl_s``). In a PCIe box the
+    measured ``g`` consecutive GPUs are the best-placed ``g`` of the node (a shared PCIe
+    switch or socket), so their time bounds any ``g`` ranks there from below too. None where no
+    measurement applies (kind not measured, innermost tier neither ``nvlink`` nor ``pcie``,
+    GPU without rows).
     """
     n, stride = _checked(nbytes, group_size, stride)
     if kind not in MEASURED_KINDS or n <= 1 or nbytes <= 0:
         return None
     inner = cluster.tiers[0]
-    if inner.name != "nvlink" or stride >= inner.num_devices:
+    domain = rank_domains(cluster)[0]  # consecutive ranks of the job in one domain
+    if inner.fabric not in MEASURED_FABRICS or stride >= domain:
         return None
     db = db if db is not None else default_profile_db()
-    gpu = _gpu_key(cluster.gpu.name)
+    gpu = _rows_gpu(cluster)
     if db is None or gpu is None:
         return None
-    k = min(n, -(-inner.num_devices // stride))  # ranks 0, stride, ... inside domain 0
+    k = min(n, -(-domain // stride))  # ranks 0, stride, ... inside domain 0
     best: float | None = None
     for g, curve in _measured_curves(db, gpu, kind):
         if g > k:

@@ -290,8 +290,8 @@ def fit_cluster_calibration(db: ProfileDB, gpu: str, cluster: object, *,
     lo = [0.0] * (1 if fit_launch else 0) + [0.0, 0.05] * len(keys)
     hi = [100e-6] * (1 if fit_launch else 0) + [100e-6, 1.0] * len(keys)
     x0 = [min(max(v, a + 1e-9), b - 1e-9) for v, a, b in zip(x0, lo, hi)]
-    scale = np.array([1e-5 if i % 2 == (0 if fit_launch else 1) or (fit_launch and i == 0)
-                      else 1.0 for i in range(len(x0))])
+    # x_scale: seconds (launch, each α) live near 1e-5, efficiencies near 1
+    scale = np.array(([1e-5] if fit_launch else []) + [1e-5, 1.0] * len(keys))
 
     def unpack(x: np.ndarray) -> Any:
         vals = list(x)

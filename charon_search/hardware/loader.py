@@ -15,6 +15,7 @@ first.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from charon_search.hardware.spec import (
     FRONTEND_KEYED_TIMES,
     SERVING_ENGINES,
     SERVING_FRONTENDS,
+    TIER_FABRICS,
     Calibration,
     ClusterSpec,
     GpuSpec,
@@ -54,6 +56,13 @@ __all__ = [
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 #: Collective algorithms a tier may list.
 TIER_ALGORITHMS = ("ring", "tree", "nvls", "pairwise", "p2p")
+#: Algorithms every tier runs whether it lists them or not (``cost.collectives``: all-to-all
+#: and send/recv), so calibration may key them on any tier.
+ALWAYS_ALGORITHMS = ("pairwise", "p2p")
+#: Ceiling of a ``fabric: pcie`` tier's bandwidth per GPU and direction: PCIe 6.0 x16,
+#: 64 GT/s x 16 lanes / 8 = 128 GB/s (PCI-SIG PCIe 6.0 Base Specification, 2022); a figure above
+#: it is a unit slip (e.g. a bidirectional or bit figure written as GB/s per direction).
+PCIE_MAX_BYTES_PER_S = 128e9
 
 _SHIPPED_SPECS = Path(__file__).resolve().parents[1] / "cluster_specs"
 
@@ -112,6 +121,7 @@ _GPU_FIELDS = (
            rule="ratio", figure=True),
     _Field("attention_kernel_gen", "attention_kernel_gen", "int", required=False,
            rule="positive", figure=True),
+    _Field("nccl_profile_gpu", "nccl_profile_gpu", "str", required=False, figure=True),
     _Field("sources", "sources", "mapping"),
 )
 
@@ -122,6 +132,8 @@ _TIER_FIELDS = (
     _Field("latency_s", f"latency_{_TIME}", "number", rule="nonneg"),
     _Field("algorithms", "algorithms", "strlist", required=False),
     _Field("oversubscription", "oversubscription", "number", required=False, rule="ge1"),
+    _Field("fabric", "fabric", "str", required=False),
+    _Field("job_devices", "job_devices", "int", required=False, rule="positive"),
     _Field("source", "source", "str"),
 )
 
@@ -446,48 +458,191 @@ def load_gpu(name_or_alias: str | os.PathLike[str]) -> GpuSpec:
     if p.suffix in (".yaml", ".yml"):
         if not p.is_file():
             raise ConfigError(f"GPU spec file {p} does not exist")
-        return _load_gpu_file(p.resolve())
-    name = resolve_gpu_name(str(name_or_alias))
+        spec = _load_gpu_file(p.resolve())
+        _check_nccl_profile_gpu(spec, str(p), "nccl_profile_gpu")
+        return spec
+    spec = _find_gpu(resolve_gpu_name(str(name_or_alias)))
+    _check_nccl_profile_gpu(spec, str(_gpu_path(spec.name)), "nccl_profile_gpu")
+    return spec
+
+
+def _gpu_path(name: str) -> Path:
+    """The file of the GPU spec with normalized name ``name``."""
     for path in _gpu_files().values():
-        spec = _load_gpu_file(path)
-        if spec.name == name:
-            return spec
+        if _load_gpu_file(path).name == name:
+            return path
     raise AssertionError(f"alias table points to missing GPU {name}")  # internal invariant
 
 
+def _find_gpu(name: str) -> GpuSpec:
+    """The GPU spec with normalized name ``name`` (its cross-references unchecked)."""
+    return _load_gpu_file(_gpu_path(name))
+
+
 # --------------------------------------------------------------------------- clusters
-def _tier_from_dict(raw: Any, file: str, path: str) -> TopologyTier:
-    values, _ = _parse_block(raw, _TIER_FIELDS, file, path)
+def _tier_from_dict(raw: Any, file: str, path: str, index: int
+                    ) -> tuple[TopologyTier, dict[str, str]]:
+    """One tier (strict), and the YAML key of each of its fields by SI name.
+
+    ``fabric`` may be left out where the name says it (``nvlink``, ``pcie``) and on outer tiers
+    (``network``); an innermost tier of another name must state it, and only the innermost
+    tier may be ``nvlink`` or ``pcie`` (or list ``nvls``, which runs in its NVSwitches)."""
+    values, yaml_keys = _parse_block(raw, _TIER_FIELDS, file, path)
     algos = values.get("algorithms", ("ring", "tree"))
+    if not algos:
+        raise ConfigError(f"{_where(file, f'{path}.algorithms')} must list at least one "
+                          f"algorithm; allowed: {', '.join(TIER_ALGORITHMS)}")
     bad = [a for a in algos if a not in TIER_ALGORITHMS]
-    if bad or not algos:
+    if bad:
         raise ConfigError(
             f"{_where(file, f'{path}.algorithms')} has unknown algorithm(s) {bad}; "
             f"allowed: {', '.join(TIER_ALGORITHMS)}"
         )
     values["algorithms"] = tuple(algos)
-    return TopologyTier(**values)
+    name = values["name"]
+    fabric = values.get("fabric")
+    if fabric is None:
+        if index == 0 and name not in ("nvlink", "pcie"):
+            raise ConfigError(
+                f"{_where(file, f'{path}.fabric')} must be given for an innermost tier not "
+                f"named nvlink or pcie (got name {name!r}); allowed: {', '.join(TIER_FABRICS)}")
+        fabric = name if name in ("nvlink", "pcie") else "network"
+    if fabric not in TIER_FABRICS:
+        raise ConfigError(f"{_where(file, f'{path}.fabric')} must be one of "
+                          f"{', '.join(TIER_FABRICS)}, but got {fabric!r}")
+    if index > 0 and fabric != "network":
+        raise ConfigError(f"{_where(file, f'{path}.fabric')} must be network on an outer tier "
+                          f"(only the innermost tier is nvlink or pcie), but got {fabric!r}")
+    if "nvls" in algos and (index > 0 or fabric != "nvlink"):
+        raise ConfigError(f"{_where(file, f'{path}.algorithms')} lists nvls, which runs only in "
+                          "the NVSwitches of the innermost `fabric: nvlink` tier; allowed here: "
+                          f"{', '.join(a for a in TIER_ALGORITHMS if a != 'nvls')}")
+    values["fabric"] = fabric
+    job = values.get("job_devices", 0)
+    if job > values["num_devices"]:
+        raise ConfigError(f"{_where(file, f'{path}.job_devices')} must be <= `num_devices` "
+                          f"({values['num_devices']}), but got {job}")
+    return TopologyTier(**values), yaml_keys
+
+
+def _check_tiers_against_gpu(tiers: tuple[TopologyTier, ...], keys: list[dict[str, str]],
+                             raws: list[Any], gpu: GpuSpec, per_node: int, file: str) -> None:
+    """Cross-check the tiers with the GPU and the node size (a unit slip or a factor 10 passes
+    each value's own rule): an ``nvlink`` tier's bandwidth equals the GPU's NVLink bandwidth, a
+    ``pcie`` tier's is at most ``PCIE_MAX_BYTES_PER_S``, a ``network`` tier's at most the GPU's
+    NIC bandwidth; the innermost domain holds whole nodes and every domain whole domains of the
+    tier below (the collective model counts group ranks per domain on that nesting)."""
+    def shown(i: int) -> tuple[str, Any]:
+        key = keys[i].get("bandwidth_bytes_per_s", "bandwidth_gbyte_per_s")
+        return f"{_where(file, f'tiers[{i}].{key}')}", raws[i].get(key)
+
+    for i, t in enumerate(tiers):
+        bw = t.bandwidth_bytes_per_s
+        if t.fabric == "nvlink":
+            ref = gpu.nvlink_bandwidth_bytes_per_s
+            if not math.isclose(bw, ref, rel_tol=1e-6):
+                loc, written = shown(i)
+                raise ConfigError(
+                    f"{loc} must equal the NVLink bandwidth of GPU {gpu.name} "
+                    f"(`nvlink_bandwidth` {ref / 1e9:g} GB/s per direction) on a `fabric: "
+                    f"nvlink` tier, but got {written!r}")
+        elif t.fabric == "pcie" and bw > PCIE_MAX_BYTES_PER_S:
+            loc, written = shown(i)
+            raise ConfigError(f"{loc} must be <= {PCIE_MAX_BYTES_PER_S / 1e9:g} GB/s (PCIe 6.0 "
+                              f"x16 per direction) on a `fabric: pcie` tier, but got {written!r}")
+        elif t.fabric == "network" and bw > gpu.nic_bandwidth_bytes_per_s * (1 + 1e-6):
+            loc, written = shown(i)
+            nic = gpu.nic_bandwidth_bytes_per_s
+            raise ConfigError(
+                f"{loc} must be <= the NIC bandwidth of GPU {gpu.name} (`nic_bandwidth` "
+                f"{nic * 8 / 1e9:g} Gb/s = {nic / 1e9:g} GB/s per direction) on a `fabric: "
+                f"network` tier, but got {written!r}")
+    for i, t in enumerate(tiers):
+        if not t.job_devices:
+            continue
+        where = _where(file, f"tiers[{i}].job_devices")
+        if i > 0:
+            raise ConfigError(f"{where} is allowed on the innermost tier only, but tier {i} "
+                              f"sets {t.job_devices}")
+        if t.job_devices > t.num_devices or t.job_devices % per_node:
+            raise ConfigError(f"{where} must be a multiple of `gpus_per_node` ({per_node}) "
+                              f"and <= `num_devices` ({t.num_devices}), but got "
+                              f"{t.job_devices}")
+    if tiers[0].num_devices % per_node:
+        raise ConfigError(
+            f"{_where(file, 'tiers[0].num_devices')} must be a multiple of `gpus_per_node` "
+            f"({per_node}): the innermost domain holds whole nodes, but got "
+            f"{tiers[0].num_devices}")
+    for i in range(1, len(tiers)):
+        inner, outer = tiers[i - 1].num_devices, tiers[i].num_devices
+        if outer % inner:
+            raise ConfigError(
+                f"{_where(file, f'tiers[{i}].num_devices')} must be a multiple of "
+                f"`tiers[{i - 1}].num_devices` ({inner}): each domain holds whole domains of "
+                f"the tier below, but got {outer}")
+
+
+def _check_nccl_profile_gpu(gpu: GpuSpec, file: str, where: str) -> None:
+    """``nccl_profile_gpu`` names another GPU spec by its normalized name, on the same fabric
+    (equal NVLink bandwidth), that has its own rows (no chain)."""
+    twin = gpu.nccl_profile_gpu
+    if not twin:
+        return
+    loc = _where(file, where)
+    try:
+        resolved = resolve_gpu_name(twin)
+    except ConfigError:
+        raise ConfigError(f"{loc} must name a GPU spec; allowed: "
+                          f"{[g for g in list_gpus() if g != gpu.name]}, but got "
+                          f"{twin!r}") from None
+    if resolved != twin or resolved == gpu.name:
+        raise ConfigError(f"{loc} must be the normalized name of another GPU; allowed: "
+                          f"{[g for g in list_gpus() if g != gpu.name]}, but got {twin!r}")
+    other = _find_gpu(resolved)
+    if other.nccl_profile_gpu:
+        raise ConfigError(f"{loc} must name a GPU with its own NCCL rows, but {twin} borrows "
+                          f"those of {other.nccl_profile_gpu}")
+    if not math.isclose(other.nvlink_bandwidth_bytes_per_s, gpu.nvlink_bandwidth_bytes_per_s,
+                        rel_tol=1e-6):
+        raise ConfigError(
+            f"{loc} must name a GPU on the same fabric (NVLink bandwidth "
+            f"{gpu.nvlink_bandwidth_bytes_per_s / 1e9:g} GB/s), but {twin} has "
+            f"{other.nvlink_bandwidth_bytes_per_s / 1e9:g} GB/s")
 
 
 def _calibration_from_dict(
     raw: Any, tiers: tuple[TopologyTier, ...], file: str, path: str
 ) -> Calibration:
-    values, _ = _parse_block(raw, _CALIBRATION_FIELDS, file, path)
-    tier_names = {t.name for t in tiers}
-    algos = set(TIER_ALGORITHMS)  # pairwise (all-to-all) and p2p work on every tier
+    values, yaml_keys = _parse_block(raw, _CALIBRATION_FIELDS, file, path)
+    by_name = {t.name: t for t in tiers}
+    tier_names = set(by_name)
     alpha = values.get("collective_alpha_s", {})
     eff = values.get("collective_bw_efficiency", {})
-    for block, mapping, rule in (("collective_alpha", alpha, "nonneg"),
-                                 ("collective_bw_efficiency", eff, "ratio")):
+
+    def written(si_name: str, key: Any) -> tuple[str, Any]:
+        """(YAML key of mapping ``si_name``, the value of ``key`` as the file wrote it)."""
+        ykey = yaml_keys[si_name]
+        return ykey, raw[ykey][key]
+
+    for si_name, mapping, rule in (("collective_alpha_s", alpha, "nonneg"),
+                                   ("collective_bw_efficiency", eff, "ratio")):
         for key, v in mapping.items():
+            block, as_written = written(si_name, key)
             where = f"{path}.{block}.{key}"
             tier, _, algo = str(key).partition(".")
-            if tier not in tier_names or (algo and algo not in algos):
+            if tier not in tier_names:
                 raise ConfigError(
                     f"{_where(file, where)} must be a tier name or `<tier>.<algorithm>`; "
-                    f"tiers: {sorted(tier_names)}, algorithms: {sorted(algos)}"
+                    f"tiers: {sorted(tier_names)}"
                 )
-            _check_value(_Field(block, block, "number", rule=rule), v, file, where)
+            # pairwise (all-to-all) and p2p run on every tier; the others where it lists them
+            runs = sorted({*by_name[tier].algorithms, *ALWAYS_ALGORITHMS})
+            if algo and algo not in runs:
+                raise ConfigError(
+                    f"{_where(file, where)}: tier {tier} does not run {algo!r}; algorithms "
+                    f"there: {runs}"
+                )
+            _check_value(_Field(block, block, "number", rule=rule), v, file, where, as_written)
     fields = {f.si_name for f in _CALIBRATION_FIELDS} - {"provenance"}
     provenance = _provenance(values["provenance"], fields, tier_names, file,
                              f"{path}.provenance")
@@ -506,12 +661,13 @@ def _calibration_from_dict(
         allowed = SERVING_ENGINES + (SERVING_FRONTENDS if mapping in FRONTEND_KEYED_TIMES
                                      else ())
         for key, v in given.items():
-            where = f"{path}.{per_engine}.{key}"
+            block, as_written = written(mapping, key)
+            where = f"{path}.{block}.{key}"
             if key not in allowed:
                 raise ConfigError(f"{_where(file, where)}: unknown serving engine {key!r}; "
                                   f"allowed: {', '.join(allowed)}")
             _check_value(_Field(per_engine, per_engine, "number", rule="nonneg"), v, file,
-                         where)
+                         where, as_written)
         values[mapping] = {str(k): float(v) for k, v in given.items()}
     values["provenance"] = provenance
     values["collective_alpha_s"] = {str(k): float(v) for k, v in alpha.items()}
@@ -532,9 +688,8 @@ def cluster_from_dict(raw: Any, *, file: str = "<dict>") -> ClusterSpec:
         gpu = gpu_from_dict(gpu_raw, file=file, path="gpu")
     else:
         raise ConfigError(f"{_where(file, 'gpu')} must be a GPU name or an inline GPU mapping")
-    tiers = tuple(
-        _tier_from_dict(t, file, f"tiers[{i}]") for i, t in enumerate(values["tiers"])
-    )
+    parsed = [_tier_from_dict(t, file, f"tiers[{i}]", i) for i, t in enumerate(values["tiers"])]
+    tiers = tuple(t for t, _ in parsed)
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
         raise ConfigError(f"{_where(file, 'tiers')}: tier names must be unique, got {names}")
@@ -555,6 +710,9 @@ def cluster_from_dict(raw: Any, *, file: str = "<dict>") -> ClusterSpec:
             f"{_where(file, 'tiers')}: the outermost tier must hold all GPUs, but got "
             f"(num_devices={sizes[-1]}, num_gpus={num_gpus})"
         )
+    _check_tiers_against_gpu(tiers, [k for _, k in parsed], values["tiers"], gpu, per_node, file)
+    if isinstance(gpu_raw, Mapping):
+        _check_nccl_profile_gpu(gpu, file, "gpu.nccl_profile_gpu")
     calibration = _calibration_from_dict(values["calibration"], tiers, file, "calibration")
     sources = values.get("sources", {})
     sources = _sources(sources, {f.si_name for f in _CLUSTER_FIELDS}, file, "sources")

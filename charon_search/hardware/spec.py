@@ -26,7 +26,14 @@ FRONTEND_KEYED_TIMES = ("frontend_latency_s", "frontend_prompt_token_s",
 ENGINE_KEYED_TIMES = (*FRONTEND_KEYED_TIMES, "prefill_iteration_overhead_s",
                       "eager_kernel_host_s", "disagg_handoff_s")
 
-__all__ = ["PEAK_FALLBACK", "Calibration", "ClusterSpec", "GpuSpec", "TopologyTier"]
+__all__ = ["PEAK_FALLBACK", "TIER_FABRICS", "Calibration", "ClusterSpec", "GpuSpec",
+           "TopologyTier"]
+
+#: What a tier's links are (``TopologyTier.fabric``): ``nvlink`` an NVLink / NVSwitch domain (a
+#: DGX/HGX node, an NVL72 rack), ``pcie`` GPUs that talk over PCIe (switches, CPU root
+#: complexes), ``network`` scale-out NICs (InfiniBand, RoCE). The measured intra-node NCCL rows
+#: (``cost.measured_collectives``) apply behind an ``nvlink`` or ``pcie`` innermost tier.
+TIER_FABRICS = ("nvlink", "pcie", "network")
 
 
 #: Where a GPU lists no peak for a dtype, the dtype whose tensor cores run it, followed until
@@ -77,6 +84,11 @@ class GpuSpec:
     """Generation of the fused-attention kernel the GPU's attention costs represent (3: FA3 /
     cuDNN / TRT-LLM class on Hopper and Blackwell; 2: FlashAttention-2, the best on Ampere and
     Ada); see ``cost.attention_kernels``."""
+    nccl_profile_gpu: str = ""
+    """Normalized name of the GPU whose measured intra-node NCCL rows stand in for this one's
+    (a variant on the same NVLink / NVSwitch or PCIe fabric: ``a100-sxm-40gb`` ->
+    ``a100-sxm-80gb``); read only by ``cost.measured_collectives``. Empty: the GPU's own rows
+    (or none)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field name -> where the figure comes from."""
     description: str = ""
@@ -130,8 +142,26 @@ class TopologyTier:
     """Bandwidth divided by this when the whole tier is busy (1.0 = non-blocking)."""
     source: str = ""
     """Where the tier's figures come from."""
+    fabric: str = ""
+    """One of ``TIER_FABRICS``. Empty: taken from the name (``nvlink`` and ``pcie`` name their
+    fabric, any other name is ``network``); the YAML loader asks for it explicitly where the
+    innermost tier has another name, so that an NVLink tier is never taken for a network."""
+    job_devices: int = 0
+    """Devices of each domain that a job's consecutive ranks fill before they move on to the
+    next domain (0: all ``num_devices``). Set on the innermost tier where schedulers leave
+    part of a domain out: GB200 NVL72 jobs take 16 of a rack's 18 trays (64 of 72 GPUs), so
+    rank 64 opens the second rack (``cost.collectives`` counts ranks per domain that way)."""
 
     def __post_init__(self) -> None:
+        if not self.fabric:
+            inferred = self.name if self.name in ("nvlink", "pcie") else "network"
+            object.__setattr__(self, "fabric", inferred)
+        if self.fabric not in TIER_FABRICS:
+            raise ConfigError(f"`fabric` of tier {self.name} must be one of "
+                              f"{list(TIER_FABRICS)}, but got {self.fabric!r}")
+        if not 0 <= self.job_devices <= self.num_devices:
+            raise ConfigError(f"`job_devices` of tier {self.name} must be in [0, num_devices="
+                              f"{self.num_devices}], but got {self.job_devices}")
         if self.num_devices <= 0:
             raise ConfigError(f"`num_devices > 0` must hold for tier {self.name}, "
                               f"but got {self.num_devices}")

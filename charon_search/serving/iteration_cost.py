@@ -227,7 +227,7 @@ def graph_cost_fn(cluster: ClusterSpec, *, tp_allreduce: str = "nccl") -> GraphC
 
     model = default_cost_model(cluster)
     inner = cluster.tiers[0]
-    nvlink_domain = inner.num_devices if inner.name == "nvlink" else cluster.gpus_per_node
+    nvlink_domain = inner.num_devices if inner.fabric == "nvlink" else cluster.gpus_per_node
 
     def _comm(kind: str, nbytes: float, group: int) -> float:
         t = None

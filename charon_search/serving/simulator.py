@@ -715,15 +715,20 @@ class ServingSimulation:
 def kv_transfer_s(nbytes_per_gpu: float, cluster: ClusterSpec, tier: str) -> float:
     """Seconds to move one GPU's KV shard to the decode pool.
 
-    ``nvlink``: a send/recv between neighbouring ranks (innermost tier). ``rdma``: a
-    send/recv one node apart when the cluster has a scale-out tier, else the GPU's NIC
-    bandwidth (``GpuSpec.nic_bandwidth_bytes_per_s``) plus the outermost tier's latency.
+    ``nvlink``: a send/recv between neighbouring ranks (innermost tier). ``rdma``: over the
+    scale-out NIC (``DisaggConfig.kv_transfer``), a send/recv between ranks one innermost
+    domain apart, which lands on the first ``fabric: network`` tier (one node apart on a DGX,
+    one NVL72 rack apart on GB200, whose trays share NVLink); a cluster without a network
+    tier moves it at the GPU's NIC bandwidth (``GpuSpec.nic_bandwidth_bytes_per_s``) plus the
+    outermost tier's latency.
     """
     if tier == "nvlink":
         return collective_s("send_recv", nbytes_per_gpu, 2, cluster, stride=1)
-    if cluster.tiers[-1].num_devices > cluster.gpus_per_node:
+    tiers = cluster.tiers
+    net = next((i for i, t in enumerate(tiers) if i > 0 and t.fabric == "network"), None)
+    if net is not None:
         return collective_s("send_recv", nbytes_per_gpu, 2, cluster,
-                            stride=cluster.gpus_per_node)
+                            stride=tiers[net - 1].num_devices)
     nic = cluster.gpu.nic_bandwidth_bytes_per_s
     if nic <= 0:
         raise ConfigError(f"`--kv-transfer rdma` needs a NIC, but GPU {cluster.gpu.name} "

@@ -134,12 +134,17 @@ class CostedGraph:
 
 
 class GraphCoster:
-    """Prices graphs at concrete ``(b, s)``; memoizes collectives."""
+    """Prices graphs at concrete ``(b, s)``; memoizes collectives.
+
+    ``world_size``: the job's ranks; each collective is priced for the slowest of the groups
+    of its axis that tile them (an NVL72 job whose EP or DP groups straddle a rack waits for
+    the straddling ones). None: the group at rank 0.
+    """
 
     def __init__(self, cluster: ClusterSpec, cost_model: Any, *, strides: Mapping[str, int],
                  concurrent_groups: Mapping[str, int] | None = None,
                  attention_kernel: str = "flash", ep_a2a_scale: float = 1.0,
-                 fp8_gemm_kernel: str = "cutlass") -> None:
+                 fp8_gemm_kernel: str = "cutlass", world_size: int | None = None) -> None:
         self.cluster = cluster
         self.cost_model = cost_model
         if fp8_gemm_kernel not in FP8_GEMM_KERNELS:
@@ -149,6 +154,7 @@ class GraphCoster:
         # scales them by the measured cuBLASLt / CUTLASS ratio (``sim.fp8_kernels``).
         self.fp8_gemm_kernel = fp8_gemm_kernel
         self.strides = dict(strides)
+        self.world_size = world_size
         self.concurrent = dict(concurrent_groups or {})
         self._comm_memo: dict[tuple, tuple[float, str]] = {}
         # Deduplicating EP all-to-alls (``Layout.ep_node_dedup``): bytes on the bottleneck
@@ -260,7 +266,8 @@ class GraphCoster:
                 try:
                     est = estimate_collective(
                         kind, nbytes, group_size, self.cluster, stride=stride,
-                        concurrent_groups=self.concurrent.get(group, 1))
+                        concurrent_groups=self.concurrent.get(group, 1),
+                        world_size=self.world_size)
                 except ConfigError as e:
                     raise ConfigError(f"{group} group of {group_size} ranks (stride {stride}): "
                                       f"{e}") from e

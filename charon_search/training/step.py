@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from charon_search.cost.collectives import rank_domains
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
@@ -238,7 +239,7 @@ def _ep_a2a_byte_scale(spec: Any, cluster: ClusterSpec, layout: Layout,
     experts = int(getattr(spec, "num_experts", 0) or 0)
     if not (top_k and experts):
         return 1.0
-    node = cluster.tiers[0].num_devices
+    node = rank_domains(cluster)[0]  # the job's ranks per NVLink domain
     span = layout.ep * strides.get("ep", 1)
     if span <= node:
         return min(1.0, ep_distinct_ranks(experts, top_k, layout.ep, n_group, topk_group)
@@ -461,7 +462,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     # expert-data-parallel group, dp·cp/ep of them) sit ep of those ranks apart.
     strides["edp"] = strides["dpcp"] * L.ep
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
+    world = L.tp * L.cp * L.dp * L.pp  # the slowest group of each axis is priced
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
+                         world_size=world,
                          attention_kernel=getattr(L, "attention_kernel", "flash"),
                          ep_a2a_scale=_ep_a2a_byte_scale(spec, cl, L, strides),
                          fp8_gemm_kernel=getattr(L, "fp8_gemm_kernel", "cutlass"))
@@ -478,7 +481,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
             break
         for name, pb in bset.items():
             key = (tkey, c_.key(), name, b, s, cl_key, id(cost_model), tuple(
-                sorted(strides.items())), L.fsdp_prefetch, L.fsdp_backward_prefetch)
+                sorted(strides.items())), world, L.fsdp_prefetch, L.fsdp_backward_prefetch)
             fl, bl, cf, cb = _layer_costs(pb, coster, b, s, cl, L, key, cost_model)
             target[name] = (fl, bl)
             if target is costs:

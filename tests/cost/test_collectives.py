@@ -44,7 +44,8 @@ def test_tree_and_all_to_all_closed_forms_one_tier() -> None:
     n = 8
     c = toy_cluster(gpus_per_node=n)
     tree = collective_time("all_reduce", S, n, c, algo="tree")
-    assert tree == pytest.approx(2 * S / NVL + 2 * math.log2(n) * A_NVL, rel=1e-12)
+    # one node: NCCL's tree is a chain there, n - 1 steps up and down
+    assert tree == pytest.approx(2 * S / NVL + 2 * (n - 1) * A_NVL, rel=1e-12)
     a2a = collective_time("all_to_all", S, n, c)
     # inside one NVLink tier every peer's send is in flight at once: one α, not n - 1
     assert a2a == pytest.approx((n - 1) / n * S / NVL + A_NVL, rel=1e-12)
@@ -69,7 +70,7 @@ def test_all_to_all_latency_inside_nvl72_does_not_grow_with_the_peers() -> None:
 
 
 def test_small_messages_pick_tree_large_pick_ring() -> None:
-    c = toy_cluster(gpus_per_node=8)
+    c = toy_cluster(num_nodes=8, gpus_per_node=1)  # one rank per node: a binary tree
     assert estimate_collective("all_reduce", 1e3, 8, c).algorithm == "tree"  # 6α < 14α
     assert estimate_collective("all_reduce", S, 8, c).algorithm == "ring"
 
@@ -96,10 +97,11 @@ def test_tiers_from_rank_positions() -> None:
     assert group_tiers(32, c, stride=8) == ("leaf",)  # DP over 32 nodes of one SU
     assert group_tiers(64, c, stride=8) == ("leaf", "spine")
     assert group_tiers(4, c, stride=2) == ("nvlink",)
-    g = load_cluster("gb200-nvl72")  # nvlink 72
-    assert group_tiers(72, g) == ("nvlink",)
+    g = load_cluster("gb200-nvl72")  # nvlink 72, of which a job fills 64 (job_devices)
     assert group_tiers(64, g, stride=1) == ("nvlink",)
-    assert group_tiers(4, g, stride=64) == ("nvlink", "leaf")  # ranks 0, 64 | 128 | 192
+    assert group_tiers(72, g) == ("nvlink", "leaf")  # ranks 64..71 open the second rack
+    assert group_tiers(4, g, stride=16) == ("nvlink",)
+    assert group_tiers(4, g, stride=64) == ("leaf",)  # ranks 0 | 64 | 128 | 192
 
 
 def test_tp_group_stays_on_nvlink_and_dp_group_crosses_nodes() -> None:

@@ -48,8 +48,10 @@ def test_groups_outside_one_nvlink_node_keep_the_model() -> None:
     assert measured_nccl_s("all_gather", 64 * MIB, 16, cl) is None  # no 16-GPU node
     assert measured_nccl_s("all_gather", 64 * MIB, 2, cl, stride=4) is not None  # ranks 0, 4
     assert measured_nccl_s("send_recv", 64 * MIB, 2, cl) is None  # no send/recv rows
-    # A PCIe box: groups share the switch, which the single-group rows do not show.
-    assert measured_nccl_s("all_reduce", 64 * MIB, 2, load_cluster("l40s-8gpu")) is None
+    # A PCIe box: consecutive GPUs (the measured placement) use the rows, strided ones not.
+    l40s = load_cluster("l40s-8gpu")
+    assert measured_nccl_s("all_reduce", 64 * MIB, 2, l40s) == pytest.approx(3.3588e-3)
+    assert measured_nccl_s("all_reduce", 64 * MIB, 2, l40s, stride=2) is None
     # NVL72: a 4-GPU tray is measured, 8 GPUs span two trays (the model prices those).
     nvl = load_cluster("gb200-nvl72")
     assert measured_nccl_s("all_reduce", 64 * MIB, 4, nvl) is not None

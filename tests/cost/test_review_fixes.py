@@ -120,8 +120,9 @@ def test_floor_needs_profile_use_and_nvlink() -> None:
     assert cost_model_nccl_floor_s(no_profile, "all_reduce", 16 * MIB, 16, h) == 0.0
     # one rank per node (stride 8): no two ranks share an NVSwitch, nothing measured applies
     assert measured_floor_s("all_reduce", 16 * MIB, 16, h, stride=8) is None
-    # PCIe box (innermost tier not NVLink): the rows are not used (finding 9, unchanged)
-    assert measured_floor_s("all_reduce", 16 * MIB, 16, load_cluster("l40s-8gpu")) is None
+    # PCIe box: the measured 8-GPU row (19.376 ms at 16 MiB) bounds a larger group
+    assert measured_floor_s("all_reduce", 16 * MIB, 16, load_cluster("l40s-8gpu")) == \
+        pytest.approx(19.376e-3)
     assert measured_floor_s("send_recv", 16 * MIB, 16, h) is None
 
 
@@ -160,11 +161,12 @@ def test_three_tier_tree_and_ring_latency() -> None:
 
 
 def test_nvl72_domain_is_not_a_chain() -> None:
-    """Two GB200 NVL72 racks (144 ranks), 64 B: the NVLink domain spans 18 trays, where NCCL
-    runs NVLS(-tree), not a 71-step chain; the tree keeps 2·(ceil(log2 72)·2.218 +
-    log2(2)·3.0) = 37.05 us (a chain would be 2·(71·2.218 + 3.0) = 320.96 us)."""
+    """GB200 NVL72, 144 ranks = 64 + 64 + 16 over three racks (a job fills 64 GPUs of a rack,
+    ``job_devices``), 64 B: the NVLink domain spans 16 trays, where NCCL runs NVLS(-tree), not a
+    63-step chain; the tree keeps 2·(ceil(log2 64)·2.218 + ceil(log2 3)·3.0) = 38.62 us (a chain
+    would be 2·(63·2.218 + 2·3.0) = 291.47 us)."""
     g = load_cluster("gb200-nvl72")
-    assert _candidates(g, "all_reduce", 64, 144)["tree"] == pytest.approx(37.05 * US,
+    assert _candidates(g, "all_reduce", 64, 144)["tree"] == pytest.approx(38.616 * US,
                                                                           abs=0.01 * US)
 
 

@@ -207,7 +207,7 @@ def test_unknown_algorithm(tmp_path: Path, cluster_raw: dict) -> None:
 def test_calibration_rules(tmp_path: Path, cluster_raw: dict) -> None:
     bad = copy.deepcopy(cluster_raw)
     bad["calibration"]["collective_alpha_us"]["infiniband"] = 3
-    _expect(tmp_path, bad, "calibration.collective_alpha.infiniband", "tiers: ['leaf'")
+    _expect(tmp_path, bad, "calibration.collective_alpha_us.infiniband", "tiers: ['leaf'")
     bad = copy.deepcopy(cluster_raw)
     bad["calibration"]["collective_bw_efficiency"]["leaf"] = 1.5
     _expect(tmp_path, bad, "collective_bw_efficiency.leaf", "(0, 1]")
@@ -234,8 +234,8 @@ def test_per_engine_times(tmp_path: Path, cluster_raw: dict, field: str) -> None
     spec = load_cluster(_write(tmp_path, "front", cluster_raw))
     assert getattr(spec.calibration, f"{field}_s") == {"trtllm": pytest.approx(0.045),
                                                        "vllm": pytest.approx(0.0025)}
-    for value, fragments in (({"tgi": 10}, (f"{field}.tgi", "allowed: vllm, sglang, trtllm")),
-                             ({"sglang": -1}, (f"{field}.sglang", ">= 0"))):
+    for value, fragments in (({"tgi": 10}, (f"{field}_ms.tgi", "allowed: vllm, sglang, trtllm")),
+                             ({"sglang": -1}, (f"{field}_ms.sglang", ">= 0, but got -1"))):
         bad = copy.deepcopy(cluster_raw)
         bad["calibration"][f"{field}_ms"] = value
         _expect(tmp_path, bad, *fragments)
