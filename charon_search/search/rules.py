@@ -266,6 +266,16 @@ def sequence_parallel_needs_tp(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+@NORMALIZERS.register("dynamic_sp_needs_sp")
+def dynamic_sp_needs_sp(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Dynamic SP picks each request's degree among sp's divisors: sp == 1 -> dynamic_sp False
+    (``ServingConfig`` rejects dynamic_sp with sp=1; the pair is the sp=1 run)."""
+    cfg = dict(cfg)
+    if "dynamic_sp" in cfg and _g(cfg, "sp") == 1:
+        cfg["dynamic_sp"] = False
+    return cfg
+
+
 @NORMALIZERS.register("recompute_layers")
 def recompute_layers(cfg: dict[str, Any]) -> dict[str, Any]:
     """recompute_num_layers only means something with recompute 'full'."""

@@ -74,19 +74,25 @@ def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConf
         dp_attention=dpa, precision=config.precision, kv_dtype=config.kv_dtype,
         fused_kernels=config.fused_kernels, tp_allreduce=config.tp_allreduce,
         moe_kernel=config.moe_kernel, allreduce_norm_fusion=config.allreduce_norm_fusion)
-    return _maybe_sp(base, cluster, config, tp or config.tp, model.num_layers)
+    return _maybe_sp(base, cluster, config, tp or config.tp, pp or config.pp,
+                     model.num_kv_layers)
 
 
 def _maybe_sp(base: IterationCostModel, cluster: ClusterSpec, config: ServingConfig, tp: int,
-              num_layers: int) -> IterationCostModel:
+              pp: int, num_kv_layers: int) -> IterationCostModel:
     if config.sp == 1:
         return base
     from charon_search.serving.dynamic_sp import SequenceParallelCostModel
 
+    stage_layers = -(-num_kv_layers // pp)
+
     def all_gather(kv_bytes: float, d: int) -> float:
-        # One all-gather of the request's KV per layer, over d ranks spaced tp apart.
-        return num_layers * collective_s("all_gather", kv_bytes / num_layers, d, cluster,
-                                         stride=tp)
+        # ``kv_bytes``: the request's KV on one GPU of a pipeline stage (``kv_bytes_per_token``
+        # covers a stage's ceil(num_kv_layers / pp) KV layers). The prefill attention is the
+        # whole model's, so every KV layer of every stage all-gathers its KV, over d ranks
+        # spaced tp apart.
+        return num_kv_layers * collective_s("all_gather", kv_bytes / stage_layers, d, cluster,
+                                            stride=tp)
 
     return SequenceParallelCostModel(base, sp=config.sp, dynamic=config.dynamic_sp,
                                      all_gather=all_gather)
@@ -335,12 +341,15 @@ class ServingSimulation:
         return load_cluster(pool.cluster)
 
     def _cost(self, pool: PoolConfig, cluster: ClusterSpec) -> IterationCostModel:
-        key = (cluster.name, pool.tp, pool.pp, pool.ep, pool.dp_attention)
+        key = (cluster.name, pool.tp, pool.pp, pool.ep, pool.dp_attention, self.config.sp,
+               self.config.dynamic_sp)
         hit = self._cost_cache.get(key)
+        if hit is not None and hasattr(hit, "saved_s"):
+            hit.saved_s = 0.0  # a shared cache's SP model: count this simulation's saving only
         if hit is None:
             if self._injected is not None:
-                hit = _maybe_sp(self._injected, cluster, self.config, pool.tp,
-                                self.model.num_layers)
+                hit = _maybe_sp(self._injected, cluster, self.config, pool.tp, pool.pp,
+                                self.model.num_kv_layers)
             else:
                 hit = build_cost_model(self.model, cluster, self.config, tp=pool.tp,
                                        pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention)
@@ -659,7 +668,8 @@ class ServingSimulation:
         hits = sum(r.hit_tokens for r in reqs)
         kv_util = [eng.kv_used_page_s / (eng.busy_s * eng.pool.num_pages)
                    for eng in self.replicas if eng.busy_s > 0]
-        saved = sum(getattr(c, "saved_s", 0.0) for c in self._cost_cache.values())
+        saved = sum(getattr(c, "saved_s", 0.0)  # this simulation's models, each once
+                    for c in {id(eng.cost): eng.cost for eng in self.replicas}.values())
         per_request = None
         if keep_requests:
             per_request = {
