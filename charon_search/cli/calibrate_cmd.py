@@ -63,8 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "<kind>.jsonl; entries go stale with any change to the package)")
     parser.add_argument("--write", type=Path, default=None, metavar="SPEC_DIR",
                         help="also update calibration: blocks of SPEC_DIR/<cluster>.yaml, "
-                             "when the fit beats the shipped specs and (unless --no-loso) "
-                             "lowers the held-out error of most held-out sources")
+                             "when the fit beats the shipped specs and (unless --no-loso) the "
+                             "records have two or more held-out groups and the fit lowers the "
+                             "held-out error of most of them; parameters no record's "
+                             "prediction depends on keep their shipped values")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,7 +145,9 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
         default_parameters,
         development_records,
         fit_parameters,
+        holdout_group,
         leave_one_source_out,
+        shipped_values,
         write_cluster_specs,
         write_refusal,
     )
@@ -164,17 +168,31 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
         raise ConfigError(f"none of the {len(candidates)} development record(s) of kind "
                           f"{args.kind!r} is expressible (skipped: {len(baseline.skipped)}, "
                           "see `charon-search validate` for the reasons): nothing to fit")
+    groups = sorted({holdout_group(r, args.holdout_by) for r in dev})
+    if args.write and not args.no_loso and len(groups) < 2:
+        # Before the fit, not after it: --write could only refuse (write_refusal).
+        raise ConfigError(f"`--write` needs a held-out check, but the {len(dev)} development "
+                          f"record(s) all come from one {args.holdout_by} ({groups[0]}), so "
+                          f"leave-one-{args.holdout_by}-out has no held-out fit; pass "
+                          "--no-loso to write anyway")
     names = args.params or default_parameters(args.kind)
+    clusters = {}
+    for r in dev:
+        case = to_case(r)
+        clusters[case.cluster.name] = case.cluster
+    # Each parameter starts from its shipped value where the records' clusters agree on one.
+    start = shipped_values(names, list(clusters.values()))
     bar.write(f"fitting {names} on {len(dev)} development records (store {store}: the "
               f"baseline reused {evaluate.reused} of its {len(candidates)} record "
               "simulations)", file=sys.stdout)
-    fit = fit_parameters(dev, names, sweeps=args.sweeps, evaluate=evaluate)
+    fit = fit_parameters(dev, names, sweeps=args.sweeps, evaluate=evaluate, start=start)
     bar.write(f"fit: {json.dumps(fit.values)}  median |log err| {fit.objective:.4f} "
               f"(shipped specs {fit.uncalibrated_objective:.4f}; "
               f"{fit.evaluations} parameter vectors, {evaluate.pairs} record simulations)",
               file=sys.stdout)
     loso = [] if args.no_loso else leave_one_source_out(dev, names, sweeps=args.sweeps,
-                                                        evaluate=evaluate, by=args.holdout_by)
+                                                        evaluate=evaluate, by=args.holdout_by,
+                                                        start=start)
     bar.close()
     for row in loso:
         print(f"  held out {row['held_out']:<44} train {row['train_median_abs_log_error']:.3f}"
@@ -183,15 +201,19 @@ def _calibrate(args: argparse.Namespace, records: list[Any], store: Path, bar: A
     if loso:
         print(f"leave-one-{args.holdout_by}-out: {len(loso)} held-out fits; {evaluate.pairs} "
               "record simulations in all")
-    clusters = {}
-    for r in dev:
-        case = to_case(r)
-        clusters[case.cluster.name] = case.cluster
+    elif not args.no_loso:
+        print(f"calibrate: warning: the records come from one {args.holdout_by} only: no "
+              f"held-out fit checks the values (--no-loso skips the check)", file=sys.stderr)
+    if fit.no_effect:
+        print(f"no record's prediction moves with {', '.join(fit.no_effect)} across "
+              f"{'its' if len(fit.no_effect) == 1 else 'their'} grid: not fitted, "
+              "the shipped value stays")
     doc = calibration_document(fit, clusters, loso, kind=args.kind,
                                holdout_by=args.holdout_by)
     args.out.write_text(yaml.safe_dump(doc, sort_keys=False, width=99))
     print(f"wrote {args.out}")
-    if args.write and (refusal := write_refusal(fit, loso)):
+    held_out_by = None if args.no_loso else args.holdout_by
+    if args.write and (refusal := write_refusal(fit, loso, held_out_by=held_out_by)):
         print(f"calibrate: --write: cluster specs not changed: {refusal} (the fit is in "
               f"{args.out})", file=sys.stderr)
     elif args.write:

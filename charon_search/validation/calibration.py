@@ -45,7 +45,7 @@ from charon_search.errors import ConfigError
 from charon_search.hardware.spec import FRONTEND_KEYED_TIMES, SERVING_ENGINES, SERVING_FRONTENDS
 from charon_search.validation.records import AIC_GAP_SOURCE, Record
 from charon_search.validation.runner import ValidationResult, run_validation
-from charon_search.validation.stats import representative_rows
+from charon_search.validation.stats import group_of, representative_rows
 
 if TYPE_CHECKING:
     from charon_search.hardware.spec import ClusterSpec
@@ -62,6 +62,7 @@ __all__ = [
     "fit_parameters",
     "holdout_group",
     "leave_one_source_out",
+    "shipped_values",
     "write_cluster_specs",
     "write_refusal",
 ]
@@ -304,10 +305,29 @@ def _scaled_bw(cluster: ClusterSpec, scale: float) -> dict[str, float]:
     return {k: round(min(1.0, v * scale), 6) for k, v in base.items()}
 
 
-def _objective(result: ValidationResult) -> float:
-    errs = [abs(math.log1p(r["error"])) for r in representative_rows(result.rows)
-            if r["error"] > -1]
-    return float(np.median(errs)) if errs else math.inf
+Scored = frozenset[tuple[str, str]]
+"""The (record id, metric group) pairs an objective scores: those the shipped specs predict."""
+
+
+def _errors(result: ValidationResult) -> dict[tuple[str, str], float]:
+    """|log(predicted / measured)| of each record's representative metric, per metric group
+    (a prediction <= 0 has none)."""
+    return {(r["id"], str(group_of(r["metric"]))): abs(math.log1p(r["error"]))
+            for r in representative_rows(result.rows) if r["error"] > -1}
+
+
+def _scored(baseline: ValidationResult) -> Scored:
+    return frozenset(_errors(baseline))
+
+
+def _objective(result: ValidationResult, scored: Scored | None = None) -> float:
+    """Median |log(pred/meas)| over ``scored`` (None: every row ``result`` has). A scored
+    record the result does not predict (the simulator failed on it under these values: the
+    runner skips it) counts as an infinite error: dropping a badly predicted record must not
+    lower the median, so a parameter value that breaks records never wins by it."""
+    errs = _errors(result)
+    values = list(errs.values()) if scored is None else [errs.get(k, math.inf) for k in scored]
+    return float(np.median(values)) if values else math.inf
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,6 +340,9 @@ class CalibrationFit:
     num_records: int
     sources: tuple[str, ...]
     evaluations: int
+    no_effect: tuple[str, ...] = ()
+    """Parameters no record's prediction moves across their grid (the others at their fitted
+    values): they keep their start value and are not written into cluster specs."""
 
 
 Evaluate = Callable[[Sequence[Record], Mapping[str, float]], ValidationResult]
@@ -462,10 +485,38 @@ def _memoized(evaluate: Evaluate | None) -> MemoizedEvaluate:
     return evaluate if isinstance(evaluate, MemoizedEvaluate) else MemoizedEvaluate(evaluate)
 
 
+def shipped_values(names: Sequence[str], clusters: Sequence[ClusterSpec]) -> dict[str, float]:
+    """Each parameter's value in the cluster specs as shipped, where ``clusters`` all carry the
+    same one (a fit's start: ``fit_parameters(start=...)``); parameters the clusters disagree
+    on are left out (they start from their grid default). The bandwidth scale's shipped value
+    is 1 (each tier's own efficiency); an engine missing from a per-engine mapping has 0."""
+    out: dict[str, float] = {}
+    for name in names:
+        where, _, field_name = PARAMETERS[name].target.partition(".")
+        field_name, _, key = field_name.partition(".")
+        seen = set()
+        for cluster in clusters:
+            if field_name == "collective_bw_efficiency":
+                seen.add(1.0)
+                continue
+            value = getattr(cluster.gpu if where == "gpu" else cluster.calibration, field_name)
+            seen.add(float(value.get(key, 0.0) if key else value))
+        if len(seen) == 1:
+            out[name] = seen.pop()
+    return out
+
+
 def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
                    evaluate: Evaluate | None = None, sweeps: int = 2,
                    start: Mapping[str, float] | None = None) -> CalibrationFit:
     """Coordinate descent over each parameter's grid, minimizing the median |log error|.
+
+    The descent starts from ``start`` (``calibrate``: the shipped values, ``shipped_values``)
+    or the grid defaults, and moves a parameter only when a grid value strictly lowers the
+    objective. The objective scores the records the shipped specs predict, a record the
+    simulator fails on under a vector counting as an infinite error (``_objective``). A
+    parameter that moves no record's prediction across its grid is reported in
+    ``no_effect``.
 
     Raises:
         ConfigError: ``sweeps`` < 1 (no sweep would try any value: the "fit" would be the
@@ -476,14 +527,17 @@ def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
                           f"sweeps), but got {sweeps!r}")
     evaluate = _memoized(evaluate)
     values = {n: float((start or {}).get(n, PARAMETERS[n].default)) for n in names}
+    first = dict(values)
     cache: dict[tuple[tuple[str, float], ...], float] = {}
     kinds = set().union(*(PARAMETERS[n].kinds for n in names)) if names else set()
     recs = [r for r in records if r.kind in kinds] or list(records)
+    baseline = evaluate(recs, {})  # the cluster specs as shipped
+    scored = _scored(baseline)
 
     def score(vals: Mapping[str, float]) -> float:
         key = tuple(sorted(vals.items()))
         if key not in cache:
-            cache[key] = _objective(evaluate(recs, vals))
+            cache[key] = _objective(evaluate(recs, vals), scored)
         return cache[key]
 
     best = score(values)
@@ -497,13 +551,23 @@ def fit_parameters(records: Sequence[Record], names: Sequence[str], *,
                     best, values, improved = s, trial, True
         if not improved:
             break
+
+    def predictions(vals: Mapping[str, float]) -> tuple:
+        res = evaluate(recs, vals)
+        return (tuple(sorted((r["id"], r["metric"], r["predicted"])
+                             for r in representative_rows(res.rows))),
+                tuple(sorted(r["id"] for r in res.skipped)))
+
+    # A parameter the descent moved has an effect; one still at its start may have none.
+    no_effect = tuple(n for n in names if values[n] == first[n] and len(
+        {predictions({**values, n: float(v)}) for v in (values[n], *PARAMETERS[n].grid)}) == 1)
     from charon_search.validation.runner import source_label
 
     return CalibrationFit(values=values, objective=best,
-                          uncalibrated_objective=_objective(evaluate(recs, {})),
+                          uncalibrated_objective=_objective(baseline, scored),
                           num_records=len(records),
                           sources=tuple(sorted({source_label(r.source) for r in records})),
-                          evaluations=len(cache))
+                          evaluations=len(cache), no_effect=no_effect)
 
 
 #: What ``leave_one_source_out`` can hold out, one group at a time: the record's source (the
@@ -525,7 +589,8 @@ def holdout_group(record: Record, by: str) -> str:
 
 def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
                          evaluate: Evaluate | None = None, sweeps: int = 2,
-                         by: str = "source") -> list[dict[str, Any]]:
+                         by: str = "source", start: Mapping[str, float] | None = None
+                         ) -> list[dict[str, Any]]:
     """Per development source (``by="source"``) or GPU (``by="gpu"``): fit on the others,
     report train and held-out test error.
 
@@ -533,7 +598,8 @@ def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
     ``--sweeps``), so a held-out row's train error is what the main fit would reach without
     that group. Holding out by GPU tests a parameter that belongs to a serving engine, whose
     rows all come from one or two sources: a source held out would take every row of its
-    engine with it."""
+    engine with it. Records of one group only give no held-out fit (an empty list).
+    ``start``: the held-out fits' start (``fit_parameters``)."""
     evaluate = _memoized(evaluate)
     groups = sorted({holdout_group(r, by) for r in records})
     out = []
@@ -542,9 +608,11 @@ def leave_one_source_out(records: Sequence[Record], names: Sequence[str], *,
         test = [r for r in records if holdout_group(r, by) == held]
         if not train or not test:
             continue
-        fit = fit_parameters(train, names, evaluate=evaluate, sweeps=sweeps)
-        test_obj = _objective(evaluate(test, fit.values))
-        default_obj = _objective(evaluate(test, {}))  # the cluster specs as shipped
+        fit = fit_parameters(train, names, evaluate=evaluate, sweeps=sweeps, start=start)
+        shipped = evaluate(test, {})  # the cluster specs as shipped
+        scored = _scored(shipped)
+        test_obj = _objective(evaluate(test, fit.values), scored)
+        default_obj = _objective(shipped, scored)
         out.append({"held_out": held, "train_records": len(train), "test_records": len(test),
                     "values": fit.values, "train_median_abs_log_error": fit.objective,
                     "test_median_abs_log_error": test_obj,
@@ -558,16 +626,19 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
     """The YAML written by ``calibrate``: per-cluster ``calibration`` values with provenance.
 
     ``clusters`` maps cluster name -> its spec (the fit's shared values are applied to each, so
-    per-tier bandwidth efficiencies are that cluster's own values times the fitted scale).
+    per-tier bandwidth efficiencies are that cluster's own values times the fitted scale). The
+    blocks leave out the fit's ``no_effect`` parameters: the records say nothing about them,
+    so ``--write`` keeps their shipped values (``fit.no_effect`` lists them).
     """
     date = _dt.date.today().isoformat()
-    fitted = ", ".join(f"{k} = {v:g}" for k, v in fit.values.items())
+    written = {k: v for k, v in fit.values.items() if k not in fit.no_effect}
+    fitted = ", ".join(f"{k} = {v:g}" for k, v in written.items())
     prov = (f"charon-search calibrate {date}: {fitted}, a shared fit on {fit.num_records} "
             f"development records of {', '.join(fit.sources)}; median |log(pred/meas)| "
             f"{fit.objective:.4f} (shipped specs {fit.uncalibrated_objective:.4f})")
     blocks = {}
     for name, spec in clusters.items():
-        gpu, cal = _spec_changes(spec, fit.values)
+        gpu, cal = _spec_changes(spec, written)
         blocks[name] = {"calibration": cal, "gpu": gpu, "provenance": prov}
     out: dict[str, Any] = {"kind": kind} if kind else {}
     if holdout_by != "source":
@@ -576,19 +647,25 @@ def calibration_document(fit: CalibrationFit, clusters: Mapping[str, ClusterSpec
             "clusters": blocks}
 
 
-def write_refusal(fit: CalibrationFit, loso: Sequence[Mapping[str, Any]]) -> str:
+def write_refusal(fit: CalibrationFit, loso: Sequence[Mapping[str, Any]], *,
+                  held_out_by: str | None = None) -> str:
     """Why ``calibrate --write`` must leave the cluster specs alone ("" when it may write).
 
     A fit is written only when it lowers the development records' error below the specs as
-    shipped and, when a leave-one-out report was made, lowers the held-out error of most
-    held-out groups: a value the data does not determine (a parameter no record depends on)
-    or one that does not carry over to unseen sources would replace a shipped value, and its
-    provenance, without evidence.
+    shipped and, when a leave-one-out report was asked for (``held_out_by``: what it held
+    out, ``source`` or ``gpu``) or made, the records have two or more such groups and the fit
+    lowers the held-out error of most of them: a value the data does not determine or one
+    that does not carry over to unseen sources would replace a shipped value, and its
+    provenance, without evidence. (A parameter no record depends on is not written at all:
+    ``fit.no_effect``.)
     """
     if not fit.objective < fit.uncalibrated_objective:
         return (f"the fit's median |log(pred/meas)| {fit.objective:.4f} does not beat the "
                 f"shipped specs' {fit.uncalibrated_objective:.4f} on the same "
                 f"{fit.num_records} records")
+    if held_out_by is not None and len(loso) < 2:
+        return (f"the records come from one {held_out_by} only, so leave-one-{held_out_by}-out "
+                "has no held-out fit to check the values on; pass --no-loso to write anyway")
     better = sum(1 for row in loso if row["test_median_abs_log_error"]
                  < row["test_median_abs_log_error_uncalibrated"])
     if loso and not better > len(loso) / 2:
