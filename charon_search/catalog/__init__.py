@@ -13,6 +13,7 @@ from charon_search.catalog._loader import (
     load_model,
     resolve_model_name,
     spec_from_config,
+    spec_hash,
 )
 from charon_search.catalog.spec import ModelSpec
 
@@ -23,4 +24,5 @@ __all__ = [
     "load_model",
     "resolve_model_name",
     "spec_from_config",
+    "spec_hash",
 ]

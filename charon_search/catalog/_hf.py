@@ -13,13 +13,14 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from charon_search.cache import cache_dir
+from charon_search.cache import cache_dir, sources_fingerprint
 from charon_search.errors import ConfigError
 
 if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
-__all__ = ["ReducedModel", "build_reduced_model", "count_params", "hf_config_object"]
+__all__ = ["ReducedModel", "build_reduced_model", "count_params", "count_params_per_expert",
+           "hf_config_object"]
 
 _PRIVATE_PREFIX = "_charon_"
 _LOCK = threading.Lock()
@@ -173,60 +174,151 @@ def build_reduced_model(
 def _param_cache_file() -> Any:
     import transformers
 
-    return cache_dir("catalog") / f"num_params-tf{transformers.__version__}.json"
+    return cache_dir("catalog") / f"model_counts-tf{transformers.__version__}.json"
 
 
-_PARAMS_MEM: dict[str, int] = {}
+_COUNTS_MEM: dict[str, dict[str, int]] = {}
+
+
+def _counts_key(spec: ModelSpec) -> str:
+    """Cache key of ``spec``'s counts: this package's catalog code (which derives and checks
+    the layer types) and every field of ``spec`` that shapes the model (``spec_hash``); the
+    transformers version names the cache file."""
+    from charon_search.catalog._loader import spec_hash
+
+    return f"{sources_fingerprint('catalog')}:{spec_hash(spec)}"
 
 
 def count_params(spec: ModelSpec) -> int:
     """Exact parameter count of ``spec``'s HF model class (what it instantiates on meta).
 
-    Counted on a reduced meta model (one layer per type): non-layer parameters plus, per layer
-    type, the layer's parameters times the number of layers of that type. Cached in memory and
-    in ``cache_dir("catalog")``.
-    """
-    from charon_search.catalog._loader import config_hash
+    Counted on the full model built on the meta device (a fraction of a second even for a
+    trillion parameters), after checking that every layer is built like the first layer of its
+    type in ``spec.layer_types`` (the layer the frontend traces for all of them:
+    ``_check_layer_types``). Cached in memory and in ``cache_dir("catalog")``.
 
-    key = f"{spec.model_type}:{config_hash(spec.hf_config)}"
-    if key in _PARAMS_MEM:
-        return _PARAMS_MEM[key]
+    Raises:
+        ConfigError: transformers cannot build the model, or builds layers that
+            ``spec.layer_types`` types alike differently.
+    """
+    return _counts(spec)["num_params"]
+
+
+def count_params_per_expert(spec: ModelSpec) -> int:
+    """Parameters of one routed expert of ``spec``'s MoE layers as transformers builds it
+    (weights and biases: gpt-oss's experts carry biases), 0 for a dense model."""
+    return _counts(spec)["params_per_expert"]
+
+
+def _counts(spec: ModelSpec) -> dict[str, int]:
+    key = _counts_key(spec)
+    if key in _COUNTS_MEM:
+        return _COUNTS_MEM[key]
     path = _param_cache_file()
-    disk: dict[str, int] = {}
+    disk: dict[str, dict[str, int]] = {}
     if path.is_file():
         try:
             disk = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             disk = {}
-    if key in disk:
-        _PARAMS_MEM[key] = int(disk[key])
-        return _PARAMS_MEM[key]
-    n = _count_uncached(spec)
-    _PARAMS_MEM[key] = n
-    disk[key] = n
+    hit = disk.get(key)
+    if isinstance(hit, dict) and {"num_params", "params_per_expert"} <= set(hit):
+        _COUNTS_MEM[key] = {k: int(v) for k, v in hit.items()}
+        return _COUNTS_MEM[key]
+    counts = _count_uncached(spec)
+    _COUNTS_MEM[key] = counts
+    # Entries of older catalog code can never be hit again: drop them.
+    code = key.split(":", 1)[0]
+    disk = {k: v for k, v in disk.items() if k.startswith(f"{code}:")}
+    disk[key] = counts
     tmp = path.with_suffix(f".tmp{threading.get_ident()}")
     tmp.write_text(json.dumps(disk, indent=0, sort_keys=True))
     tmp.replace(path)
-    return n
+    return counts
 
 
-def _count_uncached(spec: ModelSpec) -> int:
+def _count_uncached(spec: ModelSpec) -> dict[str, int]:
     # Counted on the eager attention path, which every HF class has; a config it cannot build
     # is reported without naming that path (the user asked for none: ``trace --attn sdpa``).
     try:
-        rm = build_reduced_model(spec, attn_impl="eager")
+        rm = build_reduced_model(spec, attn_impl="eager", all_layers=True)
     except ConfigError as e:
         cause = e.__cause__ or e
         raise ConfigError(f"model {spec.name!r}: transformers cannot build it: "
                           f"{type(cause).__name__}: {_one_line(cause)}") from cause
     layers = rm.model.get_submodule(rm.layers_path)
-    layer_ids = {id(p) for layer in layers for p in layer.parameters()}
-    outside = sum(p.numel() for p in rm.model.parameters() if id(p) not in layer_ids)
-    total = outside
-    for j, layer in enumerate(layers):
-        t = rm.layer_type_of[j]
-        total += spec.num_layers_of(t) * sum(p.numel() for p in layer.parameters())
-    return int(total)
+    per_expert = _check_layer_types(spec, layers)
+    return {"num_params": int(sum(p.numel() for p in rm.model.parameters())),
+            "params_per_expert": per_expert}
+
+
+def _check_layer_types(spec: ModelSpec, layers: Any) -> int:
+    """Check that transformers built ``spec``'s layers as ``spec.layer_types`` types them, and
+    return the parameters of one routed expert (0 for a dense model).
+
+    The frontend traces the first layer of each type and prices every layer of the type like
+    it, so every layer must hold the same parameter-owning modules (class, path, parameter
+    shapes) as that first one; a ``dense`` layer must hold no routed experts (a module named
+    ``experts``), a ``moe`` one must. A config field the loader does not read (a dense/MoE
+    pattern, another token mixer) otherwise prices one layer's kind for all of them.
+    """
+    from charon_search.catalog.spec import is_moe_block
+
+    types = spec.layer_types or ("dense",) * spec.num_layers
+    first: dict[str, int] = {}
+    for i, t in enumerate(types):
+        j = first.setdefault(t, i)
+        if _layer_signature(layers[i]) != _layer_signature(layers[j]):
+            raise ConfigError(
+                f"model {spec.name!r} (model_type {spec.model_type!r}): transformers builds "
+                f"layer {i} unlike layer {j} ({_layer_difference(layers[j], layers[i])}), but "
+                f"charon-search reads both as {t!r} layers from the config; this layer pattern "
+                f"is not supported")
+    per_expert = 0
+    for t, j in first.items():
+        experts = _routed_experts(layers[j])
+        if experts is None and not is_moe_block(t):
+            continue
+        if experts is None or not is_moe_block(t):
+            raise ConfigError(
+                f"model {spec.name!r} (model_type {spec.model_type!r}): layer {j} is read as "
+                f"a {t!r} layer from the config, but transformers builds it "
+                f"{'with' if experts is not None else 'without'} routed experts; this "
+                f"config's MoE fields are not supported")
+        n = sum(p.numel() for p in experts.parameters())
+        per_expert = n // max(spec.num_experts, 1)
+    return int(per_expert)
+
+
+def _routed_experts(layer: Any) -> Any:
+    """A decoder layer's routed-experts module (transformers names it ``experts``: ``mlp``,
+    ``block_sparse_moe``, ``feed_forward``, DBRX's ``ffn``), else ``None``."""
+    return next((m for path, m in layer.named_modules()
+                 if path.rpartition(".")[2] == "experts"), None)
+
+
+def _layer_signature(layer: Any) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """(module path, class, parameter shapes) of each module of ``layer`` owning parameters
+    (parameter-free modules such as Llama 4's L2 norm of its RoPE layers are left out)."""
+    out = []
+    for path, mod in layer.named_modules():
+        shapes = tuple(tuple(p.shape) for p in mod.parameters(recurse=False))
+        if shapes:
+            out.append((path, type(mod).__name__, shapes))
+    return tuple(out)
+
+
+def _layer_difference(a: Any, b: Any) -> str:
+    """The first top-level submodules in which layers ``a`` and ``b`` differ, as
+    ``name: ClassA vs ClassB``."""
+    diffs = []
+    for name in dict.fromkeys([*dict(a.named_children()), *dict(b.named_children())]):
+        ma, mb = getattr(a, name, None), getattr(b, name, None)
+        sa = _layer_signature(ma) if ma is not None else ()
+        sb = _layer_signature(mb) if mb is not None else ()
+        if sa != sb:
+            diffs.append(f"{name}: {type(ma).__name__} vs {type(mb).__name__}")
+    return "; ".join(diffs[:3]) or "parameter shapes"
 
 
 def count_params_full(spec: ModelSpec) -> int:

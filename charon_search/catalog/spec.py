@@ -50,22 +50,39 @@ class ModelSpec:
     linear-attention (Gated DeltaNet) layer's type ends in ``_linear`` (``moe_linear``)."""
     num_params: int = 0
     """Exact parameter count of the HF model class (counted on the meta device); 0 = unknown."""
+    params_per_expert: int = 0
+    """Parameters of one routed expert as transformers builds it, biases included (gpt-oss);
+    0 = unknown (``num_active_params`` then takes ``3 x hidden x moe_intermediate_size``)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Further facts (MLA ranks, sliding window...)."""
 
     @property
     def num_active_params(self) -> int:
         """Parameters one token uses: ``num_params`` less, in each MoE layer, the routed experts
-        it is not sent to (``num_experts - num_experts_per_token`` of them, each ``3 x hidden x
-        moe_intermediate_size`` with a gated MLP, else 2); the embedding table counts whole, as
-        Mixtral's 12.9 B and DeepSeek-V3's 37 B do. Equal to ``num_params`` for a dense model."""
+        it is not sent to (``num_experts - num_experts_per_token`` of them, each
+        ``params_per_expert``: its weights and biases); the input embedding table counts whole,
+        as Mixtral's 12.9 B, Qwen3-30B-A3B's 3.3 B and DeepSeek-V3's 37 B do (the convention of
+        ``num_active_params_excl_embedding`` is gpt-oss's). Equal to ``num_params`` for a dense
+        model."""
         if not self.num_experts or not self.num_params:
             return self.num_params
         moe_layers = (sum(1 for t in self.layer_types if is_moe_block(t)) if self.layer_types
                       else self.num_layers)
-        per_expert = (3 if self.gated_mlp else 2) * self.hidden_size * self.moe_intermediate_size
+        per_expert = self.params_per_expert or (
+            (3 if self.gated_mlp else 2) * self.hidden_size * self.moe_intermediate_size)
         idle = self.num_experts - self.num_experts_per_token
         return self.num_params - moe_layers * idle * per_expert
+
+    @property
+    def num_active_params_excl_embedding(self) -> int:
+        """``num_active_params`` without the input embedding table (``vocab x hidden``, unless
+        tied to the LM head, which a token does multiply by): the parameters a token multiplies
+        by, half its forward GEMM FLOPs. The gpt-oss model card's convention (OpenAI, "gpt-oss-120b
+        & gpt-oss-20b Model Card", arXiv:2508.10925, Table 1: 5.13 B active of 116.83 B)."""
+        if not self.num_params:
+            return 0
+        table = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.num_active_params - table
 
     @property
     def is_moe(self) -> bool:

@@ -33,7 +33,13 @@ Modelling choices (what the graphs mean):
   in-place one-token append (tag ``kv_append``). MLA models (DeepSeek-V3) decode with the
   absorbed formulation serving engines use (``_mla``): one 1-KV-head attention over the
   576-wide latent cache instead of HF's per-step re-expansion of all ``c`` tokens.
-* Sliding-window layers (gpt-oss) are traced with their window mask over all ``c`` keys.
+* Attention keeps the model's K/V heads (GQA/MQA run natively, as GPU kernels take them) and,
+  over more than one query, is causal: a mask HF builds instead (Falcon always; sliding
+  windows; GLM-5's training path) becomes the kernel's causal mode (``_trace._fused_sdpa``).
+  Windows are priced downstream (``ModelSpec.sliding_window``); a decode step of a
+  sliding-window layer (gpt-oss) is traced with its window mask over all ``c`` keys.
+* Layers whose token mixer is neither attention nor Gated DeltaNet (a state-space scan, a
+  convolution) are refused (``ConfigError``), never priced as MLP-only layers.
 * Linear attention (Gated DeltaNet layers of Qwen3-Next / Qwen3.5, block types ``*_linear``)
   traces as the two kernels engines run (``_linear_attn``): one causal-convolution node and one
   ``LINEAR_ATTENTION`` delta-rule node, linear in the tokens; decode reads and writes each
@@ -55,9 +61,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from charon_search.cache import cache_dir, sources_fingerprint
-from charon_search.catalog import ModelSpec, config_hash, load_model
-from charon_search.errors import ConfigError
-from charon_search.ir import TracedBlock
+from charon_search.catalog import ModelSpec, load_model, spec_hash
+from charon_search.errors import CharonError, ConfigError
+from charon_search.ir import OpKind, Role, TracedBlock
 
 __all__ = ["FRONTEND_VERSION", "PHASES", "TracedModel", "clear_memory_cache", "trace_model"]
 
@@ -126,7 +132,9 @@ def _versions() -> str:
 
 
 def _cache_key(spec: ModelSpec, phase: str, dtype: str, attn_impl: str) -> str:
-    raw = f"{config_hash(spec.hf_config)}|{phase}|{dtype}|{attn_impl}|{_versions()}"
+    # The whole spec, not only its HF config: the trace builds the layers of
+    # ``spec.layer_types`` and reads its experts and ``extra`` (a caller may replace them).
+    raw = f"{spec_hash(spec)}|{phase}|{dtype}|{attn_impl}|{_versions()}"
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
@@ -239,8 +247,14 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
         used_impl = "sdpa" if fuse_eager else "eager"
     rm.model.to(getattr(torch, DTYPES[dtype]))
     points = trace_points(phase, num_points, spec.hf_config)
-    caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"], fuse_eager=fuse_eager)
-                 for p in points)
+    try:
+        caps = tuple(capture(rm, phase, b=p["b"], s=p["s"], c=p["c"], fuse_eager=fuse_eager)
+                     for p in points)
+    except CharonError:
+        raise
+    except Exception as e:  # torch / transformers failing on the model's own forward code
+        raise ConfigError(f"model {spec.name!r} (model_type {spec.model_type!r}) cannot be "
+                          f"traced for {phase}: {_trace_failure(e)}") from e
     conv = Converter(spec, phase, caps, points, rm.layers_path, rm.layer_type_of)
     conv.run()
     names = ["embedding", *spec.block_types, "lm_head"]
@@ -253,5 +267,44 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
         param_blocks[t] = sum(p.numel() for p in layer.parameters())
     blocks = assemble(conv, model_name=spec.name, dtype=dtype, block_names=names,
                       param_blocks=param_blocks)
+    _check_token_mixers(spec, blocks, layers, rm.layer_type_of)
     return TracedModel(spec=spec, phase=phase, dtype=dtype, attn_impl=used_impl,
                        blocks=blocks)
+
+
+#: Node kinds that mix tokens: a decoder layer traces at least one of them.
+_MIXER_KINDS = frozenset({OpKind.ATTENTION, OpKind.LINEAR_ATTENTION})
+
+
+def _mixes_tokens(node: Any) -> bool:
+    """A fused (linear) attention node, or the softmax of an unfused (eager) attention."""
+    return node.kind in _MIXER_KINDS or (node.kind == OpKind.SOFTMAX
+                                         and node.role == Role.ATTN_CORE)
+
+
+def _check_token_mixers(spec: ModelSpec, blocks: dict[str, TracedBlock], layers: Any,
+                        layer_type_of: tuple[str, ...]) -> None:
+    """``ConfigError`` for a decoder layer whose trace holds no attention: its token mixer (a
+    state-space or RWKV scan, a convolution...) is not one charon-search prices, and its
+    layers would run as MLPs alone."""
+    for layer, t in zip(layers, layer_type_of, strict=True):
+        if not any(_mixes_tokens(n) for n in blocks[t].forward.nodes):
+            parts = ", ".join(f"{name}: {type(m).__name__}" for name, m in layer.named_children())
+            raise ConfigError(f"model {spec.name!r} (model_type {spec.model_type!r}): its "
+                              f"{t!r} layers ({parts}) trace no attention op; their token "
+                              f"mixer is not supported")
+
+
+def _trace_failure(e: BaseException) -> str:
+    """One line on why the model's forward could not be traced."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
+        return (f"its HF forward runs `{e}`, whose output shape depends on the data (a loop "
+                f"over the experts a batch reaches, say), which fake-tensor tracing cannot "
+                f"follow; unsupported")
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}{' ...' if len(text) > 300 else ''}"

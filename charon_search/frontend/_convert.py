@@ -321,6 +321,9 @@ class Converter:
             return None  # symbolic scalars, None
         in_moe = is_moe_block(block) and _in_moe_module(local)
         kind = _ops.classify(base, in_moe=in_moe)
+        # A fused attention kernel loads a tensor it gets twice once (absorbed MLA passes the
+        # latent cache as K and as V: FlashMLA reads it once); other ops read each argument.
+        once = kind in (OpKind.ATTENTION, OpKind.ATTENTION_BWD)
         inputs: list[int] = []
         reads: dict[int, Poly] = {}
         arg_vals: list[list[Any]] = []
@@ -332,6 +335,8 @@ class Converter:
             if tid not in reads:
                 inputs.append(tid)
                 reads[tid] = eff
+            elif once:
+                reads[tid] = _larger(reads[tid], eff, self.fit.p1)
             else:
                 reads[tid] = reads[tid] + eff
         op = _Op(key=key, phase=phase, kind=kind, target=str(target), base=base, block=block,
@@ -558,6 +563,12 @@ def _numel(shape: Iterable[Poly]) -> Poly:
     for d in shape:
         out = out * d
     return out
+
+
+def _larger(a: Poly, b: Poly, point: dict[str, int]) -> Poly:
+    """The larger of two byte counts of one tensor (at the trace point)."""
+    return a if a(point["b"], point["s"], point["c"]) >= b(point["b"], point["s"],
+                                                          point["c"]) else b
 
 
 def _getitem() -> Any:

@@ -44,11 +44,7 @@ def _absorbed_forward(self: Any, hidden_states: Any, position_embeddings: Any,
     kv_nope, k_rot = torch.split(compressed, [rank, rope], dim=-1)
     kv_nope = self.kv_a_layernorm(kv_nope).view(b, 1, sl, rank)
     k_rot = k_rot.view(b, 1, sl, rope)
-    cos, sin = position_embeddings
-    if getattr(self.config, "rope_interleave", False):
-        q_rot, k_rot = hf.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
-    else:
-        q_rot, k_rot = hf.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+    q_rot, k_rot = _rotate(self, hf, q_rot, k_rot, position_embeddings)
     latent = torch.cat((kv_nope, k_rot), dim=-1)  # [b, 1, sl, rank + rope]: the cache entry
     if cache is not None:
         latent, _ = cache.update(latent, latent[..., :0], self.layer_idx, kwargs=kwargs)
@@ -62,13 +58,28 @@ def _absorbed_forward(self: Any, hidden_states: Any, position_embeddings: Any,
     mask = attention_mask[:, :, :, : latent.shape[-2]] if attention_mask is not None else None
     # One MQA kernel over the 576-wide latent cache (values = its first 512 columns). The CPU
     # flash op's meta needs d_v = d_qk, so V is passed 576 wide and the output sliced: FLOPs
-    # count 2·b·h·c·(576 + 576), 6 % above FlashMLA's (576 + 512).
+    # count 2·b·h·c·(576 + 576), 6 % above FlashMLA's (576 + 512). The latent, K and V at
+    # once, is read once (``_convert``: a fused kernel's repeated input), as FlashMLA does.
     out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, latent, latent, 0.0, bool(sl > 1 and mask is None), attn_mask=mask,
         scale=self.scaling)[0][..., :rank]
     out = torch.bmm(out.transpose(0, 1).reshape(h, b * sl, rank), w_uv.transpose(1, 2))
     out = out.view(h, b, sl, self.v_head_dim).permute(1, 2, 0, 3).reshape(b, sl, -1)
     return self.o_proj(out), None
+
+
+def _rotate(attn: Any, hf: Any, q_rot: Any, k_rot: Any, position_embeddings: Any
+            ) -> tuple[Any, Any]:
+    """RoPE on the query and key rotary parts as the module's own HF code applies it:
+    DeepSeek-V2 (``deepseek_v2``: V2, V2-Lite, V2.5, Coder-V2) passes one complex ``freqs_cis``
+    tensor to ``apply_rotary_emb``; DeepSeek-V3 and Kimi pass ``(cos, sin)`` to
+    ``apply_rotary_pos_emb`` (``_interleave`` with ``rope_interleave``)."""
+    if not isinstance(position_embeddings, (tuple, list)):
+        return hf.apply_rotary_emb(q_rot, k_rot, position_embeddings.to(q_rot.device))
+    cos, sin = position_embeddings
+    if getattr(attn.config, "rope_interleave", False):
+        return hf.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+    return hf.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
 
 
 def _mla_classes(model: Any) -> list[Any]:

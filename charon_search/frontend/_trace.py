@@ -97,10 +97,17 @@ def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
     does not apply (dropout, MLA's d_v != d_qk...). A GPU runs a fused kernel in those cases, so
     for tracing we call the fused op directly: CPU flash (supports GQA, masks, dropout) or, when
     the value head dim differs, memory-efficient attention (the one with d_v != d_qk support).
+
+    A mask over more than one query is the causal mask of the traced causal LM (HF builds one
+    whenever it cannot rely on ``is_causal``: Falcon always, a sliding window, GLM-5's training
+    path), so it runs as the kernels' causal mode: ``is_causal`` set, no ``s x c`` mask read.
+    Sliding windows and chunks are priced downstream (``ModelSpec.sliding_window``).
     """
     import torch
 
     aten = torch.ops.aten
+    if attn_mask is not None and query.shape[-2] > 1:
+        attn_mask, is_causal = None, True
     if value.shape[-1] == query.shape[-1]:
         return aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
@@ -197,16 +204,23 @@ def _hf_patches() -> Iterator[None]:
     (``_linear_attn``), DeepSeek Sparse Attention to its indexer and sparse MLA (``_dsa``) and
     Llama 4's dense-over-all-experts MoE to grouped GEMMs over the routed rows (``_llama4``)."""
     import torch.nn.functional as F
+    import transformers.integrations.sdpa_attention as hf_sdpa
     import transformers.masking_utils as mu
 
-    saved = mu.find_packed_sequence_indices, F.scaled_dot_product_attention
+    saved = (mu.find_packed_sequence_indices, F.scaled_dot_product_attention,
+             hf_sdpa.use_gqa_in_sdpa)
     mu.find_packed_sequence_indices = lambda *a, **k: None
     F.scaled_dot_product_attention = _fused_sdpa
+    # GQA/MQA K/V heads go to the kernel as they are, as GPU kernels take them: with a mask HF
+    # would otherwise repeat them to the query heads (copies, an MHA node) or, for one query,
+    # fold the query heads into the query length (a "prefill" of n_rep queries).
+    hf_sdpa.use_gqa_in_sdpa = lambda *a, **k: True
     try:
         with linear_attention_patches(), dsa_patches(), llama4_patches():
             yield
     finally:
-        mu.find_packed_sequence_indices, F.scaled_dot_product_attention = saved
+        (mu.find_packed_sequence_indices, F.scaled_dot_product_attention,
+         hf_sdpa.use_gqa_in_sdpa) = saved
 
 
 def capture(rm: ReducedModel, phase: str, *, b: int, s: int, c: int,

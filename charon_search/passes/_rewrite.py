@@ -61,7 +61,9 @@ def _div_count(p: Poly, f: float) -> Poly:
 def scale_node(node: Node, f: float, *, params: Iterable[str] | None = None) -> Node:
     """Divide a node's FLOPs, bytes and its count params by ``f`` (one of ``f`` shards).
 
-    ``kv_heads`` never drops below one head (replicated KV heads when tp > kv_heads).
+    ``kv_heads`` never drops below one head: with more shards than K/V heads (tp > kv_heads)
+    each rank holds one whole, replicated head, so an attention node keeps
+    ``max(kv_heads / f, 1) / kv_heads`` of its K/V reads (``_kv_read_bytes``), not ``1 / f``.
     """
     if f == 1:
         return node
@@ -75,10 +77,31 @@ def scale_node(node: Node, f: float, *, params: Iterable[str] | None = None) -> 
             new_params[name] = Poly.const(max(v.const_value() / f, 1.0))
         else:
             new_params[name] = _div_count(v, f)
+    bytes_read = node.bytes_read / f
+    kv = node.params.get("kv_heads")
+    if "kv_heads" in names and kv is not None and kv.is_const() and kv.const_value() < f:
+        # The K/V share: 1/f of it came off above, max(kv/f, 1)/kv = 1/kv stays.
+        bytes_read = bytes_read + _kv_read_bytes(node) * (1.0 / kv.const_value() - 1.0 / f)
     return node.replace(
-        flops=node.flops / f, bytes_read=node.bytes_read / f,
+        flops=node.flops / f, bytes_read=bytes_read,
         bytes_written=node.bytes_written / f, params=new_params,
     )
+
+
+def _kv_read_bytes(node: Node) -> Poly:
+    """The K/V cache bytes an attention node reads.
+
+    Forward: all it reads but the queries (``batch x q_len x heads x head_dim``): K and V, a
+    latent read once as both (absorbed MLA), and what every head shares (a decode mask, DSA's
+    top-k indices), which a rank reads whole as well. Backward: K and V from the shape params
+    (its other inputs, the output and its gradient, are per query head)."""
+    p = node.params
+    dtype_bytes = DTYPE_BYTES.get(node.dtype, 2)
+    if node.kind == OpKind.ATTENTION_BWD:
+        return (p["batch"] * p["kv_len"] * p["kv_heads"] * (p["head_dim"] + p["v_head_dim"])
+                * dtype_bytes)
+    queries = p["batch"] * p["q_len"] * p["heads"] * p["head_dim"] * dtype_bytes
+    return node.bytes_read - queries
 
 
 def shard_gemm(node: Node, dim: str, f: float) -> Node:
