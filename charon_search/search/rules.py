@@ -143,12 +143,13 @@ def ep_divides_dp_cp(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
 
 @CONSTRAINTS.register("ep_divides_replica")
 def ep_divides_replica(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
-    """Serving: experts shard over ep of a replica's tp*pp GPUs, so ep divides tp*pp."""
+    """Serving: experts shard over the tp GPUs of each pipeline stage of a replica, so ep
+    divides tp (the simulator's own rule: tp=2, pp=2, ep=4 is rejected there, not run)."""
     for key in _axis_keys(cfg, "ep"):
         pre = _pool(key, "ep")
-        width = _g(cfg, f"{pre}tp") * _g(cfg, f"{pre}pp")
-        if width % _g(cfg, key):
-            return f"{key}={_g(cfg, key)} must divide {pre}tp*{pre}pp={width}"
+        tp = _g(cfg, f"{pre}tp")
+        if tp % _g(cfg, key):
+            return f"{key}={_g(cfg, key)} must divide {pre}tp={tp}"
     return None
 
 
@@ -204,7 +205,21 @@ def cp_divides_seq_len(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
 
 @CONSTRAINTS.register("gpus_fit_cluster")
 def gpus_fit_cluster(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
-    """The job's GPUs (all pools together) fit in the cluster."""
+    """The job's GPUs fit in the cluster; a disaggregated serving deployment's pools count on
+    their own cluster (``prefill_cluster``/``decode_cluster``, default ``cluster``), the
+    pools sharing one cluster together."""
+    if cfg.get("mode") == "disaggregated":
+        need: dict[str, int] = {}
+        for p in ("prefill", "decode"):
+            name = cfg.get(f"{p}_cluster") or cfg.get("cluster")
+            if name is not None:
+                need[name] = need.get(name, 0) + (_g(cfg, f"{p}_replicas") * _g(cfg, f"{p}_tp")
+                                                  * _g(cfg, f"{p}_pp"))
+        for name, n in need.items():
+            cl = ctx.cluster(name)
+            if n > cl.num_gpus:
+                return f"{n} GPUs exceed cluster {cl.name}'s {cl.num_gpus}"
+        return None
     total = sum(_g(cfg, k) for k in cfg if k == "num_gpus" or k.endswith("_num_gpus"))
     for key in [k for k in cfg if k == "cluster" or k.endswith("_cluster")]:
         cl = ctx.cluster(cfg[key])

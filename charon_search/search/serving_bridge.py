@@ -9,7 +9,9 @@ Config keys of a serving space:
   ``dynamic_sp``, ``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``,
   ``cuda_graph``, ``cuda_graph_sizes``, ``gpu_memory_utilization``...).
 * Pool keys ``prefill_<f>`` / ``decode_<f>`` with ``f`` in ``replicas``, ``tp``, ``pp``, ``ep``,
-  ``cluster`` (disaggregated only), and ``kv_transfer``.
+  ``cluster``, ``dp_attention``, ``max_num_seqs``, ``max_num_batched_tokens`` (``PoolConfig``
+  fields; disaggregated only: the ``disaggregation`` normalizer drops the top-level ``tp``,
+  ``dp_attention``... there), and ``kv_transfer``.
 * ``engine`` (a ``ServingConfig`` field): the engine's own scheduler defaults apply to every
   field the config leaves out (``serving.engine_defaults``); ``engine_version`` picks its release.
 * ``spec_k`` (speculative draft tokens; 0 = off) and ``spec_acceptance`` (per-token acceptance),
@@ -31,7 +33,9 @@ from charon_search.search.evaluators import flatten_report
 __all__ = ["MODES", "evaluate_serving", "serving_config_from"]
 
 MODES = ("aggregated", "disaggregated")
-_POOL_KEYS = {"replicas": "num_replicas", "tp": "tp", "pp": "pp", "ep": "ep", "cluster": "cluster"}
+_POOL_KEYS = {"replicas": "num_replicas", "tp": "tp", "pp": "pp", "ep": "ep", "cluster": "cluster",
+              "dp_attention": "dp_attention", "max_num_seqs": "max_num_seqs",
+              "max_num_batched_tokens": "max_num_batched_tokens"}
 _SEARCH_ONLY = {"model", "cluster", "workload", "mode", "spec_k", "spec_acceptance", "spec_draft",
                 "engine_version", "kv_transfer", "cuda_graph_max", "num_gpus", "min_gpus",
                 "max_gpus"}
@@ -67,6 +71,7 @@ def serving_config_from(cfg: Mapping[str, Any], *, gpu: str = "",
                 f"serving config key {k!r} is neither a ServingConfig field nor one of "
                 f"{sorted(_SEARCH_ONLY)} or prefill_*/decode_*; allowed fields: {sorted(fields)}"
             )
+    _check_search_only(cfg)
     spec_k = int(cfg.get("spec_k", 0) or 0)
     if spec_k > 0:
         kw["speculative"] = {"num_draft_tokens": spec_k,
@@ -85,6 +90,31 @@ def serving_config_from(cfg: Mapping[str, Any], *, gpu: str = "",
                                       linear_attention=linear_attention,
                                       version=str(cfg.get("engine_version") or ""))
     return config
+
+
+def _int_field(cfg: Mapping[str, Any], key: str, low: int, what: str) -> int | None:
+    """``cfg[key]`` as an integer >= ``low`` (None when absent or null); ``ConfigError`` naming
+    the key otherwise."""
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ConfigError(f"`{key}` must be an integer >= {low} ({what}), but got {v!r}")
+    return v
+
+
+def _check_search_only(cfg: Mapping[str, Any]) -> None:
+    """The search-only integer keys: a bad value would otherwise stop the search in a rule
+    (``int('lots')``), be read as "off" (``spec_k: -1``) or make every point invalid
+    (``min_gpus`` above ``max_gpus``)."""
+    lo = _int_field(cfg, "min_gpus", 1, "the fewest GPUs a deployment may use")
+    hi = _int_field(cfg, "max_gpus", 1, "the most GPUs a deployment may use")
+    if lo is not None and hi is not None and lo > hi:
+        raise ConfigError(f"`min_gpus` must be <= `max_gpus`, but got min_gpus={lo} > "
+                          f"max_gpus={hi}: no deployment would be valid")
+    _int_field(cfg, "spec_k", 0, "speculative draft tokens per step; 0 = off")
+    _int_field(cfg, "cuda_graph_max", 1, "the largest captured batch; `cuda_graph: false` "
+                                         "turns graphs off")
 
 
 def workload_from(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,20 +144,29 @@ def evaluate_serving(ev: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
     report = simulate_serving(model, cluster, config, workload)
     flat = flatten_report(report)
     rec.update({k: v for k, v in flat.items() if not k.startswith(("config.", "per_request"))})
-    # Price of the deployment: each pool's GPUs at its cluster's price per GPU-hour.
-    usd_per_s = 0.0
-    if config.disagg is not None:
-        for pool in (config.disagg.prefill, config.disagg.decode):
-            cl = ev.cluster(pool.cluster) if pool.cluster else cluster
-            usd_per_s += pool.num_replicas * pool.gpus_per_replica * _price(cl) / 3600.0
-    else:
-        usd_per_s = config.num_gpus * _price(cluster) / 3600.0
+    usd_per_s = deployment_usd_per_s(ev, cluster, config)
     tps = float(rec.get("output_tokens_per_s") or 0.0)
-    if usd_per_s > 0 and tps > 0:
+    if usd_per_s is not None and usd_per_s > 0 and tps > 0:
         rec["cost_per_million_tokens_usd"] = usd_per_s / tps * 1e6
     rec["feasible"] = True
     rec["prune_reason"] = None
     return rec
+
+
+def deployment_usd_per_s(ev: Any, cluster: Any, config: Any) -> float | None:
+    """Price of the deployment in USD per second: each pool's GPUs at its cluster's price per
+    GPU-hour (``ev.cluster`` loads a pool's own cluster); None when a pool's cluster has no
+    price, rather than the price of the other pool alone."""
+    if config.disagg is None:
+        price = _price(cluster)
+        return config.num_gpus * price / 3600.0 if price > 0 else None
+    usd_per_s = 0.0
+    for pool in (config.disagg.prefill, config.disagg.decode):
+        price = _price(ev.cluster(pool.cluster) if pool.cluster else cluster)
+        if price <= 0:
+            return None
+        usd_per_s += pool.num_replicas * pool.gpus_per_replica * price / 3600.0
+    return usd_per_s
 
 
 def _price(cluster: Any) -> float:

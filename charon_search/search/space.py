@@ -297,9 +297,6 @@ class SearchSpace:
                 )
         example = dict(data.get("example") or {})
         by_name = {p.name: p for p in params}
-        if example and set(example) != set(by_name):
-            raise ConfigError(f"{path}: field `example` must set exactly the params "
-                              f"{sorted(by_name)}, but got {sorted(example)}")
         space = cls(
             name=str(data["name"]), evaluator=evaluator, params=params, fixed=fixed,
             derived=derived, normalize=normalize, constraints=constraints, family=family,
@@ -310,6 +307,11 @@ class SearchSpace:
         # value would otherwise be ignored or make every trial fail, and a bad choice would be
         # sampled (the choices first, so a choice's typo is not blamed on `example`).
         _check_config_keys(space)
+        # After the key check: a misspelt parameter name is reported as that, not as an
+        # `example` that no longer matches the parameters.
+        if example and set(example) != set(by_name):
+            raise ConfigError(f"{path}: field `example` must set exactly the params "
+                              f"{sorted(by_name)}, but got {sorted(example)}")
         _check_builds(space)
         for k, v in example.items():
             if v not in by_name[k].values():
@@ -413,7 +415,12 @@ def _check_names(cfg: Mapping[str, Any], cache: dict[str, Any] | None) -> None:
     from charon_search.catalog import load_model
     from charon_search.hardware import load_cluster
 
-    for key, load in (("model", load_model), ("cluster", load_cluster)):
+    # A serving space's pools may run on their own clusters (``prefill_cluster``,
+    # ``decode_cluster``): a misspelt one would otherwise fail every disaggregated trial, or
+    # stop the search in a validity rule that looks it up.
+    keys = [("model", load_model), ("cluster", load_cluster)]
+    keys += [(k, load_cluster) for k in cfg if isinstance(k, str) and k.endswith("_cluster")]
+    for key, load in keys:
         value = cfg.get(key)
         seen = f"name-checked {key}={value}"
         if not isinstance(value, str) or (cache is not None and seen in cache):
@@ -498,8 +505,7 @@ def _check_builds(space: SearchSpace) -> None:
                 if re.search(rf"but got {re.escape(repr(c))}(?![\w.])", msg):
                     raise ConfigError(f"{where} `params.{p.name}.choices` holds {c!r}, which "
                                       f"the {space.evaluator!r} evaluator rejects: {msg}")
-        keys = [k for k in space.fixed if f"`{k}`" in msg or f"`{k}." in msg
-                or msg.startswith((f"{k}:", f"{k}."))]
+        keys = _fixed_keys_named(space, msg)
         at = f"`fixed.{keys[0]}`" if keys else "`fixed` (or a parameter's range)"
         raise ConfigError(f"{where} {at} makes no valid {space.evaluator!r} config: {msg}")
     for p in categorical:
@@ -509,8 +515,25 @@ def _check_builds(space: SearchSpace) -> None:
                 continue
             if any(error(point) is False for point in sample(**{p.name: c})):
                 continue
+            # A fixed value only read under this choice (a serving space's `kv_transfer` or
+            # `decode_cluster`, read when `mode` is disaggregated) is the culprit, not the
+            # choice: the message names that key and quotes its value.
+            keys = [k for k in _fixed_keys_named(space, str(e))
+                    if repr(space.fixed[k]) in str(e)]
+            if keys:
+                raise ConfigError(f"{where} `fixed.{keys[0]}` makes no valid "
+                                  f"{space.evaluator!r} config with `{p.name}` = {c!r}: {e}")
             raise ConfigError(f"{where} `params.{p.name}.choices` holds {c!r}, which the "
                               f"{space.evaluator!r} evaluator rejects: {e}")
+
+
+def _fixed_keys_named(space: SearchSpace, msg: str) -> list[str]:
+    """The ``fixed`` keys an evaluator's error message names: as a word inside a backquoted
+    span (`key`, `key.x`, `disagg.key`, `0 < key <= 1`) or at its start (``key: ...``)."""
+    spans = re.findall(r"`([^`]*)`", msg)
+    return [k for k in space.fixed
+            if any(re.search(rf"(?<!\w){re.escape(k)}(?!\w)", span) for span in spans)
+            or msg.startswith((f"{k}:", f"{k}."))]
 
 
 # ---------------------------------------------------------------- helpers
