@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -36,6 +38,11 @@ COMMANDS: dict[str, str] = {
 }
 
 
+#: What ``charon-search --help`` says first (the module docstring is for developers).
+DESCRIPTION = ("Simulate LLM training and serving on GPU clusters, and search configuration "
+               "spaces for Pareto fronts.")
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse exits 2 on usage errors already; keep its one-line message."""
 
@@ -45,7 +52,8 @@ def _load(name: str):  # type: ignore[no-untyped-def]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = _ArgumentParser(prog="charon-search", description=__doc__.splitlines()[0])
+    parser = _ArgumentParser(prog="charon-search", description=DESCRIPTION,
+                             epilog="`charon-search COMMAND --help` describes each command.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
@@ -83,6 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not args.debug:  # warnings as one line each, without the source line that raised them
         warnings.formatwarning = _one_line_warning
+        # transformers' own log lines about a config it reads (``loss_type=None`` ...) are not
+        # about the user's inputs; it reads this when first imported, inside the first trace
+        # (and the logger's level, when it already was).
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
+            logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         return int(_load(args.command).run(args) or 0)
     except ConfigError as e:

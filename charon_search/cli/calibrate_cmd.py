@@ -33,17 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("files", nargs="*", type=Path,
                         help="record YAML / silicon CSV files (default: shipped data)")
-    parser.add_argument("--kind", choices=("training", "serving"), default="training")
+    parser.add_argument("--kind", choices=("training", "serving"), default="training",
+                        help="which records to fit on (default: training)")
     parser.add_argument("--params", nargs="+", default=None, choices=sorted(PARAMETERS),
+                        metavar="PARAM",
                         help="parameters to fit (default: the cluster-level ones affecting "
                              "--kind; GPU-level factors such as compute_efficiency are fitted "
-                             "only when named, since one shared value replaces every GPU's own)")
+                             "only when named, since one shared value replaces every GPU's "
+                             "own); one of: " + ", ".join(sorted(PARAMETERS)))
     parser.add_argument("--ids", nargs="+", default=None, help="only these record ids")
-    parser.add_argument("--limit", type=int, default=None, help="first N records (serving)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="first N records (serving; default: all)")
     parser.add_argument("--systems", nargs="+", default=None, metavar="SYSTEM",
                         help="silicon serving rows only from these `system` values (e.g. "
                              "h100_sxm h200_sxm); published records are kept")
-    parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps")
+    parser.add_argument("--sweeps", type=int, default=2,
+                        help="coordinate-descent sweeps (default: 2)")
     parser.add_argument("--workers", type=int, default=0,
                         help="Ray worker actors simulating records in parallel, kept for the "
                              "whole calibration (0 = in this process)")

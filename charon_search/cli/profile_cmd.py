@@ -32,9 +32,12 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", default=None,
                         help="catalog model whose traced shapes to time (repeatable)")
-    parser.add_argument("--phase", default="prefill", choices=("train", "prefill", "decode"))
+    parser.add_argument("--phase", default="prefill", choices=("train", "prefill", "decode"),
+                        help="phase whose traced shapes --model times (default prefill)")
     parser.add_argument("--points", default="1x4096",
-                        help="BxS[:C] points, comma separated (default 1x4096)")
+                        help="BxS[:C] points, comma separated: micro-batch B x S query "
+                             "tokens, C the context length in tokens (default S), e.g. "
+                             "64x1:4096 for decode (default 1x4096)")
     parser.add_argument("--grid", action="store_true",
                         help="also time the standard grid (comparable to the shipped DB)")
     parser.add_argument("--train-attention", action="store_true",
@@ -71,8 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-l2", action="store_true",
                         help="reuse GEMM weights between calls (warm L2) instead of rotating "
                              "copies that span 2x the L2 (cold weights, as in a real model)")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed calls per shape; the median is kept (default 10)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed calls per shape before timing (default 3)")
     parser.add_argument("--out", required=True, help="output folder")
 
 

@@ -29,7 +29,9 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("info", "eval", "fit-collectives"),
-                        help="what to do")
+                        help="info: what the DB holds; eval: predictor vs roofline MAPE on "
+                             "held-out shapes; fit-collectives: fit the clusters' NVLink "
+                             "calibration")
     parser.add_argument("--cluster", action="append", default=None,
                         help="fit-collectives: cluster name(s) (default: every cluster whose "
                              "GPU has NCCL rows)")
@@ -45,13 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fitted points) is above this ratio (default 0.2)")
     parser.add_argument("--db", default=None, help="profile DB folder (default: shipped DB)")
     parser.add_argument("--gpu", action="append", default=None,
-                        help="GPU name or alias (repeatable; default: every GPU in the DB)")
+                        help="info, eval: GPU name or alias (repeatable; default: every GPU "
+                             "in the DB)")
     parser.add_argument("--op-kind", action="append", default=None,
-                        help="op kind to evaluate (repeatable): gemm, attention, norm, "
-                             "elementwise, grouped_gemm")
-    parser.add_argument("--json", default=None, help="write the eval table to this file")
+                        help="eval: op kind to evaluate (repeatable): gemm, attention, norm, "
+                             "elementwise, grouped_gemm (default: all)")
+    parser.add_argument("--json", default=None, help="eval: write the table to this JSON file")
     parser.add_argument("--max-train-rows", type=int, default=None,
-                        help="subsample training rows per model (quick runs)")
+                        help="eval: subsample the training rows of each predictor to N "
+                             "(quick runs; default: all)")
 
 
 def _db(path: str | None):  # type: ignore[no-untyped-def]

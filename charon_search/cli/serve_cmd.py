@@ -43,21 +43,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, help="tensor-parallel degree of a replica (default 1)")
     g.add_argument("--pp", type=int, help="pipeline-parallel degree of a replica (default 1)")
     g.add_argument("--ep", type=int, help="expert-parallel degree, dividing tp (default 1)")
-    g.add_argument("--dp", type=int, help="replicas behind the router")
-    g.add_argument("--sp", type=int, help="prefill sequence-parallel degree")
+    g.add_argument("--dp", type=int, help="replicas behind the router (default 1)")
+    g.add_argument("--sp", type=int, help="prefill sequence-parallel degree (default 1)")
     g.add_argument("--dynamic-sp", action="store_true", default=None,
-                   help="choose each prefill request's SP degree per batch")
-    g.add_argument("--disagg", help="PD disaggregation, e.g. prefill=2xTP2,decode=1xTP4")
-    g.add_argument("--kv-transfer", choices=("rdma", "nvlink"), default=None)
+                   help="choose each prefill request's SP degree per batch (off by default)")
+    g.add_argument("--disagg", help="PD disaggregation, e.g. prefill=2xTP2,decode=1xTP4 "
+                                    "(replicas x degrees per pool; default: aggregated)")
+    g.add_argument("--kv-transfer", choices=("rdma", "nvlink"), default=None,
+                   help="with --disagg: the network tier the KV cache crosses, rdma (the "
+                        "scale-out NIC) or nvlink (same NVLink domain); default rdma")
     w = parser.add_argument_group("workload")
     w.add_argument("--workload", default=None,
-                   help="poisson | gamma | concurrency | burst | a trace file (.csv/.parquet)")
+                   help="poisson | gamma | concurrency | burst | a trace file (.csv/.parquet "
+                        "with arrived_at [s], prompt_tokens, output_tokens); default poisson")
     w.add_argument("--rate", type=float, help="arrival rate, requests/s (default 1)")
-    w.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
+    w.add_argument("--cv", type=float,
+                   help="gamma arrivals: coefficient of variation of the gaps (default 1)")
     w.add_argument("--num-requests", type=int, help="requests simulated (default 100)")
     w.add_argument("--input-len", type=int, help="prompt tokens per request (default 1024)")
     w.add_argument("--output-len", type=int, help="output tokens per request (default 128)")
-    w.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    w.add_argument("--concurrency", type=int,
+                   help="closed loop (--workload concurrency, which needs it): requests in "
+                        "flight")
     w.add_argument("--seed", type=int, help="workload random seed (default 0)")
     w.add_argument("--prompt-pool", type=int, metavar="N",
                    help="the client draws its prompts from N distinct ones in turn (aiperf's "
@@ -83,8 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="requests running at once per replica (default 256, or the engine's)")
     e.add_argument("--max-batched-tokens", type=int,
                    help="token budget of one iteration (default 8192, or the engine's)")
-    e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="split long prompts into --max-batched-tokens chunks mixed with "
+                        "decodes (default on, or the engine's)")
+    e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV of a prompt prefix already cached (default off, or the "
+                        "engine's)")
     e.add_argument("--memory-fraction", type=float, metavar="F",
                    help="the engine's memory setting, read as the engine reads it: vLLM "
                         "--gpu-memory-utilization (share of the device), SGLang "
@@ -93,20 +104,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "engine's own (`gpu_memory_utilization` in --config)")
     e.add_argument("--precision", choices=PRECISIONS,
                    help="weight/GEMM precision; int4 = 4-bit integer weights (W4A16) of a "
-                        "checkpoint the catalog ships (e.g. kimi-k2.5)")
+                        "checkpoint the catalog ships (e.g. kimi-k2.5); default bf16")
     e.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                    help="cost the kernels inference engines fuse (default on)")
     e.add_argument("--spec-k", type=int,
                    help="speculative draft tokens per step (the model's MTP layers, or "
-                        "--spec-draft's model)")
+                        "--spec-draft's model); default: no speculation")
     e.add_argument("--spec-draft", default=None, metavar="MODEL",
                    help="draft model (a catalog name) for --spec-k instead of MTP layers")
-    e.add_argument("--spec-acceptance", type=float, help="per-token acceptance rate")
+    e.add_argument("--spec-acceptance", type=float,
+                   help="with --spec-k: per-token acceptance rate, 0 to 1 (default 0.7)")
     o = parser.add_argument_group("output")
-    o.add_argument("--json", help="write the ServingReport here")
-    o.add_argument("--requests-parquet", help="write per-request results here")
-    o.add_argument("--chrome-trace", help="write the iterations as a Chrome trace here")
-    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--json", help="write the ServingReport as JSON to this file")
+    o.add_argument("--requests-parquet",
+                   help="write per-request results (times in s) to this Parquet file")
+    o.add_argument("--chrome-trace", help="write the iterations as a Chrome trace to this file")
+    o.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it is shown only when stderr is a terminal)")
 
 
 def _load_file(path: str) -> dict[str, Any]:
@@ -141,6 +155,15 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
                           f"but got {wl_data!r}")
     wl_data = dict(wl_data)
     version = str(args.engine_version or data.pop("engine_version", "") or "")
+    if version:
+        from charon_search.serving.backends import release
+        from charon_search.serving.engine_defaults import LATEST_RELEASES
+
+        if not release(version):  # a name would silently stand for the oldest release
+            flag = "--engine-version" if args.engine_version else "engine_version"
+            newest = ", ".join(f"{k} {v}" for k, v in sorted(LATEST_RELEASES.items()))
+            raise ConfigError(f"`{flag}` must be a release number (newest shipped: {newest}), "
+                              f"but got {version!r}")
     flags = {
         "tp": args.tp, "pp": args.pp, "ep": args.ep, "dp": args.dp, "sp": args.sp,
         "dynamic_sp": args.dynamic_sp, "engine": args.engine, "scheduler": args.scheduler,

@@ -21,7 +21,9 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep", help="sweep YAML (sweeps/<name>.yaml) or a name in sweeps/")
-    parser.add_argument("--out", required=True, help="dataset root folder")
+    parser.add_argument("--out", required=True,
+                        help="dataset root folder (made if missing; Parquet partitions and "
+                             "the resumable studies under _studies/)")
     parser.add_argument("--workers", type=int, default=None,
                         help="Ray worker actors (default: the sweep's `workers`, else 1)")
     parser.add_argument("--trials", type=int, default=None,
@@ -32,8 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check every run's TTFT, TPOT, step-time and memory constraints "
                              "at quantile Q (0.5, 0.75, 0.9 or 0.95) of the validated error "
                              "(overrides the objectives' `guard`)")
-    parser.add_argument("--ray-address", default=None, help="existing Ray cluster")
-    parser.add_argument("--json", default=None, metavar="FILE", help="write the run summaries")
+    parser.add_argument("--ray-address", default=None,
+                        help="existing Ray cluster (auto, ray://host:10001); default: an "
+                             "embedded local Ray")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="write the run summaries as JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

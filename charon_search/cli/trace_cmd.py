@@ -30,17 +30,25 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="catalog name, HF id, or path to a config.json")
-    parser.add_argument("--phase", choices=("train", "prefill", "decode"), default="train")
+    parser.add_argument("--phase", choices=("train", "prefill", "decode"), default="train",
+                        help="train (forward + backward), prefill or decode forward "
+                             "(default train)")
     parser.add_argument("--seq", type=int, default=4096,
-                        help="sequence length s (train/prefill); decode context if --ctx unset")
-    parser.add_argument("--mbs", type=int, default=1, help="micro-batch size b")
+                        help="sequence length s, tokens (train/prefill; decode context if --ctx "
+                             "unset; default 4096)")
+    parser.add_argument("--mbs", type=int, default=1,
+                        help="micro-batch size b, sequences (default 1)")
     parser.add_argument("--ctx", type=int, default=None,
-                        help="KV length c attention sees (decode; default --seq)")
-    parser.add_argument("--gpu", default="h100-sxm-80gb", help="GPU for roofline times")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+                        help="KV length c attention sees, tokens (decode; default --seq)")
+    parser.add_argument("--gpu", default="h100-sxm-80gb",
+                        help="GPU name or alias for the roofline times (default h100-sxm-80gb; "
+                             "`charon-search catalog` lists them)")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
+                        help="activation and weight dtype of the trace (default bf16)")
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
-                        help="attention implementation to trace")
-    parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+                        help="attention implementation to trace (default sdpa)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the operator rows and totals as JSON to this file")
     parser.add_argument("--all-blocks", action="store_true",
                         help="print every block (embedding, LM head too), not only decoder ones")
 

@@ -30,8 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="catalog name or HF config path")
     p.add_argument("--cluster", required=True, help="cluster name or YAML path")
     add_layout_arguments(p)
-    p.add_argument("--json", default=None, help="write the StepReport JSON here")
-    p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here")
+    p.add_argument("--json", default=None, help="write the StepReport as JSON to this file")
+    p.add_argument("--trace", default=None,
+                   help="write a Chrome/Perfetto trace of the step to this file (open it in "
+                        "ui.perfetto.dev)")
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,40 +42,58 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     from charon_search.layout import PRECISIONS, RECOMPUTE_MODES, SCHEDULES
 
     g = parser.add_argument_group("layout")
-    g.add_argument("--layout", default=None, help="layout YAML (keys of charon_search.Layout)")
+    g.add_argument("--layout", default=None,
+                   help="layout YAML (keys of charon_search.Layout, e.g. examples/layouts/); "
+                        "flags given explicitly override its keys")
     g.add_argument("--gpus", type=int, default=None,
                    help="GPUs in the job (checked against the degrees); dp defaults to "
                         "gpus/(tp*pp*cp), and without --gpus to 1")
-    for flag in ("tp", "pp", "cp", "dp", "ep", "vpp"):
-        g.add_argument(f"--{flag}", type=int, default=None, help=f"{flag} degree")
-    g.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule")
-    g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
+    degrees = {"tp": "tensor-parallel degree (default 1)",
+               "pp": "pipeline-parallel stages (default 1)",
+               "cp": "context-parallel degree (default 1)",
+               "dp": "data-parallel replicas (default gpus/(tp*pp*cp), 1 without --gpus)",
+               "ep": "expert-parallel degree of MoE layers (default 1)",
+               "vpp": "virtual pipeline stages (model chunks) per pp rank, for "
+                      "interleaved-1f1b (default 1)"}
+    for flag, text in degrees.items():
+        g.add_argument(f"--{flag}", type=int, default=None, help=text)
+    g.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="pipeline schedule (default: none with --pp 1; 1f1b with --pp > 1, "
+                        "interleaved-1f1b with --vpp > 1 too)")
+    g.add_argument("--sp", action="store_true", default=None,
+                   help="sequence parallelism (off by default)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                   help="ZeRO stage (default 0; 3 = FSDP)")
     g.add_argument("--mbs", type=int, default=None,
                    help="micro-batch size, sequences (default 1)")
     g.add_argument("--gbs", type=int, default=None,
                    help="global batch size, sequences (default mbs x dp: one micro-batch)")
     g.add_argument("--seq", type=int, default=None, help="sequence length, tokens (default 2048)")
     g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
-                   help="activation recompute")
-    g.add_argument("--precision", choices=PRECISIONS, default=None, help="GEMM precision")
-    g.add_argument("--cp-algo", dest="cp_algo", default=None, help="ring | allgather | ulysses")
+                   help="activation recompute (default none)")
+    g.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="GEMM precision (default bf16)")
+    g.add_argument("--cp-algo", dest="cp_algo", default=None,
+                   help="context-parallel attention: ring | allgather | ulysses (default ring)")
     g.add_argument("--attention-kernel", dest="attention_kernel", default=None,
                    help="flash (the GPU's best fused kernel) | flash2 (FlashAttention-2) | "
                         "flash_triton (Triton FlashAttention) | eager (unfused core attention, "
-                        "its scores saved)")
+                        "its scores saved); default flash")
     g.add_argument("--fp8-recipe", dest="fp8_recipe", default=None,
-                   help="tensorwise | rowwise | delayed | blockwise")
+                   help="with --precision fp8: tensorwise | rowwise | delayed | blockwise "
+                        "(default tensorwise)")
     g.add_argument("--selective-policy", dest="selective_policy", default=None,
                    help="what --recompute selective keeps: attention (re-runs the attention "
-                        "core) | op (torchtitan op-level SAC: keeps every second matmul)")
+                        "core; the default) | op (torchtitan op-level SAC: keeps every second "
+                        "matmul)")
     g.add_argument("--fsdp-backward-prefetch", dest="fsdp_backward_prefetch", default=None,
-                   help="ZeRO-3 backward all-gather: pre (before the layer's gradients; FSDP2) "
-                        "| post (after them, queued with the reduce-scatters; FSDP1 "
-                        "BACKWARD_POST, Composer's default)")
+                   help="ZeRO-3 backward all-gather: pre (before the layer's gradients; "
+                        "FSDP2; the default) | post (after them, queued with the "
+                        "reduce-scatters; FSDP1 BACKWARD_POST, Composer's default)")
     g.add_argument("--pp-layout", dest="pp_layout", default=None,
                    help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
-                        "virtual stage's layers (t), embedding (E, first) and LM head (L, last)")
+                        "virtual stage's layers (t), embedding (E, first) and LM head (L, last); "
+                        "default: layers split evenly")
 
 
 def build_layout(args: argparse.Namespace) -> Any:

@@ -47,11 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, dest="json_out",
                         help="write {records, skipped, summary, ...} as JSON")
     parser.add_argument("--html", type=Path, default=None, help="write an HTML report")
-    parser.add_argument("--kind", choices=("training", "serving"), default=None)
-    parser.add_argument("--limit", type=int, default=None, help="validate the first N records")
+    parser.add_argument("--kind", choices=("training", "serving"), default=None,
+                        help="only training or only serving records (default both)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="validate the first N records (default all)")
     parser.add_argument("--ids", nargs="+", default=None, help="only these record ids")
     parser.add_argument("--rows", type=int, default=200,
-                        help="per-record rows printed (0 = none, -1 = all)")
+                        help="per-record rows printed (0 = none, -1 = all; default 200)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--group-by", nargs="+", default=None, metavar="FIELD",
                         help="also print the errors per combination of these record fields "
@@ -70,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="summarize a saved `validate --json` output instead of simulating "
                              "(with --baseline: compare two saved runs)")
     parser.add_argument("--top", type=int, default=10,
-                        help="largest improvements and regressions listed with --baseline")
+                        help="largest improvements and regressions listed with --baseline "
+                             "(default 10)")
     parser.add_argument("--max-regression", type=float, default=None, metavar="POINTS",
                         help="with --baseline: exit 1 when a metric group's median or p90 "
                              "|error| grew by more than POINTS percentage points, when a record "

@@ -135,7 +135,7 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
             f"{model.name} with tp={tp}, pp={pp}, ep={ep} leaves no room for KV cache on "
             f"{cluster.gpu.name} ({cap.weights_bytes / 2**30:.1f} GiB weights per GPU at "
             f"{config.precision}, within the engine's {MEMORY_RULE_KNOBS[rule]} {fraction:g}: "
-            f"`--memory-fraction`){hint}"
+            f"raise `--memory-fraction`, tp or pp, or use a smaller precision){hint}"
         )
     return blocks
 
@@ -364,8 +364,13 @@ class ServingSimulation:
             cfg = cfg.replace(**own)  # the pool's own engine limits
         cluster = self._pool_cluster(pool)
         cost = self._cost(pool, cluster)
-        blocks = kv_capacity_blocks(self.model, cluster, cfg, tp=pool.tp, pp=pool.pp,
-                                    ep=pool.ep, dp_attention=pool.dp_attention)
+        try:
+            blocks = kv_capacity_blocks(self.model, cluster, cfg, tp=pool.tp, pp=pool.pp,
+                                        ep=pool.ep, dp_attention=pool.dp_attention)
+        except InfeasibleError as e:
+            if role == "mixed":
+                raise
+            raise InfeasibleError(f"{role} pool: {e}") from e
         overhead = (cfg.iteration_overhead_s if cfg.iteration_overhead_s is not None
                     else cluster.calibration.iteration_cpu_overhead_s)
         prefill_overhead = _engine_time(cfg.prefill_iteration_overhead_s,

@@ -5,9 +5,10 @@ the Azure LLM inference trace 2023 (Splitwise, Patel et al. ISCA 2024). We keep 
 2,000 requests in arrival order, rebase arrival times to 0 and rename the columns to the
 charon-search trace schema (arrived_at, prompt_tokens, output_tokens).
 
-Run from the repository root:
+Run from the repository root, with the CSV of a checkout of microsoft/vidur (it overwrites the
+shipped trace, which it reproduces byte for byte):
     python examples/workloads/make_splitwise_trace.py \
-        /work/shared/data/peers/vidur/data/processed_traces/splitwise_conv.csv
+        ../vidur/data/processed_traces/splitwise_conv.csv
 """
 
 from __future__ import annotations
@@ -35,4 +36,8 @@ def main(src: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python examples/workloads/make_splitwise_trace.py "
+              "VIDUR/data/processed_traces/splitwise_conv.csv", file=sys.stderr)
+        sys.exit(2)
     main(sys.argv[1])

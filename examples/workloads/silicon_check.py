@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("csv", nargs="?", default=str(DEFAULT),
                     help="a silicon CSV in aiconfigurator-core's layout (default: the "
                          "shipped one)")
-    ap.add_argument("--max-osl", type=int, default=1024)
+    ap.add_argument("--max-osl", type=int, default=1024,
+                    help="only rows with at most this many output tokens (default 1024)")
     ap.add_argument("--workers", type=int, default=0,
                     help="Ray worker actors (0 = in this process), as `validate --workers`")
     ap.add_argument("--json", help="write the validate result (same layout as `validate --json`)")

@@ -236,7 +236,8 @@ def test_a_precision_without_a_checkpoint_that_does_not_fit_names_the_shipped_on
 
     with pytest.raises(InfeasibleError, match=r"217\.6 GiB weights per GPU at bf16, within "
                                               r"the engine's gpu_memory_utilization 0\.9: "
-                                              r"`--memory-fraction`\); the catalog's "
+                                              r"raise `--memory-fraction`, tp or pp, or use a "
+                                              r"smaller precision\); the catalog's "
                                               r"gpt-oss-120b checkpoints are fp4"):
         simulate_serving("gpt-oss-120b", "h100-sxm-8gpu", ServingConfig(),
                          [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=100,
@@ -336,3 +337,16 @@ def test_vllm_per_tensor_fp8_experts_run_the_triton_fused_moe():
     bf16, fp8 = experts_s("bf16"), experts_s("fp8")
     assert bf16 == pytest.approx(32 * 0.256e-3, rel=0.1)
     assert fp8 == pytest.approx(32 * 0.176e-3, rel=0.1)
+
+
+def test_a_disaggregated_pool_that_does_not_fit_is_named() -> None:
+    # Llama-3.1-70B's 131.4 GiB of bf16 weights fit no H100 at TP 1: in a disaggregated
+    # deployment the error says which pool (here the decode pool; the prefill pool at TP 4 fits).
+    from charon_search.serving import RequestSpec, ServingConfig, simulate_serving
+
+    cfg = ServingConfig(disagg="prefill=1xTP4,decode=1xTP1")
+    with pytest.raises(InfeasibleError, match=r"^decode pool: llama-3\.1-70b with tp=1, pp=1, "
+                                              r"ep=1 leaves no room for KV cache"):
+        simulate_serving("llama-3.1-70b", "h100-sxm-8gpu", cfg,
+                         [RequestSpec(request_id=0, arrived_at_s=0.0, prompt_tokens=100,
+                                      output_tokens=2)])
