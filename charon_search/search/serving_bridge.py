@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from charon_search.errors import ConfigError
+from charon_search.errors import ConfigError, InfeasibleError
 from charon_search.search.evaluators import flatten_report
 
 __all__ = ["MODES", "evaluate_serving", "serving_config_from"]
@@ -141,7 +141,14 @@ def evaluate_serving(ev: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
     rec: dict[str, Any] = {"num_gpus": config.num_gpus, "engine": config.engine or "",
                            "mode": cfg.get("mode", "aggregated"),
                            "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes)}
-    report = simulate_serving(model, cluster, config, workload)
+    # A deployment the simulator rejects (no room for the KV cache, a rule of the engine) is an
+    # infeasible point that keeps its configuration's columns, as a training layout's does.
+    try:
+        report = simulate_serving(model, cluster, config, workload)
+    except InfeasibleError as e:
+        return {**rec, "feasible": False, "prune_reason": f"infeasible: {e}"}
+    except ConfigError as e:
+        return {**rec, "feasible": False, "prune_reason": f"invalid: {e}"}
     flat = flatten_report(report)
     rec.update({k: v for k, v in flat.items() if not k.startswith(("config.", "per_request"))})
     usd_per_s = deployment_usd_per_s(ev, cluster, config)
