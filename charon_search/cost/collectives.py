@@ -5,10 +5,11 @@ nested domains of consecutive ranks (``TopologyTier.num_devices``: 8 for an NVLi
 an NVL72 rack, 3,072 for a pod...), so the rank positions decide which tiers the group spans:
 TP=8 with stride 1 stays on NVLink, a DP group with stride 64 crosses nodes and maybe pods. Where
 the innermost tier sets ``job_devices`` a job fills only that many devices of each of its
-domains (GB200 NVL72: 64 of a rack's 72 GPUs), and the domains count ranks that way
-(``rank_domains``). Without ``world_size`` the group at ``o = 0`` is priced. With it (the job's
-ranks ``0 .. world_size-1``), the groups of the mesh axis tile the job (``o = r + b·n·stride``,
-``r < stride``; a send/recv pair ``(o, o + stride)`` for every ``o``) and the slowest one is
+domains (GB200 NVL72: 64 of a rack's 72 GPUs) when the job spans several of them, and the
+domains count ranks that way (``rank_domains``). Without ``world_size`` the group at ``o = 0``
+is priced. With it (the job's ranks ``0 .. world_size-1``), the groups of the mesh axis tile the
+job (``o = r + b·n·stride``, ``r < stride``; a send/recv of a ring of ``n`` ranks: each hop
+``(x, x + stride)`` inside a block of ``n·stride`` ranks) and the slowest one is
 priced, since the step waits for it: where tier sizes do not divide the groups' layout (72 GPUs
 per rack and EP=32, or the 64-GPU racks and PP stages of 32 ranks) some groups straddle a rack
 and cross the network while the group at rank 0 does not. The distinct placements are
@@ -150,7 +151,7 @@ def _levels(n: int, stride: int, sizes: tuple[int, ...], offset: int = 0
 
 @functools.lru_cache(maxsize=4096)
 def _group_offsets(n: int, stride: int, sizes: tuple[int, ...], world: int | None,
-                   pairs: bool) -> tuple[int, ...]:
+                   ring: int) -> tuple[int, ...]:
     """First ranks of the groups whose placements differ, among the groups of the axis that
     tile ranks ``0 .. world-1`` (``(0,)`` without ``world``).
 
@@ -161,16 +162,28 @@ def _group_offsets(n: int, stride: int, sizes: tuple[int, ...], world: int | Non
     ``stride`` do not divide one another. When every cutting tier is a multiple or a divisor of
     the block (and of the stride) all groups lie alike and only ``o = 0`` is returned.
 
-    Send/recv pairs ``(o, o + stride)`` (``pairs``) exist for every ``o <= world - 1 - stride``;
-    the one across the first boundary of each tier smaller than the job (``o = T - stride``, or
-    ``0`` where ``T < stride``) is the pair that crosses that tier, so those and ``0`` cover the
-    tiers a pair can share.
+    Send/recv pairs (``ring`` > 0: the hops of the axis' rings of ``ring`` ranks, blocks of
+    ``ring·stride`` ranks; pipeline stages and CP rings) are ``(x, x + stride)`` with both ends
+    in one block. A tier boundary ``B`` (a multiple of ``T``) is crossed by a hop unless it is a
+    block edge; the first crossing boundary of each tier smaller than the job gives one pair
+    (``x = B - stride``, or the block's first rank where ``B`` lies less than ``stride`` past
+    a block edge), and those and ``0`` cover the tiers a hop can share. Boundaries repeat with
+    ``lcm(T, ring·stride)``.
     """
     span = (n - 1) * stride + 1
     if world is None or world <= span:
         return (0,)
-    if pairs:
-        return tuple(sorted({0, *(max(0, t - stride) for t in sizes if t < world)}))
+    if ring:
+        block = ring * stride
+        out = {0}
+        for t in sizes:
+            for b in range(t, min(world, math.lcm(t, block)), t):
+                if b % block:
+                    x = b - stride if b % block >= stride else b - b % block
+                    if x + stride < world:
+                        out.add(x)
+                    break
+        return tuple(sorted(out))
     block = n * stride
     cutting = [t for t in sizes if t < world and t % block]
     if all(block % t == 0 and (t % stride == 0 or stride % t == 0) for t in cutting):
@@ -203,16 +216,23 @@ def group_tiers(group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> tu
     return tuple(cluster.tiers[lv.tier_idx].name for lv in _levels(group_size, stride, sizes))
 
 
-def rank_domains(cluster: ClusterSpec) -> tuple[int, ...]:
+def rank_domains(cluster: ClusterSpec, world_size: int | None = None) -> tuple[int, ...]:
     """Consecutive global ranks per domain of each tier, innermost first: ``num_devices``, or,
-    where the innermost tier sets ``job_devices`` (a job fills ``P`` of a domain's ``T``
-    devices: 64 of an NVL72 rack's 72), ``num_devices·P/T`` (a leaf of 8 racks holds 512 job
-    ranks); the outermost then grows to a multiple of that at least ``num_devices``, so that
-    it still holds every rank. The loader checks that the tiers nest."""
+    for a job of ``world_size`` ranks larger than one innermost domain where that tier sets
+    ``job_devices`` (a job fills ``P`` of a domain's ``T`` devices: 64 of an NVL72 rack's 72,
+    as schedulers place jobs of several racks), ``num_devices·P/T`` (a leaf of 8 racks holds
+    512 job ranks); the outermost then grows to a multiple of that at least ``num_devices``,
+    so that it still holds every rank. A job that fits one domain, a call without a job size
+    (serving instances, single groups), or a job larger than the packed cluster holds
+    (``P`` of every domain's devices) keeps ``num_devices``. The loader checks that the tiers
+    nest."""
     tiers = cluster.tiers
     inner = tiers[0]
-    if not inner.job_devices or inner.job_devices == inner.num_devices:
-        return tuple(t.num_devices for t in tiers)
+    plain = tuple(t.num_devices for t in tiers)
+    if (not inner.job_devices or inner.job_devices == inner.num_devices or world_size is None
+            or world_size <= inner.num_devices
+            or world_size > tiers[-1].num_devices // inner.num_devices * inner.job_devices):
+        return plain
     scaled = [t.num_devices // inner.num_devices * inner.job_devices for t in tiers]
     scaled[-1] *= -(-tiers[-1].num_devices // scaled[-1])
     return tuple(scaled)
@@ -465,7 +485,7 @@ def _send_recv(ctx: _Ctx, s: float) -> dict[str, tuple[float, str]]:
 
 
 # id(cluster) -> (cluster, cache); the cluster is kept so its id cannot be reused while the
-# entry lives. The cache maps ``(n, stride, concurrent, world, pairs)`` to the contexts of the
+# entry lives. The cache maps ``(n, stride, concurrent, world, ring)`` to the contexts of the
 # distinct placements of that group shape, and ``(levels, concurrent)`` to one ``_Ctx`` (groups
 # placed alike share it and its per-kind lines). Bounded: cleared when it grows past
 # _MAX_CACHED clusters or _MAX_SHAPES entries.
@@ -475,10 +495,10 @@ _MAX_SHAPES = 8192
 
 
 def _contexts(cluster: ClusterSpec, n: int, stride: int, concurrent_groups: int,
-              world_size: int | None = None, *, pairs: bool = False) -> tuple[_Ctx, ...]:
+              world_size: int | None = None, *, ring: int = 0) -> tuple[_Ctx, ...]:
     """A ``_Ctx`` per distinct placement of the groups of ``n`` ranks at ``stride`` that tile
-    ranks ``0 .. world_size-1`` (``_group_offsets``); the group at rank 0 first. ``pairs``: the
-    groups are send/recv pairs (``(o, o + stride)`` for every ``o``)."""
+    ranks ``0 .. world_size-1`` (``_group_offsets``); the group at rank 0 first. ``ring`` > 0:
+    the groups are the send/recv hops of rings of ``ring`` ranks."""
     entry = _CONTEXTS.get(id(cluster))
     if entry is None or entry[0] is not cluster:
         if len(_CONTEXTS) >= _MAX_CACHED:
@@ -487,14 +507,14 @@ def _contexts(cluster: ClusterSpec, n: int, stride: int, concurrent_groups: int,
         _CONTEXTS[id(cluster)] = entry
     cache = entry[1]
     conc = max(1, int(concurrent_groups))
-    key = (n, stride, conc, world_size, pairs)
+    key = (n, stride, conc, world_size, ring)
     hit = cache.get(key)
     if hit is None:
         if len(cache) > _MAX_SHAPES:
             cache.clear()
-        sizes = rank_domains(cluster)
+        sizes = rank_domains(cluster, world_size)
         placements = dict.fromkeys(_levels(n, stride, sizes, o) for o in _group_offsets(
-            n, stride, sizes, world_size, pairs))
+            n, stride, sizes, world_size, ring))
         ctxs = []
         for levels in placements:
             ctx = cache.get((levels, conc))
@@ -540,8 +560,9 @@ def estimate_collective(
     stride = whole_number("stride", stride)
     whole_number("concurrent_groups", concurrent_groups)
     world = _world(world_size, cluster)
+    ring = 0
     if k is OpKind.SEND_RECV and n > 1:
-        n = 2  # one transfer between ranks r and r + stride
+        ring, n = n, 2  # one transfer between ranks r and r + stride of a ring of n ranks
     _check_group(n, stride, cluster)
     if not 0 <= nbytes < math.inf:  # also NaN
         raise ConfigError(f"`nbytes >= 0` must hold for a finite number, but got {nbytes!r}")
@@ -550,8 +571,7 @@ def estimate_collective(
                                   bottleneck_tier="")
     s = float(nbytes)
     worst: tuple[float, _Ctx, tuple[str, float, float, str]] | None = None
-    for ctx in _contexts(cluster, n, stride, concurrent_groups, world,
-                         pairs=k is OpKind.SEND_RECV):
+    for ctx in _contexts(cluster, n, stride, concurrent_groups, world, ring=ring):
         lines = ctx.lines(k, n)
         if algo is not None:
             lines = tuple(ln for ln in lines if ln[0] == algo)
@@ -581,14 +601,13 @@ def estimate_collective(
 
 
 def _fast_time(k: OpKind, s: float, n: int, cluster: ClusterSpec, stride: int,
-               concurrent_groups: int, world_size: int | None) -> float:
+               concurrent_groups: int, world_size: int | None, ring: int = 0) -> float:
     """``collective_time`` without building a ``CollectiveEstimate`` (algo=None)."""
-    pairs = k is OpKind.SEND_RECV
     entry = _CONTEXTS.get(id(cluster))  # the hot path of ``_contexts``: one dict read
-    ctxs = (entry[1].get((n, stride, concurrent_groups, world_size, pairs))
+    ctxs = (entry[1].get((n, stride, concurrent_groups, world_size, ring))
             if entry is not None and entry[0] is cluster else None)
     if ctxs is None:
-        ctxs = _contexts(cluster, n, stride, concurrent_groups, world_size, pairs=pairs)
+        ctxs = _contexts(cluster, n, stride, concurrent_groups, world_size, ring=ring)
     worst = 0.0
     for ctx in ctxs:  # type: ignore[union-attr]
         best = math.inf
@@ -649,13 +668,13 @@ def collective_time(
                                         and 1 <= world_size <= cluster.tiers[-1].num_devices))):
         k = _KIND_CACHE.get(kind) if isinstance(kind, str) else None
         k = k or _kind(kind)
-        n = group_size
+        n, ring = group_size, 0
         if k is OpKind.SEND_RECV and n > 1:
-            n = 2
+            ring, n = n, 2
         if n > 1 and 0 < nbytes < math.inf and stride >= 1 and (n - 1) * stride < cluster.tiers[
                 -1].num_devices:
             return _fast_time(k, float(nbytes), n, cluster, stride, concurrent_groups,
-                              world_size)
+                              world_size, ring)
     return estimate_collective(kind, nbytes, group_size, cluster, stride=stride, algo=algo,
                                concurrent_groups=concurrent_groups,
                                world_size=world_size).duration_s

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -529,9 +530,10 @@ def _check_tiers_against_gpu(tiers: tuple[TopologyTier, ...], keys: list[dict[st
                              raws: list[Any], gpu: GpuSpec, per_node: int, file: str) -> None:
     """Cross-check the tiers with the GPU and the node size (a unit slip or a factor 10 passes
     each value's own rule): an ``nvlink`` tier's bandwidth equals the GPU's NVLink bandwidth, a
-    ``pcie`` tier's is at most ``PCIE_MAX_BYTES_PER_S``, a ``network`` tier's at most the GPU's
-    NIC bandwidth; the innermost domain holds whole nodes and every domain whole domains of the
-    tier below (the collective model counts group ranks per domain on that nesting)."""
+    ``pcie`` tier's is at most ``PCIE_MAX_BYTES_PER_S``, a ``network`` tier above the GPU's NIC
+    bandwidth warns; the innermost domain holds whole nodes and every domain but the outermost
+    whole domains of the tier below (the collective model counts group ranks per domain on that
+    nesting)."""
     def shown(i: int) -> tuple[str, Any]:
         key = keys[i].get("bandwidth_bytes_per_s", "bandwidth_gbyte_per_s")
         return f"{_where(file, f'tiers[{i}].{key}')}", raws[i].get(key)
@@ -551,12 +553,14 @@ def _check_tiers_against_gpu(tiers: tuple[TopologyTier, ...], keys: list[dict[st
             raise ConfigError(f"{loc} must be <= {PCIE_MAX_BYTES_PER_S / 1e9:g} GB/s (PCIe 6.0 "
                               f"x16 per direction) on a `fabric: pcie` tier, but got {written!r}")
         elif t.fabric == "network" and bw > gpu.nic_bandwidth_bytes_per_s * (1 + 1e-6):
+            # A warning, not an error: the NIC belongs to the server (a B200 with ConnectX-8
+            # 800G, an L40S box on 400G RoCE), but a GB/s-for-Gb/s slip lands here too.
             loc, written = shown(i)
             nic = gpu.nic_bandwidth_bytes_per_s
-            raise ConfigError(
-                f"{loc} must be <= the NIC bandwidth of GPU {gpu.name} (`nic_bandwidth` "
-                f"{nic * 8 / 1e9:g} Gb/s = {nic / 1e9:g} GB/s per direction) on a `fabric: "
-                f"network` tier, but got {written!r}")
+            warnings.warn(
+                f"{loc} is above the NIC bandwidth of GPU {gpu.name} (`nic_bandwidth` "
+                f"{nic * 8 / 1e9:g} Gb/s = {nic / 1e9:g} GB/s per direction): got {written!r}; "
+                "check the unit (bandwidth_gbit_per_s vs bandwidth_gbyte_per_s)", stacklevel=2)
     for i, t in enumerate(tiers):
         if not t.job_devices:
             continue
@@ -573,7 +577,9 @@ def _check_tiers_against_gpu(tiers: tuple[TopologyTier, ...], keys: list[dict[st
             f"{_where(file, 'tiers[0].num_devices')} must be a multiple of `gpus_per_node` "
             f"({per_node}): the innermost domain holds whole nodes, but got "
             f"{tiers[0].num_devices}")
-    for i in range(1, len(tiers)):
+    # The outermost tier may be ragged (a 127-node SuperPOD of 256-GPU leaves): it holds every
+    # rank and cuts no group, so only the tiers inside it must nest.
+    for i in range(1, len(tiers) - 1):
         inner, outer = tiers[i - 1].num_devices, tiers[i].num_devices
         if outer % inner:
             raise ConfigError(

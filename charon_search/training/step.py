@@ -239,7 +239,7 @@ def _ep_a2a_byte_scale(spec: Any, cluster: ClusterSpec, layout: Layout,
     experts = int(getattr(spec, "num_experts", 0) or 0)
     if not (top_k and experts):
         return 1.0
-    node = rank_domains(cluster)[0]  # the job's ranks per NVLink domain
+    node = rank_domains(cluster, layout.num_gpus)[0]  # the job's ranks per NVLink domain
     span = layout.ep * strides.get("ep", 1)
     if span <= node:
         return min(1.0, ep_distinct_ranks(experts, top_k, layout.ep, n_group, topk_group)
@@ -544,7 +544,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
 
     act_bytes = b * s * spec.hidden_size * DTYPE_BYTES["bf16"] / L.cp / (
         L.tp if L.sequence_parallel else 1)
-    p2p_s = coster.collective("send_recv", act_bytes, 2, "pp")[0] if p > 1 else 0.0
+    # One stage-to-stage hop; the group size is the pipeline's p stages (a send/recv prices one
+    # pair, the slowest hop between adjacent stages of the job).
+    p2p_s = coster.collective("send_recv", act_bytes, p, "pp")[0] if p > 1 else 0.0
     pipe = run_pipeline(schedule=L.schedule, p=p, m=m, v=v, cost=unit, p2p_s=p2p_s,
                         split_w=split_w,
                         pair_overlap=dual and L.moe_a2a_overlap)

@@ -93,13 +93,13 @@ def test_nvl72_jobs_fill_64_gpus_per_rack() -> None:
     send/recv between stages of 32 ranks crosses a rack between stages 1 and 2:
     S/(50e9·0.9) + α_leaf 3 us + 7.6 us = 23.8716 ms; two stages (64 ranks) stay in the rack."""
     cl = load_cluster("gb200-nvl72")
-    assert rank_domains(cl) == (64, 512, 4096)
+    assert rank_domains(cl, 256) == (64, 512, 4096)
     s = 256 * MIB
     assert collective_time("all_to_all", s, 32, cl, world_size=256) == pytest.approx(
         31 / 32 * s / (900e9 * 0.69) + 4.998 * US + 7.6 * US, rel=1e-12)
     across = GIB / (50e9 * 0.9) + 3 * US + 7.6 * US
-    assert collective_time("send_recv", GIB, 2, cl, stride=32, world_size=256) == \
-        pytest.approx(across, rel=1e-12)
+    assert collective_time("send_recv", GIB, 8, cl, stride=32, world_size=256) == \
+        pytest.approx(across, rel=1e-12)  # a hop of the 8-stage pipeline
     assert across == pytest.approx(23.8716e-3, rel=1e-5)
     inside = GIB / (900e9 * 0.69) + 2.218 * US + 7.6 * US
     for world in (None, 64):
@@ -135,7 +135,7 @@ def test_graph_coster_prices_the_slowest_group_of_the_job() -> None:
     assert strides["pp"] == 32
     cl = load_cluster("gb200-nvl72")
     t, tier = GraphCoster(cl, None, strides=strides, world_size=256).collective(
-        "send_recv", GIB, 2, "pp")
+        "send_recv", GIB, 8, "pp")  # a hop of the 8-stage pipeline
     assert t == pytest.approx(GIB / 45e9 + 3 * US + 7.6 * US, rel=1e-12)
     assert tier == "leaf"
     rank0, _ = GraphCoster(cl, None, strides=strides, world_size=32).collective(
@@ -260,3 +260,31 @@ def test_fit_passes_seconds_and_efficiency_scales(monkeypatch: pytest.MonkeyPatc
     nccl_fit.fit_cluster_calibration(_DB(), "x", cl, fit_launch=False)
     assert seen[0].tolist() == [1e-5, 1e-5, 1.0]
     assert seen[1].tolist() == [1e-5, 1.0]
+
+
+# ------------------------------------------- send/recv hops inside their rings; small NVL72 jobs
+def test_cp_ring_hops_stay_inside_their_blocks() -> None:
+    """tp 4, cp 2, dp 2 on 8-GPU nodes (world 16): the CP rings are ranks (0, 4) and (8, 12),
+    both inside a node, so a hop prices as NVLink; no real hop is (4, 8) across nodes. A
+    pipeline of 2 stages at stride 8 does cross: (0, 8)."""
+    cl = load_cluster("dgx-h100-ib400")
+    hop = estimate_collective("send_recv", 8 * MIB, 2, cl, stride=4, world_size=16)
+    assert hop.tiers == ("nvlink",)
+    assert hop.duration_s == pytest.approx(
+        collective_time("send_recv", 8 * MIB, 2, cl, stride=4), rel=1e-12)
+    # a ring of 4 at stride 4 (ranks 0, 4, 8, 12) does hop across nodes: (4, 8)
+    assert estimate_collective("send_recv", 8 * MIB, 4, cl, stride=4,
+                               world_size=16).tiers == ("leaf",)
+    assert estimate_collective("send_recv", 8 * MIB, 2, cl, stride=8,
+                               world_size=16).tiers == ("leaf",)
+
+
+def test_nvl72_job_of_one_rack_keeps_the_whole_rack() -> None:
+    """``job_devices: 64`` packs jobs of several racks; a job of 72 GPUs (or a call without a
+    job size, as serving makes) keeps the rack's 72 on NVLink."""
+    cl = load_cluster("gb200-nvl72")
+    assert rank_domains(cl, 72) == rank_domains(cl) == tuple(t.num_devices for t in cl.tiers)
+    for world in (None, 72):
+        assert estimate_collective("all_to_all", 64 * MIB, 72, cl,
+                                   world_size=world).tiers == ("nvlink",)
+    assert rank_domains(cl, 256)[0] == 64

@@ -161,12 +161,12 @@ def test_three_tier_tree_and_ring_latency() -> None:
 
 
 def test_nvl72_domain_is_not_a_chain() -> None:
-    """GB200 NVL72, 144 ranks = 64 + 64 + 16 over three racks (a job fills 64 GPUs of a rack,
-    ``job_devices``), 64 B: the NVLink domain spans 16 trays, where NCCL runs NVLS(-tree), not a
-    63-step chain; the tree keeps 2·(ceil(log2 64)·2.218 + ceil(log2 3)·3.0) = 38.62 us (a chain
-    would be 2·(63·2.218 + 2·3.0) = 291.47 us)."""
+    """Two GB200 NVL72 racks (144 ranks, no job size: whole racks), 64 B: the NVLink domain
+    spans 18 trays, where NCCL runs NVLS(-tree), not a 71-step chain; the tree keeps
+    2·(ceil(log2 72)·2.218 + log2(2)·3.0) = 37.05 us (a chain would be 2·(71·2.218 + 3.0) =
+    320.96 us)."""
     g = load_cluster("gb200-nvl72")
-    assert _candidates(g, "all_reduce", 64, 144)["tree"] == pytest.approx(38.616 * US,
+    assert _candidates(g, "all_reduce", 64, 144)["tree"] == pytest.approx(37.05 * US,
                                                                           abs=0.01 * US)
 
 

@@ -79,14 +79,24 @@ def test_nvlink_tier_must_match_the_gpu(dgx: dict) -> None:
     assert "450 GB/s" in msg and "got 4500" in msg
 
 
-def test_network_tier_at_most_the_nic(dgx: dict) -> None:
-    """400 Gb/s NIC = 50 GB/s; ``bandwidth_gbyte_per_s: 400`` (a unit slip, 8x) is refused,
+def test_network_tier_above_the_nic_warns(dgx: dict) -> None:
+    """400 Gb/s NIC = 50 GB/s; ``bandwidth_gbyte_per_s: 400`` (a unit slip, 8x, or a server
+    with faster NICs than the GPU spec's) loads with a warning naming the field and the unit;
     ``bandwidth_gbit_per_s: 400`` is the shipped value."""
     del dgx["tiers"][1]["bandwidth_gbit_per_s"]
     dgx["tiers"][1]["bandwidth_gbyte_per_s"] = 400
-    msg = _error(dgx)
-    assert "`tiers[1].bandwidth_gbyte_per_s` must be <= the NIC bandwidth" in msg
+    with pytest.warns(UserWarning) as rec:
+        cl = cluster_from_dict(dgx, file="bad.yaml")
+    msg = str(rec[0].message)
+    assert "`tiers[1].bandwidth_gbyte_per_s` is above the NIC bandwidth" in msg
     assert "400 Gb/s = 50 GB/s" in msg and "got 400" in msg
+    assert cl.tiers[1].bandwidth_bytes_per_s == 400e9
+
+
+def test_outermost_tier_may_be_ragged(dgx: dict) -> None:
+    """A 127-node SuperPOD of 256-GPU leaves: 1,016 GPUs, not a multiple of 256."""
+    dgx["num_gpus"] = dgx["tiers"][2]["num_devices"] = 1016
+    assert cluster_from_dict(dgx).tiers[2].num_devices == 1016
 
 
 def test_pcie_tier_at_most_pcie6_x16() -> None:
