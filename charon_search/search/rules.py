@@ -153,11 +153,15 @@ def ep_divides_replica(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
     return None
 
 
+def _pool_gpus(cfg: Mapping[str, Any], pool: str) -> int:
+    """GPUs of a disaggregated deployment's ``prefill`` or ``decode`` pool: replicas*tp*pp."""
+    return _g(cfg, f"{pool}_replicas") * _g(cfg, f"{pool}_tp") * _g(cfg, f"{pool}_pp")
+
+
 def serving_num_gpus(cfg: Mapping[str, Any]) -> int:
     """GPUs of a serving deployment: tp*pp*sp*dp, or the sum over prefill/decode pools."""
     if cfg.get("mode") == "disaggregated":
-        return sum(_g(cfg, f"{p}_replicas") * _g(cfg, f"{p}_tp") * _g(cfg, f"{p}_pp")
-                   for p in ("prefill", "decode"))
+        return sum(_pool_gpus(cfg, p) for p in ("prefill", "decode"))
     return _g(cfg, "tp") * _g(cfg, "pp") * _g(cfg, "sp") * _g(cfg, "dp")
 
 
@@ -213,8 +217,7 @@ def gpus_fit_cluster(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
         for p in ("prefill", "decode"):
             name = cfg.get(f"{p}_cluster") or cfg.get("cluster")
             if name is not None:
-                need[name] = need.get(name, 0) + (_g(cfg, f"{p}_replicas") * _g(cfg, f"{p}_tp")
-                                                  * _g(cfg, f"{p}_pp"))
+                need[name] = need.get(name, 0) + _pool_gpus(cfg, p)
         for name, n in need.items():
             cl = ctx.cluster(name)
             if n > cl.num_gpus:
