@@ -5,8 +5,14 @@
 * ``selective`` with ``selective_policy="op"`` (torchtitan's op-level selective activation
   checkpointing, ``_custom_policy`` in torchtitan ``parallelize_llama.py``, 2024): the outputs
   of matmuls, attention kernels and reduce-scatters are saved, except every second matmul
-  (forward order); everything else (norms, RoPE, activations, elementwise ops, copies) and
-  those matmuls are re-run.
+  (forward order); everything else (norms, RoPE, activations, elementwise ops, copies, the
+  fp8 casts) and those matmuls are re-run. So are the sequence-parallel all-gathers in front
+  of the attention and MLP matmuls: torchtitan's save list (``_save_list``: ``mm``, the SDPA
+  kernels, ``reduce_scatter_tensor``, ``max``) holds no all-gather, and the backward needs
+  the gathered input (the recomputed matmuls read it, the weight gradients of the saved ones
+  too), so SAC re-runs the collective, as it re-ran the MoE all-to-alls until torchtitan
+  added them to the list (pytorch/torchtitan#1672, 2025-09: DeepSeek-16B EP 4 708 -> 803
+  tokens/s once saved).
 * ``selective`` with ``recompute_modules`` (Megatron-Core ``--recompute-modules``,
   ``megatron/core/transformer/transformer_config.py``): ``core_attn`` the attention core,
   ``moe_act`` the activation between the expert GEMMs, ``layernorm`` the input and pre-MLP
@@ -89,10 +95,21 @@ def _is_param_gather(n: Node) -> bool:
     return n.is_comm and n.group == "dp" and "fsdp" in n.tags
 
 
+def _is_tp_gather(n: Node) -> bool:
+    """A sequence-parallel all-gather of activations (not an FSDP parameter gather)."""
+    return (n.is_comm and n.kind == OpKind.ALL_GATHER and n.group == "tp"
+            and "fsdp" not in n.tags)
+
+
 def _op_sac(fwd: OpGraph) -> list[Node]:
-    """torchtitan op-level SAC: recompute non-saved ops and every second (even) matmul."""
+    """torchtitan op-level SAC: recompute non-saved ops (sequence-parallel all-gathers
+    included) and every second (even) matmul; the fp8 casts feeding a recomputed matmul are
+    re-run with it."""
     out, mm = [], 0
     for n in fwd.nodes:
+        if _is_tp_gather(n):
+            out.append(n)
+            continue
         if n.is_comm or n.kind in _SAVED_KINDS or n.target.startswith("pass:"):
             continue
         if n.kind == OpKind.GEMM:
@@ -100,7 +117,12 @@ def _op_sac(fwd: OpGraph) -> list[Node]:
             if mm % 2:
                 continue
         out.append(n)
-    return out
+    # The fp8 pass's casts (``pass:fp8``) of a recomputed matmul's inputs.
+    needed = {t for n in out for t in n.inputs}
+    casts = {n.id for n in fwd.nodes if n.target == "pass:fp8"
+             and any(t in needed for t in n.outputs)}
+    chosen = {n.id for n in out} | casts
+    return [n for n in fwd.nodes if n.id in chosen]
 
 
 @PASSES.register("recompute")

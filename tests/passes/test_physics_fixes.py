@@ -163,6 +163,44 @@ def test_op_sac_recomputes_every_second_matmul_and_cheap_ops() -> None:
         cheap)
 
 
+def _op_sac_block(**kw: object):
+    ctx = PassContext(recompute="selective", selective_policy="op", debug=True, **kw)
+    return parallelize_block(synthetic_block("dense"), ctx)
+
+
+def _tp_gathers(g: OpGraph) -> list[Node]:
+    return [n for n in g.nodes if n.kind == OpKind.ALL_GATHER and n.group == "tp"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_op_sac_reruns_the_sequence_parallel_all_gathers(precision: str) -> None:
+    """torchtitan's op-SAC save list holds reduce-scatters but no all-gather, and the backward
+    needs the gathered activations: both sequence-parallel all-gathers of a dense layer (in
+    front of the QKV and the MLP-in matmuls) are re-run, each moving the forward's bytes; the
+    FSDP parameter gathers are not (module docstring of passes.recompute)."""
+    pb = _op_sac_block(tp=4, sequence_parallel=True, zero_stage=3, dp=2, precision=precision)
+    fwd = _tp_gathers(pb.forward)
+    rc = [n for n in _tp_gathers(pb.backward) if n.phase == Phase.RECOMPUTE]
+    assert len(fwd) == 2 and len(rc) == 2
+    assert sorted(n.params["bytes"](B, S) for n in rc) == sorted(
+        n.params["bytes"](B, S) for n in fwd)
+    assert not any("fsdp" in n.tags for n in pb.backward.nodes if n.phase == Phase.RECOMPUTE)
+    # Every recomputed matmul reads tensors of the backward graph or saved forward ones, never
+    # a cast the recompute skipped: under fp8 its activation cast is re-run with it.
+    made = {t for n in pb.backward.nodes if n.phase == Phase.RECOMPUTE for t in n.outputs}
+    fwd_casts = {t for n in pb.forward.nodes if n.target == "pass:fp8" for t in n.outputs}
+    for n in pb.backward.nodes:
+        if n.phase == Phase.RECOMPUTE and n.kind == OpKind.GEMM:
+            assert not (set(n.inputs) & fwd_casts), n.name
+            if precision == "fp8":
+                assert set(n.inputs) & made, n.name
+
+
+def test_op_sac_without_sequence_parallelism_reruns_no_collective() -> None:
+    pb = _op_sac_block(tp=1)
+    assert not [n for n in pb.backward.nodes if n.phase == Phase.RECOMPUTE and n.is_comm]
+
+
 def test_op_sac_with_tp_fp8_fsdp_keeps_backward_acyclic() -> None:
     """Forward-inserted tensors (casts, collectives) read by partially recomputed ops must not
     alias backward tensors with the same id (that wiring deadlocked the engine)."""
