@@ -18,7 +18,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from charon_search.cost.collectives import rank_domains
@@ -288,13 +288,28 @@ def ep_distinct_ranks(experts: int, top_k: int, ep: int, n_group: int = 0,
     return ep * (1 - p_none)
 
 
+#: Blocks outside the checkpointed transformer layers: activation checkpointing wraps each
+#: transformer layer only (Megatron ``TransformerBlock._checkpointed_forward`` over its layers,
+#: the output layer and loss outside it; torchtitan ``apply_ac`` over ``model.layers``;
+#: Composer / llm-foundry over the ``MPTBlock`` modules), so the embedding and the LM head with
+#: its loss are never re-run, whatever the recompute mode.
+UNCHECKPOINTED_BLOCKS = frozenset({"embedding", "lm_head"})
+
+
+def _block_ctx(name: str, ctx: PassContext) -> PassContext:
+    """The pass context of block ``name``: no recompute outside the transformer layers."""
+    if name in UNCHECKPOINTED_BLOCKS and ctx.recompute != "none":
+        return replace(ctx, recompute="none")
+    return ctx
+
+
 def _parallel_blocks(traced: Any, ctx: PassContext, key: tuple) -> dict[str, ParallelBlock]:
     with _CACHE_LOCK:
         hit = _PAR_CACHE.get(key)
         if hit is not None:
             _PAR_CACHE.move_to_end(key)
             return hit
-    out = {name: parallelize_block(b, ctx) for name, b in traced.blocks.items()}
+    out = {name: parallelize_block(b, _block_ctx(name, ctx)) for name, b in traced.blocks.items()}
     with _CACHE_LOCK:
         _PAR_CACHE[key] = out
         while len(_PAR_CACHE) > _CACHE_SIZE:

@@ -385,3 +385,23 @@ def test_stage_imbalance_is_inside_the_bubble() -> None:
     # Stage 0 holds the embedding, stage 1 the LM head over a 1024 vocabulary: unequal stages.
     bd = _sim(Layout(tp=2, pp=2, schedule="1f1b", global_batch_size=8, seq_len=256)).breakdown
     assert 0.0 < bd.stage_imbalance_s <= bd.pipeline_bubble_s
+
+
+def test_full_recompute_reruns_the_transformer_layers_only() -> None:
+    """Activation checkpointing wraps the transformer layers (Megatron's TransformerBlock,
+    torchtitan's model.layers): full recompute adds one forward of every layer to the hardware
+    FLOPs, and nothing of the embedding or of the LM head with its loss."""
+    from charon_search.passes import PassContext, parallelize_block
+    from charon_search.training.step import UNCHECKPOINTED_BLOCKS
+
+    base = dict(global_batch_size=2, seq_len=256)
+    none = _sim(Layout(recompute="none", **base))
+    full = _sim(Layout(recompute="full", **base))
+    ctx = PassContext.from_layout(Layout(recompute="none", **base))
+    b, s = 1, 256
+    layer_fwd = {name: sum(n.flops(b, s) for n in parallelize_block(blk, ctx).forward.nodes)
+                 for name, blk in TRACED.blocks.items()}
+    assert UNCHECKPOINTED_BLOCKS <= set(layer_fwd)
+    per_mb = sum(layer_fwd[t] for t in SPEC.layer_types)  # every transformer layer once
+    assert full.hardware_flops_per_step - none.hardware_flops_per_step == pytest.approx(
+        2 * per_mb, rel=1e-9)  # two micro-batch rows of one sequence each (b 1 x gbs 2)
