@@ -9,11 +9,9 @@ The package and its tests never read ``/work/shared``; this script copies
 into ``charon_search/data/validation/``, and checks that the YAML loads with the package's loader.
 
 The package copy of ``published-dev.yaml`` carries amendments: launch facts completed from a
-record's own sources (each names the file it read in ``read_from`` and says so in ``notes``),
-and records added from a table the shared file had read only in part (their ``notes`` say so,
-and ``SOURCES.md`` lists them). A re-import therefore leaves an existing copy of either file
-that differs from the shared one in place and prints the difference; ``--overwrite-amended``
-replaces them (re-apply the amendments by hand).
+record's own sources (each names the file it read in ``read_from`` and says so in ``notes``).
+A re-import therefore leaves an existing copy that differs from the shared one in place and
+prints the difference; ``--overwrite-amended`` replaces it (re-apply the amendments by hand).
 
 Usage: ``python scripts/import_validation.py [--shared /work/shared] [--out DIR]`` (``--out``
 writes elsewhere, e.g. to compare a fresh import with the package copy; an empty folder gets the
@@ -48,9 +46,6 @@ every record names its source (title, url, the exact files/tables read); see SOU
 """
 
 
-#: Package copies that may carry amendments (module docstring).
-AMENDED = frozenset({"published-dev.yaml", "SOURCES.md"})
-
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
@@ -66,8 +61,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEST,
                         help=f"folder to write (default {DEST.relative_to(REPO)})")
     parser.add_argument("--overwrite-amended", action="store_true",
-                        help="replace an amended published-dev.yaml / SOURCES.md with the "
-                             "shared copy")
+                        help="replace an amended published-dev.yaml with the shared copy")
     args = parser.parse_args()
     dest = args.out
     val = args.shared / "validation"
@@ -81,7 +75,7 @@ def main() -> None:
     }
     dest.mkdir(parents=True, exist_ok=True)
     for src, dst in copies.items():
-        if (dst.name in AMENDED and dst.exists() and not args.overwrite_amended
+        if (dst.name == "published-dev.yaml" and dst.exists() and not args.overwrite_amended
                 and dst.read_bytes() != src.read_bytes()):
             diff = difflib.unified_diff(src.read_text().splitlines(), dst.read_text().splitlines(),
                                         str(src), _shown(dst), lineterm="")
