@@ -151,6 +151,19 @@ class Layout:
     every backward all-gather waits for a layer's compute and for the reduce-scatter issued
     before it (FSDP1 ``BACKWARD_POST``, Composer's default). With ``post`` the gradient
     reduce-scatters share the all-gathers' NCCL stream, as FSDP1's single process group does."""
+    fsdp_flat_grad: bool = False
+    """ZeRO-3 gradients take PyTorch FSDP1's ``FlatParameter`` path: every backward of an FSDP
+    unit concatenates its parameters' gradients into the unit's flat gradient (autograd's
+    ``split`` backward, ``torch.cat``), casts it to ``grad_reduce_dtype`` when that differs
+    from the bf16 compute dtype and divides it in place by the gradient pre-divide factor
+    before the reduce-scatter (``torch/distributed/fsdp/_runtime_utils.py``
+    ``_post_backward_hook`` / ``_reduce_grad``); three memory-bound passes over the unit's
+    unsharded gradient per micro-batch (``passes.data_parallel``). Composer's FSDP (llm-foundry)
+    is FSDP1."""
+    grad_reduce_dtype: str = "fp32"
+    """Dtype of the data-parallel gradient reduction (reduce-scatter / all-reduce): ``fp32``
+    (Megatron, torchtitan, FSDP ``reduce_dtype=float32``) or ``bf16`` (FSDP mixed precision
+    with a bf16 ``reduce_dtype``, e.g. Composer's ``PURE``)."""
     expert_load_imbalance: float = 1.0
     """max/mean tokens per expert (1.0 = perfectly balanced routing)."""
     rank_order: str = "tp-cp-ep-dp-pp"
@@ -230,6 +243,7 @@ class Layout:
         _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
         _choice("fsdp_backward_prefetch", self.fsdp_backward_prefetch, ("pre", "post"))
+        _choice("grad_reduce_dtype", self.grad_reduce_dtype, ("fp32", "bf16"))
         if isinstance(self.recompute_modules, str):  # "mlp moe_act" (CLI / YAML)
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules.split()))
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))

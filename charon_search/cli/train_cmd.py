@@ -22,6 +22,7 @@ _FLAGS = {  # flag dest -> Layout field
     "recompute": "recompute", "precision": "precision", "cp_algo": "cp_algo",
     "attention_kernel": "attention_kernel", "fp8_recipe": "fp8_recipe",
     "selective_policy": "selective_policy", "fsdp_backward_prefetch": "fsdp_backward_prefetch",
+    "fsdp_flat_grad": "fsdp_flat_grad", "grad_reduce_dtype": "grad_reduce_dtype",
     "pp_layout": "pp_layout",
 }
 
@@ -90,6 +91,16 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                    help="ZeRO-3 backward all-gather: pre (before the layer's gradients; "
                         "FSDP2; the default) | post (after them, queued with the "
                         "reduce-scatters; FSDP1 BACKWARD_POST, Composer's default)")
+    g.add_argument("--fsdp-flat-grad", dest="fsdp_flat_grad", default=None,
+                   action=argparse.BooleanOptionalAction,
+                   help="ZeRO-3 gradients take PyTorch FSDP1's FlatParameter path: each "
+                        "backward concatenates, casts and pre-divides the unit's unsharded "
+                        "gradient before its reduce-scatter (FSDP1 / Composer; default off, "
+                        "FSDP2)")
+    g.add_argument("--grad-reduce-dtype", dest="grad_reduce_dtype", default=None,
+                   help="dtype of the data-parallel gradient reduction: fp32 | bf16 "
+                        "(default fp32; bf16 = FSDP mixed precision reducing in bf16, "
+                        "Composer PURE)")
     g.add_argument("--pp-layout", dest="pp_layout", default=None,
                    help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
                         "virtual stage's layers (t), embedding (E, first) and LM head (L, last); "

@@ -85,6 +85,9 @@ class PassContext:
     moe_fused_permute: bool = False
     """Fuse the router / permute / unpermute op runs into one kernel each (``passes.fusion``)."""
     fsdp_prefetch: bool = True
+    fsdp_flat_grad: bool = False
+    """FSDP1 ``FlatParameter`` gradient path (``Layout.fsdp_flat_grad``,
+    ``passes.data_parallel``)."""
     expert_load_imbalance: float = 1.0
     act_dtype: str = "bf16"
     """Dtype of activations moved by TP/CP/EP collectives."""
@@ -112,6 +115,8 @@ class PassContext:
             norm_impl=getattr(layout, "norm_impl", "fused"),
             fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"), async_tp=layout.async_tp,
             moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
+            fsdp_flat_grad=getattr(layout, "fsdp_flat_grad", False),
+            grad_reduce_dtype=getattr(layout, "grad_reduce_dtype", "fp32"),
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
             ep_dispatch_bytes=(FP8_DISPATCH_BYTES if getattr(layout, "ep_dispatch_fp8", False)
                                else 0.0),

@@ -14,13 +14,13 @@ the step simulator (``sim.step``), not in the per-micro-batch block graphs.
 
 from __future__ import annotations
 
-from charon_search.ir import DTYPE_BYTES, OpGraph, OpKind, Phase
+from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly
 from charon_search.layout import shard_groups
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 from charon_search.passes.params import local_params
 
-__all__ = ["FullyShardedPass"]
+__all__ = ["FullyShardedPass", "gradient_predivide_factor"]
 
 
 @PASSES.register("fsdp")
@@ -63,15 +63,74 @@ class FullyShardedPass(Pass):
                 grads.extend(added.outputs)
         if backward:
             for numel, group, axis in shards:
+                reads = tuple(grads)
+                if ctx.fsdp_flat_grad:
+                    reads = _flat_grad_kernels(gb, reads, numel, ctx.grad_reduce_dtype,
+                                               ctx.dp * ctx.cp)
                 gb.add_comm(OpKind.REDUCE_SCATTER, group="dp", group_size=group,
                             nbytes=numel * DTYPE_BYTES[ctx.grad_reduce_dtype],
-                            reads=tuple(grads), like=None, phase=Phase.BACKWARD,
+                            reads=reads, like=None, phase=Phase.BACKWARD,
                             name="fsdp_reduce_scatter", rewire=False,
                             tags=("fsdp", f"axis:{axis}"))
                 # FSDP2 reduce-scatters on its own stream, so the next layer's all-gather
                 # (prefetch) does not queue behind this layer's gradients.
                 gb.nodes[-1] = gb.nodes[-1].replace(stream="comm_dp_rs")
         return PassResult(gb.finish(), True)
+
+
+def gradient_predivide_factor(world_size: int) -> float:
+    """PyTorch FSDP1's gradient pre-divide factor for ``world_size`` data-parallel ranks
+    (``DefaultState._get_gradient_predivide_factor``: the largest power of two ``f`` dividing
+    the world size with ``f * f <= world_size``, at least 2 for two ranks or more); FSDP1
+    divides the unsharded gradient by it before the reduce-scatter and the shard by
+    ``world_size / f`` after it."""
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return float(factor)
+
+
+#: Bytes per element of the dtype FSDP1 computes gradients in (its ``param_dtype``, bf16).
+FLAT_GRAD_COMPUTE_DTYPE = "bf16"
+
+
+def _flat_grad_kernels(gb: GraphBuilder, grads: tuple[int, ...], numel: float,
+                       reduce_dtype: str, dp_world: int) -> tuple[int, ...]:
+    """FSDP1's memory-bound passes over one unit's unsharded gradient before its reduce-scatter
+    (``Layout.fsdp_flat_grad``); returns the tensor the reduce-scatter reads.
+
+    1. The unit's parameters are views of its ``FlatParameter`` (``torch.split``), so autograd's
+       split backward concatenates their gradients into the flat gradient (read and write the
+       compute dtype).
+    2. ``_post_backward_hook``: ``flat_param.grad.to(reduce_dtype)`` when the reduce dtype is not
+       the compute dtype (Composer ``DEFAULT``: bf16 -> fp32).
+    3. ``_reduce_grad``: ``_div_if_needed(padded_unsharded_grad, predivide_factor)``, an in-place
+       division in the reduce dtype (the factor is above 1 for two ranks or more).
+
+    FSDP1 issues 2 and 3 on its post-backward stream; they compete with the next layer's
+    backward kernels for the SMs and HBM, and are costed on the compute stream (serialized
+    with them), an upper bound on their exposed time. All three are streaming passes, costed
+    as copies (the roofline's HBM rate: streaming copy/add at 0.88-0.92 of peak measured on
+    an H200, ``cluster_specs/measurements``)."""
+    pb = DTYPE_BYTES[FLAT_GRAD_COMPUTE_DTYPE]
+    rb = DTYPE_BYTES[reduce_dtype]
+    steps = [("fsdp_grad_flatten", OpKind.COPY, pb, pb, FLAT_GRAD_COMPUTE_DTYPE)]
+    if reduce_dtype != FLAT_GRAD_COMPUTE_DTYPE:
+        steps.append(("fsdp_grad_cast", OpKind.COPY, pb, rb, reduce_dtype))
+    if gradient_predivide_factor(dp_world) > 1:
+        steps.append(("fsdp_grad_predivide", OpKind.COPY, rb, rb, reduce_dtype))
+    n = Poly.const(numel)
+    reads = grads
+    for name, kind, read_b, write_b, dtype in steps:
+        out = gb.new_tensor(shape=(n,), dtype=dtype)
+        gb.nodes.append(Node(
+            id=gb.fresh_id(), name=gb.unique_name(name), kind=kind, target="pass:fsdp",
+            role="fsdp.grad", phase=Phase.BACKWARD, inputs=gb.mapped(reads), outputs=(out,),
+            flops=Poly.const(0.0),
+            bytes_read=n * read_b, bytes_written=n * write_b, params={"numel": n},
+            dtype=dtype, tags=frozenset({"fsdp"})))
+        reads = (out,)
+    return reads
 
 
 for _before in ("tp", "cp", "ep", "recompute", "fusion", "fp8"):

@@ -95,6 +95,18 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         notes.append("Composer FSDP1 backward_prefetch BACKWARD_POST (FSDPConfig default): "
                      "backward all-gathers wait for the layer's gradients and queue with the "
                      "reduce-scatters")
+        # Composer wraps PyTorch FSDP1 (FlatParameter): each backward concatenates a unit's
+        # gradients into its flat gradient, casts it to the reduce dtype and pre-divides it in
+        # place before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py). Composer's
+        # mixed_precision 'PURE' reduces in the parameter dtype (bf16), 'DEFAULT' in fp32
+        # (mosaicml/composer #2047; mosaic_fsdp_utils.get_mixed_precision).
+        out["fsdp_flat_grad"] = True
+        mp = str(ex.get("fsdp_mixed_precision") or "").upper()
+        if mp == "PURE":
+            out["grad_reduce_dtype"] = "bf16"
+        notes.append("Composer FSDP1 FlatParameter gradients: concatenated, cast to the "
+                     f"{'bf16' if mp == 'PURE' else 'fp32'} reduce dtype and pre-divided before "
+                     "each reduce-scatter")
     recipe = fp8_recipe(record, t, ex, fw)
     if recipe is not None:
         out["fp8_recipe"] = recipe[0]
