@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
 __all__ = [
+    "NORM_IMPLS",
     "OUTPUT_DISCARDING_MODULES",
     "PP_LAYOUT_TOKENS",
     "PRECISIONS",
@@ -34,6 +35,8 @@ __all__ = [
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: ``Layout.norm_impl`` choices (``passes.fusion`` for ``persistent``, ``passes.eager_norm``).
+NORM_IMPLS = ("fused", "persistent", "eager")
 #: Megatron-Core ``--recompute-modules`` choices
 #: (``megatron/core/transformer/transformer_config.py``).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
@@ -94,6 +97,19 @@ class Layout:
     """Virtual pipeline chunks per pipeline rank (interleaved 1F1B); 1 = no interleaving."""
     sequence_parallel: bool = False
     """Megatron SP: norms/dropout sharded over the TP group; AG/RS instead of all-reduce."""
+    sp_wgrad_regather: bool = False
+    """With ``sequence_parallel``: the backward of a column-parallel GEMM all-gathers its saved
+    sequence-sharded input again for the weight gradient, issued before and overlapped with
+    the dgrad GEMM (Megatron ``LinearWithGradAccumulationAndAsyncCommunication`` saves the
+    shard, not the gathered copy; Transformer Engine's ``Linear`` does the same). False: the
+    gathered input is kept for the backward (autograd saving the all-gather's output, as
+    DTensor sequence parallelism does). See ``passes.tensor_parallel``."""
+    tp_async_allreduce: bool = True
+    """Without SP: a column-parallel GEMM's backward all-reduce of its input gradient starts
+    after the dgrad GEMM and runs under the wgrad GEMM (Megatron
+    ``--async-tensor-model-parallel-allreduce``, on by default from early 2022). False:
+    Megatron-LM of 2020-21 (``copy_to_tensor_model_parallel_region`` + ``F.linear``), where it
+    starts after both GEMMs. See ``passes.tensor_parallel``."""
     zero_stage: int = 0
     """0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP FULL_SHARD)."""
     hsdp_shard: int = 0
@@ -189,9 +205,12 @@ class Layout:
     measured cuBLASLt / CUTLASS ratio at the nearest shape, ``sim.fp8_kernels``; H100/H200)."""
     norm_impl: str = "fused"
     """``fused`` (one kernel per norm and direction: Megatron / Transformer Engine / Apex fused
-    norms, or torch.compile) or ``eager`` (torchtitan's ``RMSNorm`` without torch.compile: one
-    eager kernel per op of ``_norm(x.float()).type_as(x) * weight`` and one per autograd
-    formula in the backward; see ``passes.eager_norm``)."""
+    norms, or torch.compile; priced from the measured norm kernels), ``persistent`` (apex
+    ``FastLayerNorm``, Megatron-LM's ``persist_layer_norm`` of 2022: one bandwidth-bound kernel
+    per direction, priced at the roofline; see ``passes.fusion``) or ``eager`` (torchtitan's
+    ``RMSNorm`` without torch.compile: one eager kernel per op of
+    ``_norm(x.float()).type_as(x) * weight`` and one per autograd formula in the backward; see
+    ``passes.eager_norm``)."""
     pp_layout: str = ""
     """Megatron-Core ``--pipeline-model-parallel-layout``: what each virtual pipeline stage holds,
     stages in order separated by ``|`` (stage ``i`` is chunk ``i // pp`` of rank ``i % pp``):
@@ -249,7 +268,7 @@ class Layout:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
         for mod in self.recompute_modules:
             _choice("recompute_modules", mod, RECOMPUTE_MODULES)
-        _choice("norm_impl", self.norm_impl, ("fused", "eager"))
+        _choice("norm_impl", self.norm_impl, NORM_IMPLS)
         _choice("fp8_gemm_kernel", self.fp8_gemm_kernel, FP8_GEMM_KERNELS)
         _choice("attention_kernel", self.attention_kernel,
                 ("flash", "flash2", "flash_triton", "eager"))

@@ -54,6 +54,10 @@ class PassContext:
     ep: int = 1
     dp: int = 1
     sequence_parallel: bool = False
+    sp_wgrad_regather: bool = False
+    """SP: re-gather a column GEMM's saved input in the backward (``Layout.sp_wgrad_regather``)."""
+    tp_async_allreduce: bool = True
+    """Backward TP all-reduce under the wgrad GEMM (``Layout.tp_async_allreduce``)."""
     cp_algo: str = "ring"
     """``ring`` (P2P KV, zigzag), ``allgather`` (Llama 3) or ``ulysses`` (all-to-all heads)."""
     cp_ring_impl: str = "overlapped"
@@ -75,7 +79,8 @@ class PassContext:
     attention_kernel: str = "flash"
     """``flash`` (fused kernel) or ``eager`` (Megatron's unfused core attention)."""
     norm_impl: str = "fused"
-    """``fused`` or ``eager`` (torchtitan's eager ``RMSNorm``, ``passes.eager_norm``)."""
+    """``fused``, ``persistent`` (apex ``FastLayerNorm``, ``passes.fusion``) or ``eager``
+    (torchtitan's eager ``RMSNorm``, ``passes.eager_norm``)."""
     async_tp: bool = False
     moe_a2a_overlap: bool = False
     ep_dispatch_bytes: float = 0.0
@@ -102,7 +107,10 @@ class PassContext:
         """The context of a training ``Layout``."""
         kw: dict[str, Any] = dict(
             phase="train", tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp,
-            sequence_parallel=layout.sequence_parallel, cp_algo=layout.cp_algo,
+            sequence_parallel=layout.sequence_parallel,
+            sp_wgrad_regather=getattr(layout, "sp_wgrad_regather", False),
+            tp_async_allreduce=getattr(layout, "tp_async_allreduce", True),
+            cp_algo=layout.cp_algo,
             cp_ring_impl=getattr(layout, "cp_ring_impl", "overlapped"),
             cp_repeat_kv=getattr(layout, "cp_repeat_kv", False),
             zero_stage=layout.zero_stage, hsdp_shard=layout.hsdp_shard,

@@ -8,7 +8,11 @@ the hidden communication against the overlap slowdown the engine charges).
   An all-gather read by several GEMMs (q, k and v; gate and up) pipelines with all of them,
   chunk c of each running on gathered chunk c (``torch.ops.symm_mem.fused_all_gather_matmul``
   takes a list of weights); a weight-gradient GEMM, which contracts over the gathered tokens,
-  is not split.
+  is not split. Under ``sp_wgrad_regather`` (Megatron-Core with Transformer Engine's
+  userbuffers, defaults ``tp_comm_bulk_dgrad`` / ``tp_comm_bulk_wgrad`` on and
+  ``tp_comm_overlap_rs_dgrad`` off) a dgrad GEMM is not split with its reduce-scatter: the
+  re-gather of the saved input runs whole under the dgrad and the reduce-scatter under the
+  wgrad GEMM, as ``passes.tensor_parallel`` lays them out.
 * ``moe_overlap`` - DeepSeek-style two-micro-batch overlap: the block runs as two half
   micro-batches whose ops are interleaved at the expert-parallel all-to-all boundaries, so one
   half's dispatch/combine overlaps the other half's attention / expert compute.
@@ -80,6 +84,12 @@ class AsyncTensorParallelPass(Pass):
                 j = producer.get(n.inputs[0])
                 if j is not None and nodes[j].kind == OpKind.GEMM and len(
                         consumers.get(n.inputs[0], ())) == 1:
+                    if ctx.sp_wgrad_regather and gemm_kind(nodes[j]) == "dgrad":
+                        # Megatron-Core / Transformer Engine bulk overlap (defaults
+                        # tp_comm_bulk_dgrad / tp_comm_bulk_wgrad, tp_comm_overlap_rs_dgrad
+                        # False): the dgrad's reduce-scatter runs whole under the wgrad GEMM,
+                        # as without async TP; the re-gather runs under the dgrad.
+                        continue
                     pairs[i] = j
         if not pairs and not gathers:
             return PassResult(graph, False)

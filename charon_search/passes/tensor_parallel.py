@@ -12,8 +12,17 @@ features; row GEMMs (``attn.out``, ``mlp.out``, shared-expert down) their input 
 tensor consumed by anything but a sum of partials gets an all-reduce (SP: reduce-scatter); under
 SP an ``R`` tensor read by a column GEMM fwd or a row GEMM dgrad gets an all-gather first. Per
 transformer layer this yields 2 all-reduces of b·s·h forward and 2 backward (SP: the same bytes
-as AG + RS). Not modelled: the SP re-gather of the saved input for the column wgrad (Megatron
-overlaps it with the dgrad GEMM), vocab-parallel cross-entropy's scalar all-reduces.
+as AG + RS). Not modelled: vocab-parallel cross-entropy's scalar all-reduces.
+
+``sp_wgrad_regather`` (Megatron, Transformer Engine): the backward of a column GEMM all-gathers
+its saved sequence shard again for the wgrad, issued with its dgrad and run under it (Megatron
+``LinearWithGradAccumulationAndAsyncCommunication.backward``: async ``_all_gather_base``, the
+dgrad GEMM, wait, async ``_reduce_scatter_base`` of the dgrad under the wgrad GEMM): 2 more
+all-gathers of b·s·h per layer backward. Without it the wgrad reads the gathered copy for free
+(DTensor saves the all-gather's output).
+
+``tp_async_allreduce`` off (Megatron-LM 2020-21): a column GEMM's backward all-reduce waits for
+its wgrad GEMM too (``sync_after``); on, it starts right after the dgrad and runs under the wgrad.
 
 FP8 under SP: the ``fp8`` pass quantizes a GEMM's input before this pass runs, so by default the
 all-gather moves the fp8 copy (torchtitan's ``Float8ColwiseParallel`` for the tensorwise recipe:
@@ -111,8 +120,9 @@ class TensorParallelPass(Pass):
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
         hp = ctx.precision == "fp8" and ctx.fp8_recipe in HP_GATHER_FP8_RECIPES
-        return PassResult(_TPWalker(graph, ctx.tp, ctx.sequence_parallel,
-                                    hp_gather=hp).walk(), True)
+        return PassResult(_TPWalker(graph, ctx.tp, ctx.sequence_parallel, hp_gather=hp,
+                                    regather=ctx.sp_wgrad_regather,
+                                    async_allreduce=ctx.tp_async_allreduce).walk(), True)
 
 
 #: fp8 recipes whose SP all-gather moves the bf16 input (see the module docstring).
@@ -120,8 +130,19 @@ HP_GATHER_FP8_RECIPES = frozenset({"rowwise"})
 
 
 class _TPWalker:
-    def __init__(self, graph: OpGraph, tp: int, sp: bool, *, hp_gather: bool = False) -> None:
+    def __init__(self, graph: OpGraph, tp: int, sp: bool, *, hp_gather: bool = False,
+                 regather: bool = False, async_allreduce: bool = True) -> None:
         self.graph, self.tp, self.sp = graph, tp, sp
+        self.async_allreduce = async_allreduce
+        # SP, Megatron: the backward re-gathers each column GEMM's saved input (``regather``).
+        self.wgrad_of: dict[str, Node] = {}
+        if sp and regather:
+            for n in graph.nodes:
+                if (_tp_gemm_role(n) and n.role in COLUMN_ROLES and gemm_kind(n) == "wgrad"
+                        and n.module_path):
+                    self.wgrad_of.setdefault(n.module_path, n)
+        self.regathered: dict[int, dict[int, int]] = {}  # wgrad id -> {saved input: gathered}
+        self.regathered_input: dict[int, int] = {}
         # rowwise fp8: quantize output -> its (unsharded) quantize node, to gather its bf16 input
         self.quant_of: dict[int, Node] = {
             n.outputs[0]: n for n in graph.nodes
@@ -148,7 +169,8 @@ class _TPWalker:
             return
         kind = OpKind.REDUCE_SCATTER if self.sp else OpKind.ALL_REDUCE
         out = self.gb.add_comm(
-            kind, group="tp", group_size=self.tp, nbytes=self.gb.tensors[t].nbytes, reads=(t,),
+            kind, group="tp", group_size=self.tp, nbytes=self.gb.tensors[t].nbytes,
+            reads=(t, *self.sync_after(t, node, kind)),
             like=t, phase=node.phase, module_path=node.module_path,
             name=f"tp_{kind.value}_{node.name}")
         self.reduced[t] = out
@@ -167,6 +189,70 @@ class _TPWalker:
                 module_path=node.module_path, name=f"tp_all_gather_{node.name}", rewire=False)
             self.state[self.gathered[t]] = "F"
         return self.gathered[t]
+
+    def sync_after(self, t: int, node: Node, kind: OpKind) -> tuple[int, ...]:
+        """Extra tensors a backward all-reduce of dgrad ``t`` waits for (``tp_async_allreduce``
+        off): the outputs of every backward GEMM of the module that produced ``t``.
+
+        Megatron-LM before its asynchronous column-linear backward (``ColumnParallelLinear``
+        of 2020-21: ``copy_to_tensor_model_parallel_region(input_)`` then ``F.linear``)
+        all-reduces the input gradient in the backward of the copy, the autograd node after
+        ``F.linear``'s, which computed the dgrad and the wgrad GEMMs: the all-reduce starts
+        when both are done and no compute of the layer is left to hide it.
+        """
+        if (self.async_allreduce or kind != OpKind.ALL_REDUCE
+                or node.phase != Phase.BACKWARD):
+            return ()
+        producer = {o: n for n in self.gb.nodes for o in n.outputs}
+        modules: set[str] = set()
+        todo, seen = [t], set()
+        while todo:  # the dgrad GEMMs behind t, through sums of partial dgrads (q + k + v)
+            u = todo.pop()
+            n = producer.get(u)
+            if n is None or u in seen:
+                continue
+            seen.add(u)
+            if n.kind == OpKind.GEMM and n.module_path:
+                modules.add(n.module_path)
+            elif n.kind == OpKind.ELEMENTWISE:
+                todo.extend(i for i in n.inputs if self.st(i) == "P")
+        return tuple(dict.fromkeys(
+            o for n in self.gb.nodes if n.kind == OpKind.GEMM and n.phase == Phase.BACKWARD
+            and n.module_path in modules for o in n.outputs if o not in seen))
+
+    def _saved_inputs(self, node: Node) -> list[int]:
+        """Saved forward inputs of column wgrad ``node`` that are sequence-sharded (state R)."""
+        return [t for t in node.inputs if t not in self.params and self.st(self.cur(t)) == "R"]
+
+    def regather(self, node: Node) -> None:
+        """SP, Megatron: all-gather the saved input shard of the column GEMM whose dgrad
+        ``node`` is, before that dgrad (see ``Layout.sp_wgrad_regather``).
+
+        Megatron's ``LinearWithGradAccumulationAndAsyncCommunication.backward`` (sequence
+        parallel) saved the shard in the forward; it issues ``_all_gather_base(input)`` with
+        ``async_op=True``, runs the dgrad GEMM ``grad_output.matmul(weight)``, waits, then
+        reduce-scatters the dgrad under the wgrad GEMM. So the all-gather reads the saved shard
+        and the output gradient (it starts with the linear's backward, beside its dgrad) and
+        queues on the TP stream before that dgrad's reduce-scatter; the wgrad reads its output.
+        """
+        wgrad = self.wgrad_of.get(node.module_path)
+        if wgrad is None or wgrad.id in self.regathered:
+            return
+        grads = tuple(self.cur(t) for t in node.inputs
+                      if t not in self.params and self.st(self.cur(t)) != "R")
+        got: dict[int, int] = {}
+        for t in self._saved_inputs(wgrad):
+            if t not in self.regathered_input:  # one gather per saved input: Megatron's QKV
+                c = self.cur(t)                  # and fc1 are one linear each
+                g = self.gb.add_comm(
+                    OpKind.ALL_GATHER, group="tp", group_size=self.tp,
+                    nbytes=self.gb.tensors[c].nbytes, reads=(c, *grads), like=c,
+                    phase=node.phase, module_path=node.module_path,
+                    name=f"tp_all_gather_wgrad_{wgrad.name}", rewire=False)
+                self.state[g] = "F"
+                self.regathered_input[t] = g
+            got[t] = self.regathered_input[t]
+        self.regathered[wgrad.id] = got
 
     def _gather_then_quantize(self, t: int, node: Node) -> int:
         """Rowwise fp8: all-gather the bf16 input of quantize ``t``, then quantize it whole.
@@ -235,6 +321,8 @@ class _TPWalker:
             if node.role in _GATE_ROLES or node.kind in (OpKind.NORM, OpKind.EMBEDDING):
                 extra = self.flush_dangling(node)
             if _tp_gemm_role(node):
+                if self.wgrad_of and gemm_kind(node) in ("dgrad", "wgrad"):
+                    self.regather(node)
                 new, out_state, inputs = self.gemm(node, act_in)
             else:
                 partial = [t for t in act_in if self.st(self.cur(t)) == "P"]
@@ -284,7 +372,11 @@ class _TPWalker:
         inputs = node.inputs
         needs_full = (sub == "fwd" and column) or (sub == "dgrad" and not column) or sub == "wgrad"
         if sp and needs_full:
-            if sub == "wgrad":  # reads the gathered copy when one exists (no extra collective)
+            if sub == "wgrad" and node.id in self.regathered:
+                got = self.regathered[node.id]
+                inputs = tuple(got.get(t, self.gathered.get(self.cur(t), t))
+                               for t in node.inputs)
+            elif sub == "wgrad":  # reads the gathered copy when one exists (no extra collective)
                 inputs = tuple(self.gathered.get(self.cur(t), t) for t in node.inputs)
             else:
                 inputs = tuple(self.gather(self.cur(t), node) if t in act_in else t

@@ -10,12 +10,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from charon_search.cost.attention_kernels import attention_time_factor
+from charon_search.cost.base import ShapePoint
 from charon_search.cost.collectives import estimate_collective
 from charon_search.cost.measured_collectives import cost_model_nccl_floor_s, cost_model_nccl_s
-from charon_search.cost.roofline import node_compute_efficiency, node_peak_flops_per_s
+from charon_search.cost.roofline import (
+    RooflineCostBackend,
+    node_compute_efficiency,
+    node_peak_flops_per_s,
+)
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
 from charon_search.ir import ATTENTION_BWD_FLOP_RATIO, DTYPE_BYTES, OpGraph, OpKind
+from charon_search.passes.fusion import PERSISTENT_NORM_TAG
 from charon_search.sim.fp8_kernels import FP8_GEMM_KERNELS, cublaslt_over_cutlass
 from charon_search.sim.train_attention import training_attention
 
@@ -323,6 +329,12 @@ class GraphCoster:
                 dur[i] = self._without_input_quantize(n, float(dur[i]), b, s, cc)
             if n.kind == OpKind.ELEMENTWISE and prov[i] == "predictor":
                 dur[i] = self._elementwise_bytes_scaled(n, float(dur[i]), b, s, cc)
+            if n.kind == OpKind.NORM and PERSISTENT_NORM_TAG in n.tags:
+                # apex FastLayerNorm: bandwidth-bound at the roofline (``passes.fusion``), not
+                # the measured serving norm kernels the predictor learned
+                rc = RooflineCostBackend().cost(n, ShapePoint(b, s, cc), self.cluster.gpu)
+                if rc is not None:
+                    dur[i], prov[i] = rc.duration_s, rc.provenance
             if "kernel_slowdown" in n.params and not n.is_comm:
                 # a slower kernel than the costed one for the same op (passes.fusion)
                 dur[i] *= n.params["kernel_slowdown"].const_value()

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.validation.records import Record
 
-__all__ = ["attention_kernel", "fp8_recipe", "framework", "framework_facts", "source_year"]
+__all__ = ["MEGATRON_PERSIST_LN_HIDDEN_SIZES", "arxiv_year", "attention_kernel", "fp8_recipe",
+           "framework", "framework_facts", "source_year"]
 
 
 def framework(ex: Mapping[str, Any]) -> str:
@@ -42,6 +43,33 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["attention_kernel"] = "eager"
         notes.append("Megatron-LM 2021/22 (pre flash-attention): unfused CoreAttention "
                      "(attention_kernel='eager')")
+    # Megatron-LM changed between the SC21 code (Narayanan et al., April 2021) and the 2022 code
+    # of Korthikanti et al.; the source's date (its arXiv id) says which one ran.
+    year = arxiv_year(record) or source_year(record)
+    if fw == "Megatron-LM" and year is not None and year < 2022 and int(t.get("tp") or 1) > 1:
+        # 2020-21 ``ColumnParallelLinear``: ``copy_to_tensor_model_parallel_region(input_)``
+        # then ``F.linear``; the input-gradient all-reduce runs after both GEMMs of the
+        # backward. ``ColumnParallelLinearWithAsyncAllreduce`` (``--no-async-tensor-model-
+        # parallel-allreduce`` to turn it off) came with the 2022 code.
+        out["tp_async_allreduce"] = False
+        notes.append("Megatron-LM 2021: the TP backward all-reduce waits for the wgrad GEMM "
+                     "(no async all-reduce yet)")
+    hidden = int((record.model or {}).get("hidden_size") or 0)
+    if (fw == "Megatron-LM" and year is not None and year >= 2022
+            and hidden in MEGATRON_PERSIST_LN_HIDDEN_SIZES):
+        # megatron/model/fused_layer_norm.py of 2022: MixedFusedLayerNorm runs apex's
+        # FastLayerNormFN unless --no-persist-layer-norm, for the listed hidden sizes.
+        out["norm_impl"] = "persistent"
+        notes.append("Megatron-LM 2022: apex persistent LayerNorm (persist_layer_norm, "
+                     f"hidden {hidden} in its list)")
+    # Megatron's sequence-parallel column linear saves its input shard and all-gathers it again
+    # in the backward for the weight gradient, overlapped with the dgrad GEMM (Megatron-LM
+    # ``LinearWithGradAccumulationAndAsyncCommunication`` since the SP commit of 2022;
+    # Megatron-Core keeps it, and Transformer Engine's ``Linear`` does the same).
+    if fw.startswith(("Megatron-LM", "Megatron-Core")) and t.get("sequence_parallel"):
+        out["sp_wgrad_regather"] = True
+        notes.append("Megatron SP: the column linears' saved input shard is all-gathered again "
+                     "in the backward (under the dgrad GEMM)")
     # torchtitan's `activation_checkpoint.selective_ac_option = "op"`: per-op SAC (torchtitan
     # models/llama/parallelize_llama.py `_save_list`: matmuls every other time, SDPA and
     # collectives saved, the rest recomputed).
@@ -196,6 +224,22 @@ def fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         return "delayed", "Transformer Engine DelayedScaling (Megatron / llm-foundry amp_fp8)"
     if "DeepSeek-V3" in record.source:
         return "blockwise", "DeepSeek-V3 fine-grained block scaling (report sec. 3.3.2)"
+    return None
+
+
+#: ``persist_ln_hidden_sizes`` of Megatron-LM's ``MixedFusedLayerNorm`` (2022): the hidden sizes
+#: apex's persistent ``FastLayerNorm`` kernel supports; others fall back to the older kernel.
+MEGATRON_PERSIST_LN_HIDDEN_SIZES = frozenset({
+    1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 6144, 8192, 10240, 12288, 12800, 15360,
+    16384, 18432, 20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536})
+
+
+def arxiv_year(record: Record) -> int | None:
+    """Year of the source's arXiv id (``arXiv 2205.05198`` -> 2022) in its title or URL."""
+    for text in (record.source, record.url):
+        m = re.search(r"(?:arXiv[ :]|arxiv\.org/(?:abs|pdf)/)(\d{2})(\d{2})\.\d{4,5}", text or "")
+        if m and 1 <= int(m.group(2)) <= 12:
+            return 2000 + int(m.group(1))
     return None
 
 

@@ -1,0 +1,132 @@
+"""Megatron-LM facts of 2021/22 (Korthikanti et al. arXiv 2205.05198, Narayanan et al. SC21):
+the SP backward re-gather, the synchronous backward all-reduce of 2021, the fused
+bias-dropout-add and apex's persistent LayerNorm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from charon_search.hardware.loader import load_cluster
+from charon_search.ir import OpKind, Phase, Role
+from charon_search.layout import Layout
+from charon_search.passes import PassContext, parallelize_block
+from charon_search.passes.fusion import PERSISTENT_NORM_TAG, FusionPass
+from charon_search.passes.synthetic import _G, synthetic_block
+from charon_search.sim.costing import GraphCoster
+from charon_search.validation import default_files, load_files, select_records, to_case
+
+B, S, H = 2, 128, 256  # synthetic_block: hidden 256
+TOKENS_BYTES = B * S * H * 2  # one bf16 b*s*h activation
+
+
+def _bwd_comm(pb):
+    return [n for n in pb.backward.nodes if n.is_comm]
+
+
+def test_sp_regather_adds_one_all_gather_per_column_input_before_its_dgrad() -> None:
+    plain = parallelize_block(synthetic_block("dense"),
+                              PassContext(tp=4, sequence_parallel=True, debug=True))
+    pb = parallelize_block(synthetic_block("dense"),
+                           PassContext(tp=4, sequence_parallel=True, sp_wgrad_regather=True,
+                                       debug=True))
+    gathers = [n for n in _bwd_comm(pb) if n.kind == OpKind.ALL_GATHER]
+    # Without the re-gather the backward has the 2 gathers of the row GEMMs' dgrad inputs;
+    # Megatron adds one per column linear input (the QKV input and the MLP input: q/k/v and
+    # gate/up read one gathered copy, Megatron's fused linear_qkv / fc1).
+    assert len([n for n in _bwd_comm(plain) if n.kind == OpKind.ALL_GATHER]) == 2
+    assert len(gathers) == 4
+    regather = [n for n in gathers if n.name.startswith("tp_all_gather_wgrad_")]
+    assert len(regather) == 2
+    nodes = list(pb.backward.nodes)
+    for ag in regather:
+        # the whole b*s*h activation, like the forward's gather
+        assert ag.params["bytes"](B, S) == pytest.approx(TOKENS_BYTES)
+        # issued before the first dgrad it overlaps, after the gradient that dgrad reads
+        i = nodes.index(ag)
+        dgrad = next(n for n in nodes[i + 1:] if n.kind == OpKind.GEMM)
+        assert dgrad.module_path == ag.module_path and dgrad.params["k"].degree("b") == 0
+        assert set(dgrad.inputs) & set(ag.inputs)
+        # every wgrad of that input reads the gathered copy
+        readers = [n for n in nodes if ag.outputs[0] in n.inputs]
+        assert readers and all(n.kind == OpKind.GEMM and n.params["k"].degree("b") > 0
+                               for n in readers)
+
+
+def test_sync_allreduce_of_2021_waits_for_the_wgrad_gemms() -> None:
+    async_ = parallelize_block(synthetic_block("dense"), PassContext(tp=4, debug=True))
+    sync = parallelize_block(synthetic_block("dense"),
+                             PassContext(tp=4, tp_async_allreduce=False, debug=True))
+    assert all(len(n.inputs) == 1 for n in _bwd_comm(async_))
+    wgrad_out = {t for n in sync.backward.nodes if n.kind == OpKind.GEMM
+                 and n.params["k"].degree("b") > 0 for t in n.outputs}
+    for ar in _bwd_comm(sync):
+        assert ar.kind == OpKind.ALL_REDUCE
+        waits = set(ar.inputs[1:])
+        # MLP input grad: gate + up wgrads; attention input grad: q + k + v wgrads
+        assert waits and waits <= wgrad_out
+    assert sorted(len(n.inputs) - 1 for n in _bwd_comm(sync)) == [2, 3]
+
+
+def _dropout_add_graph():
+    g = _G("bda.fwd", Phase.FORWARD)
+    x, r = g.inp(B, S, H), g.inp(B, S, H)
+    y, mask, z = g.t(B, S, H), g.t(B, S, H, dtype="bool"), g.t(B, S, H)
+    n = B * S * H
+    drop = g.op(OpKind.ELEMENTWISE, "attn.dropout", Role.ATTN_OUT, (x,), (y, mask), 2 * n,
+                numel=n)
+    g.nodes[-1] = drop.replace(target="aten.native_dropout.default")
+    g.op(OpKind.ELEMENTWISE, "residual", Role.RESIDUAL, (y, r), (z,), n, numel=n)
+    return g.graph((z,), {})
+
+
+def test_bias_dropout_add_is_one_kernel_moving_7_bytes_per_element() -> None:
+    graph = _dropout_add_graph()
+    unfused = sum(float(n.bytes(1, 1)) for n in graph.nodes)
+    assert unfused == 11 * B * S * H  # dropout 2 + 2 + 1, add 2 + 2 + 2
+    out = FusionPass().run(graph, PassContext()).graph
+    (fused,) = out.nodes
+    assert fused.kind == OpKind.ELEMENTWISE and fused.role == Role.RESIDUAL
+    assert "bias_dropout_add" in fused.tags
+    # reads x and the residual, writes the sum and the 1-byte mask
+    assert float(fused.bytes_read(1, 1)) == 4 * B * S * H
+    assert float(fused.bytes_written(1, 1)) == 3 * B * S * H
+    assert len(fused.outputs) == 2
+
+
+class _Ones:
+    provenance = "predictor"
+
+    def cost_graph(self, graph, b, s, c=None):
+        return np.ones(len(graph.nodes))
+
+
+def test_persistent_layernorm_is_priced_at_the_a100_roofline() -> None:
+    pb = parallelize_block(synthetic_block("dense"), PassContext(norm_impl="persistent"))
+    cl = load_cluster("dgx-a100-superpod")
+    gpu = cl.gpu
+    for graph in (pb.forward, pb.backward):
+        norms = [i for i, n in enumerate(graph.nodes) if n.kind == OpKind.NORM]
+        assert norms and all(PERSISTENT_NORM_TAG in graph.nodes[i].tags for i in norms)
+        cg = GraphCoster(cl, _Ones(), strides={"tp": 1}).cost(graph, B, S)
+        for i in norms:
+            nbytes = float(graph.nodes[i].bytes(B, S))
+            # 2039 GB/s x 0.8 (memory_efficiency) + 4 us launch
+            want = nbytes / (2039e9 * 0.8) + 4e-6
+            assert gpu.hbm_bandwidth_bytes_per_s == 2039e9 and gpu.memory_efficiency == 0.8
+            assert cg.durations_s[i] == pytest.approx(want) and cg.provenance[i] == "roofline"
+    fused = parallelize_block(synthetic_block("dense"), PassContext())
+    assert not any(PERSISTENT_NORM_TAG in n.tags for n in fused.forward.nodes)
+    assert Layout(norm_impl="persistent").norm_impl == "persistent"
+
+
+def test_records_get_the_megatron_code_of_their_year() -> None:
+    recs = {r.id: r for r in select_records(load_files(default_files()), ids=[
+        "korthikanti_t4_22b_layer_selective_plus_sequence_parallel",
+        "korthikanti_t4_22b_layer_baseline_no_recompute", "megatron_sc21_t1_530b"])}
+    sp = to_case(recs["korthikanti_t4_22b_layer_selective_plus_sequence_parallel"]).layout
+    assert sp.sp_wgrad_regather and sp.norm_impl == "persistent" and sp.tp_async_allreduce
+    base = to_case(recs["korthikanti_t4_22b_layer_baseline_no_recompute"]).layout
+    assert not base.sp_wgrad_regather and base.norm_impl == "persistent"
+    sc21 = to_case(recs["megatron_sc21_t1_530b"]).layout
+    assert not sc21.tp_async_allreduce and sc21.norm_impl == "fused"
