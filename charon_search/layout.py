@@ -178,8 +178,17 @@ class Layout:
     is FSDP1."""
     grad_reduce_dtype: str = "fp32"
     """Dtype of the data-parallel gradient reduction (reduce-scatter / all-reduce): ``fp32``
-    (Megatron, torchtitan, FSDP ``reduce_dtype=float32``) or ``bf16`` (FSDP mixed precision
-    with a bf16 ``reduce_dtype``, e.g. Composer's ``PURE``)."""
+    (Megatron, torchtitan, FSDP ``reduce_dtype=float32``), ``bf16`` (FSDP mixed precision
+    with a bf16 ``reduce_dtype``, e.g. Composer's ``PURE``) or ``fp16`` (Megatron-LM fp16
+    runs without ``--accumulate-allreduce-grads-in-fp32``, whose gradient buffer is fp16)."""
+    grad_accum_hook: bool = False
+    """Each micro-batch's backward adds every parameter's fresh gradient into the
+    data-parallel gradient buffer of ``grad_reduce_dtype`` in a separate elementwise kernel
+    (Megatron-LM's DDP ``param_hook``: ``param.main_grad.add_(param.grad.data)``, before
+    ``--gradient-accumulation-fusion`` folded it into the weight-gradient GEMM in 2022): one
+    read of the gradient, one read and one write of the buffer per local parameter and
+    micro-batch (``passes.data_parallel``). False: the accumulation is fused into the GEMM
+    (Megatron-Core / Transformer Engine) or runs on sharded gradients (FSDP)."""
     expert_load_imbalance: float = 1.0
     """max/mean tokens per expert (1.0 = perfectly balanced routing)."""
     rank_order: str = "tp-cp-ep-dp-pp"
@@ -262,7 +271,7 @@ class Layout:
         _choice("fp8_recipe", self.fp8_recipe, ("tensorwise", "rowwise", "delayed", "blockwise"))
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
         _choice("fsdp_backward_prefetch", self.fsdp_backward_prefetch, ("pre", "post"))
-        _choice("grad_reduce_dtype", self.grad_reduce_dtype, ("fp32", "bf16"))
+        _choice("grad_reduce_dtype", self.grad_reduce_dtype, ("fp32", "bf16", "fp16"))
         if isinstance(self.recompute_modules, str):  # "mlp moe_act" (CLI / YAML)
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules.split()))
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))

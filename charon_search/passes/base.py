@@ -97,6 +97,8 @@ class PassContext:
     act_dtype: str = "bf16"
     """Dtype of activations moved by TP/CP/EP collectives."""
     grad_reduce_dtype: str = "fp32"
+    grad_accum_hook: bool = False
+    """Per-micro-batch gradient-buffer accumulation kernel (``Layout.grad_accum_hook``)."""
     """Dtype of gradient reduce-scatter / all-reduce (Megatron and torchtitan reduce in fp32)."""
     param_gather_dtype: str = "bf16"
     debug: bool = False
@@ -125,6 +127,7 @@ class PassContext:
             moe_a2a_overlap=layout.moe_a2a_overlap, fsdp_prefetch=layout.fsdp_prefetch,
             fsdp_flat_grad=getattr(layout, "fsdp_flat_grad", False),
             grad_reduce_dtype=getattr(layout, "grad_reduce_dtype", "fp32"),
+            grad_accum_hook=getattr(layout, "grad_accum_hook", False),
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
             ep_dispatch_bytes=(FP8_DISPATCH_BYTES if getattr(layout, "ep_dispatch_fp8", False)
                                else 0.0),

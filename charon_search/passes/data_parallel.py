@@ -9,7 +9,10 @@ bf16 parameters of the layer's TP/EP shard, and its fp32 gradients (torchtitan's
 all-reduce is issued once per step by the step simulator.
 
 DDP and ZeRO-1/2 gradient traffic is once per step (after the last micro-batch), so it lives in
-the step simulator (``sim.step``), not in the per-micro-batch block graphs.
+the step simulator (``sim.step``), not in the per-micro-batch block graphs. What does run per
+micro-batch there is Megatron-LM's unfused gradient accumulation (``grad_accum`` pass,
+``Layout.grad_accum_hook``): every backward adds each parameter's gradient into the gradient
+buffer the step's all-reduce later reads.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 from charon_search.passes.params import local_params
 
-__all__ = ["FullyShardedPass", "gradient_predivide_factor"]
+__all__ = ["FullyShardedPass", "GradAccumulationPass", "gradient_predivide_factor"]
 
 
 @PASSES.register("fsdp")
@@ -135,3 +138,57 @@ def _flat_grad_kernels(gb: GraphBuilder, grads: tuple[int, ...], numel: float,
 
 for _before in ("tp", "cp", "ep", "recompute", "fusion", "fp8"):
     must_run_before(_before, "fsdp")
+
+
+#: Bytes per element of a freshly computed gradient (the half-precision compute dtype).
+GRAD_COMPUTE_BYTES = 2.0
+
+
+@PASSES.register("grad_accum")
+class GradAccumulationPass(Pass):
+    """Megatron-LM DDP's per-micro-batch gradient accumulation (``Layout.grad_accum_hook``).
+
+    Megatron-LM's ``DistributedDataParallel`` (``megatron/model/distributed.py``, 2021)
+    registers a hook on every parameter's gradient accumulator: ``param.main_grad.add_(
+    param.grad.data)`` then ``param.grad = None``, so each micro-batch's backward runs one
+    elementwise add per parameter tensor over the rank's whole parameter shard, reading the
+    fresh half-precision gradient and the buffer (``grad_reduce_dtype``: fp16 for an fp16 run
+    without ``--accumulate-allreduce-grads-in-fp32``, fp32 with it or under bf16) and writing
+    the buffer. Added to each layer's backward graph as one elementwise node after the layer's
+    weight gradients; ``--gradient-accumulation-fusion`` (2022) moved it into the GEMM.
+    """
+
+    name = "grad_accum"
+
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.phase == "train" and ctx.grad_accum_hook
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        if graph.meta.get("direction") != "backward":
+            return PassResult(graph, False)
+        fwd = graph.meta.get("forward_graph", graph)
+        numel = local_params(fwd, tp=ctx.tp, ep=ctx.ep).numel
+        if numel <= 0:
+            return PassResult(graph, False)
+        gb = GraphBuilder(graph)
+        grads: list[int] = []
+        for n in graph.nodes:
+            added = gb.add(n)
+            if n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and (
+                    gemm_kind(n) == "wgrad" or n.kind == OpKind.GROUPED_GEMM):
+                grads.extend(added.outputs)
+        acc = DTYPE_BYTES[ctx.grad_reduce_dtype]
+        n_ = Poly.const(numel)
+        out = gb.new_tensor(shape=(n_,), dtype=ctx.grad_reduce_dtype)
+        gb.nodes.append(Node(
+            id=gb.fresh_id(), name=gb.unique_name("grad_accumulate"), kind=OpKind.ELEMENTWISE,
+            target="pass:grad_accum", role="dp.grad", phase=Phase.BACKWARD,
+            inputs=gb.mapped(tuple(grads)), outputs=(out,), flops=n_,
+            bytes_read=n_ * (GRAD_COMPUTE_BYTES + acc), bytes_written=n_ * acc,
+            params={"numel": n_}, dtype=ctx.grad_reduce_dtype,
+            tags=frozenset({"grad_accum"})))
+        return PassResult(gb.finish(), True)
+
+
+for _before in ("tp", "cp", "ep", "recompute", "fusion", "fp8"):
+    must_run_before(_before, "grad_accum")

@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_PASSES", "ParallelBlock", "parallelize_block", "parallelize_
 #: The default pipeline (the manager orders it by the declared constraints).
 DEFAULT_PASSES: tuple[str, ...] = (
     "fusion", "eager_attention", "eager_norm", "fp8", "tp", "ep", "cp", "recompute", "fsdp",
-    "async_tp", "moe_overlap",
+    "grad_accum", "async_tp", "moe_overlap",
 )
 
 
@@ -103,6 +103,6 @@ def parallelize_inference(traced_model: Any, *, tp: int = 1, ep: int = 1, pp: in
                       recompute="none", ep_dispatch_bytes=ep_dispatch_bytes)
     blocks: Mapping[str, TracedBlock] = traced_model.blocks
     names = [n for n in (DEFAULT_PASSES if passes is None else passes)
-             if n not in ("recompute", "fsdp")]
+             if n not in ("recompute", "fsdp", "grad_accum")]
     return {name: parallelize_block(TracedBlock(name=b.name, forward=b.forward), ctx,
                                     names).forward for name, b in blocks.items()}

@@ -54,6 +54,18 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["tp_async_allreduce"] = False
         notes.append("Megatron-LM 2021: the TP backward all-reduce waits for the wgrad GEMM "
                      "(no async all-reduce yet)")
+    if fw == "Megatron-LM" and year is not None and year < 2022:
+        # 2021 ``megatron/model/distributed.py``: a hook per parameter adds its gradient into
+        # the contiguous gradient buffer every micro-batch (``main_grad.add_``); the buffer is
+        # the parameters' dtype unless --accumulate-allreduce-grads-in-fp32 (forced for bf16),
+        # and the step's data-parallel all-reduce reads it. Gradient-accumulation fusion into
+        # the wgrad GEMM came with the 2022 code.
+        out["grad_accum_hook"] = True
+        fp16 = str(t.get("precision") or "").lower() == "fp16"
+        out["grad_reduce_dtype"] = "fp16" if fp16 else "fp32"
+        notes.append("Megatron-LM 2021 DDP: each micro-batch adds every gradient into the "
+                     f"{'fp16' if fp16 else 'fp32'} gradient buffer (main_grad.add_), which "
+                     "the data-parallel all-reduce reads")
     hidden = int((record.model or {}).get("hidden_size") or 0)
     if (fw == "Megatron-LM" and year is not None and year >= 2022
             and hidden in MEGATRON_PERSIST_LN_HIDDEN_SIZES):

@@ -130,3 +130,38 @@ def test_records_get_the_megatron_code_of_their_year() -> None:
     assert not base.sp_wgrad_regather and base.norm_impl == "persistent"
     sc21 = to_case(recs["megatron_sc21_t1_530b"]).layout
     assert not sc21.tp_async_allreduce and sc21.norm_impl == "fused"
+
+
+@pytest.mark.parametrize(("reduce_dtype", "acc"), [("fp16", 2), ("fp32", 4)])
+def test_megatron_2021_adds_every_gradient_into_the_buffer_each_micro_batch(
+        reduce_dtype: str, acc: int) -> None:
+    """``main_grad.add_(grad)`` per parameter: one elementwise node per layer backward reading
+    the fresh 2-byte gradient and the buffer and writing the buffer, over the rank's TP shard
+    of the layer's parameters (synthetic dense layer: 12 h^2 weights + 4 h norm params)."""
+    from charon_search.passes import local_params
+
+    ctx = PassContext(tp=2, grad_accum_hook=True, grad_reduce_dtype=reduce_dtype, debug=True)
+    blk = synthetic_block("dense")
+    pb = parallelize_block(blk, ctx)
+    acc_nodes = [n for n in pb.backward.nodes if "grad_accum" in n.tags]
+    assert len(acc_nodes) == 1 and not [n for n in pb.forward.nodes if "grad_accum" in n.tags]
+    numel = local_params(blk.forward, tp=2).numel
+    assert numel == pytest.approx(local_params(pb.forward, tp=2).numel)
+    node = acc_nodes[0]
+    assert node.bytes_read(B, S) == pytest.approx(numel * (2 + acc))
+    assert node.bytes_written(B, S) == pytest.approx(numel * acc)
+    from charon_search.passes._rewrite import gemm_kind
+
+    wgrads = {t for n in pb.backward.nodes if n.kind == OpKind.GEMM and gemm_kind(n) == "wgrad"
+              for t in n.outputs}
+    assert len(wgrads) >= 4 and set(node.inputs) == wgrads  # after every weight gradient
+    plain = parallelize_block(blk, PassContext(tp=2, debug=True))
+    assert not [n for n in plain.backward.nodes if "grad_accum" in n.tags]
+
+
+def test_sc21_records_accumulate_gradients_unfused_in_fp16() -> None:
+    recs = {r.id: r for r in load_files(default_files())}
+    sc21 = to_case(recs["megatron_sc21_t1_530b"]).layout
+    assert sc21.grad_accum_hook and sc21.grad_reduce_dtype == "fp16"
+    kort = to_case(recs["korthikanti_t5_530b_seqsel"]).layout  # 2022: fused into the GEMM
+    assert not kort.grad_accum_hook and kort.grad_reduce_dtype == "fp32"
