@@ -104,6 +104,14 @@ class Layout:
     shard, not the gathered copy; Transformer Engine's ``Linear`` does the same). False: the
     gathered input is kept for the backward (autograd saving the all-gather's output, as
     DTensor sequence parallelism does). See ``passes.tensor_parallel``."""
+    sac_saves_reduce_scatter: bool = True
+    """torchtitan op-level SAC (``selective_policy="op"``): the TP reduce-scatters' outputs are
+    in the save list (``_save_list`` holds ``_c10d_functional.reduce_scatter_tensor``, 2024).
+    False: torchtitan of spring-summer 2025 (pytorch/torchtitan#965 took the reduce-scatter
+    out of the list so that async TP's matmul-reduce-scatter fusion still matches): the
+    backward re-runs each reduce-scatter whose output it needs, with its matmul (the
+    attention output's, whose sum with the residual feeds the MLP norm). See
+    ``passes.recompute``."""
     tp_async_allreduce: bool = True
     """Without SP: a column-parallel GEMM's backward all-reduce of its input gradient starts
     after the dgrad GEMM and runs under the wgrad GEMM (Megatron

@@ -71,6 +71,8 @@ class PassContext:
     """``attention`` (attention core) or ``op`` (torchtitan op-level SAC); see ``recompute``."""
     recompute_modules: tuple[str, ...] = ()
     """Megatron-Core ``--recompute-modules`` (overrides ``selective_policy`` when set)."""
+    sac_saves_reduce_scatter: bool = True
+    """Op-level SAC saves the TP reduce-scatters (``Layout.sac_saves_reduce_scatter``)."""
     precision: str = "bf16"
     fp8_recipe: str = "tensorwise"
     """``tensorwise`` / ``rowwise`` (dynamic scaling), ``delayed`` (TE amax history) or
@@ -119,6 +121,7 @@ class PassContext:
             recompute=layout.recompute,
             selective_policy=getattr(layout, "selective_policy", "attention"),
             recompute_modules=tuple(getattr(layout, "recompute_modules", ())),
+            sac_saves_reduce_scatter=getattr(layout, "sac_saves_reduce_scatter", True),
             precision=layout.precision,
             fused_kernels=layout.fused_kernels,
             attention_kernel=getattr(layout, "attention_kernel", "flash"),
@@ -223,19 +226,26 @@ class PassManager:
     passes: Sequence[str]
     debug: bool = False
     ran: list[str] = field(default_factory=list)
+    snapshots: dict[str, OpGraph] = field(default_factory=dict)
+    """Graphs as they were before the passes named in ``run(snapshot_before=...)`` ran."""
 
     def __post_init__(self) -> None:
         for name in self.passes:
             PASSES.get(name)  # ConfigError naming the valid passes
         self.passes = _topo_order(list(self.passes))
 
-    def run(self, graph: OpGraph, ctx: PassContext) -> OpGraph:
+    def run(self, graph: OpGraph, ctx: PassContext,
+            snapshot_before: Iterable[str] = ()) -> OpGraph:
         self.ran = []
+        self.snapshots = {}
+        wanted = frozenset(snapshot_before)
         debug = self.debug or ctx.debug
         for name in self.passes:
             p = PASSES.get(name)()
             if not p.enabled(ctx):
                 continue
+            if name in wanted:
+                self.snapshots[name] = graph
             try:
                 result = p(graph, ctx)
             except PassError as e:

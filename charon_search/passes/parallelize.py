@@ -32,6 +32,10 @@ class ParallelBlock:
     backward: OpGraph | None = None
 
 
+#: Overlap rewrites the backward's ``forward_graph`` is taken before (``parallelize_block``).
+_OVERLAP_PASSES: tuple[str, ...] = ("async_tp",)
+
+
 def _manager(names: Sequence[str] | None, debug: bool) -> PassManager:
     chosen = [n for n in (DEFAULT_PASSES if names is None else names) if n in PASSES]
     return PassManager(passes=chosen, debug=debug)
@@ -43,15 +47,21 @@ def parallelize_block(block: TracedBlock, ctx: PassContext,
 
     The backward sees the rewritten forward in ``meta["forward_graph"]`` (recompute and FSDP
     use it) and the forward's TP-sharded tensor ids (saved activations keep their sharding).
+    That forward is taken before ``async_tp``: the recompute policy picks ops of the program as
+    traced (torch.compile applies the checkpoint policy when it traces and partitions the
+    block, and the micro-pipeline TP pass rewrites the forward and the backward graphs after
+    that, ``torch/_inductor/fx_passes/micro_pipeline_tp.py``), and ``async_tp`` then
+    pipelines the backward's own collectives, re-run gathers included.
     """
     pm = _manager(passes, ctx.debug)
     fwd_in = block.forward.with_nodes(block.forward.nodes,
                                       meta={**block.forward.meta, "direction": "forward"})
-    fwd = pm.run(fwd_in, ctx)
+    fwd = pm.run(fwd_in, ctx, snapshot_before=_OVERLAP_PASSES)
+    fwd_traced = next((pm.snapshots[n] for n in _OVERLAP_PASSES if n in pm.snapshots), fwd)
     bwd = None
     if block.backward is not None:
         meta: dict[str, Any] = {**block.backward.meta, "direction": "backward",
-                                "forward_graph": fwd,
+                                "forward_graph": fwd_traced,
                                 "tp_sharded_inputs": fwd.meta.get("tp_sharded_inputs", ())}
         bwd_in = block.backward.with_nodes(block.backward.nodes, meta=meta)
         bwd = pm.run(bwd_in, ctx)

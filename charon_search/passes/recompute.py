@@ -12,7 +12,14 @@
   the gathered input (the recomputed matmuls read it, the weight gradients of the saved ones
   too), so SAC re-runs the collective, as it re-ran the MoE all-to-alls until torchtitan
   added them to the list (pytorch/torchtitan#1672, 2025-09: DeepSeek-16B EP 4 708 -> 803
-  tokens/s once saved).
+  tokens/s once saved). With ``sac_saves_reduce_scatter`` off (torchtitan of spring-summer
+  2025: pytorch/torchtitan#965 took ``reduce_scatter_tensor`` out of the list, because a saved
+  reduce-scatter broke async TP's matmul-reduce-scatter pattern, pytorch/pytorch#149876) the
+  TP reduce-scatters are re-run too, those whose output the backward needs: under
+  torch.compile the partitioner recomputes only what the backward reads. That is the
+  attention output's (its sum with the residual is the MLP norm's input; "only 1 of the 2
+  reduce-scatter nodes has the final return/output node as a 2nd user", pytorch/pytorch#149876),
+  with the output-projection matmul feeding it; the MLP's feeds only the block output.
 * ``selective`` with ``recompute_modules`` (Megatron-Core ``--recompute-modules``,
   ``megatron/core/transformer/transformer_config.py``): ``core_attn`` the attention core,
   ``moe_act`` the activation between the expert GEMMs, ``layernorm`` the input and pre-MLP
@@ -101,13 +108,31 @@ def _is_tp_gather(n: Node) -> bool:
             and "fsdp" not in n.tags)
 
 
-def _op_sac(fwd: OpGraph) -> list[Node]:
+def _is_tp_reduce_scatter(n: Node) -> bool:
+    """A sequence-parallel reduce-scatter of a row GEMM's partial sums."""
+    return n.is_comm and n.kind == OpKind.REDUCE_SCATTER and n.group == "tp"
+
+
+def _needed(fwd: OpGraph, candidates: set[int], reads: set[int]) -> set[int]:
+    """Ids of the ``candidates`` (forward node ids) whose outputs the backward needs: read by
+    a backward node (``reads``), or by a needed candidate. Other forward nodes are saved."""
+    need, out = set(reads), set()
+    for n in reversed(fwd.nodes):
+        if n.id in candidates and any(t in need for t in n.outputs):
+            out.add(n.id)
+            need.update(n.inputs)
+    return out
+
+
+def _op_sac(fwd: OpGraph, bwd: OpGraph | None = None,
+            saves_reduce_scatter: bool = True) -> list[Node]:
     """torchtitan op-level SAC: recompute non-saved ops (sequence-parallel all-gathers
     included) and every second (even) matmul; the fp8 casts feeding a recomputed matmul are
-    re-run with it."""
+    re-run with it. Without ``saves_reduce_scatter``, the TP reduce-scatters whose outputs the
+    backward ``bwd`` needs through recomputed ops are re-run as well."""
     out, mm = [], 0
     for n in fwd.nodes:
-        if _is_tp_gather(n):
+        if _is_tp_gather(n) or (not saves_reduce_scatter and _is_tp_reduce_scatter(n)):
             out.append(n)
             continue
         if n.is_comm or n.kind in _SAVED_KINDS or n.target.startswith("pass:"):
@@ -122,6 +147,12 @@ def _op_sac(fwd: OpGraph) -> list[Node]:
     casts = {n.id for n in fwd.nodes if n.target == "pass:fp8"
              and any(t in needed for t in n.outputs)}
     chosen = {n.id for n in out} | casts
+    if not saves_reduce_scatter and bwd is not None:
+        rs = {n.id for n in fwd.nodes if _is_tp_reduce_scatter(n)}
+        # The backward reads forward tensors as its inputs (saved activations); ids the passes
+        # gave forward-inserted tensors may also name backward tensors, so only inputs count.
+        needed = _needed(fwd, chosen, set(bwd.inputs))
+        chosen -= rs - needed
     return [n for n in fwd.nodes if n.id in chosen]
 
 
@@ -148,7 +179,7 @@ class RecomputePass(Pass):
         elif ctx.recompute_modules:
             chosen = module_nodes(fwd, ctx.recompute_modules)
         elif ctx.selective_policy == "op":
-            chosen = _op_sac(fwd)
+            chosen = _op_sac(fwd, graph, ctx.sac_saves_reduce_scatter)
         else:
             chosen = [n for n in fwd.nodes if n.role == Role.ATTN_CORE]
         # Parameter all-gathers are not re-run (module docstring): their outputs, read by the
@@ -170,10 +201,14 @@ class RecomputePass(Pass):
         # forward tensors get fresh ids here. Saved activations (backward inputs) keep theirs.
         bwd_made = {t for n in graph.nodes for t in n.outputs}
         bwd_in = set(graph.inputs)
+        # Collective outputs and fp8 casts are fresh tensors of the forward: an id of theirs that
+        # the backward also uses (its output gradient, say) names another tensor there.
+        inserted = {t for n in fwd.nodes if n.is_comm or n.target == "pass:fp8"
+                    for t in n.outputs}
         relabel: dict[int, int] = {}
 
         def fwd_id(t: int) -> int:
-            if t in bwd_made and t not in bwd_in:
+            if (t in bwd_made and t not in bwd_in) or (t in inserted and t in graph.tensors):
                 if t not in relabel:
                     relabel[t] = gb.new_tensor(fwd.tensors[t])
                 return relabel[t]

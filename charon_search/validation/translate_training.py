@@ -21,6 +21,11 @@ __all__ = ["MEGATRON_PERSIST_LN_HIDDEN_SIZES", "arxiv_year", "attention_kernel",
            "framework", "framework_facts", "source_year"]
 
 
+#: First year of torchtitan op-SAC runs without ``reduce_scatter_tensor`` in the save list
+#: (pytorch/torchtitan#965, merged March 2025; see ``framework_facts``).
+_TORCHTITAN_SAC_NO_RS_FROM = 2025
+
+
 def framework(ex: Mapping[str, Any]) -> str:
     """The record's ``training.extra.framework`` (stripped; ``""`` when absent)."""
     return str(ex.get("framework") or "").strip()
@@ -87,6 +92,17 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     # collectives saved, the rest recomputed).
     if str(ex.get("selective_ac_option", "")).lower() == "op":
         out["selective_policy"] = "op"
+        # torchtitan took ``reduce_scatter_tensor`` out of the op-SAC save list in March 2025
+        # (pytorch/torchtitan#965: a saved reduce-scatter broke async TP's fusion) and put it
+        # back later (#1031 was still open in spring 2025; the 2025 ``parallelize_llama.py``
+        # with ``enable_float8_tensorwise_tp`` lists mm, SDPA and max only): its 2025 runs with
+        # TP re-run the attention output's reduce-scatter in the backward.
+        if (fw == "torchtitan" and year is not None and year >= _TORCHTITAN_SAC_NO_RS_FROM
+                and int(t.get("tp") or 1) > 1 and t.get("sequence_parallel")):
+            out["sac_saves_reduce_scatter"] = False
+            notes.append("torchtitan 2025 op SAC: reduce_scatter_tensor not in the save list "
+                         "(pytorch/torchtitan#965); the backward re-runs the attention "
+                         "output's reduce-scatter")
     # torchtitan context parallelism (torch ``context_parallel``): its Llama repeats K/V heads
     # before SDPA (``repeat_kv`` in models/llama/model.py), and with torch.compile the ring is
     # traced into the compiled block (``passes.context_parallel``: ``torch_traced``).

@@ -75,3 +75,14 @@ def test_gb200_record_keeps_its_pipeline_layout() -> None:
     assert case.layout.pp_layout == "Et|(tt|)*30L"
     assert any("--pipeline-model-parallel-layout" in n for n in case.assumptions)
     assert _case("deepseek_v3_pretrain_2048_h800").layout.pp_layout == ""
+
+
+def test_torchtitan_2025_op_sac_reruns_the_reduce_scatter() -> None:
+    # pytorch/torchtitan#965 (March 2025) took reduce_scatter_tensor out of the op-SAC save list
+    for rid in ("torchtitan_asynctp_8b_float8_tensorwise_vanillaTP",
+                "torchtitan_asynctp_8b_float8_tensorwise_asyncTP"):
+        assert not _case(rid).layout.sac_saves_reduce_scatter
+    # Dec 2024 (op SAC, no TP) and the 70B rows (full AC) keep the default
+    for rid in ("torchtitan_202412_t1_8b_8gpu_fsdp_compile_fp8",
+                "torchtitan_asynctp_70b_bf16_vanillaTP"):
+        assert _case(rid).layout.sac_saves_reduce_scatter
