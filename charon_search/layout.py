@@ -195,8 +195,9 @@ class Layout:
     (Megatron-LM's DDP ``param_hook``: ``param.main_grad.add_(param.grad.data)``, before
     ``--gradient-accumulation-fusion`` folded it into the weight-gradient GEMM in 2022): one
     read of the gradient, one read and one write of the buffer per local parameter and
-    micro-batch (``passes.data_parallel``). False: the accumulation is fused into the GEMM
-    (Megatron-Core / Transformer Engine) or runs on sharded gradients (FSDP)."""
+    micro-batch (``passes.data_parallel``), with ZeRO stage 0 or 1 (an unsharded buffer).
+    False: the accumulation is fused into the GEMM (Megatron-Core / Transformer Engine) or
+    runs on sharded gradients (FSDP)."""
     expert_load_imbalance: float = 1.0
     """max/mean tokens per expert (1.0 = perfectly balanced routing)."""
     rank_order: str = "tp-cp-ep-dp-pp"

@@ -98,9 +98,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                         "gradient before its reduce-scatter (FSDP1 / Composer; default off, "
                         "FSDP2)")
     g.add_argument("--grad-reduce-dtype", dest="grad_reduce_dtype", default=None,
-                   help="dtype of the data-parallel gradient reduction: fp32 | bf16 "
+                   help="dtype of the data-parallel gradient reduction: fp32 | bf16 | fp16 "
                         "(default fp32; bf16 = FSDP mixed precision reducing in bf16, "
-                        "Composer PURE)")
+                        "Composer PURE; fp16 = Megatron-LM fp16 without fp32 accumulation)")
     g.add_argument("--pp-layout", dest="pp_layout", default=None,
                    help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
                         "virtual stage's layers (t), embedding (E, first) and LM head (L, last); "

@@ -99,9 +99,10 @@ class PassContext:
     act_dtype: str = "bf16"
     """Dtype of activations moved by TP/CP/EP collectives."""
     grad_reduce_dtype: str = "fp32"
+    """Dtype of gradient reduce-scatter / all-reduce (Megatron and torchtitan reduce in fp32;
+    ``Layout.grad_reduce_dtype``)."""
     grad_accum_hook: bool = False
     """Per-micro-batch gradient-buffer accumulation kernel (``Layout.grad_accum_hook``)."""
-    """Dtype of gradient reduce-scatter / all-reduce (Megatron and torchtitan reduce in fp32)."""
     param_gather_dtype: str = "bf16"
     debug: bool = False
     """Run ``ir.check`` after every pass."""

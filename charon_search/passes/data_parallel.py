@@ -161,7 +161,9 @@ class GradAccumulationPass(Pass):
     name = "grad_accum"
 
     def enabled(self, ctx: PassContext) -> bool:
-        return ctx.phase == "train" and ctx.grad_accum_hook
+        # Megatron's buffer holds unsharded gradients (DDP, ZeRO-1's distributed optimizer);
+        # sharded gradients (ZeRO-2/3) accumulate on their shard, which is not modelled.
+        return ctx.phase == "train" and ctx.grad_accum_hook and ctx.zero_stage <= 1
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
         if graph.meta.get("direction") != "backward":

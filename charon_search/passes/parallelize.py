@@ -32,8 +32,9 @@ class ParallelBlock:
     backward: OpGraph | None = None
 
 
-#: Overlap rewrites the backward's ``forward_graph`` is taken before (``parallelize_block``).
-_OVERLAP_PASSES: tuple[str, ...] = ("async_tp",)
+#: Overlap rewrites the backward's ``forward_graph`` is taken before (``parallelize_block``):
+#: async TP's matmul chunks and the MoE all-to-all overlap's quarters.
+_OVERLAP_PASSES: tuple[str, ...] = ("async_tp", "moe_overlap")
 
 
 def _manager(names: Sequence[str] | None, debug: bool) -> PassManager:
@@ -57,7 +58,8 @@ def parallelize_block(block: TracedBlock, ctx: PassContext,
     fwd_in = block.forward.with_nodes(block.forward.nodes,
                                       meta={**block.forward.meta, "direction": "forward"})
     fwd = pm.run(fwd_in, ctx, snapshot_before=_OVERLAP_PASSES)
-    fwd_traced = next((pm.snapshots[n] for n in _OVERLAP_PASSES if n in pm.snapshots), fwd)
+    # the graph before the first overlap rewrite that ran (snapshots keep the run order)
+    fwd_traced = next(iter(pm.snapshots.values()), fwd)
     bwd = None
     if block.backward is not None:
         meta: dict[str, Any] = {**block.backward.meta, "direction": "backward",

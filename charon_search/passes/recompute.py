@@ -135,7 +135,11 @@ def _op_sac(fwd: OpGraph, bwd: OpGraph | None = None,
         if _is_tp_gather(n) or (not saves_reduce_scatter and _is_tp_reduce_scatter(n)):
             out.append(n)
             continue
-        if n.is_comm or n.kind in _SAVED_KINDS or n.target.startswith("pass:"):
+        # Kernels the fusion pass merged (elementwise runs, the fused bias-dropout-add) are
+        # re-run like the ops they merge; other pass-inserted nodes (collectives, fp8 casts,
+        # joins) are handled above, below or not at all.
+        if n.is_comm or n.kind in _SAVED_KINDS or (
+                n.target.startswith("pass:") and n.target != "pass:fusion"):
             continue
         if n.kind == OpKind.GEMM:
             mm += 1

@@ -143,6 +143,7 @@ class _TPWalker:
                     self.wgrad_of.setdefault(n.module_path, n)
         self.regathered: dict[int, dict[int, int]] = {}  # wgrad id -> {saved input: gathered}
         self.regathered_input: dict[int, int] = {}
+        self.orig_producer: dict[int, Node] = {o: n for n in graph.nodes for o in n.outputs}
         # rowwise fp8: quantize output -> its (unsharded) quantize node, to gather its bf16 input
         self.quant_of: dict[int, Node] = {
             n.outputs[0]: n for n in graph.nodes
@@ -221,8 +222,19 @@ class _TPWalker:
             and n.module_path in modules for o in n.outputs if o not in seen))
 
     def _saved_inputs(self, node: Node) -> list[int]:
-        """Saved forward inputs of column wgrad ``node`` that are sequence-sharded (state R)."""
-        return [t for t in node.inputs if t not in self.params and self.st(self.cur(t)) == "R"]
+        """Inputs of column wgrad ``node`` that are a saved, sequence-sharded (state R) forward
+        activation, or the fp8 pass's cast of one; never its output gradient (which is sharded
+        over features, not sequence), whatever state the walker gives a tensor it has not
+        reached yet."""
+        saved, out = set(self.graph.inputs), []
+        for t in node.inputs:
+            if t in self.params:
+                continue
+            q = self.orig_producer.get(t)
+            src = q.inputs[0] if q is not None and q.target == "pass:fp8" and q.inputs else t
+            if src in saved and self.st(self.cur(src)) == "R":
+                out.append(t)
+        return out
 
     def regather(self, node: Node) -> None:
         """SP, Megatron: all-gather the saved input shard of the column GEMM whose dgrad
@@ -236,12 +248,15 @@ class _TPWalker:
         queues on the TP stream before that dgrad's reduce-scatter; the wgrad reads its output.
         """
         wgrad = self.wgrad_of.get(node.module_path)
-        if wgrad is None or wgrad.id in self.regathered:
+        if wgrad is None:
             return
         grads = tuple(self.cur(t) for t in node.inputs
                       if t not in self.params and self.st(self.cur(t)) != "R")
-        got: dict[int, int] = {}
+        got = self.regathered.setdefault(wgrad.id, {})
+        made = {o for n in self.gb.nodes for o in n.outputs} | set(self.graph.inputs)
         for t in self._saved_inputs(wgrad):
+            if t in got or self.cur(t) not in made:
+                continue  # produced later in the walk (an fp8 cast): gathered at the wgrad
             if t not in self.regathered_input:  # one gather per saved input: Megatron's QKV
                 c = self.cur(t)                  # and fc1 are one linear each
                 g = self.gb.add_comm(
@@ -252,7 +267,6 @@ class _TPWalker:
                 self.state[g] = "F"
                 self.regathered_input[t] = g
             got[t] = self.regathered_input[t]
-        self.regathered[wgrad.id] = got
 
     def _gather_then_quantize(self, t: int, node: Node) -> int:
         """Rowwise fp8: all-gather the bf16 input of quantize ``t``, then quantize it whole.

@@ -165,3 +165,51 @@ def test_sc21_records_accumulate_gradients_unfused_in_fp16() -> None:
     assert sc21.grad_accum_hook and sc21.grad_reduce_dtype == "fp16"
     kort = to_case(recs["korthikanti_t5_530b_seqsel"]).layout  # 2022: fused into the GEMM
     assert not kort.grad_accum_hook and kort.grad_reduce_dtype == "fp32"
+
+
+@pytest.mark.parametrize(("precision", "elem_bytes"), [("bf16", 2), ("fp8", 1)])
+def test_sp_regather_on_biased_linears_gathers_each_saved_input_once(
+        precision: str, elem_bytes: int) -> None:
+    """A GPT block (linears with biases, ``addmm``): per layer the re-gathers move the QKV and
+    fc1 inputs once each, 2 * b * s * h elements (fp8 under Transformer Engine: 1 byte), never
+    the output gradients, and only tensors already produced (pass checks on)."""
+    import dataclasses
+
+    from charon_search.catalog import load_model
+    from charon_search.frontend import trace_model
+
+    spec = load_model("mcore-gpt-16b")
+    tr = trace_model(spec, phase="train")
+    lay = Layout.from_dict(dict(tp=4, sequence_parallel=True, sp_wgrad_regather=True,
+                                global_batch_size=4, seq_len=4096, precision=precision,
+                                fp8_recipe="delayed"))
+    ctx = dataclasses.replace(PassContext.from_layout(lay), debug=True)
+    g = parallelize_block(tr.blocks["dense"], ctx).backward
+    b, s, h = 1, 4096, spec.hidden_size
+    gathers = [n for n in g.nodes if n.name.startswith("tp_all_gather_wgrad")]
+    assert len(gathers) == 2
+    assert sum(n.params["bytes"](b, s) for n in gathers) == pytest.approx(
+        2 * b * s * h * elem_bytes)
+
+
+def test_grad_accum_hook_needs_an_unsharded_gradient_buffer() -> None:
+    """ZeRO-3 shards the gradients: no per-micro-batch add over the whole layer there."""
+    for zero, expected in ((0, 1), (1, 1), (3, 0)):
+        ctx = PassContext(dp=2, zero_stage=zero, grad_accum_hook=True, debug=True)
+        pb = parallelize_block(synthetic_block("dense"), ctx)
+        assert len([n for n in pb.backward.nodes if "grad_accum" in n.tags]) == expected
+
+
+def test_op_sac_reruns_the_fused_bias_dropout_add() -> None:
+    """Per-op SAC saves matmuls and attention only: the fused bias-dropout-add kernels of a
+    GPT block (one per residual branch) are re-run like the dropout and add they merge."""
+    from charon_search.catalog import load_model
+    from charon_search.frontend import trace_model
+
+    tr = trace_model(load_model("mcore-gpt-16b"), phase="train")
+    ctx = PassContext(recompute="selective", selective_policy="op", debug=True)
+    pb = parallelize_block(tr.blocks["dense"], ctx)
+    fwd = [n for n in pb.forward.nodes if "bias_dropout_add" in n.tags]
+    rc = [n for n in pb.backward.nodes if "bias_dropout_add" in n.tags
+          and n.phase == Phase.RECOMPUTE]
+    assert len(fwd) == 2 and len(rc) == 2

@@ -197,7 +197,9 @@ def test_op_sac_reruns_the_sequence_parallel_all_gathers(precision: str) -> None
 
 
 def test_op_sac_without_sequence_parallelism_reruns_no_collective() -> None:
-    pb = _op_sac_block(tp=1)
+    """TP without SP all-reduces the partial sums (no gathers): op-SAC re-runs none of them."""
+    pb = _op_sac_block(tp=2)
+    assert [n for n in pb.forward.nodes if n.kind == OpKind.ALL_REDUCE and n.group == "tp"]
     assert not [n for n in pb.backward.nodes if n.phase == Phase.RECOMPUTE and n.is_comm]
 
 
