@@ -245,7 +245,10 @@ class GraphCoster:
         lo, hi = MEASURED_ELEMENTWISE_BYTES_PER_ELEMENT
         bpe = nbytes / numel
         seen = min(max(bpe, lo), hi)
-        if seen == bpe:
+        if seen == bpe or bpe > hi:
+            # Above the measured range the predictor's time already grows with the node's
+            # bytes (the selector passes them as a feature: 10 B/elem costs 10/6 of 6 B/elem);
+            # below it, it does not, and the rescale applies.
             return dur
         launch = float(getattr(self.cluster.gpu, "launch_overhead_s", 0.0) or 0.0)
         body = max(dur - launch, 0.0)

@@ -53,3 +53,18 @@ def test_roofline_elementwise_times_are_not_rescaled() -> None:
     # the roofline already prices the node's own bytes
     for _n, got in _elementwise("roofline", 1.0, "delayed"):
         assert got == pytest.approx(1.0)
+
+
+def test_ops_above_the_measured_range_keep_the_predicted_time() -> None:
+    """The selector passes a node's bytes to the predictor, whose time already grows with them
+    above 6 B per element (10 B costs 10/6 of 6 B): no second rescale there. An fp32 gradient
+    buffer add (2 B read + 4 B read + 4 B written = 10 B/elem) keeps the predicted time."""
+    cl = load_cluster("dgx-a100-superpod")
+    ctx = PassContext(grad_accum_hook=True, grad_reduce_dtype="fp32", debug=True)
+    pb = parallelize_block(synthetic_block("dense"), ctx)
+    cg = GraphCoster(cl, _Flat("predictor", 1.0), strides={"tp": 1}).cost(pb.backward, 8, 4096)
+    (acc,) = [(n, d * 1e3) for n, d in zip(pb.backward.nodes, cg.durations_s, strict=True)
+              if "grad_accum" in n.tags]
+    n, got = acc
+    assert float(n.bytes(8, 4096)) / float(n.params["numel"](8, 4096)) == 10.0
+    assert got == pytest.approx(1.0)
