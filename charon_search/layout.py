@@ -198,6 +198,12 @@ class Layout:
     micro-batch (``passes.data_parallel``), with ZeRO stage 0 or 1 (an unsharded buffer).
     False: the accumulation is fused into the GEMM (Megatron-Core / Transformer Engine) or
     runs on sharded gradients (FSDP)."""
+    dp_overlap_grad_reduce: bool = True
+    """DDP / ZeRO-1/2: each gradient bucket's data-parallel reduction starts when the last
+    backward produces it, overlapped with the rest of the backward (Megatron-Core
+    ``--overlap-grad-reduce``, PyTorch DDP's bucketed hooks). False: every reduction starts
+    after the rank's last backward (Megatron-LM of 2020-21: ``train_step`` calls
+    ``allreduce_gradients()`` after ``forward_backward_func``). See ``training.step``."""
     expert_load_imbalance: float = 1.0
     """max/mean tokens per expert (1.0 = perfectly balanced routing)."""
     rank_order: str = "tp-cp-ep-dp-pp"

@@ -614,7 +614,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
                 prm = lp(name)
                 dense_numel += prm.dense_numel
                 expert_numel += prm.expert_numel
-                ready = start + (end - start) * (i + 1) / nl
+                ready = (start + (end - start) * (i + 1) / nl if L.dp_overlap_grad_reduce
+                         else rank_end)
                 t = 0.0
                 if L.zero_stage != 3 or fsdp_once:
                     kind = "all_reduce" if L.zero_stage == 0 else "reduce_scatter"

@@ -66,11 +66,14 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         # and the step's data-parallel all-reduce reads it. Gradient-accumulation fusion into
         # the wgrad GEMM came with the 2022 code.
         out["grad_accum_hook"] = True
+        # ... and train_step all-reduces the buffer after forward_backward_func returns: the
+        # data-parallel reduction overlaps no backward.
+        out["dp_overlap_grad_reduce"] = False
         fp16 = str(t.get("precision") or "").lower() == "fp16"
         out["grad_reduce_dtype"] = "fp16" if fp16 else "fp32"
         notes.append("Megatron-LM 2021 DDP: each micro-batch adds every gradient into the "
                      f"{'fp16' if fp16 else 'fp32'} gradient buffer (main_grad.add_), which "
-                     "the data-parallel all-reduce reads")
+                     "the data-parallel all-reduce reads after the backward")
     hidden = int((record.model or {}).get("hidden_size") or 0)
     if (fw == "Megatron-LM" and year is not None and year >= 2022
             and hidden in MEGATRON_PERSIST_LN_HIDDEN_SIZES):

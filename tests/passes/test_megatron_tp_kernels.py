@@ -213,3 +213,9 @@ def test_op_sac_reruns_the_fused_bias_dropout_add() -> None:
     rc = [n for n in pb.backward.nodes if "bias_dropout_add" in n.tags
           and n.phase == Phase.RECOMPUTE]
     assert len(fwd) == 2 and len(rc) == 2
+
+
+def test_sc21_records_reduce_gradients_after_the_backward() -> None:
+    recs = {r.id: r for r in load_files(default_files())}
+    assert not to_case(recs["megatron_sc21_t1_7.5b"]).layout.dp_overlap_grad_reduce
+    assert to_case(recs["korthikanti_t5_22b_full"]).layout.dp_overlap_grad_reduce

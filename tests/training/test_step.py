@@ -405,3 +405,19 @@ def test_full_recompute_reruns_the_transformer_layers_only() -> None:
     per_mb = sum(layer_fwd[t] for t in SPEC.layer_types)  # every transformer layer once
     assert full.hardware_flops_per_step - none.hardware_flops_per_step == pytest.approx(
         2 * per_mb, rel=1e-9)  # two micro-batch rows of one sequence each (b 1 x gbs 2)
+
+
+def test_dp_reduction_after_the_backward_when_not_overlapped() -> None:
+    """Megatron-LM 2021 all-reduces the gradient buffer after the last backward: every bucket's
+    reduction starts at the rank's end of compute, the buckets run back to back and all of it
+    is exposed; overlapped, the first bucket starts before that end."""
+    base = dict(dp=2, global_batch_size=4, seq_len=256)
+    over = _sim(Layout(**base), num_gpus=2)
+    after = _sim(Layout(dp_overlap_grad_reduce=False, **base), num_gpus=2)
+    end = after.timeline.pipeline.rank_end_s[0]
+    iv = sorted(after.timeline.dp_intervals, key=lambda x: x[2])
+    assert iv and iv[0][2] == pytest.approx(end)
+    total = sum(e - s0 for _, _, s0, e in iv)
+    assert iv[-1][3] == pytest.approx(end + total)  # back to back, nothing hidden
+    assert min(s0 for _, _, s0, _ in over.timeline.dp_intervals) < end
+    assert after.step_time_s > over.step_time_s
