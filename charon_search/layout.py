@@ -287,6 +287,16 @@ class Layout:
         _choice("selective_policy", self.selective_policy, ("attention", "op"))
         _choice("fsdp_backward_prefetch", self.fsdp_backward_prefetch, ("pre", "post"))
         _choice("grad_reduce_dtype", self.grad_reduce_dtype, ("fp32", "bf16", "fp16"))
+        # Framework facts that only exist with another setting: refused rather than ignored.
+        if self.fsdp_flat_grad and self.zero_stage != 3:
+            raise ConfigError("`fsdp_flat_grad` (FSDP1's FlatParameter gradients) needs "
+                              f"`zero_stage` 3, but got zero_stage={self.zero_stage}")
+        if self.grad_accum_hook and self.zero_stage > 1:
+            raise ConfigError("`grad_accum_hook` (Megatron's unsharded gradient buffer) needs "
+                              f"`zero_stage` 0 or 1, but got zero_stage={self.zero_stage}")
+        if self.sp_wgrad_regather and not self.sequence_parallel:
+            raise ConfigError("`sp_wgrad_regather` needs `sequence_parallel` true (it re-gathers "
+                              "sequence-sharded inputs), but got sequence_parallel=false")
         if isinstance(self.recompute_modules, str):  # "mlp moe_act" (CLI / YAML)
             object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules.split()))
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))

@@ -219,3 +219,15 @@ def test_sc21_records_reduce_gradients_after_the_backward() -> None:
     recs = {r.id: r for r in load_files(default_files())}
     assert not to_case(recs["megatron_sc21_t1_7.5b"]).layout.dp_overlap_grad_reduce
     assert to_case(recs["korthikanti_t5_22b_full"]).layout.dp_overlap_grad_reduce
+
+
+@pytest.mark.parametrize(("fields", "rule"), [
+    (dict(fsdp_flat_grad=True, zero_stage=2), "`fsdp_flat_grad`.*needs `zero_stage` 3"),
+    (dict(grad_accum_hook=True, zero_stage=3), "`grad_accum_hook`.*zero_stage` 0 or 1"),
+    (dict(sp_wgrad_regather=True, tp=2), "`sp_wgrad_regather` needs `sequence_parallel`"),
+])
+def test_framework_facts_without_their_setting_are_refused(fields, rule) -> None:
+    from charon_search.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rule):
+        Layout(**fields)
