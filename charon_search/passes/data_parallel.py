@@ -25,6 +25,32 @@ from charon_search.passes.params import local_params
 
 __all__ = ["FullyShardedPass", "GradAccumulationPass", "gradient_predivide_factor"]
 
+#: The dtype gradients are computed in (the half-precision compute dtype: FSDP1's
+#: ``param_dtype`` bf16, Megatron's fp16/bf16 ``param.grad``), 2 bytes per element.
+GRAD_COMPUTE_DTYPE = "bf16"
+#: Passes that rewrite a block before the data-parallel passes see its gradients.
+_BEFORE_DP = ("tp", "cp", "ep", "recompute", "fusion", "fp8")
+
+
+def _is_weight_grad(n: Node) -> bool:
+    """A backward node that writes parameter gradients: a weight-gradient GEMM, or a grouped
+    expert GEMM (its gradients are folded into it)."""
+    return n.kind == OpKind.GROUPED_GEMM or (n.kind == OpKind.GEMM and gemm_kind(n) == "wgrad")
+
+
+def _stream_node(gb: GraphBuilder, name: str, kind: OpKind, reads: tuple[int, ...],
+                 numel: Poly, read_b: float, write_b: float, dtype: str, *, target: str,
+                 role: str, tag: str, flops: Poly) -> int:
+    """Append a bandwidth-bound backward kernel over ``numel`` gradient elements reading
+    ``reads``; returns its output tensor."""
+    out = gb.new_tensor(shape=(numel,), dtype=dtype)
+    gb.nodes.append(Node(
+        id=gb.fresh_id(), name=gb.unique_name(name), kind=kind, target=target, role=role,
+        phase=Phase.BACKWARD, inputs=gb.mapped(reads), outputs=(out,), flops=flops,
+        bytes_read=numel * read_b, bytes_written=numel * write_b, params={"numel": numel},
+        dtype=dtype, tags=frozenset({tag})))
+    return out
+
 
 @PASSES.register("fsdp")
 class FullyShardedPass(Pass):
@@ -61,8 +87,7 @@ class FullyShardedPass(Pass):
             if any(t in params for t in n.inputs):
                 n = n.replace(inputs=(*n.inputs, *gathers))
             added = gb.add(n)
-            if backward and n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and (
-                    gemm_kind(n) == "wgrad" or n.kind == OpKind.GROUPED_GEMM):
+            if backward and _is_weight_grad(n):
                 grads.extend(added.outputs)
         if backward:
             for numel, group, axis in shards:
@@ -93,10 +118,6 @@ def gradient_predivide_factor(world_size: int) -> float:
     return float(factor)
 
 
-#: Bytes per element of the dtype FSDP1 computes gradients in (its ``param_dtype``, bf16).
-FLAT_GRAD_COMPUTE_DTYPE = "bf16"
-
-
 def _flat_grad_kernels(gb: GraphBuilder, grads: tuple[int, ...], numel: float,
                        reduce_dtype: str, dp_world: int) -> tuple[int, ...]:
     """FSDP1's memory-bound passes over one unit's unsharded gradient before its reduce-scatter
@@ -115,33 +136,24 @@ def _flat_grad_kernels(gb: GraphBuilder, grads: tuple[int, ...], numel: float,
     with them), an upper bound on their exposed time. All three are streaming passes, costed
     as copies (the roofline's HBM rate: streaming copy/add at 0.88-0.92 of peak measured on
     an H200, ``cluster_specs/measurements``)."""
-    pb = DTYPE_BYTES[FLAT_GRAD_COMPUTE_DTYPE]
+    pb = DTYPE_BYTES[GRAD_COMPUTE_DTYPE]
     rb = DTYPE_BYTES[reduce_dtype]
-    steps = [("fsdp_grad_flatten", OpKind.COPY, pb, pb, FLAT_GRAD_COMPUTE_DTYPE)]
-    if reduce_dtype != FLAT_GRAD_COMPUTE_DTYPE:
-        steps.append(("fsdp_grad_cast", OpKind.COPY, pb, rb, reduce_dtype))
+    steps = [("fsdp_grad_flatten", pb, pb, GRAD_COMPUTE_DTYPE)]
+    if reduce_dtype != GRAD_COMPUTE_DTYPE:
+        steps.append(("fsdp_grad_cast", pb, rb, reduce_dtype))
     if gradient_predivide_factor(dp_world) > 1:
-        steps.append(("fsdp_grad_predivide", OpKind.COPY, rb, rb, reduce_dtype))
+        steps.append(("fsdp_grad_predivide", rb, rb, reduce_dtype))
     n = Poly.const(numel)
     reads = grads
-    for name, kind, read_b, write_b, dtype in steps:
-        out = gb.new_tensor(shape=(n,), dtype=dtype)
-        gb.nodes.append(Node(
-            id=gb.fresh_id(), name=gb.unique_name(name), kind=kind, target="pass:fsdp",
-            role="fsdp.grad", phase=Phase.BACKWARD, inputs=gb.mapped(reads), outputs=(out,),
-            flops=Poly.const(0.0),
-            bytes_read=n * read_b, bytes_written=n * write_b, params={"numel": n},
-            dtype=dtype, tags=frozenset({"fsdp"})))
-        reads = (out,)
+    for name, read_b, write_b, dtype in steps:
+        reads = (_stream_node(gb, name, OpKind.COPY, reads, n, read_b, write_b, dtype,
+                              target="pass:fsdp", role="fsdp.grad", tag="fsdp",
+                              flops=Poly.const(0.0)),)
     return reads
 
 
-for _before in ("tp", "cp", "ep", "recompute", "fusion", "fp8"):
+for _before in _BEFORE_DP:
     must_run_before(_before, "fsdp")
-
-
-#: Bytes per element of a freshly computed gradient (the half-precision compute dtype).
-GRAD_COMPUTE_BYTES = 2.0
 
 
 @PASSES.register("grad_accum")
@@ -176,21 +188,15 @@ class GradAccumulationPass(Pass):
         grads: list[int] = []
         for n in graph.nodes:
             added = gb.add(n)
-            if n.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and (
-                    gemm_kind(n) == "wgrad" or n.kind == OpKind.GROUPED_GEMM):
+            if _is_weight_grad(n):
                 grads.extend(added.outputs)
         acc = DTYPE_BYTES[ctx.grad_reduce_dtype]
         n_ = Poly.const(numel)
-        out = gb.new_tensor(shape=(n_,), dtype=ctx.grad_reduce_dtype)
-        gb.nodes.append(Node(
-            id=gb.fresh_id(), name=gb.unique_name("grad_accumulate"), kind=OpKind.ELEMENTWISE,
-            target="pass:grad_accum", role="dp.grad", phase=Phase.BACKWARD,
-            inputs=gb.mapped(tuple(grads)), outputs=(out,), flops=n_,
-            bytes_read=n_ * (GRAD_COMPUTE_BYTES + acc), bytes_written=n_ * acc,
-            params={"numel": n_}, dtype=ctx.grad_reduce_dtype,
-            tags=frozenset({"grad_accum"})))
+        _stream_node(gb, "grad_accumulate", OpKind.ELEMENTWISE, tuple(grads), n_,
+                     DTYPE_BYTES[GRAD_COMPUTE_DTYPE] + acc, acc, ctx.grad_reduce_dtype,
+                     target="pass:grad_accum", role="dp.grad", tag="grad_accum", flops=n_)
         return PassResult(gb.finish(), True)
 
 
-for _before in ("tp", "cp", "ep", "recompute", "fusion", "fp8"):
+for _before in _BEFORE_DP:
     must_run_before(_before, "grad_accum")

@@ -147,16 +147,15 @@ def _op_sac(fwd: OpGraph, bwd: OpGraph | None = None,
                 continue
         out.append(n)
     # The fp8 pass's casts (``pass:fp8``) of a recomputed matmul's inputs.
-    needed = {t for n in out for t in n.inputs}
+    rerun_reads = {t for n in out for t in n.inputs}
     casts = {n.id for n in fwd.nodes if n.target == "pass:fp8"
-             and any(t in needed for t in n.outputs)}
+             and any(t in rerun_reads for t in n.outputs)}
     chosen = {n.id for n in out} | casts
     if not saves_reduce_scatter and bwd is not None:
         rs = {n.id for n in fwd.nodes if _is_tp_reduce_scatter(n)}
         # The backward reads forward tensors as its inputs (saved activations); ids the passes
         # gave forward-inserted tensors may also name backward tensors, so only inputs count.
-        needed = _needed(fwd, chosen, set(bwd.inputs))
-        chosen -= rs - needed
+        chosen -= rs - _needed(fwd, chosen, set(bwd.inputs))
     return [n for n in fwd.nodes if n.id in chosen]
 
 

@@ -51,7 +51,8 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     # Megatron-LM changed between the SC21 code (Narayanan et al., April 2021) and the 2022 code
     # of Korthikanti et al.; the source's date (its arXiv id) says which one ran.
     year = arxiv_year(record) or source_year(record)
-    if fw == "Megatron-LM" and year is not None and year < 2022 and int(t.get("tp") or 1) > 1:
+    megatron_2021 = fw == "Megatron-LM" and year is not None and year < 2022
+    if megatron_2021 and int(t.get("tp") or 1) > 1:
         # 2020-21 ``ColumnParallelLinear``: ``copy_to_tensor_model_parallel_region(input_)``
         # then ``F.linear``; the input-gradient all-reduce runs after both GEMMs of the
         # backward. ``ColumnParallelLinearWithAsyncAllreduce`` (``--no-async-tensor-model-
@@ -59,7 +60,7 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["tp_async_allreduce"] = False
         notes.append("Megatron-LM 2021: the TP backward all-reduce waits for the wgrad GEMM "
                      "(no async all-reduce yet)")
-    if fw == "Megatron-LM" and year is not None and year < 2022:
+    if megatron_2021:
         # 2021 ``megatron/model/distributed.py``: a hook per parameter adds its gradient into
         # the contiguous gradient buffer every micro-batch (``main_grad.add_``); the buffer is
         # the parameters' dtype unless --accumulate-allreduce-grads-in-fp32 (forced for bf16),
