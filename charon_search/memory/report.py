@@ -22,6 +22,7 @@ from typing import Any
 from charon_search.catalog.spec import ModelSpec
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import ClusterSpec
+from charon_search.ir import DTYPE_BYTES
 from charon_search.layout import Layout, as_layout, check_layout_on_cluster
 from charon_search.memory.liveness import ShardingPoint
 from charon_search.memory.profile import ModelMemoryProfile, model_profile
@@ -617,9 +618,21 @@ def _transient(ev: Mapping[str, float], mode: str, policy: str, kept: float) -> 
 
 
 def _recipe(opts: MemoryOptions, layout: Layout) -> StateRecipe:
+    """The state recipe, with the buffers the gradient reduction fills in
+    ``layout.grad_reduce_dtype``: Megatron's DDP gradient buffer (``main_grad``: fp32 with
+    ``--accumulate-allreduce-grads-in-fp32``, else the parameters' dtype) and FSDP2's
+    reduce-scatter input (``foreach_reduce`` copies the unit's gradients into a buffer of its
+    ``reduce_dtype``). The other recipes keep their own gradient dtype."""
     if isinstance(opts.recipe, StateRecipe):
         return opts.recipe
-    return STATE_RECIPES[_recipe_name(opts, layout)]
+    name = _recipe_name(opts, layout)
+    recipe = STATE_RECIPES[name]
+    reduce_b = DTYPE_BYTES[layout.grad_reduce_dtype]
+    if name == "megatron":
+        return dataclasses.replace(recipe, grad_bytes=reduce_b)
+    if name == "fsdp2":
+        return dataclasses.replace(recipe, reduce_buffer_bytes=reduce_b)
+    return recipe
 
 
 def _recipe_name(opts: MemoryOptions, layout: Layout) -> str:

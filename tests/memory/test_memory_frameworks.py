@@ -225,3 +225,24 @@ def test_fused_norm_and_swiglu_save_less(llama) -> None:
     final_norm = -tok * 4 * H  # the LM head block's final norm
     assert acts[1] - acts[0] == spec.num_layers * ev["fused_delta"] + final_norm
     assert MemoryOptions.for_framework("megatron").fused_saved
+
+
+@pytest.mark.parametrize("dtype,grad_b", [("fp32", 4), ("fp16", 2), ("bf16", 2)])
+def test_gradient_buffers_follow_the_reduce_dtype(llama, dtype: str, grad_b: int) -> None:
+    """Megatron's DDP buffer (``main_grad``) and FSDP2's reduce-scatter copy are allocated in
+    ``Layout.grad_reduce_dtype``: per GPU, grads = local parameters x its bytes."""
+    spec, prof = llama
+    lay = Layout(dp=2, micro_batch_size=1, global_batch_size=2, seq_len=S,
+                 grad_reduce_dtype=dtype)
+    rep = memory_report(spec, lay, toy_cluster(), profile=prof,
+                        options=MemoryOptions.for_framework("megatron"))
+    st = rep.stages[0]
+    assert st.grads_bytes == pytest.approx(st.params_bytes / 2 * grad_b)  # bf16 params
+    fsdp = Layout(dp=4, zero_stage=3, micro_batch_size=1, global_batch_size=4, seq_len=S,
+                  grad_reduce_dtype=dtype)
+    opts = MemoryOptions.for_framework("torchtitan")
+    from charon_search.memory.report import _recipe
+    assert _recipe(opts, fsdp).reduce_buffer_bytes == grad_b
+    assert _recipe(opts, fsdp).grad_bytes == 4  # the sharded fp32 gradient itself
+    # the ZeRO-paper default keeps its fp16 gradients whatever the reduce dtype
+    assert _recipe(MemoryOptions(), fsdp).grad_bytes == 2
