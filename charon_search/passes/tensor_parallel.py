@@ -30,6 +30,12 @@ the input is cast on its sequence shard and gathered in fp8). torchtitan's rowwi
 plain TP instead, "all-gather happens in high precision" (torchtitan ``parallelize_llama``:
 ``enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise``): with
 ``fp8_recipe == "rowwise"`` the bf16 input is gathered and then quantized whole on every rank.
+The rowwise weight-gradient casts (the ``_t`` copies, scaled along the token axis) read the
+same whole tensors: torchao's ``matmul_with_hp_or_float8_args.backward`` casts the saved
+``input_hp`` (under SP the all-gathered input a ``ColwiseParallel`` linear receives) and the
+incoming ``grad_output`` (the all-gathered gradient of a ``RowwiseParallel`` linear's
+reduce-scattered output) along dim 0 from bf16: those casts cost the gathered size, not the
+shard's, and a row GEMM's output gradient is gathered once for its dgrad and wgrad casts.
 
 DeepSeek Sparse Attention's lightning indexer (role ``attn.indexer``) is replicated: every rank
 runs all its heads over the whole key cache (SGLang ``nsa_indexer.py``: ``ReplicatedLinear``).
@@ -155,6 +161,8 @@ class _TPWalker:
         fwd = graph.meta.get("forward_graph")
         self.params = set(graph.param_tensors) | set(fwd.param_tensors if fwd else ())
         self.gathered: dict[int, int] = {}  # SP: tensor -> its all-gathered copy
+        self.hp_gathered: dict[int, int] = {}  # rowwise fp8: bf16 tensor -> its all-gather
+        self.hp_gather = hp_gather
         self.reduced: dict[int, int] = {}  # partial tensor -> its reduced copy
 
     def st(self, t: int) -> str:
@@ -275,12 +283,7 @@ class _TPWalker:
         node added after the gather carries the other ``(tp - 1)/tp``.
         """
         q = self.quant_of[t]
-        src = self.cur(q.inputs[0])
-        full = self.gb.add_comm(
-            OpKind.ALL_GATHER, group="tp", group_size=self.tp,
-            nbytes=self.gb.tensors[q.inputs[0]].nbytes, reads=(src,), like=src,
-            phase=node.phase, module_path=node.module_path,
-            name=f"tp_all_gather_{node.name}", rewire=False)
+        full = self._hp_all_gather(q.inputs[0], node)
         rest = (self.tp - 1) / self.tp
         out = self.gb.new_tensor(self.gb.tensors[t])
         self.gb.nodes.append(q.replace(
@@ -289,6 +292,39 @@ class _TPWalker:
             bytes_read=q.bytes_read * rest, bytes_written=q.bytes_written * rest))
         self.state[out] = "F"
         return out
+
+    def _hp_all_gather(self, t: int, node: Node) -> int:
+        """Rowwise fp8: the all-gather of sequence-sharded bf16 tensor ``t`` (one per tensor,
+        shared by its forward/dgrad cast and its weight-gradient cast)."""
+        src = self.cur(t)
+        if src not in self.hp_gathered:
+            self.hp_gathered[src] = self.gb.add_comm(
+                OpKind.ALL_GATHER, group="tp", group_size=self.tp,
+                nbytes=self.gb.tensors[t].nbytes, reads=(src,), like=src, phase=node.phase,
+                module_path=node.module_path, name=f"tp_all_gather_{node.name}", rewire=False)
+            self.state[self.hp_gathered[src]] = "F"
+        return self.hp_gathered[src]
+
+    def _whole_wgrad_cast(self, node: Node, act_in: list[int]) -> tuple[int, ...] | None:
+        """Rowwise fp8 under SP: the inputs of weight-gradient cast ``node`` (an fp8 pass
+        ``fp8_quantize_t_*`` of a sequence-sharded bf16 tensor), which casts the whole gathered
+        tensor (module docstring); ``None`` for any other node.
+
+        An output gradient (one this graph makes, or the block's incoming one) is gathered
+        once for this cast and the dgrad's; a saved activation's gathered copy lives in the
+        forward graph (DTensor saves the all-gather's output, the input the linear saw), so the
+        cast keeps its input.
+        """
+        if not (self.hp_gather and self.sp and node.target == "pass:fp8"
+                and node.name.startswith("fp8_quantize_t") and len(act_in) == 1
+                and self.st(self.cur(act_in[0])) == "R"):
+            return None
+        t = act_in[0]
+        fwd = self.graph.meta.get("forward_graph")
+        saved = t in self.graph.inputs and fwd is not None and t in fwd.tensors
+        if self.cur(t) in self.hp_gathered or not saved:
+            return (self._hp_all_gather(t, node),)
+        return node.inputs
 
     def flush_dangling(self, node: Node) -> tuple[int, ...]:
         """Reduce partial sums no op in this graph reads (their sum was traced elsewhere or
@@ -344,7 +380,10 @@ class _TPWalker:
                     for t in partial:
                         self.reduce(self.cur(t), node)
                 states = {self.st(self.cur(t)) for t in act_in}
-                if node.kind == OpKind.EMBEDDING and node.phase == Phase.FORWARD:
+                whole = self._whole_wgrad_cast(node, act_in)
+                if whole is not None:
+                    out_state, new = "F", node  # the gathered tensor's cast, unscaled
+                elif node.kind == OpKind.EMBEDDING and node.phase == Phase.FORWARD:
                     out_state, new = "P", node  # vocab-parallel lookup: partial rows per rank
                 elif node.kind == OpKind.EMBEDDING:
                     out_state, new = "S", scale_node(node, tp)  # grad of the vocab shard
@@ -358,7 +397,7 @@ class _TPWalker:
                 else:
                     out_state = "R"
                     new = scale_node(node, tp) if sp else node
-                inputs = node.inputs
+                inputs = node.inputs if whole is None else whole
             for t in node.outputs:
                 self.state[t] = out_state
                 if out_state == "P":

@@ -370,3 +370,32 @@ def test_gpt_oss_expert_biases_are_not_sent_between_ep_ranks() -> None:
     bwd = [(n.name.split("_")[1], float(n.params["bytes"](b, s)))
            for n in pb.backward.nodes if n.is_comm and n.group == "ep"]
     assert bwd == [("dispatch", rows), ("combine", rows)]
+
+
+def test_fp8_rowwise_sp_wgrad_casts_read_the_whole_gathered_tensor() -> None:
+    # torchao matmul_with_hp_or_float8_args.backward casts the saved input and the incoming
+    # grad_output along dim 0 from bf16; under torchtitan's plain TP + SP (rowwise) both are
+    # the all-gathered tensors, so the wgrad cast of a sequence-sharded tensor is the whole
+    # cast (as at tp=1), and a row GEMM's output gradient is gathered once for its wgrad cast
+    # and its dgrad cast.
+    def block(prec: str, tp: int):
+        return parallelize_block(synthetic_block("dense"), PassContext(
+            precision=prec, fp8_recipe="rowwise", tp=tp, sequence_parallel=tp > 1,
+            debug=True))
+
+    rw, one, bf = block("fp8", 4), block("fp8", 1), block("bf16", 4)
+    whole = {n.name: n.bytes_read(2, 64) for n in one.backward.nodes
+             if n.name.startswith("fp8_quantize_t")}
+    casts = [n for n in rw.backward.nodes if n.name.startswith("fp8_quantize_t")]
+    ratio = {n.name: n.bytes_read(2, 64) / whole[n.name] for n in casts}
+    # the inputs of the column GEMMs (attention, MLP) and the output gradients of the row
+    # GEMMs (attention out, MLP out) are sequence-sharded: cast whole; the rest feature-sharded
+    assert sorted(ratio.values()) == pytest.approx([0.25] * (len(casts) - 4) + [1.0] * 4)
+    producer = {o: n for n in rw.backward.nodes for o in n.outputs}
+    grads = [n for n in casts if ratio[n.name] == 1.0
+             and producer.get(n.inputs[0]) is not None
+             and producer[n.inputs[0]].kind == OpKind.ALL_GATHER]
+    assert len(grads) == 2  # attention out's and MLP out's output gradient
+    # no extra collective: as many TP all-gathers in the backward as in bf16
+    assert len(_tp_comm(rw.backward, OpKind.ALL_GATHER)) == \
+        len(_tp_comm(bf.backward, OpKind.ALL_GATHER))
