@@ -198,6 +198,15 @@ class Layout:
     micro-batch (``passes.data_parallel``), with ZeRO stage 0 or 1 (an unsharded buffer).
     False: the accumulation is fused into the GEMM (Megatron-Core / Transformer Engine) or
     runs on sharded gradients (FSDP)."""
+    embedding_grad_hook: bool = False
+    """With the accumulation fused into the weight-gradient GEMMs (they add into the fp32
+    ``main_grad`` and set ``grad_added_to_main_grad``), Megatron's DDP hook still runs
+    ``param.main_grad.add_(param.grad.data)`` every micro-batch for the parameters no GEMM
+    writes: the embedding tables (``F.embedding``'s dense ``[V/tp, h]`` gradient) and the norm
+    weights (Megatron-Core ``distributed/distributed_data_parallel.py`` ``_make_param_hook``,
+    r0.8; Megatron-LM ``model/distributed.py`` of 2022). One read of the bf16 gradient and a
+    read and write of the ``grad_reduce_dtype`` buffer per such local parameter and micro-batch
+    (``passes.data_parallel``), ZeRO stage 0 or 1. ``grad_accum_hook`` adds every parameter."""
     dp_overlap_grad_reduce: bool = True
     """DDP / ZeRO-1/2: each gradient bucket's data-parallel reduction starts when the last
     backward produces it, overlapped with the rest of the backward (Megatron-Core
@@ -294,6 +303,9 @@ class Layout:
         if self.grad_accum_hook and self.zero_stage > 1:
             raise ConfigError("`grad_accum_hook` (Megatron's unsharded gradient buffer) needs "
                               f"`zero_stage` 0 or 1, but got zero_stage={self.zero_stage}")
+        if self.embedding_grad_hook and self.zero_stage > 1:
+            raise ConfigError("`embedding_grad_hook` (Megatron's unsharded gradient buffer) "
+                              f"needs `zero_stage` 0 or 1, but got zero_stage={self.zero_stage}")
         if self.sp_wgrad_regather and not self.sequence_parallel:
             raise ConfigError("`sp_wgrad_regather` needs `sequence_parallel` true (it re-gathers "
                               "sequence-sharded inputs), but got sequence_parallel=false")

@@ -103,6 +103,8 @@ class PassContext:
     ``Layout.grad_reduce_dtype``)."""
     grad_accum_hook: bool = False
     """Per-micro-batch gradient-buffer accumulation kernel (``Layout.grad_accum_hook``)."""
+    embedding_grad_hook: bool = False
+    """The same kernel over the parameters no GEMM writes (``Layout.embedding_grad_hook``)."""
     param_gather_dtype: str = "bf16"
     debug: bool = False
     """Run ``ir.check`` after every pass."""
@@ -132,6 +134,7 @@ class PassContext:
             fsdp_flat_grad=getattr(layout, "fsdp_flat_grad", False),
             grad_reduce_dtype=getattr(layout, "grad_reduce_dtype", "fp32"),
             grad_accum_hook=getattr(layout, "grad_accum_hook", False),
+            embedding_grad_hook=getattr(layout, "embedding_grad_hook", False),
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
             ep_dispatch_bytes=(FP8_DISPATCH_BYTES if getattr(layout, "ep_dispatch_fp8", False)
                                else 0.0),

@@ -168,6 +168,8 @@ class GradAccumulationPass(Pass):
     without ``--accumulate-allreduce-grads-in-fp32``, fp32 with it or under bf16) and writing
     the buffer. Added to each layer's backward graph as one elementwise node after the layer's
     weight gradients; ``--gradient-accumulation-fusion`` (2022) moved it into the GEMM.
+    The hook still adds the gradients no GEMM writes (``Layout.embedding_grad_hook``: the
+    embedding tables' dense gradient, norm weights): the same node over those parameters only.
     """
 
     name = "grad_accum"
@@ -175,20 +177,27 @@ class GradAccumulationPass(Pass):
     def enabled(self, ctx: PassContext) -> bool:
         # Megatron's buffer holds unsharded gradients (DDP, ZeRO-1's distributed optimizer);
         # sharded gradients (ZeRO-2/3) accumulate on their shard, which is not modelled.
-        return ctx.phase == "train" and ctx.grad_accum_hook and ctx.zero_stage <= 1
+        return (ctx.phase == "train" and (ctx.grad_accum_hook or ctx.embedding_grad_hook)
+                and ctx.zero_stage <= 1)
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
         if graph.meta.get("direction") != "backward":
             return PassResult(graph, False)
         fwd = graph.meta.get("forward_graph", graph)
         numel = local_params(fwd, tp=ctx.tp, ep=ctx.ep).numel
+        # Fused accumulation: only the parameters that no GEMM reads (their gradient comes
+        # from an embedding or norm backward, not from a weight-gradient GEMM).
+        unfused = not ctx.grad_accum_hook
+        if unfused:
+            numel -= local_params(fwd, tp=ctx.tp, ep=ctx.ep, gemm_weights=True).numel
         if numel <= 0:
             return PassResult(graph, False)
         gb = GraphBuilder(graph)
         grads: list[int] = []
         for n in graph.nodes:
             added = gb.add(n)
-            if _is_weight_grad(n):
+            if _is_weight_grad(n) or (unfused and n.phase == Phase.BACKWARD
+                                      and n.kind in (OpKind.EMBEDDING, OpKind.NORM)):
                 grads.extend(added.outputs)
         acc = DTYPE_BYTES[ctx.grad_reduce_dtype]
         n_ = Poly.const(numel)

@@ -25,12 +25,13 @@ class LocalParams:
         return self.dense_numel + self.expert_numel
 
 
-def local_params(forward: OpGraph, *, tp: int = 1, ep: int = 1) -> LocalParams:
+def local_params(forward: OpGraph, *, tp: int = 1, ep: int = 1,
+                 gemm_weights: bool = False) -> LocalParams:
     """Split the forward graph's parameters into per-rank dense and expert counts.
 
     TP shards the weights of column/row GEMMs, shared experts and the vocab-parallel embedding
     and LM head; EP shards routed expert weights; norms, routers and MLA down-projections are
-    replicated.
+    replicated. ``gemm_weights``: count only the parameters a GEMM or grouped GEMM reads.
     """
     readers: dict[int, list] = {}
     for n in forward.nodes:
@@ -40,6 +41,9 @@ def local_params(forward: OpGraph, *, tp: int = 1, ep: int = 1) -> LocalParams:
     for t in forward.param_tensors:
         numel = forward.tensors[t].numel.const_value()
         users = readers.get(t, [])
+        if gemm_weights and not any(u.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM)
+                                    for u in users):
+            continue
         if any(u.kind == OpKind.GROUPED_GEMM for u in users):
             expert += numel / ep
         elif any(

@@ -75,6 +75,15 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         notes.append("Megatron-LM 2021 DDP: each micro-batch adds every gradient into the "
                      f"{'fp16' if fp16 else 'fp32'} gradient buffer (main_grad.add_), which "
                      "the data-parallel all-reduce reads after the backward")
+    if (fw.startswith(("Megatron-LM", "Megatron-Core")) and not megatron_2021
+            and int(t.get("zero_stage") or 0) <= 1):
+        # Gradient-accumulation fusion (on by default since 2022) adds the weight gradients
+        # into main_grad inside the GEMMs; the DDP hook (Megatron-Core distributed_data_
+        # parallel.py ``_make_param_hook``) still adds the rest each micro-batch: the
+        # embedding tables' dense gradient and the norm weights.
+        out["embedding_grad_hook"] = True
+        notes.append("Megatron DDP hook: embedding-table and norm gradients added into the fp32 "
+                     "main_grad buffer every micro-batch (main_grad.add_)")
     hidden = int((record.model or {}).get("hidden_size") or 0)
     if (fw == "Megatron-LM" and year is not None and year >= 2022
             and hidden in MEGATRON_PERSIST_LN_HIDDEN_SIZES):

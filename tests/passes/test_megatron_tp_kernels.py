@@ -215,6 +215,36 @@ def test_op_sac_reruns_the_fused_bias_dropout_add() -> None:
     assert len(fwd) == 2 and len(rc) == 2
 
 
+def test_fused_grad_accumulation_still_hooks_the_embedding_gradients() -> None:
+    """Megatron-Core fuses the weight-gradient accumulation into the GEMMs, but its DDP hook
+    still adds each micro-batch's embedding-table and norm gradients into the fp32 main_grad
+    (``_make_param_hook``): one node over the word and position tables (and the norm weights),
+    none over the GEMM weights."""
+    from charon_search.catalog import load_model
+    from charon_search.frontend import trace_model
+
+    spec = load_model("mcore-gpt-1.7b")
+    tr = trace_model(spec, phase="train")
+    h, v, pos = spec.hidden_size, spec.vocab_size, 4096  # n_positions of the catalog config
+    ctx = PassContext(embedding_grad_hook=True, debug=True)
+
+    def hooked(block: str, c: PassContext = ctx) -> list:
+        g = parallelize_block(tr.blocks[block], c).backward
+        return [n for n in g.nodes if "grad_accum" in n.tags]
+
+    (emb,) = hooked("embedding")
+    assert emb.bytes_read(1, 4096) == pytest.approx((v + pos) * h * (2 + 4))
+    assert emb.bytes_written(1, 4096) == pytest.approx((v + pos) * h * 4)
+    (dense,) = hooked("dense")  # the two LayerNorms' weight and bias, not the linears
+    assert dense.bytes_written(1, 4096) == pytest.approx(4 * h * 4)
+    assert not hooked("embedding", PassContext(debug=True))
+    recs = {r.id: r for r in load_files(default_files())}
+    mcore = to_case(recs["mcore_h100_weak_1.7b"]).layout
+    assert mcore.embedding_grad_hook and not mcore.grad_accum_hook
+    sc21 = to_case(recs["megatron_sc21_t1_1.7b"]).layout  # 2021: every gradient hooked already
+    assert sc21.grad_accum_hook and not sc21.embedding_grad_hook
+
+
 def test_sc21_records_reduce_gradients_after_the_backward() -> None:
     recs = {r.id: r for r in load_files(default_files())}
     assert not to_case(recs["megatron_sc21_t1_7.5b"]).layout.dp_overlap_grad_reduce
@@ -224,6 +254,7 @@ def test_sc21_records_reduce_gradients_after_the_backward() -> None:
 @pytest.mark.parametrize(("fields", "rule"), [
     (dict(fsdp_flat_grad=True, zero_stage=2), "`fsdp_flat_grad`.*needs `zero_stage` 3"),
     (dict(grad_accum_hook=True, zero_stage=3), "`grad_accum_hook`.*zero_stage` 0 or 1"),
+    (dict(embedding_grad_hook=True, zero_stage=2), "`embedding_grad_hook`.*zero_stage` 0 or 1"),
     (dict(sp_wgrad_regather=True, tp=2), "`sp_wgrad_regather` needs `sequence_parallel`"),
 ])
 def test_framework_facts_without_their_setting_are_refused(fields, rule) -> None:
