@@ -207,6 +207,14 @@ class Layout:
     r0.8; Megatron-LM ``model/distributed.py`` of 2022). One read of the bf16 gradient and a
     read and write of the ``grad_reduce_dtype`` buffer per such local parameter and micro-batch
     (``passes.data_parallel``), ZeRO stage 0 or 1. ``grad_accum_hook`` adds every parameter."""
+    mla_rope_fusion: bool = False
+    """Multi-latent attention runs Megatron-Core's fused RoPE kernels
+    (``apply_rope_fusion``, its default: ``fused_apply_mla_rope_for_q`` /
+    ``fused_apply_mla_rope_for_kv`` in ``megatron/core/fusions/fused_mla_yarn_rope_apply.py``),
+    one kernel per direction for the query and one for the key and value, instead of the
+    traced HF layer's RoPE, ``slice_scatter`` and copy ops and their autograd chain
+    (``passes.mla_rope``). Only MLA attention (value head size differs from the query's) is
+    touched."""
     dp_overlap_grad_reduce: bool = True
     """DDP / ZeRO-1/2: each gradient bucket's data-parallel reduction starts when the last
     backward produces it, overlapped with the rest of the backward (Megatron-Core

@@ -23,7 +23,7 @@ _FLAGS = {  # flag dest -> Layout field
     "attention_kernel": "attention_kernel", "fp8_recipe": "fp8_recipe",
     "selective_policy": "selective_policy", "fsdp_backward_prefetch": "fsdp_backward_prefetch",
     "fsdp_flat_grad": "fsdp_flat_grad", "grad_reduce_dtype": "grad_reduce_dtype",
-    "pp_layout": "pp_layout",
+    "pp_layout": "pp_layout", "mla_rope_fusion": "mla_rope_fusion",
 }
 
 
@@ -101,6 +101,11 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                    help="dtype of the data-parallel gradient reduction: fp32 | bf16 | fp16 "
                         "(default fp32; bf16 = FSDP mixed precision reducing in bf16, "
                         "Composer PURE; fp16 = Megatron-LM fp16 without fp32 accumulation)")
+    g.add_argument("--mla-rope-fusion", dest="mla_rope_fusion", default=None,
+                   action=argparse.BooleanOptionalAction,
+                   help="multi-latent attention runs Megatron-Core's fused query and key/value "
+                        "RoPE kernels (apply_rope_fusion) instead of the HF layer's RoPE and "
+                        "copy ops (default off)")
     g.add_argument("--pp-layout", dest="pp_layout", default=None,
                    help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
                         "virtual stage's layers (t), embedding (E, first) and LM head (L, last); "

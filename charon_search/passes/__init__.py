@@ -11,6 +11,7 @@ from charon_search.passes import (  # noqa: F401 - registration side effects
     eager_norm,
     expert_parallel,
     fusion,
+    mla_rope,
     overlap,
     recompute,
     tensor_parallel,

@@ -105,6 +105,8 @@ class PassContext:
     """Per-micro-batch gradient-buffer accumulation kernel (``Layout.grad_accum_hook``)."""
     embedding_grad_hook: bool = False
     """The same kernel over the parameters no GEMM writes (``Layout.embedding_grad_hook``)."""
+    mla_rope_fusion: bool = False
+    """Megatron-Core's fused MLA RoPE kernels (``Layout.mla_rope_fusion``, ``passes.mla_rope``)."""
     param_gather_dtype: str = "bf16"
     debug: bool = False
     """Run ``ir.check`` after every pass."""
@@ -135,6 +137,7 @@ class PassContext:
             grad_reduce_dtype=getattr(layout, "grad_reduce_dtype", "fp32"),
             grad_accum_hook=getattr(layout, "grad_accum_hook", False),
             embedding_grad_hook=getattr(layout, "embedding_grad_hook", False),
+            mla_rope_fusion=getattr(layout, "mla_rope_fusion", False),
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
             ep_dispatch_bytes=(FP8_DISPATCH_BYTES if getattr(layout, "ep_dispatch_fp8", False)
                                else 0.0),

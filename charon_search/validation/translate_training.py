@@ -84,6 +84,13 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["embedding_grad_hook"] = True
         notes.append("Megatron DDP hook: embedding-table and norm gradients added into the fp32 "
                      "main_grad buffer every micro-batch (main_grad.add_)")
+    mla = str(((record.model or {}).get("extra") or {}).get("attention") or "").upper() == "MLA"
+    if fw.startswith("Megatron-Core") and mla:
+        # MLASelfAttention with apply_rope_fusion (Megatron-Core's default): two fused Triton
+        # RoPE kernels per direction (megatron/core/fusions/fused_mla_yarn_rope_apply.py).
+        out["mla_rope_fusion"] = True
+        notes.append("Megatron-Core MLA: fused query and key/value RoPE kernels "
+                     "(apply_rope_fusion, fused_apply_mla_rope_for_q / _for_kv)")
     hidden = int((record.model or {}).get("hidden_size") or 0)
     if (fw == "Megatron-LM" and year is not None and year >= 2022
             and hidden in MEGATRON_PERSIST_LN_HIDDEN_SIZES):

@@ -1,0 +1,135 @@
+"""Megatron-Core's fused MLA RoPE kernels (pass ``mla_rope``, on with ``Layout.mla_rope_fusion``).
+
+A traced HF multi-latent-attention layer builds its query and key with plain tensor ops: RoPE on
+the query's and the shared key's positional slices (rotate-half products), then
+``new_empty`` + ``copy`` + ``slice_scatter`` to assemble the per-head key from ``k_nope`` and the
+broadcast ``k_pe``. Autograd turns that into a chain of ``new_empty_strided`` / ``copy`` /
+``clone`` / ``zeros_like`` / ``slice_scatter`` / ``cat`` kernels and separate RoPE backward ops,
+each a full pass over the query or key.
+
+Megatron-Core's ``MLASelfAttention`` runs two Triton kernels instead when ``apply_rope_fusion``
+is set (its default; ``--no-rope-fusion`` turns it off):
+``fused_apply_mla_rope_for_q`` (RoPE on the query's positional slice) and
+``fused_apply_mla_rope_for_kv`` (splits ``kv`` into key and value and appends the roped
+``k_pos_emb`` to the key), each with one fused backward kernel
+(``megatron/core/fusions/fused_mla_yarn_rope_apply.py``, used by
+``megatron/core/transformer/multi_latent_attention.py``).
+
+The pass takes, for each MLA attention node (its ``v_head_dim`` differs from ``head_dim``),
+the tensor-op region between the projections and the attention (forward: the ancestors of the
+attention's inputs up to the GEMMs and norms; backward: the ops fed only by the attention
+backward's gradients and by each other, down to the projections' gradient GEMMs) and prices it
+as one kernel that reads the region's external inputs and writes its external outputs, the rule
+``passes.fusion`` applies to a fused RoPE or norm. The region's first op that hands a tensor out
+carries that price; the others become zero-cost joins (``pass:mla_rope``) that keep the data
+flow. Megatron's query kernel works in place on the positional slice, so the region's full
+query read and write overstate it a little.
+"""
+
+from __future__ import annotations
+
+from charon_search.ir import Node, OpGraph, OpKind, Poly
+from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
+
+__all__ = ["MLARopeFusionPass", "mla_rope_region"]
+
+#: Kinds of the tensor ops the fused kernels replace.
+_REGION_KINDS = frozenset({OpKind.COPY, OpKind.ELEMENTWISE, OpKind.REDUCTION})
+_ATTENTION_KINDS = frozenset({OpKind.ATTENTION, OpKind.ATTENTION_BWD})
+JOIN_TARGET = "pass:mla_rope"
+
+
+def _is_mla(node: Node) -> bool:
+    p = node.params
+    if node.kind not in _ATTENTION_KINDS or "v_head_dim" not in p or "head_dim" not in p:
+        return False
+    return p["v_head_dim"] != p["head_dim"]
+
+
+def _in_region(node: Node) -> bool:
+    return (node.kind in _REGION_KINDS and not node.is_comm
+            and not node.target.startswith("pass:fp8"))
+
+
+def mla_rope_region(graph: OpGraph, attn: Node) -> list[Node]:
+    """The query/key assembly ops of MLA attention node ``attn`` (module docstring), in graph
+    order: ancestors of its inputs through tensor ops and, for a backward node, the tensor ops
+    fed only by its gradients and by each other."""
+    producer, index = graph.producer, graph.node_index
+    region: set[int] = set()
+    stack = [t for t in attn.inputs]
+    while stack:
+        t = stack.pop()
+        nid = producer.get(t)
+        if nid is None or nid in region:
+            continue
+        n = graph.node(nid)
+        if _in_region(n):
+            region.add(nid)
+            stack.extend(n.inputs)
+    if attn.kind == OpKind.ATTENTION_BWD:
+        reach = set(attn.outputs)
+        for n in graph.nodes[index[attn.id] + 1:]:
+            if not _in_region(n) or not any(t in reach for t in n.inputs):
+                continue
+            # fed by the gradients and the region only (or by tensors from outside the graph:
+            # saved activations, the RoPE tables), not by another op of this graph
+            if any(t not in reach and t in producer for t in n.inputs):
+                continue
+            region.add(n.id)
+            reach.update(n.outputs)
+    return [n for n in graph.nodes if n.id in region]
+
+
+def _fused(graph: OpGraph, region: list[Node]) -> dict[int, Node]:
+    """Replacement nodes for ``region``: one carrier with the fused kernel's bytes, joins."""
+    inside = {n.id for n in region}
+    produced = {t for n in region for t in n.outputs}
+    ext_in = list(dict.fromkeys(t for n in region for t in n.inputs if t not in produced))
+    graph_out = set(graph.outputs)
+
+    def external(t: int) -> bool:
+        return t in graph_out or any(c not in inside for c in graph.consumers.get(t, ()))
+
+    ext_out = [t for n in region for t in n.outputs if external(t)]
+    carrier = next((n for n in region if any(external(t) for t in n.outputs)), region[-1])
+    out: dict[int, Node] = {}
+    for n in region:
+        if n.id == carrier.id:
+            out[n.id] = n.replace(
+                name=f"fused_mla_rope_{n.name}", kind=OpKind.COPY,
+                flops=sum((m.flops for m in region), Poly()),
+                bytes_read=sum((graph.tensors[t].nbytes for t in ext_in), Poly()),
+                bytes_written=sum((graph.tensors[t].nbytes for t in ext_out), Poly()),
+                params={"numel": sum((graph.tensors[t].numel for t in ext_out), Poly())},
+                target="pass:fusion", tags=n.tags | {"fused", "mla_rope"})
+        else:
+            out[n.id] = n.replace(kind=OpKind.OTHER, target=JOIN_TARGET, flops=Poly(),
+                                  bytes_read=Poly(), bytes_written=Poly(), params={},
+                                  tags=n.tags | {"mla_rope"})
+    return out
+
+
+@PASSES.register("mla_rope")
+class MLARopeFusionPass(Pass):
+    name = "mla_rope"
+
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.mla_rope_fusion
+
+    def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
+        replace: dict[int, Node] = {}
+        for attn in graph.nodes:
+            if not _is_mla(attn):
+                continue
+            region = [n for n in mla_rope_region(graph, attn) if n.id not in replace]
+            if region:
+                replace.update(_fused(graph, region))
+        if not replace:
+            return PassResult(graph, False)
+        return PassResult(graph.with_nodes([replace.get(n.id, n) for n in graph.nodes]), True)
+
+
+must_run_before("fusion", "mla_rope")
+for _after in ("fp8", "tp", "ep", "cp", "recompute"):
+    must_run_before("mla_rope", _after)
