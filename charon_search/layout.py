@@ -213,8 +213,8 @@ class Layout:
     ``fused_apply_mla_rope_for_kv`` in ``megatron/core/fusions/fused_mla_yarn_rope_apply.py``),
     one kernel per direction for the query and one for the key and value, instead of the
     traced HF layer's RoPE, ``slice_scatter`` and copy ops and their autograd chain
-    (``passes.mla_rope``). Only MLA attention (value head size differs from the query's) is
-    touched."""
+    (``passes.mla_rope``). Only multi-latent attention is touched; ``validate_for`` refuses it
+    for a model without MLA."""
     dp_overlap_grad_reduce: bool = True
     """DDP / ZeRO-1/2: each gradient bucket's data-parallel reduction starts when the last
     backward produces it, overlapped with the rest of the backward (Megatron-Core
@@ -432,6 +432,9 @@ class Layout:
                 f"them all)")
         if self.ep > 1 and not model.is_moe:
             raise ConfigError(f"`ep > 1` needs a MoE model, but {model.name} is dense")
+        if self.mla_rope_fusion and model.attention != "mla":
+            raise ConfigError(f"`mla_rope_fusion` needs multi-latent attention, but "
+                              f"{model.name} has attention={model.attention!r}")
         if model.is_moe and model.num_experts % self.ep:
             raise ConfigError(
                 f"`ep` must divide num_experts, but got "

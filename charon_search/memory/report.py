@@ -418,9 +418,12 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
                               dense_shards=dense_shards, expert_shards=expert_shards,
                               recipe=recipe)
         if no_sync and layout.dp * layout.cp > 1:
-            # Unsharded accumulated gradients replace the sharded ones until the step.
-            states = dataclasses.replace(
-                states, grads_bytes=(dense + expert) * recipe.grad_bytes)
+            # Unsharded accumulated gradients replace the sharded ones until the step. FSDP2
+            # accumulates them in its reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``;
+            # bf16 when it reduces in the parameters' dtype).
+            acc_b = ((recipe.reduce_buffer_bytes or recipe.grad_bytes) if recipe.fsdp
+                     else recipe.grad_bytes)
+            states = dataclasses.replace(states, grads_bytes=(dense + expert) * acc_b)
         # FSDP/DDP buffers (caching-allocator tensors) at the loss peak and at a layer's peak.
         buf_loss, buf_layer = _buffers(layout, recipe, opts, dense_shards=dense_shards,
                                        prefetch=prefetch, unit_max=unit_max,

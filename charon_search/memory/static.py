@@ -47,10 +47,10 @@ class StateRecipe:
     gathered_param_bytes: float = 2.0
     """ZeRO-3/FSDP: bytes of one all-gathered (unsharded) parameter in flight."""
     reduce_buffer_bytes: float = 0.0
-    """Bytes per parameter of the reduce-scatter input buffer of one unit when gradients are
-    reduced in another dtype (FSDP2 ``reduce_dtype=float32`` copies the unit's bf16 gradients
-    into an fp32 buffer: ``foreach_reduce`` in ``torch/distributed/fsdp/_fully_shard/
-    _fsdp_collectives.py``)."""
+    """Bytes per parameter of the reduce-scatter input buffer of one unit (FSDP2's
+    ``foreach_reduce`` copies the unit's gradients into a buffer of its ``reduce_dtype``, fp32
+    or the parameters' bf16 alike: ``torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py``; ``memory.report`` sizes it in ``Layout.grad_reduce_dtype``)."""
     fsdp: bool = False
     """PyTorch FSDP semantics: ``param_bytes`` is the sharded storage (sharded from stage 2 on),
     and stage 2 (no reshard after forward) also holds every gathered ``gathered_param_bytes``

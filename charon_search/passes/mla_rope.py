@@ -15,7 +15,8 @@ is set (its default; ``--no-rope-fusion`` turns it off):
 (``megatron/core/fusions/fused_mla_yarn_rope_apply.py``, used by
 ``megatron/core/transformer/multi_latent_attention.py``).
 
-The pass takes, for each MLA attention node (its ``v_head_dim`` differs from ``head_dim``),
+The pass takes, for each MLA attention node (one of a module with the MLA down-projection
+``kv_a_proj_with_mqa``; GLM-5's MLA has equal query/key and value head sizes, 256),
 the tensor-op region between the projections and the attention (forward: the ancestors of the
 attention's inputs up to the GEMMs and norms; backward: the ops fed only by the attention
 backward's gradients and by each other, down to the projections' gradient GEMMs) and prices it
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from charon_search.ir import Node, OpGraph, OpKind, Poly
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
+from charon_search.passes.tensor_parallel import is_replicated_gemm
 
 __all__ = ["MLARopeFusionPass", "mla_rope_region"]
 
@@ -39,11 +41,24 @@ _ATTENTION_KINDS = frozenset({OpKind.ATTENTION, OpKind.ATTENTION_BWD})
 JOIN_TARGET = "pass:mla_rope"
 
 
-def _is_mla(node: Node) -> bool:
-    p = node.params
-    if node.kind not in _ATTENTION_KINDS or "v_head_dim" not in p or "head_dim" not in p:
+def _mla_modules(graph: OpGraph) -> frozenset[str]:
+    """Module paths of the graph's MLA attention modules: those with the MLA key/value
+    down-projection (``kv_a_proj_with_mqa``, the GEMM the TP pass keeps replicated)."""
+    return frozenset(n.module_path.rpartition(".")[0] for n in graph.nodes
+                     if n.kind == OpKind.GEMM and is_replicated_gemm(n)
+                     and n.module_path.endswith("kv_a_proj_with_mqa"))
+
+
+def _is_mla(node: Node, mla_modules: frozenset[str] = frozenset()) -> bool:
+    """An attention node of multi-latent attention: its module has the MLA down-projection
+    (``mla_modules``), or its value head size differs from the query's. The head sizes alone
+    miss GLM-5 (query/key 192 + 64 = value 256)."""
+    if node.kind not in _ATTENTION_KINDS:
         return False
-    return p["v_head_dim"] != p["head_dim"]
+    if node.module_path in mla_modules:
+        return True
+    p = node.params
+    return "v_head_dim" in p and "head_dim" in p and p["v_head_dim"] != p["head_dim"]
 
 
 def _in_region(node: Node) -> bool:
@@ -119,8 +134,9 @@ class MLARopeFusionPass(Pass):
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
         replace: dict[int, Node] = {}
+        mla = _mla_modules(graph)
         for attn in graph.nodes:
-            if not _is_mla(attn):
+            if not _is_mla(attn, mla):
                 continue
             region = [n for n in mla_rope_region(graph, attn) if n.id not in replace]
             if region:
@@ -131,5 +147,7 @@ class MLARopeFusionPass(Pass):
 
 
 must_run_before("fusion", "mla_rope")
-for _after in ("fp8", "tp", "ep", "cp", "recompute"):
+# eager_attention replaces the attention nodes the region is found from (Megatron's unfused
+# core attention still runs the fused RoPE kernels).
+for _after in ("eager_attention", "fp8", "tp", "ep", "cp", "recompute"):
     must_run_before("mla_rope", _after)

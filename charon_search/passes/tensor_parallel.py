@@ -319,6 +319,12 @@ class _TPWalker:
                 and node.name.startswith("fp8_quantize_t") and len(act_in) == 1
                 and self.st(self.cur(act_in[0])) == "R"):
             return None
+        # Only the casts of a TP-sharded linear (ColwiseParallel / RowwiseParallel): a routed
+        # expert's or a replicated MLA down-projection's wgrad cast reads the tensor its GEMM
+        # reads, with no TP all-gather in between.
+        if is_replicated_gemm(node) or not (node.role in COLUMN_ROLES or node.role in ROW_ROLES
+                                            or node.role == Role.MOE_SHARED):
+            return None
         t = act_in[0]
         fwd = self.graph.meta.get("forward_graph")
         saved = t in self.graph.inputs and fwd is not None and t in fwd.tensors

@@ -246,3 +246,19 @@ def test_gradient_buffers_follow_the_reduce_dtype(llama, dtype: str, grad_b: int
     assert _recipe(opts, fsdp).grad_bytes == 4  # the sharded fp32 gradient itself
     # the ZeRO-paper default keeps its fp16 gradients whatever the reduce dtype
     assert _recipe(MemoryOptions(), fsdp).grad_bytes == 2
+
+
+@pytest.mark.parametrize("dtype,grad_b", [("fp32", 4), ("bf16", 2)])
+def test_fsdp2_no_sync_accumulates_in_the_reduce_dtype(llama, dtype: str, grad_b: int) -> None:
+    """Pipelined FSDP2 (no gradient sync between micro-batches) keeps the unsharded gradients
+    in its reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``): 2 B/param when it
+    reduces in bf16, 4 B/param in fp32; the sharded fp32 parameters stay 4 B."""
+    spec, prof = llama
+    lay = Layout(dp=2, pp=2, schedule="1f1b", zero_stage=3, micro_batch_size=1,
+                 global_batch_size=8, seq_len=S, grad_reduce_dtype=dtype)
+    rep = memory_report(spec, lay, toy_cluster(), profile=prof,
+                        options=MemoryOptions.for_framework("torchtitan"))
+    st = rep.stages[0]
+    assert rep.assumptions["fsdp_no_sync_accumulation"]
+    # params: fp32, sharded over dp=2; grads: unsharded in the reduce dtype
+    assert st.grads_bytes == pytest.approx(st.params_bytes * 2 / 4 * grad_b)

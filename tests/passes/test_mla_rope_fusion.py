@@ -90,3 +90,30 @@ def test_only_mla_and_only_when_asked() -> None:
     assert to_case(recs["deepseek_v3_gb200_mcore_final_hybridep"]).layout.mla_rope_fusion
     # DeepSeek's own framework (not Megatron-Core): no source says what it runs
     assert not to_case(recs["deepseek_v3_pretrain_2048_h800"]).layout.mla_rope_fusion
+
+
+def test_mla_with_equal_head_sizes_is_fused() -> None:
+    # GLM-5's MLA: query/key head 192 + 64 = value head 256, so the head sizes alone do not
+    # tell it from MHA; its kv_a_proj_with_mqa down-projection does.
+    blk = trace_model("glm-5", phase="train", dtype="bf16").blocks["dense"]
+    pb = parallelize_block(blk, PassContext(fused_kernels=True, mla_rope_fusion=True, debug=True))
+    assert len(_fused(pb.forward)) == 1 and len(_fused(pb.backward)) == 1
+
+
+def test_fused_under_eager_attention(dense_block) -> None:
+    # Megatron's unfused core attention still runs the fused RoPE kernels: the pass must see
+    # the attention nodes before eager_attention expands them.
+    pb = parallelize_block(dense_block, PassContext(fused_kernels=True, mla_rope_fusion=True,
+                                                    attention_kernel="eager", debug=True))
+    assert len(_fused(pb.forward)) == 1 and len(_fused(pb.backward)) == 1
+
+
+def test_refused_without_mla() -> None:
+    from charon_search.catalog import load_model
+    from charon_search.errors import ConfigError
+    from charon_search.layout import Layout
+
+    lay = Layout(mla_rope_fusion=True)
+    lay.validate_for(load_model("deepseek-v3"))
+    with pytest.raises(ConfigError, match="`mla_rope_fusion` needs multi-latent attention"):
+        lay.validate_for(load_model("llama-3.1-8b"))

@@ -399,3 +399,23 @@ def test_fp8_rowwise_sp_wgrad_casts_read_the_whole_gathered_tensor() -> None:
     # no extra collective: as many TP all-gathers in the backward as in bf16
     assert len(_tp_comm(rw.backward, OpKind.ALL_GATHER)) == \
         len(_tp_comm(bf.backward, OpKind.ALL_GATHER))
+
+
+def test_fp8_rowwise_sp_routed_expert_wgrad_casts_are_not_gathered() -> None:
+    # Routed experts run on the rank's own (sequence-sharded) tokens: their wgrad casts read
+    # what the grouped GEMMs read, with no TP all-gather (only ColwiseParallel inputs and
+    # RowwiseParallel output gradients are whole); the fp8 backward has bf16's TP all-gathers.
+    def block(prec: str):
+        return parallelize_block(synthetic_block("moe"), PassContext(
+            precision=prec, fp8_recipe="rowwise", tp=2, ep=1, sequence_parallel=True,
+            debug=True))
+
+    rw, bf = block("fp8"), block("bf16")
+    assert len(_tp_comm(rw.backward, OpKind.ALL_GATHER)) == \
+        len(_tp_comm(bf.backward, OpKind.ALL_GATHER))
+    producer = {o: n for n in rw.backward.nodes for o in n.outputs}
+    expert_casts = [n for n in rw.backward.nodes if n.name.startswith("fp8_quantize_t")
+                    and n.role == Role.MOE_EXPERT]
+    assert expert_casts
+    assert not any(producer.get(n.inputs[0]) is not None
+                   and producer[n.inputs[0]].kind == OpKind.ALL_GATHER for n in expert_casts)
