@@ -21,7 +21,7 @@ the tensor-op region between the projections and the attention (forward: the anc
 attention's inputs up to the GEMMs and norms; backward: the ops fed only by the attention
 backward's gradients and by each other, down to the projections' gradient GEMMs) and prices it
 as one kernel that reads the region's external inputs and writes its external outputs, the rule
-``passes.fusion`` applies to a fused RoPE or norm. The region's first op that hands a tensor out
+``passes.fusion`` applies to a fused RoPE or norm. The region's last op that hands a tensor out
 carries that price; the others become zero-cost joins (``pass:mla_rope``) that keep the data
 flow. Megatron's query kernel works in place on the positional slice, so the region's full
 query read and write overstate it a little.
@@ -107,7 +107,10 @@ def _fused(graph: OpGraph, region: list[Node]) -> dict[int, Node]:
         return t in graph_out or any(c not in inside for c in graph.consumers.get(t, ()))
 
     ext_out = [t for n in region for t in n.outputs if external(t)]
-    carrier = next((n for n in region if any(external(t) for t in n.outputs)), region[-1])
+    # The last op that hands a tensor out: by then the region's inputs all exist (the forward's
+    # key assembly comes after the kv up-projection it reads).
+    carrier = next((n for n in reversed(region) if any(external(t) for t in n.outputs)),
+                   region[-1])
     out: dict[int, Node] = {}
     for n in region:
         if n.id == carrier.id:
