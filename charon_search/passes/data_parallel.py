@@ -21,7 +21,7 @@ from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly
 from charon_search.layout import shard_groups
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
-from charon_search.passes.params import local_params
+from charon_search.passes.params import local_param_tensors, local_params
 
 __all__ = ["FullyShardedPass", "GradAccumulationPass", "gradient_predivide_factor"]
 
@@ -166,10 +166,11 @@ class GradAccumulationPass(Pass):
     elementwise add per parameter tensor over the rank's whole parameter shard, reading the
     fresh half-precision gradient and the buffer (``grad_reduce_dtype``: fp16 for an fp16 run
     without ``--accumulate-allreduce-grads-in-fp32``, fp32 with it or under bf16) and writing
-    the buffer. Added to each layer's backward graph as one elementwise node after the layer's
-    weight gradients; ``--gradient-accumulation-fusion`` (2022) moved it into the GEMM.
-    The hook still adds the gradients no GEMM writes (``Layout.embedding_grad_hook``: the
-    embedding tables' dense gradient, norm weights): the same node over those parameters only.
+    the buffer. Added to each layer's backward graph as one elementwise node per parameter
+    tensor after the layer's weight gradients; ``--gradient-accumulation-fusion`` (2022) moved
+    it into the weight-gradient GEMMs. The hook still adds the gradients no such GEMM writes
+    (``Layout.embedding_grad_hook``: the embedding tables' dense gradient, norm weights, linear
+    biases, router weights): the same nodes over those tensors only.
     """
 
     name = "grad_accum"
@@ -184,13 +185,12 @@ class GradAccumulationPass(Pass):
         if graph.meta.get("direction") != "backward":
             return PassResult(graph, False)
         fwd = graph.meta.get("forward_graph", graph)
-        numel = local_params(fwd, tp=ctx.tp, ep=ctx.ep).numel
-        # Fused accumulation: only the parameters that no GEMM reads (their gradient comes
-        # from an embedding or norm backward, not from a weight-gradient GEMM).
+        # Fused accumulation: only the tensors whose gradient no weight-gradient GEMM adds
+        # itself (biases, norm weights, embedding tables, router weights).
         unfused = not ctx.grad_accum_hook
-        if unfused:
-            numel -= local_params(fwd, tp=ctx.tp, ep=ctx.ep, gemm_weights=True).numel
-        if numel <= 0:
+        sizes = [numel for numel, _, fused in local_param_tensors(fwd, tp=ctx.tp, ep=ctx.ep)
+                 if numel > 0 and not (unfused and fused)]
+        if not sizes:
             return PassResult(graph, False)
         gb = GraphBuilder(graph)
         grads: list[int] = []
@@ -200,10 +200,11 @@ class GradAccumulationPass(Pass):
                                       and n.kind in (OpKind.EMBEDDING, OpKind.NORM)):
                 grads.extend(added.outputs)
         acc = DTYPE_BYTES[ctx.grad_reduce_dtype]
-        n_ = Poly.const(numel)
-        _stream_node(gb, "grad_accumulate", OpKind.ELEMENTWISE, tuple(grads), n_,
-                     DTYPE_BYTES[GRAD_COMPUTE_DTYPE] + acc, acc, ctx.grad_reduce_dtype,
-                     target="pass:grad_accum", role="dp.grad", tag="grad_accum", flops=n_)
+        for numel in sizes:  # the hook's add_ runs once per parameter tensor
+            n_ = Poly.const(numel)
+            _stream_node(gb, "grad_accumulate", OpKind.ELEMENTWISE, tuple(grads), n_,
+                         DTYPE_BYTES[GRAD_COMPUTE_DTYPE] + acc, acc, ctx.grad_reduce_dtype,
+                         target="pass:grad_accum", role="dp.grad", tag="grad_accum", flops=n_)
         return PassResult(gb.finish(), True)
 
 

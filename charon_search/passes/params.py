@@ -25,33 +25,51 @@ class LocalParams:
         return self.dense_numel + self.expert_numel
 
 
-def local_params(forward: OpGraph, *, tp: int = 1, ep: int = 1,
-                 gemm_weights: bool = False) -> LocalParams:
+def local_params(forward: OpGraph, *, tp: int = 1, ep: int = 1) -> LocalParams:
     """Split the forward graph's parameters into per-rank dense and expert counts.
 
     TP shards the weights of column/row GEMMs, shared experts and the vocab-parallel embedding
     and LM head; EP shards routed expert weights; norms, routers and MLA down-projections are
-    replicated. ``gemm_weights``: count only the parameters a GEMM or grouped GEMM reads.
+    replicated.
     """
+    dense = expert = 0.0
+    for numel, is_expert, _ in local_param_tensors(forward, tp=tp, ep=ep):
+        if is_expert:
+            expert += numel
+        else:
+            dense += numel
+    return LocalParams(dense_numel=dense, expert_numel=expert)
+
+
+def local_param_tensors(forward: OpGraph, *, tp: int = 1, ep: int = 1
+                        ) -> list[tuple[float, bool, bool]]:
+    """``(local elements, routed expert, fused-accumulation weight)`` of each parameter tensor
+    of the forward graph, sharded as ``local_params`` shards them. The last flag marks the
+    matrices whose weight-gradient GEMM can add into a gradient buffer itself (Megatron's
+    ``--gradient-accumulation-fusion``: a column / row / shared-expert or routed-expert weight
+    read by a (grouped) GEMM); biases, norm weights, embedding tables and router weights get
+    their gradients from other kernels."""
     readers: dict[int, list] = {}
     for n in forward.nodes:
         for t in n.inputs:
             readers.setdefault(t, []).append(n)
-    dense = expert = 0.0
+    out: list[tuple[float, bool, bool]] = []
     for t in forward.param_tensors:
-        numel = forward.tensors[t].numel.const_value()
+        spec = forward.tensors[t]
+        numel = spec.numel.const_value()
         users = readers.get(t, [])
-        if gemm_weights and not any(u.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM)
-                                    for u in users):
-            continue
+        matrix = len(spec.shape) >= 2
         if any(u.kind == OpKind.GROUPED_GEMM for u in users):
-            expert += numel / ep
-        elif any(
+            out.append((numel / ep, True, matrix))
+            continue
+        gemm = matrix and any(u.kind == OpKind.GEMM and u.role != Role.MOE_ROUTER
+                              for u in users)
+        if any(
             (u.kind == OpKind.GEMM and not is_replicated_gemm(u) and (
                 u.role in COLUMN_ROLES or u.role in ROW_ROLES or u.role == Role.MOE_SHARED))
             or u.kind == OpKind.EMBEDDING for u in users
         ):
-            dense += numel / tp
+            out.append((numel / tp, False, gemm))
         else:
-            dense += numel
-    return LocalParams(dense_numel=dense, expert_numel=expert)
+            out.append((numel, False, gemm))
+    return out

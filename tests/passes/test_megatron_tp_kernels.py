@@ -135,26 +135,28 @@ def test_records_get_the_megatron_code_of_their_year() -> None:
 @pytest.mark.parametrize(("reduce_dtype", "acc"), [("fp16", 2), ("fp32", 4)])
 def test_megatron_2021_adds_every_gradient_into_the_buffer_each_micro_batch(
         reduce_dtype: str, acc: int) -> None:
-    """``main_grad.add_(grad)`` per parameter: one elementwise node per layer backward reading
-    the fresh 2-byte gradient and the buffer and writing the buffer, over the rank's TP shard
-    of the layer's parameters (synthetic dense layer: 12 h^2 weights + 4 h norm params)."""
+    """``main_grad.add_(grad)`` per parameter: one elementwise node per parameter tensor in
+    each layer backward reading the fresh 2-byte gradient and the buffer and writing the
+    buffer, over the rank's TP shard of the layer's parameters (synthetic dense layer:
+    12 h^2 weights + 4 h norm params)."""
     from charon_search.passes import local_params
 
     ctx = PassContext(tp=2, grad_accum_hook=True, grad_reduce_dtype=reduce_dtype, debug=True)
     blk = synthetic_block("dense")
     pb = parallelize_block(blk, ctx)
     acc_nodes = [n for n in pb.backward.nodes if "grad_accum" in n.tags]
-    assert len(acc_nodes) == 1 and not [n for n in pb.forward.nodes if "grad_accum" in n.tags]
+    assert len(acc_nodes) == len(blk.forward.param_tensors)  # one add_ per tensor
+    assert not [n for n in pb.forward.nodes if "grad_accum" in n.tags]
     numel = local_params(blk.forward, tp=2).numel
     assert numel == pytest.approx(local_params(pb.forward, tp=2).numel)
-    node = acc_nodes[0]
-    assert node.bytes_read(B, S) == pytest.approx(numel * (2 + acc))
-    assert node.bytes_written(B, S) == pytest.approx(numel * acc)
+    assert sum(n.bytes_read(B, S) for n in acc_nodes) == pytest.approx(numel * (2 + acc))
+    assert sum(n.bytes_written(B, S) for n in acc_nodes) == pytest.approx(numel * acc)
     from charon_search.passes._rewrite import gemm_kind
 
     wgrads = {t for n in pb.backward.nodes if n.kind == OpKind.GEMM and gemm_kind(n) == "wgrad"
               for t in n.outputs}
-    assert len(wgrads) >= 4 and set(node.inputs) == wgrads  # after every weight gradient
+    assert len(wgrads) >= 4
+    assert all(set(n.inputs) == wgrads for n in acc_nodes)  # after every weight gradient
     plain = parallelize_block(blk, PassContext(tp=2, debug=True))
     assert not [n for n in plain.backward.nodes if "grad_accum" in n.tags]
 
@@ -194,9 +196,11 @@ def test_sp_regather_on_biased_linears_gathers_each_saved_input_once(
 
 def test_grad_accum_hook_needs_an_unsharded_gradient_buffer() -> None:
     """ZeRO-3 shards the gradients: no per-micro-batch add over the whole layer there."""
-    for zero, expected in ((0, 1), (1, 1), (3, 0)):
+    blk = synthetic_block("dense")
+    tensors = len(blk.forward.param_tensors)  # one add_ per parameter tensor
+    for zero, expected in ((0, tensors), (1, tensors), (3, 0)):
         ctx = PassContext(dp=2, zero_stage=zero, grad_accum_hook=True, debug=True)
-        pb = parallelize_block(synthetic_block("dense"), ctx)
+        pb = parallelize_block(blk, ctx)
         assert len([n for n in pb.backward.nodes if "grad_accum" in n.tags]) == expected
 
 
@@ -217,9 +221,10 @@ def test_op_sac_reruns_the_fused_bias_dropout_add() -> None:
 
 def test_fused_grad_accumulation_still_hooks_the_embedding_gradients() -> None:
     """Megatron-Core fuses the weight-gradient accumulation into the GEMMs, but its DDP hook
-    still adds each micro-batch's embedding-table and norm gradients into the fp32 main_grad
-    (``_make_param_hook``): one node over the word and position tables (and the norm weights),
-    none over the GEMM weights."""
+    still adds each micro-batch's embedding-table, norm and bias gradients into the fp32
+    main_grad (``_make_param_hook``): one node per such tensor (the word and position tables;
+    per layer the two LayerNorms' weight and bias and the four linears' biases, 13 h), none
+    over the GEMM weight matrices."""
     from charon_search.catalog import load_model
     from charon_search.frontend import trace_model
 
@@ -232,11 +237,15 @@ def test_fused_grad_accumulation_still_hooks_the_embedding_gradients() -> None:
         g = parallelize_block(tr.blocks[block], c).backward
         return [n for n in g.nodes if "grad_accum" in n.tags]
 
-    (emb,) = hooked("embedding")
-    assert emb.bytes_read(1, 4096) == pytest.approx((v + pos) * h * (2 + 4))
-    assert emb.bytes_written(1, 4096) == pytest.approx((v + pos) * h * 4)
-    (dense,) = hooked("dense")  # the two LayerNorms' weight and bias, not the linears
-    assert dense.bytes_written(1, 4096) == pytest.approx(4 * h * 4)
+    emb = hooked("embedding")
+    assert sorted(n.bytes_written(1, 4096) for n in emb) == pytest.approx(
+        [pos * h * 4, v * h * 4])
+    assert sum(n.bytes_read(1, 4096) for n in emb) == pytest.approx((v + pos) * h * (2 + 4))
+    dense = hooked("dense")  # LayerNorm weights and biases, qkv / proj / fc1 / fc2 biases
+    assert len(dense) == 8
+    assert sum(n.bytes_written(1, 4096) for n in dense) == pytest.approx((4 + 3 + 1 + 4 + 1)
+                                                                          * h * 4)
+    assert len(hooked("lm_head")) == 2  # the final LayerNorm; the output weight is fused
     assert not hooked("embedding", PassContext(debug=True))
     recs = {r.id: r for r in load_files(default_files())}
     mcore = to_case(recs["mcore_h100_weak_1.7b"]).layout
