@@ -36,6 +36,10 @@ same whole tensors: torchao's ``matmul_with_hp_or_float8_args.backward`` casts t
 incoming ``grad_output`` (the all-gathered gradient of a ``RowwiseParallel`` linear's
 reduce-scattered output) along dim 0 from bf16: those casts cost the gathered size, not the
 shard's, and a row GEMM's output gradient is gathered once for its dgrad and wgrad casts.
+With per-tensor scales (``tensorwise``, ``delayed``) the gathered tensors are fp8, and the
+weight gradient reads a transpose of the whole gathered fp8 tensor (its operand must be
+contiguous along the tokens: torchao's float8 TP, Transformer Engine's ``fp8_transpose`` of the
+gathered input), one byte read and one written per element, in place of the ``_t`` cast.
 
 DeepSeek Sparse Attention's lightning indexer (role ``attn.indexer``) is replicated: every rank
 runs all its heads over the whole key cache (SGLang ``nsa_indexer.py``: ``ReplicatedLinear``).
@@ -53,7 +57,7 @@ concatenated q and k variances). Per-head norms (Qwen3) need none.
 from __future__ import annotations
 
 from charon_search.errors import PassError
-from charon_search.ir import Node, OpGraph, OpKind, Phase, Role
+from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind, scale_node, shard_gemm
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult
 
@@ -125,20 +129,29 @@ class TensorParallelPass(Pass):
             raise PassError(f"tp: graph {graph.name!r} already has TP collectives")
 
     def run(self, graph: OpGraph, ctx: PassContext) -> PassResult:
-        hp = ctx.precision == "fp8" and ctx.fp8_recipe in HP_GATHER_FP8_RECIPES
+        fp8 = ctx.precision == "fp8"
+        hp = fp8 and ctx.fp8_recipe in HP_GATHER_FP8_RECIPES
+        transpose = fp8 and ctx.fp8_recipe in FP8_TRANSPOSE_WGRAD_RECIPES
         return PassResult(_TPWalker(graph, ctx.tp, ctx.sequence_parallel, hp_gather=hp,
+                                    fp8_transpose=transpose,
                                     regather=ctx.sp_wgrad_regather,
                                     async_allreduce=ctx.tp_async_allreduce).walk(), True)
 
 
 #: fp8 recipes whose SP all-gather moves the bf16 input (see the module docstring).
 HP_GATHER_FP8_RECIPES = frozenset({"rowwise"})
+#: fp8 recipes whose SP all-gather moves the fp8 copy and whose weight gradient then reads a
+#: transpose of the gathered fp8 tensor (per-tensor scales survive a transpose; block scales
+#: do not): see the module docstring.
+FP8_TRANSPOSE_WGRAD_RECIPES = frozenset({"tensorwise", "delayed"})
 
 
 class _TPWalker:
     def __init__(self, graph: OpGraph, tp: int, sp: bool, *, hp_gather: bool = False,
-                 regather: bool = False, async_allreduce: bool = True) -> None:
+                 fp8_transpose: bool = False, regather: bool = False,
+                 async_allreduce: bool = True) -> None:
         self.graph, self.tp, self.sp = graph, tp, sp
+        self.fp8_transpose = fp8_transpose
         self.async_allreduce = async_allreduce
         # SP, Megatron: the backward re-gathers each column GEMM's saved input (``regather``).
         self.wgrad_of: dict[str, Node] = {}
@@ -315,15 +328,7 @@ class _TPWalker:
         forward graph (DTensor saves the all-gather's output, the input the linear saw), so the
         cast keeps its input.
         """
-        if not (self.hp_gather and self.sp and node.target == "pass:fp8"
-                and node.name.startswith("fp8_quantize_t") and len(act_in) == 1
-                and self.st(self.cur(act_in[0])) == "R"):
-            return None
-        # Only the casts of a TP-sharded linear (ColwiseParallel / RowwiseParallel): a routed
-        # expert's or a replicated MLA down-projection's wgrad cast reads the tensor its GEMM
-        # reads, with no TP all-gather in between.
-        if is_replicated_gemm(node) or not (node.role in COLUMN_ROLES or node.role in ROW_ROLES
-                                            or node.role == Role.MOE_SHARED):
+        if not (self.hp_gather and self._gathered_wgrad_cast(node, act_in)):
             return None
         t = act_in[0]
         fwd = self.graph.meta.get("forward_graph")
@@ -331,6 +336,33 @@ class _TPWalker:
         if self.cur(t) in self.hp_gathered or not saved:
             return (self._hp_all_gather(t, node),)
         return node.inputs
+
+    def _gathered_wgrad_cast(self, node: Node, act_in: list[int]) -> bool:
+        """Under SP: ``node`` is the fp8 pass's weight-gradient copy (``fp8_quantize_t_*``) of a
+        sequence-sharded tensor of a TP-sharded linear (ColwiseParallel / RowwiseParallel),
+        whose weight gradient reads the tensor all-gathered. A routed expert's or a replicated
+        MLA down-projection's copy reads the tensor its GEMM reads, with no TP all-gather."""
+        if not (self.sp and node.target == "pass:fp8" and node.name.startswith("fp8_quantize_t")
+                and len(act_in) == 1 and self.st(self.cur(act_in[0])) == "R"):
+            return False
+        return not is_replicated_gemm(node) and (node.role in COLUMN_ROLES
+                                                 or node.role in ROW_ROLES
+                                                 or node.role == Role.MOE_SHARED)
+
+    def _fp8_transpose(self, node: Node, act_in: list[int]) -> Node | None:
+        """Per-tensor-scaled fp8 under SP (``FP8_TRANSPOSE_WGRAD_RECIPES``): the weight
+        gradient's copy of a gathered input or output gradient is a transpose of the whole
+        all-gathered fp8 tensor (one byte read, one written per element: torchao's float8 TP
+        gathers the fp8 copy and ``_scaled_mm`` needs the transposed operand contiguous;
+        Transformer Engine's ``fp8_transpose`` of the gathered input), not a cast of the
+        rank's shard; ``None`` for any other node."""
+        if not (self.fp8_transpose and self._gathered_wgrad_cast(node, act_in)
+                and "numel" in node.params):
+            return None
+        numel = node.params["numel"]
+        return node.replace(flops=Poly(), bytes_read=numel * DTYPE_BYTES["fp8"],
+                            bytes_written=numel * DTYPE_BYTES["fp8"],
+                            name=node.name.replace("fp8_quantize_t", "fp8_transpose", 1))
 
     def flush_dangling(self, node: Node) -> tuple[int, ...]:
         """Reduce partial sums no op in this graph reads (their sum was traced elsewhere or
@@ -387,8 +419,11 @@ class _TPWalker:
                         self.reduce(self.cur(t), node)
                 states = {self.st(self.cur(t)) for t in act_in}
                 whole = self._whole_wgrad_cast(node, act_in)
+                transposed = None if whole is not None else self._fp8_transpose(node, act_in)
                 if whole is not None:
                     out_state, new = "F", node  # the gathered tensor's cast, unscaled
+                elif transposed is not None:
+                    out_state, new = "F", transposed  # the gathered fp8 tensor's transpose
                 elif node.kind == OpKind.EMBEDDING and node.phase == Phase.FORWARD:
                     out_state, new = "P", node  # vocab-parallel lookup: partial rows per rank
                 elif node.kind == OpKind.EMBEDDING:

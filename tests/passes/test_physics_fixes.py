@@ -419,3 +419,28 @@ def test_fp8_rowwise_sp_routed_expert_wgrad_casts_are_not_gathered() -> None:
     assert expert_casts
     assert not any(producer.get(n.inputs[0]) is not None
                    and producer[n.inputs[0]].kind == OpKind.ALL_GATHER for n in expert_casts)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_fp8_sp_wgrad_reads_a_transpose_of_the_gathered_fp8_tensor(recipe: str) -> None:
+    # Per-tensor scales: the input (ColwiseParallel) and the output gradient (RowwiseParallel)
+    # are gathered in fp8, and the weight gradient reads a transpose of the whole gathered fp8
+    # tensor (1 B read + 1 B written per element), not a cast of the rank's sequence shard.
+    def block(tp: int):
+        return parallelize_block(synthetic_block("dense"), PassContext(
+            precision="fp8", fp8_recipe=recipe, tp=tp, sequence_parallel=tp > 1, debug=True))
+
+    tp4, one = block(4), block(1)
+    numel = {n.name: float(n.params["numel"](2, 64)) for n in one.backward.nodes
+             if n.name.startswith("fp8_quantize_t")}
+    tr = [n for n in tp4.backward.nodes if n.name.startswith("fp8_transpose")]
+    # attention and MLP input (q/k/v and gate/up share one copy), o_proj and down_proj grads
+    assert len(tr) == 4
+    for n in tr:
+        full = numel[n.name.replace("fp8_transpose", "fp8_quantize_t", 1)]
+        assert n.bytes_read(2, 64) == pytest.approx(full)
+        assert n.bytes_written(2, 64) == pytest.approx(full)
+    # block scales do not survive a transpose: no transposes there
+    blockwise = parallelize_block(synthetic_block("dense"), PassContext(
+        precision="fp8", fp8_recipe="blockwise", tp=4, sequence_parallel=True, debug=True))
+    assert not [n for n in blockwise.backward.nodes if n.name.startswith("fp8_transpose")]
