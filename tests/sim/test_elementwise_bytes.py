@@ -63,8 +63,9 @@ def test_ops_above_the_measured_range_keep_the_predicted_time() -> None:
     ctx = PassContext(grad_accum_hook=True, grad_reduce_dtype="fp32", debug=True)
     pb = parallelize_block(synthetic_block("dense"), ctx)
     cg = GraphCoster(cl, _Flat("predictor", 1.0), strides={"tp": 1}).cost(pb.backward, 8, 4096)
-    (acc,) = [(n, d * 1e3) for n, d in zip(pb.backward.nodes, cg.durations_s, strict=True)
-              if "grad_accum" in n.tags]
-    n, got = acc
-    assert float(n.bytes(8, 4096)) / float(n.params["numel"](8, 4096)) == 10.0
-    assert got == pytest.approx(1.0)
+    acc = [(n, d * 1e3) for n, d in zip(pb.backward.nodes, cg.durations_s, strict=True)
+           if "grad_accum" in n.tags]
+    assert len(acc) == len(pb.forward.param_tensors)  # one add_ per parameter tensor
+    for n, got in acc:
+        assert float(n.bytes(8, 4096)) / float(n.params["numel"](8, 4096)) == 10.0
+        assert got == pytest.approx(1.0)
