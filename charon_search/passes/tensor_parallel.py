@@ -109,10 +109,15 @@ def _keeps_partial(node: Node, act_in: list[int], n_partial: int) -> bool:
     return node.kind == OpKind.ELEMENTWISE and len(act_in) >= 2
 
 
-def _tp_gemm_role(node: Node) -> bool:
-    if node.kind not in _GEMMS or is_replicated_gemm(node):
+def _tp_sharded_role(node: Node) -> bool:
+    """A node of a TP-sharded linear (column, row or shared-expert role, not replicated)."""
+    if is_replicated_gemm(node):
         return False
     return node.role in COLUMN_ROLES or node.role in ROW_ROLES or node.role == Role.MOE_SHARED
+
+
+def _tp_gemm_role(node: Node) -> bool:
+    return node.kind in _GEMMS and _tp_sharded_role(node)
 
 
 @PASSES.register("tp")
@@ -205,12 +210,20 @@ class _TPWalker:
         if t not in self.gathered and t in self.quant_of:
             self.gathered[t] = self._gather_then_quantize(t, node)
         if t not in self.gathered:
-            self.gathered[t] = self.gb.add_comm(
-                OpKind.ALL_GATHER, group="tp", group_size=self.tp,
-                nbytes=self.gb.tensors[t].nbytes, reads=(t,), like=t, phase=node.phase,
-                module_path=node.module_path, name=f"tp_all_gather_{node.name}", rewire=False)
-            self.state[self.gathered[t]] = "F"
+            self.gathered[t] = self._all_gather(t, node)
         return self.gathered[t]
+
+    def _all_gather(self, t: int, node: Node, *, after: tuple[int, ...] = (),
+                    name: str = "") -> int:
+        """A TP all-gather of sequence-sharded ``t`` (also waiting for ``after``) issued with
+        ``node``; its output is whole (state ``F``)."""
+        g = self.gb.add_comm(
+            OpKind.ALL_GATHER, group="tp", group_size=self.tp,
+            nbytes=self.gb.tensors[t].nbytes, reads=(t, *after), like=t, phase=node.phase,
+            module_path=node.module_path, name=name or f"tp_all_gather_{node.name}",
+            rewire=False)
+        self.state[g] = "F"
+        return g
 
     def sync_after(self, t: int, node: Node, kind: OpKind) -> tuple[int, ...]:
         """Extra tensors a backward all-reduce of dgrad ``t`` waits for (``tp_async_allreduce``
@@ -279,14 +292,8 @@ class _TPWalker:
             if t in got or self.cur(t) not in made:
                 continue  # produced later in the walk (an fp8 cast): gathered at the wgrad
             if t not in self.regathered_input:  # one gather per saved input: Megatron's QKV
-                c = self.cur(t)                  # and fc1 are one linear each
-                g = self.gb.add_comm(
-                    OpKind.ALL_GATHER, group="tp", group_size=self.tp,
-                    nbytes=self.gb.tensors[c].nbytes, reads=(c, *grads), like=c,
-                    phase=node.phase, module_path=node.module_path,
-                    name=f"tp_all_gather_wgrad_{wgrad.name}", rewire=False)
-                self.state[g] = "F"
-                self.regathered_input[t] = g
+                self.regathered_input[t] = self._all_gather(  # and fc1 are one linear each
+                    self.cur(t), node, after=grads, name=f"tp_all_gather_wgrad_{wgrad.name}")
             got[t] = self.regathered_input[t]
 
     def _gather_then_quantize(self, t: int, node: Node) -> int:
@@ -311,11 +318,7 @@ class _TPWalker:
         shared by its forward/dgrad cast and its weight-gradient cast)."""
         src = self.cur(t)
         if src not in self.hp_gathered:
-            self.hp_gathered[src] = self.gb.add_comm(
-                OpKind.ALL_GATHER, group="tp", group_size=self.tp,
-                nbytes=self.gb.tensors[t].nbytes, reads=(src,), like=src, phase=node.phase,
-                module_path=node.module_path, name=f"tp_all_gather_{node.name}", rewire=False)
-            self.state[self.hp_gathered[src]] = "F"
+            self.hp_gathered[src] = self._all_gather(src, node)
         return self.hp_gathered[src]
 
     def _whole_wgrad_cast(self, node: Node, act_in: list[int]) -> tuple[int, ...] | None:
@@ -345,9 +348,7 @@ class _TPWalker:
         if not (self.sp and node.target == "pass:fp8" and node.name.startswith("fp8_quantize_t")
                 and len(act_in) == 1 and self.st(self.cur(act_in[0])) == "R"):
             return False
-        return not is_replicated_gemm(node) and (node.role in COLUMN_ROLES
-                                                 or node.role in ROW_ROLES
-                                                 or node.role == Role.MOE_SHARED)
+        return _tp_sharded_role(node)
 
     def _fp8_transpose(self, node: Node, act_in: list[int]) -> Node | None:
         """Per-tensor-scaled fp8 under SP (``FP8_TRANSPOSE_WGRAD_RECIPES``): the weight
