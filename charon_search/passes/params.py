@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from charon_search.ir import OpGraph, OpKind, Role
-from charon_search.passes.tensor_parallel import COLUMN_ROLES, ROW_ROLES, is_replicated_gemm
+from charon_search.passes.tensor_parallel import tp_sharded_role
 
 __all__ = ["LocalParams", "local_params"]
 
@@ -64,11 +64,8 @@ def local_param_tensors(forward: OpGraph, *, tp: int = 1, ep: int = 1
             continue
         gemm = matrix and any(u.kind == OpKind.GEMM and u.role != Role.MOE_ROUTER
                               for u in users)
-        if any(
-            (u.kind == OpKind.GEMM and not is_replicated_gemm(u) and (
-                u.role in COLUMN_ROLES or u.role in ROW_ROLES or u.role == Role.MOE_SHARED))
-            or u.kind == OpKind.EMBEDDING for u in users
-        ):
+        if any((u.kind == OpKind.GEMM and tp_sharded_role(u)) or u.kind == OpKind.EMBEDDING
+               for u in users):
             out.append((numel / tp, False, gemm))
         else:
             out.append((numel, False, gemm))

@@ -62,7 +62,7 @@ from charon_search.passes._rewrite import GraphBuilder, gemm_kind, scale_node, s
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult
 
 __all__ = ["COLUMN_ROLES", "NORM_STAT_TAG", "ROW_ROLES", "TensorParallelPass",
-           "is_activation_all_reduce", "is_replicated_gemm"]
+           "is_activation_all_reduce", "is_replicated_gemm", "tp_sharded_role"]
 
 COLUMN_ROLES = frozenset({Role.ATTN_QKV, Role.MLP_IN, Role.LM_HEAD})
 ROW_ROLES = frozenset({Role.ATTN_OUT, Role.MLP_OUT})
@@ -109,7 +109,7 @@ def _keeps_partial(node: Node, act_in: list[int], n_partial: int) -> bool:
     return node.kind == OpKind.ELEMENTWISE and len(act_in) >= 2
 
 
-def _tp_sharded_role(node: Node) -> bool:
+def tp_sharded_role(node: Node) -> bool:
     """A node of a TP-sharded linear (column, row or shared-expert role, not replicated)."""
     if is_replicated_gemm(node):
         return False
@@ -117,7 +117,7 @@ def _tp_sharded_role(node: Node) -> bool:
 
 
 def _tp_gemm_role(node: Node) -> bool:
-    return node.kind in _GEMMS and _tp_sharded_role(node)
+    return node.kind in _GEMMS and tp_sharded_role(node)
 
 
 @PASSES.register("tp")
@@ -348,7 +348,7 @@ class _TPWalker:
         if not (self.sp and node.target == "pass:fp8" and node.name.startswith("fp8_quantize_t")
                 and len(act_in) == 1 and self.st(self.cur(act_in[0])) == "R"):
             return False
-        return _tp_sharded_role(node)
+        return tp_sharded_role(node)
 
     def _fp8_transpose(self, node: Node, act_in: list[int]) -> Node | None:
         """Per-tensor-scaled fp8 under SP (``FP8_TRANSPOSE_WGRAD_RECIPES``): the weight
