@@ -201,11 +201,12 @@ class Layout:
     embedding_grad_hook: bool = False
     """With the accumulation fused into the weight-gradient GEMMs (they add into the fp32
     ``main_grad`` and set ``grad_added_to_main_grad``), Megatron's DDP hook still runs
-    ``param.main_grad.add_(param.grad.data)`` every micro-batch for the parameters no GEMM
-    writes: the embedding tables (``F.embedding``'s dense ``[V/tp, h]`` gradient) and the norm
-    weights (Megatron-Core ``distributed/distributed_data_parallel.py`` ``_make_param_hook``,
-    r0.8; Megatron-LM ``model/distributed.py`` of 2022). One read of the bf16 gradient and a
-    read and write of the ``grad_reduce_dtype`` buffer per such local parameter and micro-batch
+    ``param.main_grad.add_(param.grad.data)`` every micro-batch for the parameters no
+    weight-gradient GEMM writes: the embedding tables (``F.embedding``'s dense ``[V/tp, h]``
+    gradient), norm weights, linear biases and router weights (Megatron-Core
+    ``distributed/distributed_data_parallel.py`` ``_make_param_hook``, r0.8; Megatron-LM
+    ``model/distributed.py`` of 2022). One kernel per such tensor, reading the bf16 gradient and
+    reading and writing the ``grad_reduce_dtype`` buffer, per micro-batch
     (``passes.data_parallel``), ZeRO stage 0 or 1. ``grad_accum_hook`` adds every parameter."""
     mla_rope_fusion: bool = False
     """Multi-latent attention runs Megatron-Core's fused RoPE kernels

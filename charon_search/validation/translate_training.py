@@ -80,10 +80,10 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         # Gradient-accumulation fusion (on by default since 2022) adds the weight gradients
         # into main_grad inside the GEMMs; the DDP hook (Megatron-Core distributed_data_
         # parallel.py ``_make_param_hook``) still adds the rest each micro-batch: the
-        # embedding tables' dense gradient and the norm weights.
+        # embedding tables' dense gradient, norm weights, linear biases and router weights.
         out["embedding_grad_hook"] = True
-        notes.append("Megatron DDP hook: embedding-table and norm gradients added into the fp32 "
-                     "main_grad buffer every micro-batch (main_grad.add_)")
+        notes.append("Megatron DDP hook: embedding-table, norm, bias and router gradients added "
+                     "into the fp32 main_grad buffer every micro-batch (main_grad.add_)")
     mla = str(((record.model or {}).get("extra") or {}).get("attention") or "").upper() == "MLA"
     if fw.startswith("Megatron-Core") and mla:
         # MLASelfAttention with apply_rope_fusion (Megatron-Core's default): two fused Triton
