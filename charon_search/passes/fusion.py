@@ -74,7 +74,7 @@ from charon_search.passes._rewrite import GraphBuilder, gemm_kind
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 
 __all__ = ["FUSABLE_KINDS", "FUSABLE_ROLES", "PERSISTENT_NORM_TAG", "FP8Pass", "FusionPass",
-           "attention_params", "bias_dropout_add_pairs", "square_scores"]
+           "attention_params", "bias_dropout_add_pairs", "external_tensors", "square_scores"]
 
 #: Tag of a LayerNorm run by apex's persistent ``FastLayerNorm`` (``norm_impl="persistent"``).
 PERSISTENT_NORM_TAG = "persistent_norm"
@@ -118,14 +118,21 @@ def _runs(graph: OpGraph, key: Callable[[Node], object]) -> list[tuple[int, int]
     return out
 
 
-def _merge(graph: OpGraph, nodes: list[Node], *, kind: OpKind, name: str,
-           params: dict[str, Poly], flops: Poly | None = None) -> Node:
+def external_tensors(graph: OpGraph, nodes: list[Node]) -> tuple[list[int], list[int]]:
+    """(inputs, outputs) of ``nodes`` as one kernel: the tensors they read that none of them
+    writes, and those they write that the graph returns or another node reads."""
     produced = {t for n in nodes for t in n.outputs}
     ext_in = list(dict.fromkeys(t for n in nodes for t in n.inputs if t not in produced))
     inside = {n.id for n in nodes}
     graph_out = set(graph.outputs)
     ext_out = [t for n in nodes for t in n.outputs
                if t in graph_out or any(c not in inside for c in graph.consumers.get(t, ()))]
+    return ext_in, ext_out
+
+
+def _merge(graph: OpGraph, nodes: list[Node], *, kind: OpKind, name: str,
+           params: dict[str, Poly], flops: Poly | None = None) -> Node:
+    ext_in, ext_out = external_tensors(graph, nodes)
     if not ext_out:
         ext_out = list(nodes[-1].outputs)
     first = nodes[0]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from charon_search.ir import Node, OpGraph, OpKind, Poly
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
+from charon_search.passes.fusion import external_tensors
 from charon_search.passes.tensor_parallel import is_replicated_gemm
 
 __all__ = ["MLARopeFusionPass", "mla_rope_region"]
@@ -72,7 +73,7 @@ def mla_rope_region(graph: OpGraph, attn: Node) -> list[Node]:
     fed only by its gradients and by each other."""
     producer, index = graph.producer, graph.node_index
     region: set[int] = set()
-    stack = [t for t in attn.inputs]
+    stack = list(attn.inputs)
     while stack:
         t = stack.pop()
         nid = producer.get(t)
@@ -98,18 +99,11 @@ def mla_rope_region(graph: OpGraph, attn: Node) -> list[Node]:
 
 def _fused(graph: OpGraph, region: list[Node]) -> dict[int, Node]:
     """Replacement nodes for ``region``: one carrier with the fused kernel's bytes, joins."""
-    inside = {n.id for n in region}
-    produced = {t for n in region for t in n.outputs}
-    ext_in = list(dict.fromkeys(t for n in region for t in n.inputs if t not in produced))
-    graph_out = set(graph.outputs)
-
-    def external(t: int) -> bool:
-        return t in graph_out or any(c not in inside for c in graph.consumers.get(t, ()))
-
-    ext_out = [t for n in region for t in n.outputs if external(t)]
+    ext_in, ext_out = external_tensors(graph, region)
+    handed_out = set(ext_out)
     # The last op that hands a tensor out: by then the region's inputs all exist (the forward's
     # key assembly comes after the kv up-projection it reads).
-    carrier = next((n for n in reversed(region) if any(external(t) for t in n.outputs)),
+    carrier = next((n for n in reversed(region) if handed_out.intersection(n.outputs)),
                    region[-1])
     out: dict[int, Node] = {}
     for n in region:
