@@ -216,6 +216,22 @@ class Layout:
     traced HF layer's RoPE, ``slice_scatter`` and copy ops and their autograd chain
     (``passes.mla_rope``). Only multi-latent attention is touched; ``validate_for`` refuses it
     for a model without MLA."""
+    pp_p2p_blocking: bool = False
+    """Pipeline transfers block the sending stage: Megatron's batched point-to-point path
+    (``batch_isend_irecv``, ``req.wait()``, then ``torch.cuda.synchronize()`` "to protect
+    against race condition", in Megatron-LM's ``p2p_communication._communicate`` of 2020-22
+    and Megatron-Core's with ``batch_p2p_comm`` and ``batch_p2p_sync``, which Megatron-LM's
+    training arguments use whenever the schedule is not interleaved). A stage that sends an
+    activation or a gradient to another stage runs nothing until the transfer ends. False:
+    the transfer overlaps the sender's next unit (Megatron-Core ``overlap_p2p_comm``,
+    torch.distributed.pipelining); the receiver waits for it either way. See
+    ``sim.pipeline``."""
+    pp_scatter_gather: bool = False
+    """Without sequence parallelism and with TP: Megatron-LM's scatter/gather optimization
+    (Narayanan et al., SC21, Section 4.1; ``--scatter-gather-tensors-in-pipeline``, on by
+    default in Megatron-LM of 2021-22): each TP rank sends 1/tp of the stage's output over
+    the network and the receiving stage all-gathers it inside its TP group. False: every TP
+    rank sends the whole activation. Sequence parallelism already shards it (no gather)."""
     dp_overlap_grad_reduce: bool = True
     """DDP / ZeRO-1/2: each gradient bucket's data-parallel reduction starts when the last
     backward produces it, overlapped with the rest of the backward (Megatron-Core

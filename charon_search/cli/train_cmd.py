@@ -24,6 +24,7 @@ _FLAGS = {  # flag dest -> Layout field
     "selective_policy": "selective_policy", "fsdp_backward_prefetch": "fsdp_backward_prefetch",
     "fsdp_flat_grad": "fsdp_flat_grad", "grad_reduce_dtype": "grad_reduce_dtype",
     "pp_layout": "pp_layout", "mla_rope_fusion": "mla_rope_fusion",
+    "pp_p2p_blocking": "pp_p2p_blocking", "pp_scatter_gather": "pp_scatter_gather",
 }
 
 
@@ -106,6 +107,17 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                    help="multi-latent attention runs Megatron-Core's fused query and key/value "
                         "RoPE kernels (apply_rope_fusion) instead of the HF layer's RoPE and "
                         "copy ops (default off)")
+    g.add_argument("--pp-p2p-blocking", dest="pp_p2p_blocking", default=None,
+                   action=argparse.BooleanOptionalAction,
+                   help="a pipeline stage waits for its sends to finish (Megatron's "
+                        "batch_isend_irecv + torch.cuda.synchronize, without "
+                        "--overlap-p2p-communication; default off: sends overlap the next "
+                        "unit)")
+    g.add_argument("--pp-scatter-gather", dest="pp_scatter_gather", default=None,
+                   action=argparse.BooleanOptionalAction,
+                   help="without sequence parallelism, a stage sends 1/tp of its output and "
+                        "the next stage all-gathers it in its TP group (Megatron-LM "
+                        "--scatter-gather-tensors-in-pipeline; default off)")
     g.add_argument("--pp-layout", dest="pp_layout", default=None,
                    help="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30L': each "
                         "virtual stage's layers (t), embedding (E, first) and LM head (L, last); "

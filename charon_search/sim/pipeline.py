@@ -99,7 +99,8 @@ def _plan(schedule: str, p: int, m: int, v: int
 
 def run_pipeline(*, schedule: str, p: int, m: int, v: int,
                  cost: Callable[[int, int, str], UnitCost], p2p_s: float = 0.0,
-                 split_w: bool = False, pair_overlap: bool = False) -> PipelineResult:
+                 split_w: bool = False, pair_overlap: bool = False,
+                 p2p_blocking: bool = False) -> PipelineResult:
     """Execute the schedule.
 
     Args:
@@ -111,6 +112,9 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
         split_w: zero-bubble (``W`` units deferred into bubbles).
         pair_overlap: DualPipe's bidirectional overlap: a forward and a backward of opposite
             directions run back to back hide the shorter one's exposed communication.
+        p2p_blocking: a unit whose output goes to another rank keeps its rank busy for the
+            ``p2p_s`` of the transfer (``Layout.pp_p2p_blocking``), charged to the unit as
+            exposed ``pp`` communication; the receiver gets the output when the sender is free.
     """
     dual = schedule == "dualpipe"
     if v != 1 and schedule not in ("interleaved-1f1b", "dualpipe"):
@@ -118,6 +122,9 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
         raise ConfigError(f"schedule {schedule!r} takes v=1 (only interleaved-1f1b and "
                           f"dualpipe run several chunks per rank), but got v={v}")
     orders, plan_deps = _plan(schedule, p, m, v)
+    # Units whose output another rank reads (one transfer each).
+    sends = ({key for deps in plan_deps.values() for key, crosses in deps if crosses}
+             if p2p_blocking and p2p_s > 0 else set())
     ptr = [0] * p
     free = [0.0] * p
     end_of: dict[Key, float] = {}
@@ -164,6 +171,11 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
                                  sum(x for _, x in c.exposed_comm_s), 1e-30)))
                                  for g, v in c.exposed_comm_s),
                              wgrad_s=c.wgrad_s, hw_flops=c.hw_flops)
+        done_s = start + dur
+        if (op.kind, op.mb, r, op.chunk) in sends:
+            # The sender waits for its transfer: the unit ends when the output has arrived.
+            c = c + UnitCost(duration_s=p2p_s, exposed_comm_s=(("pp", p2p_s),))
+            dur += p2p_s
         u = PipeUnit(r, op, start, start + dur, c)
         units.append(u)
         last_op[r] = u
@@ -172,9 +184,10 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
             # Its activation goes out with the pair's sends, after the paired backward.
             paired_f[r] = (op.kind, op.mb, r, op.chunk)
         else:
-            end_of[(op.kind, op.mb, r, op.chunk)] = u.end_s
+            # Receivers add p2p_s to this: the compute's end, before any blocking send.
+            end_of[(op.kind, op.mb, r, op.chunk)] = done_s
             if paired_f[r] is not None:
-                end_of[paired_f[r]] = u.end_s
+                end_of[paired_f[r]] = done_s
                 paired_f[r] = None
         if op.kind == "F":
             in_flight[r] += 1

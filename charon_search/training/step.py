@@ -383,7 +383,7 @@ def _optimizer_node(numel: float, optimizer: str) -> OpGraph:
 
 def _stage_imbalance_s(pipe: PipelineResult, bubble: float, *, schedule: str, p: int,
                        m: int, v: int, unit: Any, p2p_s: float, split_w: bool,
-                       pair_overlap: bool) -> float:
+                       pair_overlap: bool, p2p_blocking: bool = False) -> float:
     """How much longer the pipeline runs because its stages cost unequal time.
 
     The same schedule is run again with every rank at the ranks' mean cost of each unit
@@ -401,7 +401,8 @@ def _stage_imbalance_s(pipe: PipelineResult, bubble: float, *, schedule: str, p:
             total = total + part
         mean[(c, kind)] = total.scaled(1.0 / p)
     even = run_pipeline(schedule=schedule, p=p, m=m, v=v, cost=lambda r, c, k: mean[(c, k)],
-                        p2p_s=p2p_s, split_w=split_w, pair_overlap=pair_overlap)
+                        p2p_s=p2p_s, split_w=split_w, pair_overlap=pair_overlap,
+                        p2p_blocking=p2p_blocking)
     return min(max(max(pipe.rank_end_s) - max(even.rank_end_s), 0.0), bubble)
 
 
@@ -561,10 +562,18 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
         L.tp if L.sequence_parallel else 1)
     # One stage-to-stage hop; the group size is the pipeline's p stages (a send/recv prices one
     # pair, the slowest hop between adjacent stages of the job).
-    p2p_s = coster.collective("send_recv", act_bytes, p, "pp")[0] if p > 1 else 0.0
+    p2p_s = 0.0
+    if p > 1 and L.pp_scatter_gather and L.tp > 1 and not L.sequence_parallel:
+        # Megatron-LM's scatter/gather: 1/tp of the activation over the network, then an
+        # all-gather inside the receiving stage's TP group (charged with the transfer).
+        p2p_s = (coster.collective("send_recv", act_bytes / L.tp, p, "pp")[0]
+                 + coster.collective("all_gather", act_bytes, L.tp, "tp")[0])
+    elif p > 1:
+        p2p_s = coster.collective("send_recv", act_bytes, p, "pp")[0]
     pipe = run_pipeline(schedule=L.schedule, p=p, m=m, v=v, cost=unit, p2p_s=p2p_s,
                         split_w=split_w,
-                        pair_overlap=dual and L.moe_a2a_overlap)
+                        pair_overlap=dual and L.moe_a2a_overlap,
+                        p2p_blocking=L.pp_p2p_blocking)
 
     # ---------------------------------------------------------------- DP sync, optimizer
     dp_cp = L.dp * L.cp
@@ -710,7 +719,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     bubble = pipe.rank_end_s[crit] - busy
     imbalance = _stage_imbalance_s(pipe, bubble, schedule=L.schedule, p=p, m=m, v=v,
                                    unit=unit, p2p_s=p2p_s, split_w=split_w,
-                                   pair_overlap=dual and L.moe_a2a_overlap)
+                                   pair_overlap=dual and L.moe_a2a_overlap,
+                                   p2p_blocking=L.pp_p2p_blocking)
     breakdown = StepBreakdown(
         compute_s=comp, exposed_comm_s=sum(by_kind.values()),
         exposed_comm_by_kind_s={k: v for k, v in sorted(by_kind.items()) if v > 0},

@@ -84,6 +84,26 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["embedding_grad_hook"] = True
         notes.append("Megatron DDP hook: embedding-table, norm, bias and router gradients added "
                      "into the fp32 main_grad buffer every micro-batch (main_grad.add_)")
+    pp = int(t.get("pp") or 1)
+    vpp = int(t.get("vpp") or 1)
+    # Pipeline transfers: Megatron-LM's ``p2p_communication._communicate`` (2020-22) runs
+    # ``batch_isend_irecv``, waits on every request and calls ``torch.cuda.synchronize()``, so
+    # a stage runs nothing while its sends are in flight; Megatron-Core does the same with
+    # ``batch_p2p_comm`` and ``batch_p2p_sync`` (both default), which its training arguments
+    # use whenever the schedule is not interleaved (``overlap_p2p_comm`` is forced off there;
+    # interleaved runs keep ``--overlap-p2p-communication``, on by default).
+    if pp > 1 and (fw == "Megatron-LM" or (fw.startswith("Megatron-Core") and vpp == 1)):
+        out["pp_p2p_blocking"] = True
+        notes.append("Megatron pipeline transfers block the sending stage (batch_isend_irecv, "
+                     "then torch.cuda.synchronize)")
+    # ... and without sequence parallelism it sends 1/tp of each activation over the network
+    # and all-gathers it in the receiving stage's TP group (--scatter-gather-tensors-in-
+    # pipeline, on by default; Narayanan et al., SC21, Section 4.1).
+    if (fw == "Megatron-LM" and pp > 1 and int(t.get("tp") or 1) > 1
+            and not t.get("sequence_parallel")):
+        out["pp_scatter_gather"] = True
+        notes.append("Megatron-LM scatter/gather: a stage sends 1/tp of its output, the next "
+                     "stage all-gathers it over NVLink")
     mla = str(((record.model or {}).get("extra") or {}).get("attention") or "").upper() == "MLA"
     if fw.startswith("Megatron-Core") and mla:
         # MLASelfAttention with apply_rope_fusion (Megatron-Core's default): two fused Triton

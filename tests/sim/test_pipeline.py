@@ -156,3 +156,41 @@ def test_dualpipe_bubble_closed_form_at_four_ranks() -> None:
     idle = [res.rank_end_s[r] - sum(u.end_s - u.start_s for u in res.units if u.rank == r)
             for r in range(p)]
     assert max(idle) == pytest.approx((p / 2 - 1) * ((1.0 + 2.0 - 0.4) + 2.0 - 3 * 1.0))
+
+
+def test_blocking_sends_by_hand() -> None:
+    # p=2, m=2, F=1, B=2, transfer c=0.5. Overlapped sends (times worked out by hand):
+    #   r0 F0 [0,1] F1 [1,2]; r1 F0 [1.5,2.5] B0 [2.5,4.5] F1 [4.5,5.5] B1 [5.5,7.5];
+    #   r0 B0 [5,7] B1 [8,10]  -> 10.
+    # Blocking sends (Megatron's batch_isend_irecv + synchronize): r0 F0 [0,1.5] F1 [1.5,3];
+    #   r1 F0 [1.5,2.5] B0 [2.5,5] F1 [5,6] B1 [6,8.5]; r0 B0 [5,7] B1 [8.5,10.5] -> 10.5.
+    c = 0.5
+    free = run_pipeline(schedule="1f1b", p=2, m=2, v=1, cost=_uniform(), p2p_s=c)
+    block = run_pipeline(schedule="1f1b", p=2, m=2, v=1, cost=_uniform(), p2p_s=c,
+                         p2p_blocking=True)
+    assert max(free.rank_end_s) == pytest.approx(10.0)
+    assert max(block.rank_end_s) == pytest.approx(10.5)
+    # The wait is the unit's exposed "pp" communication: r0 sends its forwards, r1 its backwards.
+    pp = {r: sum(v for u in block.units if u.rank == r for g, v in u.cost.exposed_comm_s
+                 if g == "pp") for r in range(2)}
+    assert pp == {0: pytest.approx(2 * c), 1: pytest.approx(2 * c)}
+
+
+@pytest.mark.parametrize(("schedule", "p", "m", "v"), [("1f1b", 4, 8, 1),
+                                                        ("interleaved-1f1b", 4, 8, 2)])
+def test_blocking_sends_add_one_transfer_per_send(schedule: str, p: int, m: int, v: int) -> None:
+    # Each unit whose output another rank reads keeps its rank busy for one transfer: the
+    # first rank sends its forwards (and with v > 1 its backwards of later chunks too), a middle
+    # rank every unit, the last rank its backwards (and forwards of earlier chunks).
+    c = 0.05
+    res = run_pipeline(schedule=schedule, p=p, m=m, v=v, cost=_uniform(v), p2p_s=c,
+                       p2p_blocking=True)
+    for r in range(p):
+        mine = [u for u in res.units if u.rank == r]
+        busy = sum(u.end_s - u.start_s for u in mine)
+        sends = sum(1 for u in mine
+                    if not (u.op.kind == "B" and r == 0 and u.op.chunk == 0)
+                    and not (u.op.kind == "F" and r == p - 1 and u.op.chunk == v - 1))
+        assert busy == pytest.approx(m * (TF + TB) + sends * c)
+    overlapped = run_pipeline(schedule=schedule, p=p, m=m, v=v, cost=_uniform(v), p2p_s=c)
+    assert max(res.rank_end_s) > max(overlapped.rank_end_s)

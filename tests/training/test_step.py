@@ -421,3 +421,38 @@ def test_dp_reduction_after_the_backward_when_not_overlapped() -> None:
     assert iv[-1][3] == pytest.approx(end + total)  # back to back, nothing hidden
     assert min(s0 for _, _, s0, _ in over.timeline.dp_intervals) < end
     assert after.step_time_s > over.step_time_s
+
+
+def test_blocking_pipeline_transfers_and_megatron_scatter_gather() -> None:
+    """Blocking sends (Megatron's batch_isend_irecv + synchronize) are the critical rank's
+    exposed ``pp`` communication, one transfer per unit it sends: rank 0 of a 2-stage 1F1B
+    pipeline sends its m forwards. With Megatron-LM's scatter/gather (no SP) a transfer is
+    1/tp of the activation over the pipeline link plus an all-gather of the whole of it in the
+    receiving TP group."""
+    base = dict(tp=2, pp=2, schedule="1f1b", global_batch_size=4, seq_len=256)
+    over = _sim(Layout(**base))
+    block = _sim(Layout(pp_p2p_blocking=True, **base))
+    sg = _sim(Layout(pp_p2p_blocking=True, pp_scatter_gather=True, **base))
+    assert "pp" not in over.breakdown.exposed_comm_by_kind_s
+    assert block.step_time_s > over.step_time_s
+    cl = toy_cluster()
+    coster = GraphCoster(cl, FlopsCostModel(), strides={"tp": 1, "pp": 2})
+    act = 1 * 256 * SPEC.hidden_size * 2  # one sequence of bf16 hidden states
+    whole = coster.collective("send_recv", act, 2, "pp")[0]
+    split = (coster.collective("send_recv", act / 2, 2, "pp")[0]
+             + coster.collective("all_gather", act, 2, "tp")[0])
+    m = 4
+    crit = [block, sg]
+    for rep, transfer in zip(crit, (whole, split), strict=True):
+        pipe = rep.timeline.pipeline
+        rank = max(range(2), key=lambda r: pipe.rank_end_s[r])
+        sends = sum(1 for u in pipe.units if u.rank == rank
+                    and ((rank == 0 and u.op.kind == "F") or (rank == 1 and u.op.kind == "B")))
+        assert sends == m
+        assert rep.breakdown.exposed_comm_by_kind_s["pp"] == pytest.approx(m * transfer,
+                                                                           rel=1e-9)
+    assert split != pytest.approx(whole)
+    # Sequence parallelism already shards the activation: the option changes nothing.
+    sp = dict(base, sequence_parallel=True, pp_p2p_blocking=True)
+    assert _sim(Layout(pp_scatter_gather=True, **sp)).step_time_s == pytest.approx(
+        _sim(Layout(**sp)).step_time_s)

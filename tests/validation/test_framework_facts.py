@@ -67,3 +67,19 @@ def test_memory_options_follow_framework(by_id):
 ])
 def test_ep_node_dedup(by_id, rid, dedup):
     assert to_case(by_id[rid]).layout.ep_node_dedup is dedup
+
+
+@pytest.mark.parametrize(("rid", "blocking", "scatter_gather"), [
+    # Megatron-LM 2021/22 p2p_communication: batch_isend_irecv + torch.cuda.synchronize; no SP
+    ("megatron_sc21_t1_530b", True, True),
+    ("korthikanti_t5_530b_full", True, True),
+    ("korthikanti_t5_530b_seqsel", True, False),    # SP: the activation is already sharded
+    ("mcore_h100_weak_177b", True, False),          # Megatron-Core, not interleaved
+    ("deepseek_v3_gb200_mcore_final_hybridep", False, False),  # interleaved: overlap_p2p_comm
+    ("llama3_405b_8192gpu_cp1", False, False),      # no framework stated
+    ("torchtitan_202412_t6_405b_fsdp8_cp1_32k", False, False),
+    ("megatron_sc21_t1_7.5b", False, False),        # pp = 1: nothing to send
+])
+def test_pipeline_transfers_follow_framework(by_id, rid, blocking, scatter_gather):
+    lay = to_case(by_id[rid]).layout
+    assert (lay.pp_p2p_blocking, lay.pp_scatter_gather) == (blocking, scatter_gather)
