@@ -8,11 +8,12 @@ the hidden communication against the overlap slowdown the engine charges).
   An all-gather read by several GEMMs (q, k and v; gate and up) pipelines with all of them,
   chunk c of each running on gathered chunk c (``torch.ops.symm_mem.fused_all_gather_matmul``
   takes a list of weights); a weight-gradient GEMM, which contracts over the gathered tokens,
-  is not split. Under ``sp_wgrad_regather`` (Megatron-Core with Transformer Engine's
-  userbuffers, defaults ``tp_comm_bulk_dgrad`` / ``tp_comm_bulk_wgrad`` on and
-  ``tp_comm_overlap_rs_dgrad`` off) a dgrad GEMM is not split with its reduce-scatter: the
-  re-gather of the saved input runs whole under the dgrad and the reduce-scatter under the
-  wgrad GEMM, as ``passes.tensor_parallel`` lays them out.
+  is not split: it reads the whole gathered tensor after the pipelined GEMMs (a row linear's
+  output gradient feeds its dgrad, pipelined, and its wgrad). Under ``sp_wgrad_regather``
+  (Megatron-Core with Transformer Engine's userbuffers, defaults ``tp_comm_bulk_dgrad`` /
+  ``tp_comm_bulk_wgrad`` on and ``tp_comm_overlap_rs_dgrad`` off) a dgrad GEMM is not split
+  with its reduce-scatter: the re-gather of the saved input runs whole under the dgrad and the
+  reduce-scatter under the wgrad GEMM, as ``passes.tensor_parallel`` lays them out.
 * ``moe_overlap`` - DeepSeek-style two-micro-batch overlap: the block runs as two half
   micro-batches whose ops are interleaved at the expert-parallel all-to-all boundaries, so one
   half's dispatch/combine overlaps the other half's attention / expert compute.
@@ -78,8 +79,14 @@ class AsyncTensorParallelPass(Pass):
                             and all(producer.get(t, -1) < i for t in g.inputs
                                     if t != n.outputs[0]))
 
-                if users and all(splits_with_gather(j) for j in users):
-                    gathers[i] = users
+                # A wgrad reading the gathered tensor too (a row linear's output gradient:
+                # dgrad and wgrad) takes it whole after the pipelined GEMMs, as the fused op
+                # returns it (``fused_all_gather_matmul``'s gathered output).
+                split = [j for j in users if splits_with_gather(j)]
+                if split and all(j in split or (nodes[j].kind == OpKind.GEMM
+                                                and gemm_kind(nodes[j]) == "wgrad")
+                                 for j in users):
+                    gathers[i] = split
             else:
                 j = producer.get(n.inputs[0])
                 if j is not None and nodes[j].kind == OpKind.GEMM and len(

@@ -404,7 +404,7 @@ class _TPWalker:
         head_dim = next((float(n.params["head_dim"](1, 1, 1)) for n in self.graph.nodes
                          if n.kind == OpKind.ATTENTION and "head_dim" in n.params), 0.0)
         paired: dict[Phase, int] = {}  # across-heads q/k norms seen per phase
-        for node in self.graph.nodes:
+        for node in self._dgrad_first(self.graph.nodes) if sp else self.graph.nodes:
             act_in = [t for t in node.inputs if t not in self.params]
             extra: tuple[int, ...] = ()
             if node.role in _GATE_ROLES or node.kind in (OpKind.NORM, OpKind.EMBEDDING):
@@ -455,6 +455,38 @@ class _TPWalker:
         meta = {"tp_sharded_inputs": tuple(t for t, s in self.state.items() if s == "S"),
                 "tp": tp, "sequence_parallel": sp}
         return gb.finish(meta=meta)
+
+    def _dgrad_first(self, nodes: tuple[Node, ...] | list[Node]) -> list[Node]:
+        """The backward's nodes with each row-parallel linear's weight-gradient GEMM after the
+        dgrad GEMM that reads the same output gradient, where the trace put it before.
+
+        Under SP that gradient arrives sequence-sharded and both GEMMs read its all-gathered
+        copy: Megatron all-gathers it in ``_ReduceScatterToSequenceParallelRegion.backward``
+        and its linear backward then runs the dgrad before the wgrad (``LinearWithGrad
+        AccumulationAndAsyncCommunication.backward``); autograd's ``mm`` backward computes
+        ``mat1``'s gradient (the input's) before ``mat2``'s (the weight's), and async TP fuses
+        the gather with that dgrad (``fused_all_gather_matmul``). The gather is inserted before
+        its first reader, so the wgrad must not come first."""
+        out = list(nodes)
+        i = 0
+        while i < len(out):
+            node = out[i]
+            if (node.phase == Phase.BACKWARD and _tp_gemm_role(node)
+                    and node.role not in COLUMN_ROLES and node.role != Role.MOE_SHARED
+                    and gemm_kind(node) == "wgrad"):
+                grads = set(node.inputs) - self.params
+                mine = set(node.outputs)
+                for j in range(i + 1, len(out)):
+                    other = out[j]
+                    if mine & set(other.inputs):
+                        break  # something reads the weight gradient first: keep the order
+                    if (gemm_kind(other) == "dgrad" and other.module_path == node.module_path
+                            and other.phase == Phase.BACKWARD and grads & set(other.inputs)):
+                        out.insert(j, out.pop(i))
+                        i -= 1
+                        break
+            i += 1
+        return out
 
     def gemm(self, node: Node, act_in: list[int]) -> tuple[Node, str, tuple[int, ...]]:
         tp, sp = self.tp, self.sp

@@ -159,3 +159,48 @@ def test_every_pass_keeps_graphs_well_formed(name: str, kind: str) -> None:
         from charon_search.ir import check
         check(g)
         assert g.total_flops(B, S) > 0 or kind == "embedding"
+
+
+def _wgrad_first(blk):
+    """The block with each row linear's weight-gradient GEMM moved before its dgrad (the order
+    an aten trace of ``mm`` may give)."""
+    import dataclasses
+
+    nodes = list(blk.backward.nodes)
+    for mod in ("mlp.down_proj", "self_attn.o_proj"):
+        d = next(i for i, n in enumerate(nodes) if n.name == f"{mod}.dgrad")
+        w = next(i for i, n in enumerate(nodes) if n.name == f"{mod}.wgrad")
+        nodes.insert(d, nodes.pop(w))
+    return dataclasses.replace(blk, backward=blk.backward.with_nodes(nodes))
+
+
+@pytest.mark.parametrize("async_tp", [False, True])
+def test_sp_row_linear_wgrad_reads_the_gathered_output_gradient(async_tp: bool) -> None:
+    """Under SP a row linear's output gradient arrives sequence-sharded; its dgrad and its
+    wgrad both read the one all-gathered copy, the dgrad first (Megatron's linear backward,
+    autograd's mm backward), whatever order the trace gave. With async TP the gather is
+    pipelined with the dgrad and the wgrad reads the whole gathered tensor after it."""
+    tp = 4
+    blk = _wgrad_first(synthetic_block("dense"))
+    g = parallelize_block(blk, PassContext(tp=tp, sequence_parallel=True, async_tp=async_tp,
+                                           debug=True)).backward
+    producer = {t: n for n in g.nodes for t in n.outputs}
+    pos = {n.name: i for i, n in enumerate(g.nodes)}
+    for mod in ("mlp.down_proj", "self_attn.o_proj"):
+        wgrad = g.nodes[pos[f"{mod}.wgrad"]]
+        dgrad_parts = [n for n in g.nodes if n.name.startswith(f"{mod}.dgrad")
+                       and n.kind == OpKind.GEMM]
+        assert len(dgrad_parts) == (tp if async_tp else 1)
+        assert max(pos[n.name] for n in dgrad_parts) < pos[wgrad.name]
+        grad = next(producer[t] for t in wgrad.inputs
+                    if t in producer and producer[t].group == "tp")
+        if async_tp:  # the join of the gather's chunks
+            chunks = [producer[t] for t in grad.inputs]
+            assert len(chunks) == tp and all(c.kind == OpKind.ALL_GATHER for c in chunks)
+            assert all(c.outputs[0] in p.inputs for c, p in zip(chunks, dgrad_parts,
+                                                                strict=True))
+        else:
+            assert grad.kind == OpKind.ALL_GATHER
+            assert grad.outputs[0] in dgrad_parts[0].inputs
+    gathers = [n for n in g.nodes if n.kind == OpKind.ALL_GATHER and n.group == "tp"]
+    assert len(gathers) == 2 * (tp if async_tp else 1)  # one gather per row linear
