@@ -222,16 +222,20 @@ class Layout:
     against race condition", in Megatron-LM's ``p2p_communication._communicate`` of 2020-22
     and Megatron-Core's with ``batch_p2p_comm`` and ``batch_p2p_sync``, which Megatron-LM's
     training arguments use whenever the schedule is not interleaved). A stage that sends an
-    activation or a gradient to another stage runs nothing until the transfer ends. False:
-    the transfer overlaps the sender's next unit (Megatron-Core ``overlap_p2p_comm``,
+    activation or a gradient to another stage runs nothing until the transfer ends: one
+    transfer per unit whose output another stage reads (the interleaved steady state sends a
+    pair's forward output and backward gradient in one call, to the next and to the previous
+    stage, both out of the rank's one network interface). Not with the ``dualpipe`` schedule.
+    False: the transfer overlaps the sender's next unit (Megatron-Core ``overlap_p2p_comm``,
     torch.distributed.pipelining); the receiver waits for it either way. See
     ``sim.pipeline``."""
     pp_scatter_gather: bool = False
     """Without sequence parallelism and with TP: Megatron-LM's scatter/gather optimization
     (Narayanan et al., SC21, Section 4.1; ``--scatter-gather-tensors-in-pipeline``, on by
     default in Megatron-LM of 2021-22): each TP rank sends 1/tp of the stage's output over
-    the network and the receiving stage all-gathers it inside its TP group. False: every TP
-    rank sends the whole activation. Sequence parallelism already shards it (no gather)."""
+    the network and the receiving stage all-gathers it inside its TP group (charged with the
+    transfer). False: every TP rank sends the whole activation. Sequence parallelism already
+    shards it (no gather); with it, or without TP or PP, the option changes nothing."""
     dp_overlap_grad_reduce: bool = True
     """DDP / ZeRO-1/2: each gradient bucket's data-parallel reduction starts when the last
     backward produces it, overlapped with the rest of the backward (Megatron-Core
@@ -331,6 +335,11 @@ class Layout:
         if self.embedding_grad_hook and self.zero_stage > 1:
             raise ConfigError("`embedding_grad_hook` (Megatron's unsharded gradient buffer) "
                               f"needs `zero_stage` 0 or 1, but got zero_stage={self.zero_stage}")
+        if self.pp_p2p_blocking and self.schedule == "dualpipe":
+            raise ConfigError("`pp_p2p_blocking` (Megatron's batched, synchronized transfers) "
+                              "does not go with schedule 'dualpipe', which overlaps its "
+                              "transfers with the paired chunk by design; use another "
+                              "schedule or pp_p2p_blocking=false")
         if self.sp_wgrad_regather and not self.sequence_parallel:
             raise ConfigError("`sp_wgrad_regather` needs `sequence_parallel` true (it re-gathers "
                               "sequence-sharded inputs), but got sequence_parallel=false")

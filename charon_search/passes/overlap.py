@@ -80,11 +80,13 @@ class AsyncTensorParallelPass(Pass):
                                     if t != n.outputs[0]))
 
                 # A wgrad reading the gathered tensor too (a row linear's output gradient:
-                # dgrad and wgrad) takes it whole after the pipelined GEMMs, as the fused op
-                # returns it (``fused_all_gather_matmul``'s gathered output).
+                # dgrad and wgrad), or the fp8 transpose the wgrad reads, takes it whole after
+                # the pipelined GEMMs, as the fused op returns it (``fused_all_gather_matmul``'s
+                # gathered output).
                 split = [j for j in users if splits_with_gather(j)]
-                if split and all(j in split or (nodes[j].kind == OpKind.GEMM
-                                                and gemm_kind(nodes[j]) == "wgrad")
+                if split and all(j in split or nodes[j].target == "pass:fp8"
+                                 or (nodes[j].kind == OpKind.GEMM
+                                     and gemm_kind(nodes[j]) == "wgrad")
                                  for j in users):
                     gathers[i] = split
             else:

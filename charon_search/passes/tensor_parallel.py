@@ -179,6 +179,7 @@ class _TPWalker:
         fwd = graph.meta.get("forward_graph")
         self.params = set(graph.param_tensors) | set(fwd.param_tensors if fwd else ())
         self.gathered: dict[int, int] = {}  # SP: tensor -> its all-gathered copy
+        self.fp8_gathered: dict[int, int] = {}  # bf16 shard -> all-gathered copy of its fp8 cast
         self.hp_gathered: dict[int, int] = {}  # rowwise fp8: bf16 tensor -> its all-gather
         self.hp_gather = hp_gather
         self.reduced: dict[int, int] = {}  # partial tensor -> its reduced copy
@@ -211,6 +212,9 @@ class _TPWalker:
             self.gathered[t] = self._gather_then_quantize(t, node)
         if t not in self.gathered:
             self.gathered[t] = self._all_gather(t, node)
+            cast = self.orig_producer.get(t)
+            if cast is not None and cast.target == "pass:fp8" and len(cast.inputs) == 1:
+                self.fp8_gathered[self.cur(cast.inputs[0])] = self.gathered[t]
         return self.gathered[t]
 
     def _all_gather(self, t: int, node: Node, *, after: tuple[int, ...] = (),
@@ -361,8 +365,13 @@ class _TPWalker:
                 and "numel" in node.params):
             return None
         numel = node.params["numel"]
+        # An output gradient's fp8 copy was gathered for the dgrad (walked first,
+        # ``_dgrad_first``): the transpose reads that gathered tensor.
+        src = self.cur(act_in[0])
+        inputs = tuple(self.fp8_gathered.get(src, t) if t == act_in[0] else t
+                       for t in node.inputs)
         return node.replace(flops=Poly(), bytes_read=numel * DTYPE_BYTES["fp8"],
-                            bytes_written=numel * DTYPE_BYTES["fp8"],
+                            bytes_written=numel * DTYPE_BYTES["fp8"], inputs=inputs,
                             name=node.name.replace("fp8_quantize_t", "fp8_transpose", 1))
 
     def flush_dangling(self, node: Node) -> tuple[int, ...]:
@@ -439,7 +448,8 @@ class _TPWalker:
                 else:
                     out_state = "R"
                     new = scale_node(node, tp) if sp else node
-                inputs = node.inputs if whole is None else whole
+                inputs = (whole if whole is not None else
+                          transposed.inputs if transposed is not None else node.inputs)
             for t in node.outputs:
                 self.state[t] = out_state
                 if out_state == "P":
@@ -466,27 +476,65 @@ class _TPWalker:
         AccumulationAndAsyncCommunication.backward``); autograd's ``mm`` backward computes
         ``mat1``'s gradient (the input's) before ``mat2``'s (the weight's), and async TP fuses
         the gather with that dgrad (``fused_all_gather_matmul``). The gather is inserted before
-        its first reader, so the wgrad must not come first."""
+        its first reader, so the wgrad must not come first.
+
+        Under fp8 the two GEMMs read two casts of that gradient (the fp8 pass's
+        ``fp8_quantize_t_*`` for the wgrad): they are matched through the casts, and the
+        wgrad's own casts move with it (float8 TP casts the shard, gathers the fp8 copy once
+        and transposes the gathered tensor for the wgrad: ``_fp8_transpose``)."""
         out = list(nodes)
+        made_by = {o: n for n in out for o in n.outputs}
+        readers: dict[int, int] = {}
+        for n in out:
+            for t in n.inputs:
+                readers[t] = readers.get(t, 0) + 1
+
+        def cast_of(t: int) -> Node | None:
+            n = made_by.get(t)
+            return n if n is not None and n.target == "pass:fp8" and len(n.inputs) == 1 else None
+
+        def sources(n: Node) -> set[int]:
+            return {c.inputs[0] if (c := cast_of(t)) is not None else t
+                    for t in n.inputs if t not in self.params}
+
+        moved: set[int] = set()
         i = 0
         while i < len(out):
             node = out[i]
-            if (node.phase == Phase.BACKWARD and _tp_gemm_role(node)
-                    and node.role not in COLUMN_ROLES and node.role != Role.MOE_SHARED
-                    and gemm_kind(node) == "wgrad"):
-                grads = set(node.inputs) - self.params
-                mine = set(node.outputs)
+            if (node.id not in moved and node.phase == Phase.BACKWARD and _tp_gemm_role(node)
+                    and node.role not in COLUMN_ROLES and gemm_kind(node) == "wgrad"
+                    and (node.role != Role.MOE_SHARED or self._shared_row_wgrad(node, made_by))):
+                grads = sources(node)
+                # Its own fp8 casts (read by nothing else) travel with it.
+                own = [c for t in node.inputs if t not in self.params
+                       and (c := cast_of(t)) is not None and readers.get(t) == 1]
+                moving = {id(n) for n in (*own, node)}
+                mine = {o for n in (*own, node) for o in n.outputs}
                 for j in range(i + 1, len(out)):
                     other = out[j]
+                    if id(other) in moving:
+                        continue
                     if mine & set(other.inputs):
-                        break  # something reads the weight gradient first: keep the order
-                    if (gemm_kind(other) == "dgrad" and other.module_path == node.module_path
-                            and other.phase == Phase.BACKWARD and grads & set(other.inputs)):
-                        out.insert(j, out.pop(i))
-                        i -= 1
+                        break  # something else reads what moves first: keep the order
+                    if (other.kind == OpKind.GEMM and gemm_kind(other) == "dgrad"
+                            and other.module_path == node.module_path
+                            and other.phase == Phase.BACKWARD and grads & sources(other)):
+                        group = [n for n in out if id(n) in moving]  # in their trace order
+                        rest = [n for n in out if id(n) not in moving]
+                        at = rest.index(other) + 1
+                        out = rest[:at] + group + rest[at:]
+                        moved.add(node.id)
+                        i = -1  # the casts before it moved too: scan again from the start
                         break
             i += 1
         return out
+
+    def _shared_row_wgrad(self, node: Node, made_by: dict[int, Node]) -> bool:
+        """A shared expert's down-projection wgrad (row-parallel, like ``mlp.out``): no input
+        of it comes from the shared MLP's own backward ops, as the gate/up wgrads' gradient
+        (the activation function's backward) does."""
+        return not any(made_by[t].role == Role.MOE_SHARED for t in node.inputs
+                       if t not in self.params and t in made_by)
 
     def gemm(self, node: Node, act_in: list[int]) -> tuple[Node, str, tuple[int, ...]]:
         tp, sp = self.tp, self.sp

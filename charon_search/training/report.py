@@ -29,7 +29,8 @@ class StepBreakdown:
     compute_s: float
     exposed_comm_s: float
     exposed_comm_by_kind_s: Mapping[str, float] = field(default_factory=dict)
-    """Per axis: ``tp``, ``cp``, ``ep``, ``dp`` (gradient sync / FSDP), ``dp_param_gather``."""
+    """Per axis: ``tp``, ``cp``, ``ep``, ``dp`` (gradient sync / FSDP), ``dp_param_gather``,
+    ``pp`` (a stage waiting for its own sends, ``Layout.pp_p2p_blocking``)."""
     pipeline_bubble_s: float = 0.0
     """Idle time of the critical rank inside the pipeline (includes waiting on P2P)."""
     stage_imbalance_s: float = 0.0

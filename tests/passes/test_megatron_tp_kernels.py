@@ -265,6 +265,8 @@ def test_sc21_records_reduce_gradients_after_the_backward() -> None:
     (dict(grad_accum_hook=True, zero_stage=3), "`grad_accum_hook`.*zero_stage` 0 or 1"),
     (dict(embedding_grad_hook=True, zero_stage=2), "`embedding_grad_hook`.*zero_stage` 0 or 1"),
     (dict(sp_wgrad_regather=True, tp=2), "`sp_wgrad_regather` needs `sequence_parallel`"),
+    (dict(pp_p2p_blocking=True, pp=2, schedule="dualpipe"),
+     "`pp_p2p_blocking`.*does not go with schedule 'dualpipe'"),
 ])
 def test_framework_facts_without_their_setting_are_refused(fields, rule) -> None:
     from charon_search.errors import ConfigError

@@ -161,13 +161,13 @@ def test_every_pass_keeps_graphs_well_formed(name: str, kind: str) -> None:
         assert g.total_flops(B, S) > 0 or kind == "embedding"
 
 
-def _wgrad_first(blk):
+def _wgrad_first(blk, mods=("mlp.down_proj", "self_attn.o_proj")):
     """The block with each row linear's weight-gradient GEMM moved before its dgrad (the order
     an aten trace of ``mm`` may give)."""
     import dataclasses
 
     nodes = list(blk.backward.nodes)
-    for mod in ("mlp.down_proj", "self_attn.o_proj"):
+    for mod in mods:
         d = next(i for i, n in enumerate(nodes) if n.name == f"{mod}.dgrad")
         w = next(i for i, n in enumerate(nodes) if n.name == f"{mod}.wgrad")
         nodes.insert(d, nodes.pop(w))
@@ -204,3 +204,55 @@ def test_sp_row_linear_wgrad_reads_the_gathered_output_gradient(async_tp: bool) 
             assert grad.outputs[0] in dgrad_parts[0].inputs
     gathers = [n for n in g.nodes if n.kind == OpKind.ALL_GATHER and n.group == "tp"]
     assert len(gathers) == 2 * (tp if async_tp else 1)  # one gather per row linear
+
+
+@pytest.mark.parametrize("async_tp", [False, True])
+def test_sp_fp8_row_wgrad_transposes_the_gathered_fp8_gradient(async_tp: bool) -> None:
+    """Per-tensor fp8 under SP (torchao's float8 TP): the output gradient is cast on the
+    shard, gathered once in fp8, the dgrad reads the gathered copy and the wgrad a transpose of
+    that gathered tensor, after the dgrad, whatever order the trace gave (the two GEMMs read
+    two different casts of one gradient). With async TP the gather is pipelined with the dgrad
+    and the transpose reads the whole gathered tensor."""
+    tp = 4
+    blk = _wgrad_first(synthetic_block("dense"))
+    g = parallelize_block(blk, PassContext(tp=tp, sequence_parallel=True, precision="fp8",
+                                           fp8_recipe="tensorwise", async_tp=async_tp,
+                                           debug=True)).backward
+    producer = {t: n for n in g.nodes for t in n.outputs}
+    pos = {n.name: i for i, n in enumerate(g.nodes)}
+    for mod in ("mlp.down_proj", "self_attn.o_proj"):
+        wgrad = g.nodes[pos[f"{mod}.wgrad"]]
+        transpose = next(producer[t] for t in wgrad.inputs
+                         if producer.get(t) is not None and producer[t].name.startswith(
+                             "fp8_transpose"))
+        dgrads = [n for n in g.nodes if n.name.startswith(f"{mod}.dgrad")
+                  and n.kind == OpKind.GEMM]
+        assert len(dgrads) == (tp if async_tp else 1)
+        assert max(pos[n.name] for n in dgrads) < pos[transpose.name] < pos[wgrad.name]
+        (src,) = transpose.inputs
+        gathered = producer[src]
+        if async_tp:
+            gathered = producer[gathered.inputs[0]]  # the join's first chunk
+        assert gathered.kind == OpKind.ALL_GATHER and gathered.group == "tp"
+        cast = producer[gathered.inputs[0]]
+        assert cast.name.startswith("fp8_quantize") and not cast.name.startswith(
+            "fp8_quantize_t")
+
+
+def test_sp_shared_expert_down_wgrad_reads_the_gathered_gradient() -> None:
+    """A shared expert's down-projection is row-parallel (Megatron's SharedExpertMLP): under SP
+    its wgrad reads the gathered output gradient after its dgrad, like ``mlp.out``; the
+    gate/up wgrad (whose gradient is the activation's backward) stays where it is."""
+    mods = ("mlp.shared_experts.down", "self_attn.o_proj")
+    blk = _wgrad_first(synthetic_block("moe"), mods)
+    g = parallelize_block(blk, PassContext(tp=2, sequence_parallel=True, debug=True)).backward
+    producer = {t: n for n in g.nodes for t in n.outputs}
+    pos = {n.name: i for i, n in enumerate(g.nodes)}
+    for mod in mods:
+        wgrad, dgrad = g.nodes[pos[f"{mod}.wgrad"]], g.nodes[pos[f"{mod}.dgrad"]]
+        assert pos[dgrad.name] < pos[wgrad.name]
+        gathered = [t for t in wgrad.inputs if producer.get(t) is not None
+                    and producer[t].kind == OpKind.ALL_GATHER]
+        assert gathered and gathered[0] in dgrad.inputs
+    up = "mlp.shared_experts.gate_up"
+    assert pos[f"{up}.dgrad"] < pos[f"{up}.wgrad"]
