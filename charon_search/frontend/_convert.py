@@ -451,6 +451,23 @@ class Converter:
                 op.flops = out_numel
         if base in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"):
             op.reads = {}
+        if base == "nll_loss_forward" and op.inputs and len(shp[0]) == 2:
+            # ATen's nll_loss forward kernel reads one log-probability per row,
+            # input[i, target[i]], not the [rows, classes] tensor.
+            rows = shp[0][0]
+            op.reads[op.inputs[0]] = rows * DTYPE_BYTES[_dtype(arg_vals[0][0])]
+            op.flops = rows
+        elif (k == OpKind.SOFTMAX and op.inputs and shp[0] and shp[0][-1].is_const()
+              and _softmax_rows_three_pass(base, a, len(shp[0]), shp[0][-1].const_value(),
+                                           DTYPE_BYTES[_dtype(arg_vals[0][0])])):
+            # ATen's row softmax keeps a row in registers or shared memory only while it is
+            # short; a longer one (an LM head's vocabulary) is read again for each pass.
+            op.reads[op.inputs[0]] = op.reads[op.inputs[0]] * (
+                3 if base in ("_softmax", "_log_softmax") else 2)
+        elif base == "nll_loss_backward" and len(op.inputs) > 1:
+            # grad_input is zero-filled and written at the targets; ``self`` only gives the
+            # shape (ATen nll_loss_backward_out: ``grad_input.zero_()`` then one write per row).
+            op.reads.pop(op.inputs[1], None)
 
     def _grouped(self, op: _Op, shp: list[tuple[Poly, ...]], out: tuple[Poly, ...] | None
                  ) -> None:
@@ -591,3 +608,29 @@ def _fallback_role(block: str) -> str:
     if block == "lm_head":
         return Role.LOSS.value
     return Role.RESIDUAL.value
+
+
+#: ATen's last-dimension softmax (``aten/src/ATen/native/cuda/SoftMax.cu``, ``host_softmax``
+#: and ``host_softmax_backward`` with ``inner_size == 1``): a row of fewer than
+#: ``10 x 1024`` elements stays in registers (``cunn_SoftMaxForwardReg``) and one that fits the
+#: block's 48 KiB of static shared memory in shared memory (``cunn_SoftMaxForwardSmem``,
+#: ``cunn_SoftMaxBackwardSmem``); both read it once. A longer row takes ``cunn_SoftMaxForward``,
+#: which reads the input for the row maximum, again for the sum of exponentials and again to
+#: write the result, and ``cunn_SoftMaxBackward``, which reads the gradient for its row sum and
+#: again with the output to write the input gradient.
+SOFTMAX_REGISTER_ROW = 10 * 1024
+SOFTMAX_SMEM_BYTES = 48 * 1024
+
+
+def _softmax_rows_three_pass(base: str, node: Any, ndim: int, cols: float,
+                             elem_bytes: int) -> bool:
+    """Whether ``base`` (a softmax or its backward over the last of ``ndim`` dimensions) runs
+    ATen's multi-pass kernel for rows of ``cols`` elements of ``elem_bytes`` each."""
+    dim_arg = {"_softmax": 1, "_log_softmax": 1, "_softmax_backward_data": 2,
+               "_log_softmax_backward_data": 2}.get(base)
+    if dim_arg is None or len(node.args) <= dim_arg:
+        return False
+    dim = node.args[dim_arg]
+    if not isinstance(dim, int) or dim not in (-1, ndim - 1):
+        return False
+    return cols >= SOFTMAX_REGISTER_ROW and cols * elem_bytes >= SOFTMAX_SMEM_BYTES

@@ -219,3 +219,35 @@ def test_trace_points_avoid_config_factors() -> None:
     assert p["s"] == 83 and p["c"] == 83 and p["b"] == 10007
     (d,) = trace_points("decode", 1, {"vocab_size": 113 * 1000})
     assert d["s"] == 1 and d["c"] == 109
+
+
+def _loss_nodes(tm: TracedModel) -> dict[str, object]:
+    lm = tm.blocks["lm_head"]
+    return {n.name: n for g in (lm.forward, lm.backward) for n in g.nodes
+            if n.kind in (OpKind.SOFTMAX, OpKind.REDUCTION)}
+
+
+@pytest.mark.parametrize(("vocab", "passes"), [(256, 1), (32768, 3)])
+def test_cross_entropy_bytes_follow_the_aten_kernels(vocab: int, passes: int) -> None:
+    """The LM head's loss: ``nll_loss_forward`` reads one log-probability per row (and the
+    targets), not the [rows, vocab] tensor; ``nll_loss_backward`` writes the zero-filled input
+    gradient without reading ``self``. ATen's row softmax reads a row once while it fits in
+    registers (< 10,240 elements) or 48 KiB of shared memory, three times otherwise (max, sum of
+    exponentials, write), and its backward reads the gradient twice."""
+    from charon_search.catalog import spec_from_config
+
+    base = load_model("debug-llama")
+    tm = trace_model(spec_from_config(f"debug-llama-v{vocab}",
+                                      dict(base.hf_config, vocab_size=vocab)), "train")
+    nodes = _loss_nodes(tm)
+    rows = 1 * 128  # b = 1, s = 128
+    logits = rows * vocab * 4  # fp32 log-probabilities
+    assert nodes["nll_loss_forward"].bytes_read(1, 128) == rows * 4 + rows * 8
+    bwd = nodes["nll_loss_backward"]
+    assert bwd.bytes_read(1, 128) == rows * 8 + 4 + 4  # targets, grad, total weight
+    assert bwd.bytes_written(1, 128) == logits
+    assert nodes["_log_softmax"].bytes_read(1, 128) == passes * logits
+    assert nodes["_log_softmax"].bytes_written(1, 128) == logits
+    # backward: the gradient read once for its row sum (long rows: once more) and the output
+    assert nodes["_log_softmax_backward_data"].bytes_read(1, 128) == (
+        (2 if passes == 3 else 1) * logits + logits)
