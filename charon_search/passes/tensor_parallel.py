@@ -481,7 +481,9 @@ class _TPWalker:
         Under fp8 the two GEMMs read two casts of that gradient (the fp8 pass's
         ``fp8_quantize_t_*`` for the wgrad): they are matched through the casts, and the
         wgrad's own casts move with it (float8 TP casts the shard, gathers the fp8 copy once
-        and transposes the gathered tensor for the wgrad: ``_fp8_transpose``)."""
+        and transposes the gathered tensor for the wgrad: ``_fp8_transpose``). A rowwise
+        wgrad whose output is rescaled before the dgrad keeps its place; its casts read the
+        gathered bf16 tensor already (``_whole_wgrad_cast``)."""
         out = list(nodes)
         made_by = {o: n for n in out for o in n.outputs}
         readers: dict[int, int] = {}
