@@ -1,7 +1,8 @@
 """Chrome / Perfetto trace export (open in ui.perfetto.dev or chrome://tracing).
 
 One process per pipeline rank, one thread (track) per stream: ``compute`` (pipeline units,
-optimizer), ``comm_dp`` (gradient sync, parameter all-gather), and for micro-batch 0 the
+optimizer), ``comm_dp`` (gradient sync, parameter all-gather), ``comm_pp`` (the end of a unit
+that waits for its own send, ``Layout.pp_p2p_blocking``), and for micro-batch 0 the
 operator-level timeline of each unit's first layer (op names from module paths) on
 ``ops.<stream>`` tracks.
 """
@@ -41,6 +42,11 @@ def chrome_trace(timeline: Any) -> dict[str, Any]:
             "name": f"{u.op.kind} mb{u.op.mb} c{u.op.chunk}", "ts": u.start_s * _US,
             "dur": (u.end_s - u.start_s) * _US,
             "args": {"layers": len(blocks), "exposed_comm_s": dict(u.cost.exposed_comm_s)}})
+        send = sum(v for g, v in u.cost.exposed_comm_s if g == "pp")
+        if send > 0:  # a blocking send: the last part of the unit (``sim.pipeline``)
+            events.append({"ph": "X", "pid": u.rank, "tid": tid(u.rank, "comm_pp"),
+                           "name": f"send {u.op.kind} mb{u.op.mb} c{u.op.chunk}",
+                           "ts": (u.end_s - send) * _US, "dur": send * _US})
         if u.op.mb == 0 and u.op.kind in ("F", "B"):
             name = next((b for b in blocks if b not in ("embedding", "lm_head")),
                         blocks[0] if blocks else None)

@@ -456,3 +456,23 @@ def test_blocking_pipeline_transfers_and_megatron_scatter_gather() -> None:
     sp = dict(base, sequence_parallel=True, pp_p2p_blocking=True)
     assert _sim(Layout(pp_scatter_gather=True, **sp)).step_time_s == pytest.approx(
         _sim(Layout(**sp)).step_time_s)
+
+
+def test_trace_draws_blocking_sends_on_their_own_track() -> None:
+    """A unit that waits for its own send ends with that wait: the trace draws it on a
+    ``comm_pp`` track, inside the unit's span, as long as its exposed ``pp`` time."""
+    from charon_search.sim.trace import chrome_trace
+
+    rep = _sim(Layout(tp=2, pp=2, schedule="1f1b", pp_p2p_blocking=True,
+                      global_batch_size=4, seq_len=256))
+    ev = chrome_trace(rep.timeline)["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    sends = [e for e in ev if e.get("ph") == "X" and names.get(e["tid"]) == "comm_pp"]
+    units = {e["name"]: e for e in ev if e.get("ph") == "X" and names.get(e["tid"]) == "compute"
+             and e["pid"] == 0}
+    mine = [e for e in sends if e["pid"] == 0]
+    assert len(mine) == 4  # rank 0 sends its 4 forwards
+    for e in mine:
+        unit = units[e["name"].removeprefix("send ")]
+        assert e["ts"] + e["dur"] == pytest.approx(unit["ts"] + unit["dur"])
+        assert e["dur"] == pytest.approx(unit["args"]["exposed_comm_s"]["pp"] * 1e6)
