@@ -41,7 +41,8 @@ class PipelineResult:
     rank_end_s: list[float]
     """When each rank's compute stream finishes its last unit."""
     last_backward: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
-    """(rank, chunk) -> (start, end) of the chunk's last gradient-producing unit (B or W)."""
+    """(rank, chunk) -> (start, end) of the chunk's last gradient-producing unit (B or W); the
+    end is its compute's, before a blocking send (``p2p_blocking``)."""
     max_in_flight: list[int] = field(default_factory=list)
     """Per rank: most micro-batches whose forward ran but whose backward has not (memory)."""
 
@@ -263,7 +264,9 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
     for u in units:
         if u.op.kind == grad_kind:
             key = (u.rank, u.op.chunk)
-            if key not in last_bwd or u.end_s > last_bwd[key][1]:
-                last_bwd[key] = (u.start_s, u.end_s)
+            # The gradients exist when the compute ends, before a blocking send's wait.
+            end = u.end_s - sum(v for g, v in u.cost.exposed_comm_s if g == "pp")
+            if key not in last_bwd or end > last_bwd[key][1]:
+                last_bwd[key] = (u.start_s, end)
     return PipelineResult(units=units, rank_end_s=list(free), last_backward=last_bwd,
                           max_in_flight=max_in_flight)

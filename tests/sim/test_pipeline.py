@@ -194,3 +194,18 @@ def test_blocking_sends_add_one_transfer_per_send(schedule: str, p: int, m: int,
         assert busy == pytest.approx(m * (TF + TB) + sends * c)
     overlapped = run_pipeline(schedule=schedule, p=p, m=m, v=v, cost=_uniform(v), p2p_s=c)
     assert max(res.rank_end_s) > max(overlapped.rank_end_s)
+
+
+def test_last_backward_ends_with_the_compute_not_the_blocking_send() -> None:
+    # Rank 1 of p=2 sends its backwards: its gradients exist when the compute ends, a
+    # transfer before the unit (which waits for the send) does.
+    c = 0.5
+    res = run_pipeline(schedule="1f1b", p=2, m=2, v=1, cost=_uniform(), p2p_s=c,
+                       p2p_blocking=True)
+    last = max((u for u in res.units if u.rank == 1 and u.op.kind == "B"),
+               key=lambda u: u.end_s)
+    assert res.last_backward[(1, 0)] == (pytest.approx(last.start_s),
+                                         pytest.approx(last.end_s - c))
+    first_rank = max((u for u in res.units if u.rank == 0 and u.op.kind == "B"),
+                     key=lambda u: u.end_s)  # rank 0 sends no backward: no wait to take off
+    assert res.last_backward[(0, 0)][1] == pytest.approx(first_rank.end_s)
