@@ -485,14 +485,9 @@ class _TPWalker:
         wgrad whose output is rescaled before the dgrad keeps its place; its casts read the
         gathered bf16 tensor already (``_whole_wgrad_cast``)."""
         out = list(nodes)
-        made_by = {o: n for n in out for o in n.outputs}
-        readers: dict[int, int] = {}
-        for n in out:
-            for t in n.inputs:
-                readers[t] = readers.get(t, 0) + 1
 
         def cast_of(t: int) -> Node | None:
-            n = made_by.get(t)
+            n = self.orig_producer.get(t)
             return n if n is not None and n.target == "pass:fp8" and len(n.inputs) == 1 else None
 
         def sources(n: Node) -> set[int]:
@@ -505,11 +500,12 @@ class _TPWalker:
             node = out[i]
             if (node.id not in moved and node.phase == Phase.BACKWARD and _tp_gemm_role(node)
                     and node.role not in COLUMN_ROLES and gemm_kind(node) == "wgrad"
-                    and (node.role != Role.MOE_SHARED or self._shared_row_wgrad(node, made_by))):
+                    and (node.role != Role.MOE_SHARED or self._shared_row_wgrad(node))):
                 grads = sources(node)
                 # Its own fp8 casts (read by nothing else) travel with it.
                 own = [c for t in node.inputs if t not in self.params
-                       and (c := cast_of(t)) is not None and readers.get(t) == 1]
+                       and (c := cast_of(t)) is not None
+                       and len(self.consumers.get(t, ())) == 1]
                 moving = {id(n) for n in (*own, node)}
                 mine = {o for n in (*own, node) for o in n.outputs}
                 for j in range(i + 1, len(out)):
@@ -531,10 +527,11 @@ class _TPWalker:
             i += 1
         return out
 
-    def _shared_row_wgrad(self, node: Node, made_by: dict[int, Node]) -> bool:
+    def _shared_row_wgrad(self, node: Node) -> bool:
         """A shared expert's down-projection wgrad (row-parallel, like ``mlp.out``): no input
         of it comes from the shared MLP's own backward ops, as the gate/up wgrads' gradient
         (the activation function's backward) does."""
+        made_by = self.orig_producer
         return not any(made_by[t].role == Role.MOE_SHARED for t in node.inputs
                        if t not in self.params and t in made_by)
 

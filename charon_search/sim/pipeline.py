@@ -34,6 +34,11 @@ class PipeUnit:
     end_s: float
     cost: UnitCost
 
+    @property
+    def send_wait_s(self) -> float:
+        """The unit's last part, waiting for its own send (``p2p_blocking``)."""
+        return sum(v for g, v in self.cost.exposed_comm_s if g == "pp")
+
 
 @dataclass(kw_only=True)
 class PipelineResult:
@@ -265,7 +270,7 @@ def run_pipeline(*, schedule: str, p: int, m: int, v: int,
         if u.op.kind == grad_kind:
             key = (u.rank, u.op.chunk)
             # The gradients exist when the compute ends, before a blocking send's wait.
-            end = u.end_s - sum(v for g, v in u.cost.exposed_comm_s if g == "pp")
+            end = u.end_s - u.send_wait_s
             if key not in last_bwd or end > last_bwd[key][1]:
                 last_bwd[key] = (u.start_s, end)
     return PipelineResult(units=units, rank_end_s=list(free), last_backward=last_bwd,

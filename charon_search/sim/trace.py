@@ -42,8 +42,8 @@ def chrome_trace(timeline: Any) -> dict[str, Any]:
             "name": f"{u.op.kind} mb{u.op.mb} c{u.op.chunk}", "ts": u.start_s * _US,
             "dur": (u.end_s - u.start_s) * _US,
             "args": {"layers": len(blocks), "exposed_comm_s": dict(u.cost.exposed_comm_s)}})
-        send = sum(v for g, v in u.cost.exposed_comm_s if g == "pp")
-        if send > 0:  # a blocking send: the last part of the unit (``sim.pipeline``)
+        send = u.send_wait_s
+        if send > 0:
             events.append({"ph": "X", "pid": u.rank, "tid": tid(u.rank, "comm_pp"),
                            "name": f"send {u.op.kind} mb{u.op.mb} c{u.op.chunk}",
                            "ts": (u.end_s - send) * _US, "dur": send * _US})
