@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
 
 __all__ = [
+    "LOSS_KERNELS",
     "NORM_IMPLS",
     "OUTPUT_DISCARDING_MODULES",
     "PP_LAYOUT_TOKENS",
@@ -37,6 +38,8 @@ SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpi
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: ``Layout.norm_impl`` choices (``passes.fusion`` for ``persistent``, ``passes.eager_norm``).
 NORM_IMPLS = ("fused", "persistent", "eager")
+#: ``Layout.loss_kernel`` choices (``passes.fused_loss`` for ``fused``).
+LOSS_KERNELS = ("eager", "fused")
 #: Megatron-Core ``--recompute-modules`` choices
 #: (``megatron/core/transformer/transformer_config.py``).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
@@ -280,6 +283,13 @@ class Layout:
     stage); ``(...)*n`` repeats. ``"Et|(tt|)*30L"``: 32 stages, a 61-layer model with the
     embedding beside one layer and the LM head alone. Empty = an even split
     (``training.step.stage_layers``)."""
+    loss_kernel: str = "eager"
+    """How the cross entropy runs: ``eager`` (the traced ``nn.CrossEntropyLoss`` under
+    autocast: an fp32 copy of the logits, ATen's multi-pass log-softmax, NLL, and their
+    backward, about 52 bytes per logit) or ``fused`` (one kernel per direction on the bf16
+    logits, about 8 bytes per logit: flash-attn's ``CrossEntropyLoss``, llm-foundry MPT's
+    default ``loss_fn``, or the loss compiled by Inductor, torchtitan from 2025). See
+    ``passes.fused_loss``; the memory model counts the matching loss buffers."""
     attention_kernel: str = "flash"
     """``flash`` (the GPU's best fused attention kernel), ``flash2`` (FlashAttention-2, PyTorch
     SDPA's flash backend), ``flash_triton`` (the 2022/23 Triton FlashAttention kernel) or
@@ -349,6 +359,7 @@ class Layout:
         for mod in self.recompute_modules:
             _choice("recompute_modules", mod, RECOMPUTE_MODULES)
         _choice("norm_impl", self.norm_impl, NORM_IMPLS)
+        _choice("loss_kernel", self.loss_kernel, LOSS_KERNELS)
         _choice("fp8_gemm_kernel", self.fp8_gemm_kernel, FP8_GEMM_KERNELS)
         _choice("attention_kernel", self.attention_kernel,
                 ("flash", "flash2", "flash_triton", "eager"))

@@ -25,6 +25,7 @@ _FLAGS = {  # flag dest -> Layout field
     "fsdp_flat_grad": "fsdp_flat_grad", "grad_reduce_dtype": "grad_reduce_dtype",
     "pp_layout": "pp_layout", "mla_rope_fusion": "mla_rope_fusion",
     "pp_p2p_blocking": "pp_p2p_blocking", "pp_scatter_gather": "pp_scatter_gather",
+    "loss_kernel": "loss_kernel",
 }
 
 
@@ -102,6 +103,11 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                    help="dtype of the data-parallel gradient reduction: fp32 | bf16 | fp16 "
                         "(default fp32; bf16 = FSDP mixed precision reducing in bf16, "
                         "Composer PURE; fp16 = Megatron-LM fp16 without fp32 accumulation)")
+    g.add_argument("--loss-kernel", dest="loss_kernel", default=None,
+                   help="cross-entropy kernels: eager | fused (default eager: the traced "
+                        "fp32 log-softmax and NLL ops; fused = one kernel per direction on the "
+                        "bf16 logits: flash-attn's CrossEntropyLoss as in llm-foundry, or the "
+                        "loss compiled by torch.compile)")
     g.add_argument("--mla-rope-fusion", dest="mla_rope_fusion", default=None,
                    action=argparse.BooleanOptionalAction,
                    help="multi-latent attention runs Megatron-Core's fused query and key/value "

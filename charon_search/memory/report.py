@@ -50,6 +50,10 @@ SELECTIVE_POLICIES = ("attention", "op")
 #:   from 2025, ``components/loss.py`` ``build_cross_entropy_loss``): it keeps the bf16 logits
 #:   and a per-row log-sum-exp, and writes the bf16 gradient in one fused kernel (0.5F kept,
 #:   1F at the backward).
+#: * ``fused``: one cross-entropy kernel per direction on the bf16 logits
+#:   (``Layout.loss_kernel = "fused"``: flash-attn's ``CrossEntropyLoss``, llm-foundry MPT's
+#:   default): the forward keeps the bf16 logits and a per-row log-sum-exp, the backward writes
+#:   the bf16 gradient beside them (0.5F kept, 1F at the backward), as the compiled loss.
 #: * ``vocab_parallel``: Megatron's ``_VocabParallelCrossEntropy`` on ``output.float()``:
 #:   ``exp``, the softmax and its gradient are computed in place in the fp32 copy (kept F; 1.5F
 #:   while the bf16 logits or the bf16 gradient exist beside it).
@@ -57,6 +61,7 @@ LOSS_IMPLS: dict[str, tuple[float, float, float]] = {
     "eager": (1.0, 2.0, 3.0),
     "loss_parallel": (1.0, 3.0, 4.0),
     "compiled": (0.5, 0.5, 1.0),
+    "fused": (0.5, 0.5, 1.0),
     "vocab_parallel": (1.0, 1.5, 1.5),
 }
 
@@ -342,6 +347,9 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
     layout = as_layout(layout, hint=" (memory_report takes model, layout, cluster)")
     spec, cl = _resolve(model, cluster)
     opts = options or MemoryOptions()
+    if layout.loss_kernel == "fused" and opts.loss_impl == "eager":
+        # the layout's fused cross-entropy kernel keeps what it reads, not the eager buffers
+        opts = dataclasses.replace(opts, loss_impl="fused")
     validate_layout(spec, layout, None)
     check_layout_on_cluster(layout, cl, gpu_count=False)
     attn_impl = opts.attn_impl or ("eager" if layout.attention_kernel == "eager" else "sdpa")

@@ -10,6 +10,7 @@ from charon_search.passes import (  # noqa: F401 - registration side effects
     eager_attention,
     eager_norm,
     expert_parallel,
+    fused_loss,
     fusion,
     mla_rope,
     overlap,

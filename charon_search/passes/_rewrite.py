@@ -4,6 +4,7 @@ inserts communication nodes and rewires later readers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, TensorSpec, sym
 from charon_search.ir.symbolic import as_poly
@@ -12,6 +13,7 @@ __all__ = [
     "COUNT_PARAMS",
     "GraphBuilder",
     "expand_nodes",
+    "fold_region",
     "gemm_bytes",
     "gemm_kind",
     "scale_node",
@@ -34,6 +36,23 @@ COUNT_PARAMS: dict[OpKind, tuple[str, ...]] = {
     OpKind.MOE_ROUTING: ("tokens",),
     OpKind.GROUPED_GEMM: ("tokens",),
 }
+
+
+def fold_region(region: Iterable[Node], carrier: Node, *, join_target: str, tag: str,
+                **kernel: Any) -> dict[int, Node]:
+    """Replacement nodes for a run of ops that become one kernel: ``carrier`` takes the fields
+    ``kernel`` gives (its price) and the tags ``fused`` and ``tag``; every other node of
+    ``region`` becomes a zero-cost join (kind ``OTHER``, target ``join_target``, tag ``tag``)
+    that keeps the data flow."""
+    out: dict[int, Node] = {}
+    for n in region:
+        if n.id == carrier.id:
+            out[n.id] = n.replace(**kernel, tags=n.tags | {"fused", tag})
+        else:
+            out[n.id] = n.replace(kind=OpKind.OTHER, target=join_target, flops=Poly(),
+                                  bytes_read=Poly(), bytes_written=Poly(), params={},
+                                  tags=n.tags | {tag})
+    return out
 
 
 def gemm_kind(node: Node) -> str:

@@ -107,6 +107,9 @@ class PassContext:
     """The same kernel over the parameters no GEMM writes (``Layout.embedding_grad_hook``)."""
     mla_rope_fusion: bool = False
     """Megatron-Core's fused MLA RoPE kernels (``Layout.mla_rope_fusion``, ``passes.mla_rope``)."""
+    loss_kernel: str = "eager"
+    """``eager`` (the traced cross entropy) or ``fused`` (``Layout.loss_kernel``,
+    ``passes.fused_loss``)."""
     param_gather_dtype: str = "bf16"
     debug: bool = False
     """Run ``ir.check`` after every pass."""
@@ -138,6 +141,7 @@ class PassContext:
             grad_accum_hook=getattr(layout, "grad_accum_hook", False),
             embedding_grad_hook=getattr(layout, "embedding_grad_hook", False),
             mla_rope_fusion=getattr(layout, "mla_rope_fusion", False),
+            loss_kernel=getattr(layout, "loss_kernel", "eager"),
             moe_fused_permute=getattr(layout, "moe_fused_permute", False),
             ep_dispatch_bytes=(FP8_DISPATCH_BYTES if getattr(layout, "ep_dispatch_fp8", False)
                                else 0.0),

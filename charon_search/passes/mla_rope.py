@@ -30,6 +30,7 @@ query read and write overstate it a little.
 from __future__ import annotations
 
 from charon_search.ir import Node, OpGraph, OpKind, Poly
+from charon_search.passes._rewrite import fold_region
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 from charon_search.passes.fusion import external_tensors
 from charon_search.passes.tensor_parallel import is_replicated_gemm
@@ -105,21 +106,14 @@ def _fused(graph: OpGraph, region: list[Node]) -> dict[int, Node]:
     # key assembly comes after the kv up-projection it reads).
     carrier = next((n for n in reversed(region) if handed_out.intersection(n.outputs)),
                    region[-1])
-    out: dict[int, Node] = {}
-    for n in region:
-        if n.id == carrier.id:
-            out[n.id] = n.replace(
-                name=f"fused_mla_rope_{n.name}", kind=OpKind.COPY,
-                flops=sum((m.flops for m in region), Poly()),
-                bytes_read=sum((graph.tensors[t].nbytes for t in ext_in), Poly()),
-                bytes_written=sum((graph.tensors[t].nbytes for t in ext_out), Poly()),
-                params={"numel": sum((graph.tensors[t].numel for t in ext_out), Poly())},
-                target="pass:fusion", tags=n.tags | {"fused", "mla_rope"})
-        else:
-            out[n.id] = n.replace(kind=OpKind.OTHER, target=JOIN_TARGET, flops=Poly(),
-                                  bytes_read=Poly(), bytes_written=Poly(), params={},
-                                  tags=n.tags | {"mla_rope"})
-    return out
+    return fold_region(
+        region, carrier, join_target=JOIN_TARGET, tag="mla_rope",
+        name=f"fused_mla_rope_{carrier.name}", kind=OpKind.COPY,
+        flops=sum((m.flops for m in region), Poly()),
+        bytes_read=sum((graph.tensors[t].nbytes for t in ext_in), Poly()),
+        bytes_written=sum((graph.tensors[t].nbytes for t in ext_out), Poly()),
+        params={"numel": sum((graph.tensors[t].numel for t in ext_out), Poly())},
+        target="pass:fusion")
 
 
 @PASSES.register("mla_rope")

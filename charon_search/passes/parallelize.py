@@ -18,8 +18,8 @@ __all__ = ["DEFAULT_PASSES", "ParallelBlock", "parallelize_block", "parallelize_
 
 #: The default pipeline (the manager orders it by the declared constraints).
 DEFAULT_PASSES: tuple[str, ...] = (
-    "fusion", "eager_attention", "eager_norm", "mla_rope", "fp8", "tp", "ep", "cp", "recompute",
-    "fsdp", "grad_accum", "async_tp", "moe_overlap",
+    "fusion", "eager_attention", "eager_norm", "mla_rope", "fused_loss", "fp8", "tp", "ep", "cp",
+    "recompute", "fsdp", "grad_accum", "async_tp", "moe_overlap",
 )
 
 

@@ -348,6 +348,8 @@ def _layout_summary(case: TrainingCase) -> str:
                                else lay.selective_policy))
     if lay.attention_kernel != "flash":
         parts.append(f"attn:{lay.attention_kernel}")
+    if lay.loss_kernel != "eager":
+        parts.append(f"loss:{lay.loss_kernel}")
     if lay.moe_a2a_overlap:
         parts.append("a2a-overlap")
     if lay.pp_layout:

@@ -331,17 +331,10 @@ def _training_case(record: Record) -> TrainingCase:
     return TrainingCase(record=record, model=model, cluster=choice.cluster,
                         cluster_how=choice.how, layout=layout, arch=arch_facts(record, model),
                         assumptions=tuple(notes),
-                        memory_options=_memory_options(ex, layout, record))
+                        memory_options=_memory_options(ex, layout))
 
 
-#: torchtitan compiles the loss together with the model from 2025 on
-#: (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile(loss_fn)``
-#: when compiling); the Dec-2024 benchmark commit 9dec370 still had it commented out in
-#: ``train.py`` ("TODO: compiling loss function causes CUDA errors, turning off for now").
-_TORCHTITAN_COMPILED_LOSS_FROM = 2025
-
-
-def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None = None) -> Any:
+def _memory_options(ex: Mapping[str, Any], layout: Layout) -> Any:
     """``MemoryOptions.for_framework`` of the record's framework, matched to the layout.
 
     torchtitan's loss: DTensor ``loss_parallel`` whenever TP is on (its default, the
@@ -362,11 +355,10 @@ def _memory_options(ex: Mapping[str, Any], layout: Layout, record: Record | None
     if str(ex.get("selective_ac_option", "")).lower() == "op":
         over["selective_policy"] = "op"
     if name == "torchtitan":
-        year = _tt.source_year(record) if record is not None else None
+        # the compiled loss is the layout's fused loss kernel (``framework_facts``)
         over["loss_impl"] = torchtitan_loss_impl(
             layout.tp, loss_parallel=not ex.get("disable_loss_parallel"),
-            compiled_loss=bool(ex.get("torch_compile")) and year is not None
-            and year >= _TORCHTITAN_COMPILED_LOSS_FROM)
+            compiled_loss=layout.loss_kernel == "fused")
     return MemoryOptions.for_framework(name or None, **over)
 
 

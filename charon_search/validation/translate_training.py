@@ -17,10 +17,15 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.validation.records import Record
 
-__all__ = ["MEGATRON_PERSIST_LN_HIDDEN_SIZES", "arxiv_year", "attention_kernel", "fp8_recipe",
-           "framework", "framework_facts", "source_year"]
+__all__ = ["MEGATRON_PERSIST_LN_HIDDEN_SIZES", "TORCHTITAN_COMPILED_LOSS_FROM", "arxiv_year",
+           "attention_kernel", "fp8_recipe", "framework", "framework_facts", "source_year"]
 
 
+#: torchtitan compiles the loss together with the model from 2025 on
+#: (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile(loss_fn)``
+#: when compiling); the Dec-2024 benchmark commit 9dec370 still had it commented out in
+#: ``train.py`` ("TODO: compiling loss function causes CUDA errors, turning off for now").
+TORCHTITAN_COMPILED_LOSS_FROM = 2025
 #: First year of torchtitan op-SAC runs without ``reduce_scatter_tensor`` in the save list
 #: (pytorch/torchtitan#965, merged March 2025; see ``framework_facts``).
 _TORCHTITAN_SAC_NO_RS_FROM = 2025
@@ -152,6 +157,21 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
             out["cp_ring_impl"] = "torch_traced"
             notes.append("torchtitan CP under torch.compile: K/V all-gather and fp32 dK/dV "
                          "ring not overlapped; K/V at the query-head count (repeat_kv)")
+    # The loss: llm-foundry's MPT runs flash-attn's fused CrossEntropyLoss
+    # (``ComposerMPTCausalLM``: ``loss_fn`` defaults to ``fused_crossentropy``; the benchmark
+    # yamls do not set it), and torchtitan from 2025 compiles the loss with the model unless
+    # TP's ``loss_parallel`` computes it (``passes.fused_loss``).
+    tp = int(t.get("tp") or 1)
+    if "llm-foundry" in fw.lower():
+        out["loss_kernel"] = "fused"
+        notes.append("llm-foundry MPT loss_fn 'fused_crossentropy' (default): flash-attn's "
+                     "fused cross entropy on the bf16 logits")
+    elif (fw == "torchtitan" and ex.get("torch_compile") and year is not None
+          and year >= TORCHTITAN_COMPILED_LOSS_FROM
+          and (tp == 1 or ex.get("disable_loss_parallel"))):
+        out["loss_kernel"] = "fused"
+        notes.append("torchtitan 2025: the loss compiled with the model (build_cross_entropy_"
+                     "loss), one fused kernel per direction on the bf16 logits")
     # Megatron-Core --moe-permute-fusion / --moe-router-fusion (Transformer Engine's fused
     # permute, unpermute and router kernels; ``passes.fusion``).
     if ex.get("moe_permute_fusion") or ex.get("moe_router_fusion"):

@@ -116,7 +116,7 @@ def test_eager_loss_model_reproduces_the_traced_hf_loss(llama) -> None:
 
 
 @pytest.mark.parametrize(("impl", "kept_f", "peak_f"), [
-    ("eager", 1.0, 3.0), ("loss_parallel", 1.0, 4.0), ("compiled", 0.5, 1.0),
+    ("eager", 1.0, 3.0), ("loss_parallel", 1.0, 4.0), ("compiled", 0.5, 1.0), ("fused", 0.5, 1.0),
     ("vocab_parallel", 1.0, 1.5)])
 def test_loss_implementations(llama, impl: str, kept_f: float, peak_f: float) -> None:
     _, prof = llama
