@@ -286,7 +286,7 @@ class Layout:
     loss_kernel: str = "eager"
     """How the cross entropy runs: ``eager`` (the traced ``nn.CrossEntropyLoss`` under
     autocast: an fp32 copy of the logits, ATen's multi-pass log-softmax, NLL, and their
-    backward, about 52 bytes per logit) or ``fused`` (one kernel per direction on the bf16
+    backward, about 48 bytes per logit) or ``fused`` (one kernel per direction on the bf16
     logits, about 8 bytes per logit: flash-attn's ``CrossEntropyLoss``, llm-foundry MPT's
     default ``loss_fn``, or the loss compiled by Inductor, torchtitan from 2025). See
     ``passes.fused_loss``; the memory model counts the matching loss buffers."""

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     check_layout_on_cluster(layout, cluster)  # as `train`: the GPUs must be the cluster's
     options = None
     if args.framework is not None:
-        overrides = ({"loss_impl": torchtitan_loss_impl(layout.tp)}
+        overrides = ({"loss_impl": torchtitan_loss_impl(
+                          layout.tp, compiled_loss=layout.loss_kernel == "fused")}
                      if args.framework == "torchtitan" else {})
         options = MemoryOptions.for_framework(args.framework, **overrides)
     rep = memory_report(spec, layout, cluster, options=options)

@@ -236,7 +236,7 @@ class Converter:
                 continue
             if inherited:
                 op.module_path, op.module_class = "", ""
-                op.role = _fallback_role(block)
+                op.role = _fallback_role(block, role)
             else:
                 op.role = role
             if recomputed:
@@ -602,11 +602,15 @@ def _in_moe_module(local: str) -> bool:
     return bool(parts) and parts[0] in _MOE_MODULES and not any("shared" in p for p in parts)
 
 
-def _fallback_role(block: str) -> str:
+def _fallback_role(block: str, previous: str = "") -> str:
+    """The role of an op without a module of its own in ``block``. In the LM head block, a
+    backward op without one (a gradient sum: the final RMSNorm's two uses of its input) takes
+    the role of the op before it (``previous``), not the loss's: the TP pass shards the loss
+    over the vocabulary, not the hidden-size gradient of the final norm."""
     if block == "embedding":
         return Role.EMBED.value
     if block == "lm_head":
-        return Role.LOSS.value
+        return previous or Role.LOSS.value
     return Role.RESIDUAL.value
 
 

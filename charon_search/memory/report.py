@@ -101,8 +101,9 @@ class MemoryOptions:
     """Blocks run under ``torch.compile``: AOT autograd's partitioner saves only what the
     backward reads, so per-op SAC keeps no must-save output that nothing reads (eager SAC caches
     them all). ``None``: ``layout.fused_kernels``."""
-    loss_impl: str = "eager"
-    """How the cross entropy is computed: a key of ``LOSS_IMPLS``."""
+    loss_impl: str | None = None
+    """How the cross entropy is computed: a key of ``LOSS_IMPLS``. ``None``: the layout's
+    ``loss_kernel`` (``fused``, else ``eager``)."""
     fused_saved: bool = False
     """Norms and the gated activation run as fused kernels that save less than HF's eager code
     (Transformer Engine norm + GEMM modules, Megatron's ``bias_swiglu`` fusion): see
@@ -143,7 +144,7 @@ class MemoryOptions:
         if self.selective_policy is not None and self.selective_policy not in SELECTIVE_POLICIES:
             raise ConfigError(f"`selective_policy` must be one of {list(SELECTIVE_POLICIES)}, "
                               f"but got {self.selective_policy!r}")
-        if self.loss_impl not in LOSS_IMPLS:
+        if self.loss_impl is not None and self.loss_impl not in LOSS_IMPLS:
             raise ConfigError(f"`loss_impl` must be one of {list(LOSS_IMPLS)}, "
                               f"but got {self.loss_impl!r}")
         if isinstance(self.recipe, str) and self.recipe not in STATE_RECIPES:
@@ -347,9 +348,9 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
     layout = as_layout(layout, hint=" (memory_report takes model, layout, cluster)")
     spec, cl = _resolve(model, cluster)
     opts = options or MemoryOptions()
-    if layout.loss_kernel == "fused" and opts.loss_impl == "eager":
-        # the layout's fused cross-entropy kernel keeps what it reads, not the eager buffers
-        opts = dataclasses.replace(opts, loss_impl="fused")
+    if opts.loss_impl is None:  # the layout's loss kernel
+        opts = dataclasses.replace(
+            opts, loss_impl="fused" if layout.loss_kernel == "fused" else "eager")
     validate_layout(spec, layout, None)
     check_layout_on_cluster(layout, cl, gpu_count=False)
     attn_impl = opts.attn_impl or ("eager" if layout.attention_kernel == "eager" else "sdpa")
