@@ -14,15 +14,21 @@ import json
 from pathlib import Path
 
 from charon_search.cli._common import prepare_outputs
-from charon_search.cli.train_cmd import add_layout_arguments
+from charon_search.cli.train_cmd import (
+    add_framework_arguments,
+    add_layout_arguments,
+    apply_framework,
+)
 from charon_search.errors import ConfigError
 from charon_search.layout import Layout
 from charon_search.units import format_bytes
 
-__all__ = ["FRAMEWORKS", "add_arguments", "add_layout_arguments", "layout_from_args", "run"]
+__all__ = ["FRAMEWORK_ALIASES", "add_arguments", "add_layout_arguments", "layout_from_args",
+           "run"]
 
-#: Frameworks ``MemoryOptions.for_framework`` knows conventions for.
-FRAMEWORKS = ("torchtitan", "megatron")
+#: ``--framework`` names besides the presets (``frameworks.FRAMEWORKS``): ``megatron`` is
+#: Megatron-Core's.
+FRAMEWORK_ALIASES = {"megatron": "megatron-core"}
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
     """``Layout`` from the flags, with the rules of ``charon-search train`` (one parser:
@@ -40,10 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="catalog name or HF config path")
     parser.add_argument("--cluster", required=True, help="cluster name or YAML path")
     add_layout_arguments(parser)
-    parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
-                        help="training framework whose memory conventions apply (optimizer "
-                             "state layout, selective-recompute policy, loss implementation); "
-                             "default: framework-neutral ZeRO-paper conventions")
+    add_framework_arguments(parser, aliases=tuple(FRAMEWORK_ALIASES))
     parser.add_argument("--json", type=Path, dest="json_path", help="write the report as JSON")
 
 
@@ -52,19 +55,16 @@ def run(args: argparse.Namespace) -> int:
     from charon_search.hardware import load_cluster
     from charon_search.layout import check_layout_on_cluster
     from charon_search.memory import memory_report
-    from charon_search.memory.report import MemoryOptions, torchtitan_loss_impl
 
     prepare_outputs(args, {"--json": "json_path"}, inputs={"--layout": "layout"})
     spec = load_model(args.model)
     cluster = load_cluster(args.cluster)
     layout = layout_from_args(args)
     check_layout_on_cluster(layout, cluster)  # as `train`: the GPUs must be the cluster's
-    options = None
-    if args.framework is not None:
-        overrides = ({"loss_impl": torchtitan_loss_impl(
-                          layout.tp, compiled_loss=layout.loss_kernel == "fused")}
-                     if args.framework == "torchtitan" else {})
-        options = MemoryOptions.for_framework(args.framework, **overrides)
+    # the framework's facts and memory conventions (optimizer state layout, recompute policy,
+    # loss implementation); without one, framework-neutral ZeRO-paper conventions
+    layout, options, notes = apply_framework(
+        args, layout, spec, FRAMEWORK_ALIASES.get(args.framework, args.framework))
     rep = memory_report(spec, layout, cluster, options=options)
     m = layout.num_micro_batches
     print(f"{spec.name} on {cluster.gpu.name} ({format_bytes(rep.device_memory_bytes)}); "
@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
               if st.device_overhead_bytes > 0 else "")
     print(f"peak reserved {format_bytes(rep.peak_reserved_bytes)} "
           f"(stage {rep.bottleneck_stage}{beside}); {verdict}")
+    for i, n in enumerate(notes):
+        print(n if i == 0 else f"  - {n}")
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(rep.to_dict(), indent=2) + "\n")
     return 0

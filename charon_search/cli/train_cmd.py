@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="catalog name or HF config path")
     p.add_argument("--cluster", required=True, help="cluster name or YAML path")
     add_layout_arguments(p)
+    add_framework_arguments(p)
     p.add_argument("--json", default=None, help="write the StepReport as JSON to this file")
     p.add_argument("--trace", default=None,
                    help="write a Chrome/Perfetto trace of the step to this file (open it in "
@@ -153,6 +154,7 @@ def build_layout(args: argparse.Namespace) -> Any:
         val = getattr(args, flag, None)
         if val is not None:
             data[fld] = val
+    args.explicit_fields = frozenset(data)  # set by the YAML or a flag: presets keep them
     if args.gpus is not None and args.gpus < 1:
         raise ConfigError(f"`--gpus` must be a positive integer, but got {args.gpus}")
     if "dp" not in data and args.gpus:
@@ -185,13 +187,58 @@ def build_layout(args: argparse.Namespace) -> Any:
                                      getattr(args, "command", None) or "train")) from None
 
 
+def add_framework_arguments(parser: argparse.ArgumentParser, *, aliases: tuple[str, ...] = ()
+                            ) -> None:
+    """``--framework`` (a ``frameworks.FRAMEWORKS`` preset), ``--framework-year`` and
+    ``--compile / --no-compile``, applied by ``apply_framework``."""
+    from charon_search.frameworks import FRAMEWORKS
+
+    g = parser.add_argument_group("framework")
+    g.add_argument("--framework", choices=(*FRAMEWORKS, *aliases), default=None,
+                   help="simulate the layout as this training framework's code runs it (the "
+                        "facts the accuracy report's records of that framework are simulated "
+                        "with: pipeline transfers, loss and attention kernels, FSDP gradient "
+                        "path, recompute policy, memory conventions...); flags and --layout "
+                        "keys given explicitly win. Default: none (framework-neutral)")
+    g.add_argument("--framework-year", dest="framework_year", type=int, default=None,
+                   help="year of the framework's code (default: the year of its latest "
+                        "validation records: megatron-lm 2022, megatron-core and torchtitan "
+                        "2025, llm-foundry 2023); rules that changed with a release key on it")
+    g.add_argument("--compile", dest="torch_compile", default=True,
+                   action=argparse.BooleanOptionalAction,
+                   help="the job runs torch.compile (torchtitan: fused norms and compiled "
+                        "loss; default on)")
+
+
+def apply_framework(args: argparse.Namespace, layout: Any, model: Any,
+                    framework: str | None = None) -> tuple[Any, Any, tuple[str, ...]]:
+    """``(layout, memory options, notes)`` of ``--framework`` (or ``framework``) applied to
+    ``layout``, the notes headed by the framework and year; without one,
+    ``(layout, None, ())``."""
+    from charon_search.frameworks import framework_layout
+
+    name = framework or args.framework
+    if name is None:
+        if args.framework_year is not None:
+            raise ConfigError("`--framework-year` applies only with `--framework`")
+        return layout, None, ()
+    fl = framework_layout(model, layout, name, year=args.framework_year,
+                          torch_compile=args.torch_compile,
+                          keep=getattr(args, "explicit_fields", ()))
+    head = f"framework {name} ({fl.year}):" + ("" if fl.notes else " no fact changes this "
+                                              "layout")
+    return fl.layout, fl.memory_options, (head, *fl.notes)
+
+
 def run(args: argparse.Namespace) -> int:
     from charon_search.training import simulate_training
     from charon_search.units import format_seconds
 
     prepare_outputs(args, {"--json": "json", "--trace": "trace"}, inputs={"--layout": "layout"})
     layout = build_layout(args)
-    report = simulate_training(args.model, args.cluster, layout, num_gpus=args.gpus)
+    layout, memory_options, notes = apply_framework(args, layout, args.model)
+    report = simulate_training(args.model, args.cluster, layout, num_gpus=args.gpus,
+                               memory_options=memory_options)
     d = report.to_dict()
     bd = d["breakdown"]
     rows = [
@@ -226,6 +273,10 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
+    if notes:
+        print(f"  {notes[0]}")
+        for n in notes[1:]:
+            print(f"    - {n}")
     for w in report.warnings:
         print(f"  warning: {w}")
     if args.json:

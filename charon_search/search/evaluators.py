@@ -103,6 +103,35 @@ def layout_from_config(cfg: Mapping[str, Any]) -> Any:
     return Layout.from_dict({k: v for k, v in cfg.items() if k in names})
 
 
+#: Training config keys of a framework preset (``training_setup``), beside the ``Layout``'s.
+FRAMEWORK_KEYS = ("framework", "framework_year", "torch_compile")
+
+
+def training_setup(cfg: Mapping[str, Any], model: Any = None) -> tuple[Any, Any]:
+    """``(Layout, memory options)`` of a training config. With ``framework`` (a key of
+    ``frameworks.FRAMEWORKS``; ``framework_year`` and ``torch_compile`` optional) the
+    framework's facts fill the layout fields the config does not set and its memory
+    conventions apply (``frameworks.framework_layout``); without it, ``(layout, None)``."""
+    from charon_search.frameworks import framework_layout
+    from charon_search.layout import Layout
+
+    layout = layout_from_config(cfg)
+    name = cfg.get("framework")
+    if name is None:
+        for k in ("framework_year", "torch_compile"):
+            if cfg.get(k) is not None:
+                raise ConfigError(f"`{k}` applies only with `framework`")
+        return layout, None
+    compile_ = cfg.get("torch_compile", True)
+    if not isinstance(compile_, bool):
+        raise ConfigError(f"`torch_compile` must be true or false, but got {compile_!r}")
+    names = {f.name for f in dataclasses.fields(Layout)}
+    fl = framework_layout(model if model is not None else cfg["model"], layout, str(name),
+                          year=cfg.get("framework_year"), torch_compile=compile_,
+                          keep={k for k in cfg if k in names})
+    return fl.layout, fl.memory_options
+
+
 class _Cached(Evaluator, RuleContext):
     """An evaluator with the rules' cached model and cluster lookups."""
 
@@ -135,9 +164,10 @@ class TrainingEvaluator(_Cached):
         for cfg in cfgs:
             try:
                 model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
-                layout = layout_from_config(cfg)
-                memory_report(model, layout, cluster)
-                simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
+                layout, mopts = training_setup(cfg, model)
+                memory_report(model, layout, cluster, options=mopts)
+                simulate_training(model, cluster, layout, num_gpus=layout.num_gpus,
+                                  memory_options=mopts)
             except Exception:  # warming is best effort
                 continue
 
@@ -146,7 +176,7 @@ class TrainingEvaluator(_Cached):
         from charon_search.training import simulate_training
 
         model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
-        layout = layout_from_config(cfg)
+        layout, mopts = training_setup(cfg, model)  # a ConfigError: the worker's "invalid:"
         rec: dict[str, Any] = {
             "num_gpus": layout.num_gpus,
             "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes),
@@ -156,7 +186,7 @@ class TrainingEvaluator(_Cached):
         # pp, ...) is an infeasible point with the rule as its reason, whichever of the memory
         # check and the step simulator finds it (the worker's "invalid:" convention).
         try:
-            mem = memory_report(model, layout, cluster)  # microseconds-milliseconds
+            mem = memory_report(model, layout, cluster, options=mopts)  # micro-milliseconds
         except ConfigError as e:
             return {**rec, "feasible": False, "prune_reason": f"invalid: {e}"}
         # ``peak_memory_bytes`` is the figure the prune compares with the device: reserved
@@ -168,7 +198,8 @@ class TrainingEvaluator(_Cached):
         if not mem.fits:
             return {**rec, "feasible": False, "prune_reason": f"memory: {mem.reason}"}
         try:
-            report = simulate_training(model, cluster, layout, num_gpus=layout.num_gpus)
+            report = simulate_training(model, cluster, layout, num_gpus=layout.num_gpus,
+                                       memory_options=mopts)
         except InfeasibleError as e:
             return {**rec, "feasible": False, "prune_reason": f"infeasible: {e}"}
         except ConfigError as e:

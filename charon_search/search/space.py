@@ -29,6 +29,12 @@ read, without simulating: every ``fixed`` key and parameter name is a config key
 the config it builds first (``build_config``: the ``Layout``; the workload and
 ``ServingConfig``), so a typo is one ``ConfigError`` naming the field instead of trials that all
 fail or a value silently ignored.
+
+A ``training`` space may name the job's framework (``framework: megatron-core``, with optional
+``framework_year`` and ``torch_compile``; ``frameworks.FRAMEWORKS``): every trial then runs as that
+framework's code does (``frameworks.framework_layout``: the facts the accuracy report's records of
+it are simulated with), layout fields the space sets excepted. As a categorical parameter it
+compares frameworks.
 """
 
 from __future__ import annotations
@@ -359,9 +365,10 @@ def evaluator_keys(evaluator: str) -> frozenset[str] | None:
 
     if evaluator == "training":
         from charon_search.layout import Layout
+        from charon_search.search.evaluators import FRAMEWORK_KEYS
 
         return frozenset({f.name for f in dataclasses.fields(Layout)}
-                         | {"model", "cluster", "num_gpus"})
+                         | {"model", "cluster", "num_gpus", *FRAMEWORK_KEYS})
     if evaluator == "serving":
         from charon_search.search.serving_bridge import _POOL_KEYS, _SEARCH_ONLY
         from charon_search.serving import ServingConfig, WorkloadSpec
@@ -384,9 +391,9 @@ def build_config(evaluator: str, cfg: Mapping[str, Any],
     if evaluator in ("training", "serving"):
         _check_names(cfg, cache)
     if evaluator == "training":
-        from charon_search.search.evaluators import layout_from_config
+        from charon_search.search.evaluators import training_setup
 
-        layout_from_config(cfg)
+        training_setup(cfg)
     elif evaluator == "serving":
         from charon_search.search.serving_bridge import serving_config_from, workload_from
         from charon_search.serving import WorkloadSpec

@@ -408,7 +408,7 @@ def _stage_imbalance_s(pipe: PipelineResult, bubble: float, *, schedule: str, p:
 
 def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, Any], *,
                       num_gpus: int | None = None, cost_model: Any = None, traced: Any = None,
-                      memory: bool = True) -> StepReport:
+                      memory: bool = True, memory_options: Any = None) -> StepReport:
     """Simulate one training step.
 
     Args:
@@ -421,6 +421,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
             ``FusedCostModel``).
         traced: a ``TracedModel`` (default: ``frontend.trace_model(spec, "train")``, cached).
         memory: attach ``memory.memory_report(...)`` (skip it for timing-only sweeps).
+        memory_options: the framework conventions of that report (``memory.report.
+            MemoryOptions``; default: framework-neutral, ``frameworks.framework_layout`` gives a
+            framework's).
 
     Example:
         >>> r = simulate_training("llama-3.1-8b", "h100-sxm-8gpu",  # doctest: +SKIP
@@ -751,7 +754,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     try:
         if memory:
             from charon_search.memory import memory_report
-            mem = memory_report(spec, L, cl).to_dict()
+            mem = memory_report(spec, L, cl, options=memory_options).to_dict()
     except ImportError:
         warnings.append("memory model not importable; StepReport.memory is None")
     except Exception as e:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from charon_search.hardware.spec import ClusterSpec
     from charon_search.layout import Layout
 
-__all__ = ["ServingCase", "TrainingCase", "arch_facts", "to_case"]
+__all__ = ["ServingCase", "TrainingCase", "arch_facts", "framework_memory_options", "to_case"]
 
 #: SGLang's disaggregated MoE deployments with attention data parallelism run expert
 #: parallelism over the same ranks: every NVIDIA/srt-slurm SGLang DeepSeek recipe with
@@ -331,10 +331,10 @@ def _training_case(record: Record) -> TrainingCase:
     return TrainingCase(record=record, model=model, cluster=choice.cluster,
                         cluster_how=choice.how, layout=layout, arch=arch_facts(record, model),
                         assumptions=tuple(notes),
-                        memory_options=_memory_options(ex, layout))
+                        memory_options=framework_memory_options(ex, layout))
 
 
-def _memory_options(ex: Mapping[str, Any], layout: Layout) -> Any:
+def framework_memory_options(ex: Mapping[str, Any], layout: Layout) -> Any:
     """``MemoryOptions.for_framework`` of the record's framework, matched to the layout.
 
     torchtitan's loss: DTensor ``loss_parallel`` whenever TP is on (its default, the

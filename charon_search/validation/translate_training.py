@@ -97,7 +97,8 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     # ``batch_p2p_comm`` and ``batch_p2p_sync`` (both default), which its training arguments
     # use whenever the schedule is not interleaved (``overlap_p2p_comm`` is forced off there;
     # interleaved runs keep ``--overlap-p2p-communication``, on by default).
-    if pp > 1 and (fw == "Megatron-LM" or (fw.startswith("Megatron-Core") and vpp == 1)):
+    if (pp > 1 and t.get("schedule") != "dualpipe"
+            and (fw == "Megatron-LM" or (fw.startswith("Megatron-Core") and vpp == 1))):
         out["pp_p2p_blocking"] = True
         notes.append("Megatron pipeline transfers block the sending stage (batch_isend_irecv, "
                      "then torch.cuda.synchronize)")
@@ -159,10 +160,13 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
                          "ring not overlapped; K/V at the query-head count (repeat_kv)")
     # The loss: llm-foundry's MPT runs flash-attn's fused CrossEntropyLoss
     # (``ComposerMPTCausalLM``: ``loss_fn`` defaults to ``fused_crossentropy``; the benchmark
-    # yamls do not set it), and torchtitan from 2025 compiles the loss with the model unless
-    # TP's ``loss_parallel`` computes it (``passes.fused_loss``).
+    # yamls do not set it; its HF models keep their own loss), and torchtitan from 2025
+    # compiles the loss with the model unless TP's ``loss_parallel`` computes it
+    # (``passes.fused_loss``).
     tp = int(t.get("tp") or 1)
-    if "llm-foundry" in fw.lower():
+    mpt = "mpt" in str((record.model or {}).get("catalog") or (record.model or {}).get("name")
+                       or "").lower()
+    if "llm-foundry" in fw.lower() and mpt:
         out["loss_kernel"] = "fused"
         notes.append("llm-foundry MPT loss_fn 'fused_crossentropy' (default): flash-attn's "
                      "fused cross entropy on the bf16 logits")
@@ -312,6 +316,10 @@ def fp8_recipe(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         return "delayed", "Transformer Engine DelayedScaling (Megatron / llm-foundry amp_fp8)"
     if "DeepSeek-V3" in record.source:
         return "blockwise", "DeepSeek-V3 fine-grained block scaling (report sec. 3.3.2)"
+    if fw == "torchtitan":
+        # torchtitan's float8 converter without a recipe name: torchao Float8Linear's default,
+        # dynamic tensorwise scaling (``Float8LinearConfig()``; rowwise is opt-in by name)
+        return "tensorwise", "torchao Float8Linear default (dynamic tensorwise scaling)"
     return None
 
 

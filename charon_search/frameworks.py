@@ -1,0 +1,135 @@
+"""Framework presets: what a training framework's code runs, as layout fields.
+
+The validation records are simulated with what their framework's code did at the time: Megatron's
+blocking pipeline transfers, torchtitan's op-level selective recompute and compiled loss,
+Composer's FSDP1 gradient path, the attention kernel each ran... (``validation.
+translate_training.framework_facts``, one sourced rule each). ``framework_layout`` applies the
+same rules to a user's layout, so a plan for a Megatron-Core or torchtitan job is simulated the
+way the accuracy report measured those frameworks (``docs/accuracy.md``). Fields the user set
+(``keep``) are never overridden.
+
+Example:
+    >>> from charon_search import Layout
+    >>> fl = framework_layout("llama-3.1-8b", Layout(dp=8, zero_stage=3, micro_batch_size=2,
+    ...                       global_batch_size=16, seq_len=8192), "torchtitan")  # doctest: +SKIP
+    >>> fl.layout.loss_kernel, fl.notes[0]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from charon_search.errors import ConfigError
+
+if TYPE_CHECKING:
+    from charon_search.catalog.spec import ModelSpec
+    from charon_search.layout import Layout
+
+__all__ = ["DEFAULT_YEAR", "FRAMEWORKS", "YEARS", "FrameworkLayout", "framework_layout"]
+
+#: Preset name -> the ``training.extra.framework`` of the validation records it follows.
+FRAMEWORKS: dict[str, str] = {
+    "megatron-lm": "Megatron-LM",
+    "megatron-core": "Megatron-Core",
+    "torchtitan": "torchtitan",
+    "llm-foundry": "llm-foundry (Composer)",
+}
+#: The code year a preset describes when none is given: that of the latest validation records
+#: of the framework the rules were checked against (rules that changed with a release key on
+#: the year: Megatron-LM's 2021 and 2022 code, torchtitan's compiled loss and SAC save list from
+#: 2025, its attention backend).
+DEFAULT_YEAR: dict[str, int] = {"megatron-lm": 2022, "megatron-core": 2025, "torchtitan": 2025,
+                                "llm-foundry": 2023}
+#: Years a preset's rules describe. Megatron-LM's own model code (``megatron/model``, unfused
+#: attention) is that of SC21 and Korthikanti et al.; Megatron from 2023 is ``megatron-core``.
+YEARS: dict[str, tuple[int, int]] = {"megatron-lm": (2020, 2022), "megatron-core": (2023, 2026),
+                                     "torchtitan": (2024, 2026), "llm-foundry": (2023, 2026)}
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkLayout:
+    """A layout with a framework's facts applied (``framework_layout``)."""
+
+    layout: Layout
+    notes: tuple[str, ...]
+    """One line per fact applied, with its source (as ``validate`` prints assumptions)."""
+    year: int
+    """The code year the facts describe."""
+    memory_options: Any
+    """The framework's ``memory.report.MemoryOptions`` (state recipe, recompute policy, loss)."""
+
+
+def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
+                     year: int | None = None, torch_compile: bool = True,
+                     keep: Iterable[str] = ()) -> FrameworkLayout:
+    """``layout`` as ``framework``'s code of ``year`` runs it.
+
+    Args:
+        model: the ``ModelSpec`` or catalog name (multi-latent attention and the hidden size
+            select some kernels).
+        layout: the parallel layout; its degrees, batch, recompute and precision decide which
+            facts apply.
+        framework: a key of ``FRAMEWORKS``.
+        year: the code's year (default ``DEFAULT_YEAR`` of the framework; ``YEARS`` bounds it).
+        torch_compile: the job compiles its model (torchtitan: fused norms and the compiled
+            loss; without it the eager RMSNorm and unfused kernels).
+        keep: ``Layout`` fields the caller set explicitly; the preset leaves them alone.
+
+    Raises:
+        ConfigError: an unknown framework, or a layout the facts make invalid.
+    """
+    from charon_search.catalog import load_model
+    from charon_search.layout import Layout
+    from charon_search.validation import translate as _tr
+    from charon_search.validation import translate_training as _tt
+    from charon_search.validation.records import Record
+
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"`framework` must be one of {list(FRAMEWORKS)}, but got "
+                          f"{framework!r}")
+    lo, hi = YEARS[framework]
+    if year is not None and (isinstance(year, bool) or not isinstance(year, int)
+                             or not lo <= year <= hi):
+        hint = " (later Megatron is 'megatron-core')" if framework == "megatron-lm" else ""
+        raise ConfigError(f"`framework_year` of {framework!r} must be one of {lo}..{hi}{hint}, "
+                          f"but got {year!r}")
+    spec = load_model(model) if isinstance(model, str) else model
+    name, year = FRAMEWORKS[framework], year or DEFAULT_YEAR[framework]
+    ex: dict[str, Any] = {"framework": name, "torch_compile": bool(torch_compile)}
+    if framework == "torchtitan" and layout.recompute == "selective":
+        ex["selective_ac_option"] = "op"  # torchtitan's train configs: per-op SAC
+    if framework == "torchtitan" and layout.fp8_recipe in ("tensorwise", "rowwise"):
+        ex["float8_recipe"] = layout.fp8_recipe  # torchao Float8Linear's recipe (its default)
+    t: dict[str, Any] = {
+        "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep,
+        "schedule": layout.schedule,
+        "sequence_parallel": layout.sequence_parallel, "zero_stage": layout.zero_stage,
+        "recompute": layout.recompute, "precision": layout.precision, "extra": ex,
+    }
+    record = Record(
+        id=f"{framework}-preset", source=f"{name} preset ({year})", kind="training",
+        model={"catalog": spec.name, "hidden_size": spec.hidden_size,
+               "extra": {"attention": "MLA" if spec.attention == "mla" else ""}},
+        hardware={"num_gpus": layout.num_gpus}, config=t, measured={})
+    notes: list[str] = []
+    facts = _tt.framework_facts(record, t, ex, notes)
+    if framework == "torchtitan" and not torch_compile:
+        facts["fused_kernels"] = False
+        notes.append("torchtitan without torch.compile: norm/SwiGLU/RoPE kernels unfused")
+    kernel = _tt.attention_kernel(record, ex, spec)
+    if kernel is not None and layout.attention_kernel == "flash":
+        facts["attention_kernel"] = kernel[0]
+        notes.append(f"attention kernel {kernel[0]!r} ({kernel[1]})")
+    kept = set(keep)
+    applied = {k: v for k, v in facts.items() if k not in kept}
+    notes += [f"kept as set: {k}={getattr(layout, k)!r} (the framework's would be {v!r})"
+              for k, v in facts.items() if k in kept and getattr(layout, k) != v]
+    try:
+        out = Layout(**{**dataclasses.asdict(layout), **applied})
+    except ConfigError as e:
+        raise ConfigError(f"framework {framework!r}: {e}") from e
+    return FrameworkLayout(layout=out, notes=tuple(notes), year=year,
+                           memory_options=_tr.framework_memory_options(ex, out))

@@ -1,0 +1,116 @@
+"""Framework presets (``frameworks.framework_layout``, ``train --framework``).
+
+A preset applies the rules the validation records of its framework are translated with, so
+the layout it gives a record's degrees, batch and precision is the record's own layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from charon_search.cli import main
+from charon_search.errors import ConfigError
+from charon_search.frameworks import framework_layout
+from charon_search.layout import Layout
+from charon_search.validation import default_files, load_files
+from charon_search.validation.translate import to_case
+
+#: What a user states; the rest of a record's layout is framework facts.
+STRUCTURE = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "sequence_parallel",
+             "zero_stage", "micro_batch_size", "global_batch_size", "seq_len", "recompute",
+             "precision", "async_tp", "cp_algo")
+
+
+@pytest.fixture(scope="module")
+def records():
+    return {r.id: r for r in load_files(default_files()) if r.kind == "training"}
+
+
+@pytest.mark.parametrize(("rid", "framework", "year"), [
+    ("megatron_sc21_t1_530b", "megatron-lm", 2021),   # synchronous TP all-reduce, grad hook
+    ("korthikanti_t5_530b_seqsel", "megatron-lm", 2022),  # persistent LN, SP re-gather
+    ("mcore_h100_weak_177b", "megatron-core", None),  # blocking p2p, embedding grad hook
+    ("torchtitan_202412_t4_70b_256gpu_fsdp32_tp8", "torchtitan", 2024),  # FA2, op SAC
+    ("torchtitan_asynctp_8b_float8_tensorwise_vanillaTP", "torchtitan", 2025),
+    ("llmfoundry_h100_80gb_mpt3b_8gpu_seq2048_fp8", "llm-foundry", None),  # TE fp8, FSDP1
+])
+def test_preset_is_the_validation_translation(records, rid: str, framework: str,
+                                              year: int | None) -> None:
+    case = to_case(records[rid])
+    base = Layout(**{k: getattr(case.layout, k) for k in STRUCTURE})
+    fl = framework_layout(case.model, base, framework, year=year)
+    diff = {f.name for f in dataclasses.fields(Layout)
+            if getattr(fl.layout, f.name) != getattr(case.layout, f.name)}
+    assert not diff, {k: (getattr(fl.layout, k), getattr(case.layout, k)) for k in diff}
+    assert fl.memory_options == case.memory_options
+    assert fl.notes  # each fact says what the framework runs
+
+
+def test_fields_the_user_set_are_kept() -> None:
+    lay = Layout(dp=8, zero_stage=3, micro_batch_size=2, global_batch_size=16, seq_len=8192,
+                 attention_kernel="flash")
+    fl = framework_layout("llama-3.1-8b", lay, "torchtitan", keep={"attention_kernel"})
+    assert fl.layout.attention_kernel == "flash"
+    assert fl.layout.loss_kernel == "fused"  # 2025, compiled, no TP
+    assert any("kept as set: attention_kernel='flash'" in n for n in fl.notes)
+    eager = framework_layout("llama-3.1-8b", lay, "torchtitan", torch_compile=False)
+    assert (eager.layout.norm_impl, eager.layout.fused_kernels, eager.layout.loss_kernel) == (
+        "eager", False, "eager")
+
+
+@pytest.mark.parametrize(("framework", "year", "match"), [
+    ("deepspeed", None, r"`framework` must be one of \['megatron-lm'"),
+    ("megatron-lm", 2024, r"2020\.\.2022 \(later Megatron is 'megatron-core'\)"),
+    ("torchtitan", 1999, r"`framework_year` of 'torchtitan' must be one of 2024\.\.2026"),
+])
+def test_bad_framework_or_year(framework: str, year: int | None, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        framework_layout("llama-3.1-8b", Layout(), framework, year=year)
+
+
+def test_train_cli_applies_the_preset(tmp_path, capsys) -> None:
+    # MPT's ALiBi attention ran the Triton kernel in the 2023 tables: stated here, so that
+    # the preset keeps it and only the loss differs
+    args = ["train", "--model", "mpt-1b", "--cluster", "h100-sxm-8gpu", "--mbs", "2",
+            "--seq", "2048", "--attention-kernel", "flash_triton"]
+    plain, preset = tmp_path / "plain.json", tmp_path / "preset.json"
+    assert main([*args, "--json", str(plain)]) == 0
+    assert main([*args, "--framework", "llm-foundry", "--json", str(preset)]) == 0
+    out = capsys.readouterr().out
+    assert "framework llm-foundry (2023):" in out and "fused_crossentropy" in out
+    t_plain = json.loads(plain.read_text())["step_time_s"]
+    t_preset = json.loads(preset.read_text())["step_time_s"]
+    # one GPU, no FSDP: only the fused loss applies, 40 bytes per logit less
+    # (2 x 2048 x 50368 x 40 B = 8.25 GB at H100 bandwidth: a few milliseconds)
+    assert 2e-3 < t_plain - t_preset < 6e-3
+
+
+def test_framework_year_needs_a_framework(capsys) -> None:
+    assert main(["train", "--model", "mpt-1b", "--cluster", "h100-sxm-8gpu",
+                 "--framework-year", "2024"]) == 2
+    assert "`--framework-year` applies only with `--framework`" in capsys.readouterr().err
+
+
+def test_search_evaluator_applies_the_preset() -> None:
+    from charon_search.search.evaluators import TrainingEvaluator
+    from charon_search.search.space import build_config
+    from charon_search.training import simulate_training
+
+    cfg = {"model": "llama-3.1-8b", "cluster": "h100-sxm-8gpu", "dp": 8, "zero_stage": 3,
+           "micro_batch_size": 1, "global_batch_size": 8, "seq_len": 4096,
+           "framework": "torchtitan"}
+    rec = TrainingEvaluator().evaluate(cfg)
+    fl = framework_layout("llama-3.1-8b", Layout(dp=8, zero_stage=3, micro_batch_size=1,
+                                                 global_batch_size=8, seq_len=4096), "torchtitan")
+    want = simulate_training("llama-3.1-8b", "h100-sxm-8gpu", fl.layout,
+                             memory_options=fl.memory_options)
+    assert rec["step_time_s"] == pytest.approx(want.step_time_s)
+    assert rec["peak_memory_bytes"] == pytest.approx(want.memory["peak_device_bytes"], abs=1)
+    with pytest.raises(ConfigError, match="`framework` must be one of"):
+        build_config("training", {**cfg, "framework": "deepspeed"})
+    with pytest.raises(ConfigError, match="`framework_year` applies only with `framework`"):
+        build_config("training", {k: v for k, v in cfg.items() if k != "framework"}
+                     | {"framework_year": 2025})
