@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +55,12 @@ class FrameworkLayout:
 
     layout: Layout
     notes: tuple[str, ...]
-    """One line per fact applied, with its source (as ``validate`` prints assumptions)."""
+    """One line per fact of the framework for this layout, with its source (as ``validate``
+    prints assumptions), and a ``kept as set`` line for each the caller's own value overrides."""
     year: int
     """The code year the facts describe."""
+    applied: Mapping[str, Any]
+    """The ``Layout`` fields the preset set (their values)."""
     memory_options: Any
     """The framework's ``memory.report.MemoryOptions`` (state recipe, recompute policy, loss)."""
 
@@ -98,11 +101,14 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
                           f"but got {year!r}")
     spec = load_model(model) if isinstance(model, str) else model
     name, year = FRAMEWORKS[framework], year or DEFAULT_YEAR[framework]
+    kept = set(keep)
+    if framework == "megatron-lm":
+        _check_megatron_lm(spec, layout, year)
     ex: dict[str, Any] = {"framework": name, "torch_compile": bool(torch_compile)}
     if framework == "torchtitan" and layout.recompute == "selective":
         ex["selective_ac_option"] = "op"  # torchtitan's train configs: per-op SAC
-    if framework == "torchtitan" and layout.fp8_recipe in ("tensorwise", "rowwise"):
-        ex["float8_recipe"] = layout.fp8_recipe  # torchao Float8Linear's recipe (its default)
+    if framework == "torchtitan" and "fp8_recipe" in kept:
+        ex["float8_recipe"] = layout.fp8_recipe  # the torchao recipe the user names
     t: dict[str, Any] = {
         "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep,
         "schedule": layout.schedule,
@@ -112,6 +118,7 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
     record = Record(
         id=f"{framework}-preset", source=f"{name} preset ({year})", kind="training",
         model={"catalog": spec.name, "hidden_size": spec.hidden_size,
+               "model_type": (spec.hf_config or {}).get("model_type", ""),
                "extra": {"attention": "MLA" if spec.attention == "mla" else ""}},
         hardware={"num_gpus": layout.num_gpus}, config=t, measured={})
     notes: list[str] = []
@@ -123,7 +130,16 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
     if kernel is not None and layout.attention_kernel == "flash":
         facts["attention_kernel"] = kernel[0]
         notes.append(f"attention kernel {kernel[0]!r} ({kernel[1]})")
-    kept = set(keep)
+    # Facts that follow a field the caller kept follow the caller's value: the fp8 GEMM kernel
+    # of the kept recipe (cuBLASLt for per-tensor and rowwise scaling only), the SAC save list
+    # only under op-level SAC.
+    if "fp8_recipe" in kept and "fp8_gemm_kernel" in facts:
+        facts["fp8_gemm_kernel"] = ("cublaslt" if layout.fp8_recipe in
+                                    ("delayed", "tensorwise", "rowwise") else "cutlass")
+    policy = layout.selective_policy if "selective_policy" in kept else facts.get(
+        "selective_policy", layout.selective_policy)
+    if policy != "op":
+        facts.pop("sac_saves_reduce_scatter", None)
     applied = {k: v for k, v in facts.items() if k not in kept}
     notes += [f"kept as set: {k}={getattr(layout, k)!r} (the framework's would be {v!r})"
               for k, v in facts.items() if k in kept and getattr(layout, k) != v]
@@ -131,5 +147,28 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
         out = Layout(**{**dataclasses.asdict(layout), **applied})
     except ConfigError as e:
         raise ConfigError(f"framework {framework!r}: {e}") from e
-    return FrameworkLayout(layout=out, notes=tuple(notes), year=year,
-                           memory_options=_tr.framework_memory_options(ex, out))
+    memory = _tr.framework_memory_options(ex, out)
+    # the memory model follows the caller's recompute policy and loss kernel where kept
+    if "selective_policy" in kept:
+        memory = dataclasses.replace(memory, selective_policy=None)
+    if "loss_kernel" in kept:
+        memory = dataclasses.replace(memory, loss_impl=None)
+    return FrameworkLayout(layout=out, notes=tuple(notes), year=year, applied=applied,
+                           memory_options=memory)
+
+
+def _check_megatron_lm(spec: ModelSpec, layout: Layout, year: int) -> None:
+    """Megatron-LM's own model code of 2020-22 (``megatron/model``): dense GPT layers with TP,
+    PP (1F1B, interleaved), data parallelism with the distributed optimizer (ZeRO-1, 2022) and
+    fp16/bf16. What it did not have is a ``ConfigError`` naming the field."""
+    why = ("MoE layers" if spec.num_experts or layout.ep > 1 else
+           "multi-latent attention" if spec.attention == "mla" else
+           f"cp={layout.cp} (context parallelism)" if layout.cp > 1 else
+           f"precision={layout.precision!r}" if layout.precision == "fp8" else
+           f"zero_stage={layout.zero_stage}" if layout.zero_stage > (1 if year >= 2022 else 0)
+           else f"schedule={layout.schedule!r}" if layout.schedule in ("dualpipe", "zero-bubble")
+           else "")
+    if why:
+        raise ConfigError(f"`framework` 'megatron-lm' ({year}) ran dense fp16/bf16 GPT layers "
+                          f"with TP, PP (1F1B, interleaved) and DP, not {why}; use "
+                          "'megatron-core' for later Megatron")

@@ -61,6 +61,38 @@ def test_fields_the_user_set_are_kept() -> None:
         "eager", False, "eager")
 
 
+def test_kept_fields_lead_the_facts_that_follow_them() -> None:
+    """The memory model takes the caller's recompute policy and loss kernel; the fp8 GEMM
+    kernel follows the caller's fp8 recipe."""
+    lay = Layout(tp=2, dp=4, sequence_parallel=True, micro_batch_size=1, global_batch_size=4,
+                 seq_len=4096, recompute="selective", selective_policy="op", precision="fp8",
+                 fp8_recipe="blockwise", loss_kernel="fused")
+    keep = {"selective_policy", "fp8_recipe", "loss_kernel"}
+    fl = framework_layout("llama-3.1-8b", lay, "megatron-core", keep=keep)
+    assert (fl.layout.selective_policy, fl.layout.fp8_recipe, fl.layout.loss_kernel) == (
+        "op", "blockwise", "fused")
+    assert fl.layout.fp8_gemm_kernel == "cutlass"  # block scales: not the cuBLASLt rows
+    assert fl.memory_options.selective_policy is None  # the layout's: op
+    assert fl.memory_options.loss_impl is None  # the layout's: fused
+    plain = framework_layout("llama-3.1-8b", lay, "megatron-core")
+    assert (plain.layout.fp8_recipe, plain.layout.fp8_gemm_kernel) == ("delayed", "cublaslt")
+    assert plain.memory_options.loss_impl == "vocab_parallel"
+
+
+@pytest.mark.parametrize(("model", "changes", "why"), [
+    ("qwen3-30b-a3b", {"ep": 2, "dp": 2}, "MoE layers"),
+    ("llama-3.1-8b", {"cp": 2, "dp": 1}, r"cp=2 \(context parallelism\)"),
+    ("llama-3.1-8b", {"precision": "fp8"}, "precision='fp8'"),
+    ("llama-3.1-8b", {"zero_stage": 3}, "zero_stage=3"),
+])
+def test_megatron_lm_preset_refuses_what_its_code_did_not_run(model: str, changes: dict,
+                                                              why: str) -> None:
+    lay = Layout(**{"dp": 2, "micro_batch_size": 1, "global_batch_size": 2, "seq_len": 2048,
+                    **changes})
+    with pytest.raises(ConfigError, match=f"`framework` 'megatron-lm' \\(2022\\) .* not {why}"):
+        framework_layout(model, lay, "megatron-lm")
+
+
 @pytest.mark.parametrize(("framework", "year", "match"), [
     ("deepspeed", None, r"`framework` must be one of \['megatron-lm'"),
     ("megatron-lm", 2024, r"2020\.\.2022 \(later Megatron is 'megatron-core'\)"),
@@ -88,10 +120,15 @@ def test_train_cli_applies_the_preset(tmp_path, capsys) -> None:
     assert 2e-3 < t_plain - t_preset < 6e-3
 
 
-def test_framework_year_needs_a_framework(capsys) -> None:
-    assert main(["train", "--model", "mpt-1b", "--cluster", "h100-sxm-8gpu",
-                 "--framework-year", "2024"]) == 2
-    assert "`--framework-year` applies only with `--framework`" in capsys.readouterr().err
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--framework-year", "2024"], "`--framework-year` applies only with `--framework`"),
+    (["--no-compile"], "`--compile / --no-compile` applies only with `--framework`"),
+    (["--framework", "megatron-core", "--no-compile"],
+     "`--compile / --no-compile` applies only with `--framework torchtitan`"),
+])
+def test_framework_flags_need_their_framework(capsys, extra: list[str], message: str) -> None:
+    assert main(["train", "--model", "mpt-1b", "--cluster", "h100-sxm-8gpu", *extra]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_search_evaluator_applies_the_preset() -> None:
@@ -103,6 +140,8 @@ def test_search_evaluator_applies_the_preset() -> None:
            "micro_batch_size": 1, "global_batch_size": 8, "seq_len": 4096,
            "framework": "torchtitan"}
     rec = TrainingEvaluator().evaluate(cfg)
+    assert rec["framework_year"] == 2025
+    assert "loss_kernel=fused" in rec["framework_facts"].split()
     fl = framework_layout("llama-3.1-8b", Layout(dp=8, zero_stage=3, micro_batch_size=1,
                                                  global_batch_size=8, seq_len=4096), "torchtitan")
     want = simulate_training("llama-3.1-8b", "h100-sxm-8gpu", fl.layout,

@@ -204,10 +204,10 @@ def add_framework_arguments(parser: argparse.ArgumentParser, *, aliases: tuple[s
                    help="year of the framework's code (default: the year of its latest "
                         "validation records: megatron-lm 2022, megatron-core and torchtitan "
                         "2025, llm-foundry 2023); rules that changed with a release key on it")
-    g.add_argument("--compile", dest="torch_compile", default=True,
+    g.add_argument("--compile", dest="torch_compile", default=None,
                    action=argparse.BooleanOptionalAction,
-                   help="the job runs torch.compile (torchtitan: fused norms and compiled "
-                        "loss; default on)")
+                   help="with --framework torchtitan: the job runs torch.compile (fused norms "
+                        "and kernels, the compiled loss; default on)")
 
 
 def apply_framework(args: argparse.Namespace, layout: Any, model: Any,
@@ -219,14 +219,19 @@ def apply_framework(args: argparse.Namespace, layout: Any, model: Any,
 
     name = framework or args.framework
     if name is None:
-        if args.framework_year is not None:
-            raise ConfigError("`--framework-year` applies only with `--framework`")
+        for flag, value in (("--framework-year", args.framework_year),
+                            ("--compile / --no-compile", args.torch_compile)):
+            if value is not None:
+                raise ConfigError(f"`{flag}` applies only with `--framework`")
         return layout, None, ()
+    if args.torch_compile is not None and name != "torchtitan":
+        raise ConfigError(f"`--compile / --no-compile` applies only with `--framework "
+                          f"torchtitan`, but got --framework {name}")
     fl = framework_layout(model, layout, name, year=args.framework_year,
-                          torch_compile=args.torch_compile,
+                          torch_compile=args.torch_compile is not False,
                           keep=getattr(args, "explicit_fields", ()))
-    head = f"framework {name} ({fl.year}):" + ("" if fl.notes else " no fact changes this "
-                                              "layout")
+    head = f"framework {name} ({fl.year}):" + ("" if fl.notes else " no layout fact applies "
+                                              "(its memory conventions do)")
     return fl.layout, fl.memory_options, (head, *fl.notes)
 
 

@@ -31,8 +31,8 @@ from charon_search.errors import ConfigError, InfeasibleError
 from charon_search.registry import Registry
 from charon_search.search.rules import RuleContext
 
-__all__ = ["EVALUATORS", "Evaluator", "ValidationEvaluator", "flatten_report",
-           "layout_from_config"]
+__all__ = ["EVALUATORS", "FRAMEWORK_KEYS", "Evaluator", "ValidationEvaluator", "flatten_report",
+           "layout_from_config", "training_setup"]
 
 
 class Evaluator:
@@ -107,11 +107,12 @@ def layout_from_config(cfg: Mapping[str, Any]) -> Any:
 FRAMEWORK_KEYS = ("framework", "framework_year", "torch_compile")
 
 
-def training_setup(cfg: Mapping[str, Any], model: Any = None) -> tuple[Any, Any]:
-    """``(Layout, memory options)`` of a training config. With ``framework`` (a key of
-    ``frameworks.FRAMEWORKS``; ``framework_year`` and ``torch_compile`` optional) the
+def training_setup(cfg: Mapping[str, Any], model: Any = None) -> tuple[Any, Any, dict[str, Any]]:
+    """``(Layout, memory options, record fields)`` of a training config. With ``framework`` (a
+    key of ``frameworks.FRAMEWORKS``; ``framework_year`` and ``torch_compile`` optional) the
     framework's facts fill the layout fields the config does not set and its memory
-    conventions apply (``frameworks.framework_layout``); without it, ``(layout, None)``."""
+    conventions apply (``frameworks.framework_layout``); the record fields name the year and
+    the facts applied. Without it, ``(layout, None, {})``."""
     from charon_search.frameworks import framework_layout
     from charon_search.layout import Layout
 
@@ -121,15 +122,16 @@ def training_setup(cfg: Mapping[str, Any], model: Any = None) -> tuple[Any, Any]
         for k in ("framework_year", "torch_compile"):
             if cfg.get(k) is not None:
                 raise ConfigError(f"`{k}` applies only with `framework`")
-        return layout, None
+        return layout, None, {}
     compile_ = cfg.get("torch_compile", True)
-    if not isinstance(compile_, bool):
-        raise ConfigError(f"`torch_compile` must be true or false, but got {compile_!r}")
+    if not isinstance(compile_, bool):  # (worded without "but got": choices match on it)
+        raise ConfigError(f"`torch_compile` must be true or false, not {compile_!r}")
     names = {f.name for f in dataclasses.fields(Layout)}
     fl = framework_layout(model if model is not None else cfg["model"], layout, str(name),
                           year=cfg.get("framework_year"), torch_compile=compile_,
                           keep={k for k in cfg if k in names})
-    return fl.layout, fl.memory_options
+    facts = " ".join(f"{k}={v}" for k, v in sorted(fl.applied.items()))
+    return fl.layout, fl.memory_options, {"framework_year": fl.year, "framework_facts": facts}
 
 
 class _Cached(Evaluator, RuleContext):
@@ -164,7 +166,7 @@ class TrainingEvaluator(_Cached):
         for cfg in cfgs:
             try:
                 model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
-                layout, mopts = training_setup(cfg, model)
+                layout, mopts, _ = training_setup(cfg, model)
                 memory_report(model, layout, cluster, options=mopts)
                 simulate_training(model, cluster, layout, num_gpus=layout.num_gpus,
                                   memory_options=mopts)
@@ -176,8 +178,9 @@ class TrainingEvaluator(_Cached):
         from charon_search.training import simulate_training
 
         model, cluster = self.model(cfg["model"]), self.cluster(cfg["cluster"])
-        layout, mopts = training_setup(cfg, model)  # a ConfigError: the worker's "invalid:"
+        layout, mopts, preset = training_setup(cfg, model)  # ConfigError: worker's "invalid:"
         rec: dict[str, Any] = {
+            **preset,
             "num_gpus": layout.num_gpus,
             "device_memory_bytes": float(cluster.gpu.hbm_capacity_bytes),
             "tokens_per_step": layout.global_batch_size * layout.seq_len,

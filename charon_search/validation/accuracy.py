@@ -402,7 +402,9 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
         "forward and backward are priced "
         "from dense cuDNN and FlashAttention-2 kernels this project measured on an H200 "
         "(`sim.train_attention`, `data/profiles/measured/README.md`), not from the serving "
-        "prefill rows.",
+        "prefill rows. The same rules are the framework presets a user's layout can take "
+        "(`charon-search train --framework megatron-core`, `memory --framework`, a training "
+        "space's `framework` key; `frameworks.framework_layout`).",
         "- Collectives (training and serving): a collective whose ranks all sit in one "
         "NVLink node is priced from the profile DB's measured NCCL rows for that GPU and group "
         "size (log-log interpolation, `cost.measured_collectives`); groups across nodes, PCIe "

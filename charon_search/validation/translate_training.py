@@ -158,14 +158,16 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
             out["cp_ring_impl"] = "torch_traced"
             notes.append("torchtitan CP under torch.compile: K/V all-gather and fp32 dK/dV "
                          "ring not overlapped; K/V at the query-head count (repeat_kv)")
+        else:
+            notes.append("torchtitan CP: K/V at the query-head count (repeat_kv)")
     # The loss: llm-foundry's MPT runs flash-attn's fused CrossEntropyLoss
     # (``ComposerMPTCausalLM``: ``loss_fn`` defaults to ``fused_crossentropy``; the benchmark
     # yamls do not set it; its HF models keep their own loss), and torchtitan from 2025
     # compiles the loss with the model unless TP's ``loss_parallel`` computes it
     # (``passes.fused_loss``).
     tp = int(t.get("tp") or 1)
-    mpt = "mpt" in str((record.model or {}).get("catalog") or (record.model or {}).get("name")
-                       or "").lower()
+    mpt = any("mpt" in str((record.model or {}).get(k) or "").lower()
+              for k in ("catalog", "name", "model_type"))
     if "llm-foundry" in fw.lower() and mpt:
         out["loss_kernel"] = "fused"
         notes.append("llm-foundry MPT loss_fn 'fused_crossentropy' (default): flash-attn's "
