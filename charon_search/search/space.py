@@ -449,6 +449,12 @@ def _check_config_keys(space: SearchSpace) -> None:
     if allowed is None:
         return
     names = [("fixed", k) for k in space.fixed] + [("params", p.name) for p in space.params]
+    given = {k for _, k in names} | set(space.derived)
+    for key in ("model", "cluster"):  # every trial simulates one model on one cluster
+        if key not in given:
+            raise ConfigError(f"{space.path}: field `{key}` is required by the "
+                              f"{space.evaluator!r} evaluator: set it under `fixed` (or as a "
+                              "parameter)")
     for section, key in names:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), sorted(allowed), n=3)

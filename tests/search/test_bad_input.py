@@ -136,6 +136,15 @@ def test_misspelt_serving_choice_names_the_choices():
         SearchSpace.from_dict(_space(SERVING_SPACE, edit), path="s.yaml")
 
 
+@pytest.mark.parametrize(("path", "key"), [(TRAINING_SPACE, "model"), (TRAINING_SPACE, "cluster"),
+                                         (SERVING_SPACE, "model")])
+def test_a_space_without_model_or_cluster_is_an_error(path: Path, key: str):
+    """Every trial simulates one model on one cluster: a space that sets neither is one error
+    when it loads, not a KeyError in the first validity rule."""
+    with pytest.raises(ConfigError, match=rf"s.yaml: field `{key}` is required by the"):
+        SearchSpace.from_dict(_space(path, lambda d: d["fixed"].pop(key)), path="s.yaml")
+
+
 def test_unknown_model_and_cluster_names_fail_when_the_space_loads():
     """Names the evaluators resolve only in a worker are resolved up front: a fixed model with
     the catalog's closest names, a cluster choice with the shipped clusters."""
