@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "load_gpu": "charon_search.hardware",
     "trace_model": "charon_search.frontend",
     "simulate_training": "charon_search.training",
+    "framework_layout": "charon_search.frameworks",
     "simulate_serving": "charon_search.serving",
     "memory_report": "charon_search.memory",
     "fits": "charon_search.memory",

@@ -9,10 +9,13 @@ way the accuracy report measured those frameworks (``docs/accuracy.md``). Fields
 (``keep``) are never overridden.
 
 Example:
-    >>> from charon_search import Layout
-    >>> fl = framework_layout("llama-3.1-8b", Layout(dp=8, zero_stage=3, micro_batch_size=2,
-    ...                       global_batch_size=16, seq_len=8192), "torchtitan")  # doctest: +SKIP
-    >>> fl.layout.loss_kernel, fl.notes[0]  # doctest: +SKIP
+    >>> from charon_search import Layout, framework_layout, simulate_training
+    >>> fl = framework_layout("llama-3.1-8b", Layout(dp=8, zero_stage=3, micro_batch_size=1,
+    ...                       global_batch_size=8, seq_len=4096), "torchtitan")  # doctest: +SKIP
+    >>> fl.layout.loss_kernel, fl.year  # doctest: +SKIP
+    ('fused', 2025)
+    >>> simulate_training("llama-3.1-8b", "h100-sxm-8gpu", fl.layout,
+    ...                   memory_options=fl.memory_options).step_time_s  # doctest: +SKIP
 """
 
 from __future__ import annotations
