@@ -247,11 +247,12 @@ def tp_within_node(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
 
 @CONSTRAINTS.register("layout_valid")
 def layout_valid(cfg: Mapping[str, Any], ctx: RuleContext) -> str | None:
-    """The training ``Layout`` built from the config passes ``Layout.validate_for``."""
-    from charon_search.search.evaluators import layout_from_config
+    """The training ``Layout`` built from the config (with its framework's facts, when it
+    names one) passes ``Layout.validate_for``."""
+    from charon_search.search.evaluators import training_setup
 
     try:
-        layout = layout_from_config(cfg)
+        layout = training_setup(cfg, ctx.model(cfg["model"]))[0]
         try:  # the training simulator's own rules (dualpipe, interleaving) when present
             from charon_search.training import validate_layout
         except ImportError:
