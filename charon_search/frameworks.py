@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.layout import Layout
 
-__all__ = ["DEFAULT_YEAR", "FRAMEWORKS", "YEARS", "FrameworkLayout", "framework_layout"]
+__all__ = ["DEFAULT_YEAR", "FRAMEWORKS", "YEARS", "FrameworkLayout", "check_preset_options",
+           "framework_layout"]
 
 #: Preset name -> the ``training.extra.framework`` of the validation records it follows.
 FRAMEWORKS: dict[str, str] = {
@@ -68,6 +69,27 @@ class FrameworkLayout:
     """The framework's ``memory.report.MemoryOptions`` (state recipe, recompute policy, loss)."""
 
 
+def check_preset_options(framework: str | None, *, year: Any = None, torch_compile: Any = None,
+                         spelled: Mapping[str, str] | None = None) -> None:
+    """A preset's options need their preset: ``framework_year`` and ``torch_compile`` a
+    ``framework``, ``torch_compile`` torchtitan's (the other frameworks' facts do not depend on
+    it). ``None`` is an option not given; ``spelled`` names the fields as the caller's input
+    does (the CLI's flags), else by their config keys.
+
+    Raises:
+        ConfigError: naming the option and what it needs.
+    """
+    name = {"framework": "framework", "framework_year": "framework_year",
+            "torch_compile": "torch_compile", **(spelled or {})}
+    if framework is None:
+        for key, value in (("framework_year", year), ("torch_compile", torch_compile)):
+            if value is not None:
+                raise ConfigError(f"`{name[key]}` applies only with `{name['framework']}`")
+    elif torch_compile is not None and framework != "torchtitan":
+        raise ConfigError(f"`{name['torch_compile']}` applies only with `{name['framework']} "
+                          f"torchtitan`, but got {name['framework']} {framework}")
+
+
 def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
                      year: int | None = None, torch_compile: bool = True,
                      keep: Iterable[str] = ()) -> FrameworkLayout:
@@ -88,7 +110,6 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
         ConfigError: an unknown framework, or a layout the facts make invalid.
     """
     from charon_search.catalog import load_model
-    from charon_search.layout import Layout
     from charon_search.validation import translate as _tr
     from charon_search.validation import translate_training as _tt
     from charon_search.validation.records import Record
@@ -137,8 +158,8 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
     # of the kept recipe (cuBLASLt for per-tensor and rowwise scaling only), the SAC save list
     # only under op-level SAC.
     if "fp8_recipe" in kept and "fp8_gemm_kernel" in facts:
-        facts["fp8_gemm_kernel"] = ("cublaslt" if layout.fp8_recipe in
-                                    ("delayed", "tensorwise", "rowwise") else "cutlass")
+        facts["fp8_gemm_kernel"] = ("cublaslt" if layout.fp8_recipe in _tt.CUBLASLT_FP8_RECIPES
+                                    else "cutlass")
     policy = layout.selective_policy if "selective_policy" in kept else facts.get(
         "selective_policy", layout.selective_policy)
     if policy != "op":
@@ -147,7 +168,7 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
     notes += [f"kept as set: {k}={getattr(layout, k)!r} (the framework's would be {v!r})"
               for k, v in facts.items() if k in kept and getattr(layout, k) != v]
     try:
-        out = Layout(**{**dataclasses.asdict(layout), **applied})
+        out = layout.replace(**applied)
     except ConfigError as e:
         raise ConfigError(f"framework {framework!r}: {e}") from e
     memory = _tr.framework_memory_options(ex, out)

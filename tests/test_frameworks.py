@@ -150,6 +150,9 @@ def test_search_evaluator_applies_the_preset() -> None:
     assert rec["peak_memory_bytes"] == pytest.approx(want.memory["peak_device_bytes"], abs=1)
     with pytest.raises(ConfigError, match="`framework` must be one of"):
         build_config("training", {**cfg, "framework": "deepspeed"})
+    with pytest.raises(ConfigError, match="`torch_compile` applies only with `framework "
+                                          "torchtitan`, but got framework megatron-core"):
+        build_config("training", {**cfg, "framework": "megatron-core", "torch_compile": False})
     with pytest.raises(ConfigError, match="`framework_year` applies only with `framework`"):
         build_config("training", {k: v for k, v in cfg.items() if k != "framework"}
                      | {"framework_year": 2025})

@@ -215,18 +215,15 @@ def apply_framework(args: argparse.Namespace, layout: Any, model: Any,
     """``(layout, memory options, notes)`` of ``--framework`` (or ``framework``) applied to
     ``layout``, the notes headed by the framework and year; without one,
     ``(layout, None, ())``."""
-    from charon_search.frameworks import framework_layout
+    from charon_search.frameworks import check_preset_options, framework_layout
 
     name = framework or args.framework
+    check_preset_options(name, year=args.framework_year, torch_compile=args.torch_compile,
+                         spelled={"framework": "--framework",
+                                  "framework_year": "--framework-year",
+                                  "torch_compile": "--compile / --no-compile"})
     if name is None:
-        for flag, value in (("--framework-year", args.framework_year),
-                            ("--compile / --no-compile", args.torch_compile)):
-            if value is not None:
-                raise ConfigError(f"`{flag}` applies only with `--framework`")
         return layout, None, ()
-    if args.torch_compile is not None and name != "torchtitan":
-        raise ConfigError(f"`--compile / --no-compile` applies only with `--framework "
-                          f"torchtitan`, but got --framework {name}")
     fl = framework_layout(model, layout, name, year=args.framework_year,
                           torch_compile=args.torch_compile is not False,
                           keep=getattr(args, "explicit_fields", ()))

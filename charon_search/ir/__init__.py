@@ -3,6 +3,7 @@
 from charon_search.ir.check import check
 from charon_search.ir.graph import (
     DTYPE_BYTES,
+    INDEX_DTYPES,
     EvaluatedGraph,
     Node,
     OpGraph,
@@ -26,6 +27,7 @@ __all__ = [
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "DTYPE_BYTES",
+    "INDEX_DTYPES",
     "PARAMS_BY_KIND",
     "SYMBOLS",
     "EvaluatedGraph",

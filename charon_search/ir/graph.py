@@ -25,6 +25,9 @@ DTYPE_BYTES: dict[str, float] = {
     "fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp4": 0.5,
     "int64": 8, "int32": 4, "int16": 2, "uint8": 1, "bool": 1,
 }
+#: Element types of indices and masks (token ids, labels, expert ids, row positions), not
+#: data. ``int8`` is not among them (it can be a quantized activation or weight).
+INDEX_DTYPES = frozenset({"int64", "int32", "int16", "uint8", "bool"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

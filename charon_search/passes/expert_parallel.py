@@ -26,7 +26,7 @@ fp8 values plus one fp32 scale per ``FP8_DISPATCH_BLOCK`` for a training layout'
 
 from __future__ import annotations
 
-from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Poly, Role
+from charon_search.ir import DTYPE_BYTES, INDEX_DTYPES, Node, OpGraph, OpKind, Poly, Role
 from charon_search.passes._rewrite import GraphBuilder
 from charon_search.passes.base import (
     FP8_DISPATCH_BLOCK,
@@ -38,10 +38,6 @@ from charon_search.passes.base import (
 )
 
 __all__ = ["FP8_DISPATCH_BLOCK", "ExpertParallelPass"]
-
-#: Element types of routing indices and masks (expert ids, row positions): never dispatched.
-#: ``int8`` is not among them (it can be a quantized activation).
-_INDEX_DTYPES = frozenset({"int64", "int32", "int16", "uint8", "bool"})
 
 
 @PASSES.register("ep")
@@ -134,14 +130,14 @@ class ExpertParallelPass(Pass):
     def _token_rows(gb: GraphBuilder, t: int) -> bool:
         """Whether ``t`` is activation rows: values (not indices) whose count grows with the
         tokens (not a fixed-size table such as per-expert offsets)."""
-        return (gb.tensors[t].dtype not in _INDEX_DTYPES
+        return (gb.tensors[t].dtype not in INDEX_DTYPES
                 and ExpertParallelPass._grows(gb, t))
 
     @staticmethod
     def _counts(gb: GraphBuilder, t: int) -> bool:
         """Whether ``t`` is a fixed-size integer table (rows per expert: the exchange that
         sizes the dispatch)."""
-        return (gb.tensors[t].dtype in _INDEX_DTYPES
+        return (gb.tensors[t].dtype in INDEX_DTYPES
                 and not ExpertParallelPass._grows(gb, t))
 
     @staticmethod

@@ -37,7 +37,7 @@ them). The memory model counts the same kernels (``memory.report.LOSS_IMPLS["fus
 
 from __future__ import annotations
 
-from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
+from charon_search.ir import DTYPE_BYTES, INDEX_DTYPES, Node, OpGraph, OpKind, Phase, Poly, Role
 from charon_search.passes._rewrite import fold_region
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult, must_run_before
 from charon_search.passes.fusion import external_tensors
@@ -49,11 +49,10 @@ JOIN_TARGET = "pass:fused_loss"
 FORWARD_PASSES = 2
 #: Bytes of the per-row log-sum-exp the forward saves for the backward.
 LSE_BYTES = DTYPE_BYTES["fp32"]
-_INT_DTYPES = frozenset({"int64", "int32", "int8", "uint8", "bool"})
 
 
 def _float(graph: OpGraph, n: Node) -> bool:
-    return any(graph.tensors[t].dtype not in _INT_DTYPES for t in n.outputs)
+    return any(graph.tensors[t].dtype not in INDEX_DTYPES for t in n.outputs)
 
 
 def _is_loss_op(graph: OpGraph, n: Node) -> bool:

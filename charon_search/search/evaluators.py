@@ -23,6 +23,7 @@ raising, after the cheap memory check and before any timeline is built.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -95,11 +96,18 @@ def flatten_report(report: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@functools.cache
+def _layout_fields() -> frozenset[str]:
+    from charon_search.layout import Layout
+
+    return frozenset(f.name for f in dataclasses.fields(Layout))
+
+
 def layout_from_config(cfg: Mapping[str, Any]) -> Any:
     """The ``Layout`` fields present in a config (other keys ignored)."""
     from charon_search.layout import Layout
 
-    names = {f.name for f in dataclasses.fields(Layout)}
+    names = _layout_fields()
     return Layout.from_dict({k: v for k, v in cfg.items() if k in names})
 
 
@@ -113,23 +121,20 @@ def training_setup(cfg: Mapping[str, Any], model: Any = None) -> tuple[Any, Any,
     framework's facts fill the layout fields the config does not set and its memory
     conventions apply (``frameworks.framework_layout``); the record fields name the year and
     the facts applied. Without it, ``(layout, None, {})``."""
-    from charon_search.frameworks import framework_layout
-    from charon_search.layout import Layout
+    from charon_search.frameworks import check_preset_options, framework_layout
 
     layout = layout_from_config(cfg)
     name = cfg.get("framework")
-    if name is None:
-        for k in ("framework_year", "torch_compile"):
-            if cfg.get(k) is not None:
-                raise ConfigError(f"`{k}` applies only with `framework`")
-        return layout, None, {}
     compile_ = cfg.get("torch_compile", True)
-    if not isinstance(compile_, bool):  # (worded without "but got": choices match on it)
+    if name is not None and not isinstance(compile_, bool):  # (no "but got": choices match it)
         raise ConfigError(f"`torch_compile` must be true or false, not {compile_!r}")
-    names = {f.name for f in dataclasses.fields(Layout)}
+    check_preset_options(name, year=cfg.get("framework_year"),
+                         torch_compile=cfg.get("torch_compile"))
+    if name is None:
+        return layout, None, {}
     fl = framework_layout(model if model is not None else cfg["model"], layout, str(name),
                           year=cfg.get("framework_year"), torch_compile=compile_,
-                          keep={k for k in cfg if k in names})
+                          keep=set(cfg) & _layout_fields())
     facts = " ".join(f"{k}={v}" for k, v in sorted(fl.applied.items()))
     return fl.layout, fl.memory_options, {"framework_year": fl.year, "framework_facts": facts}
 

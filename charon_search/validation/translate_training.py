@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from charon_search.catalog.spec import ModelSpec
     from charon_search.validation.records import Record
 
-__all__ = ["MEGATRON_PERSIST_LN_HIDDEN_SIZES", "TORCHTITAN_COMPILED_LOSS_FROM", "arxiv_year",
+__all__ = ["CUBLASLT_FP8_RECIPES", "MEGATRON_PERSIST_LN_HIDDEN_SIZES", "arxiv_year",
            "attention_kernel", "fp8_recipe", "framework", "framework_facts", "source_year"]
 
 
@@ -25,7 +25,10 @@ __all__ = ["MEGATRON_PERSIST_LN_HIDDEN_SIZES", "TORCHTITAN_COMPILED_LOSS_FROM", 
 #: (``torchtitan/components/loss.py``, ``build_cross_entropy_loss``: ``torch.compile(loss_fn)``
 #: when compiling); the Dec-2024 benchmark commit 9dec370 still had it commented out in
 #: ``train.py`` ("TODO: compiling loss function causes CUDA errors, turning off for now").
-TORCHTITAN_COMPILED_LOSS_FROM = 2025
+_TORCHTITAN_COMPILED_LOSS_FROM = 2025
+#: fp8 recipes whose training GEMMs run cuBLASLt (per-tensor or per-row scales; the block-scaled
+#: recipes run their own kernels): see ``framework_facts``.
+CUBLASLT_FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
 #: First year of torchtitan op-SAC runs without ``reduce_scatter_tensor`` in the save list
 #: (pytorch/torchtitan#965, merged March 2025; see ``framework_facts``).
 _TORCHTITAN_SAC_NO_RS_FROM = 2025
@@ -173,7 +176,7 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         notes.append("llm-foundry MPT loss_fn 'fused_crossentropy' (default): flash-attn's "
                      "fused cross entropy on the bf16 logits")
     elif (fw == "torchtitan" and ex.get("torch_compile") and year is not None
-          and year >= TORCHTITAN_COMPILED_LOSS_FROM
+          and year >= _TORCHTITAN_COMPILED_LOSS_FROM
           and (tp == 1 or ex.get("disable_loss_parallel"))):
         out["loss_kernel"] = "fused"
         notes.append("torchtitan 2025: the loss compiled with the model (build_cross_entropy_"
@@ -237,7 +240,7 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         # (transformer_engine/common/gemm/cublaslt_gemm.cu, the ``delayed`` recipe) and torchao's
         # ``torch._scaled_mm`` (tensorwise: ``at::cuda::blas::scaled_gemm``; rowwise backward
         # GEMMs run that kernel too, its forward is priced relative to it, ``passes.fusion``).
-        if recipe[0] in ("delayed", "tensorwise", "rowwise"):
+        if recipe[0] in CUBLASLT_FP8_RECIPES:
             out["fp8_gemm_kernel"] = "cublaslt"
             notes.append("fp8 GEMMs on cuBLASLt (Transformer Engine / torch._scaled_mm)")
     # Deduplicating EP dispatch: a token crosses IB once per target node and NVLink once per
