@@ -51,6 +51,8 @@ DEFAULT_YEAR: dict[str, int] = {"megatron-lm": 2022, "megatron-core": 2025, "tor
 #: attention) is that of SC21 and Korthikanti et al.; Megatron from 2023 is ``megatron-core``.
 YEARS: dict[str, tuple[int, int]] = {"megatron-lm": (2020, 2022), "megatron-core": (2023, 2026),
                                      "torchtitan": (2024, 2026), "llm-foundry": (2023, 2026)}
+#: Presets none of whose rules key on the year (it is accepted, and the notes say so).
+YEARLESS = ("megatron-core", "llm-foundry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,7 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
         raise ConfigError(f"`framework_year` of {framework!r} must be one of {lo}..{hi}{hint}, "
                           f"but got {year!r}")
     spec = load_model(model) if isinstance(model, str) else model
+    given_year = year
     name, year = FRAMEWORKS[framework], year or DEFAULT_YEAR[framework]
     kept = set(keep)
     if framework == "megatron-lm":
@@ -146,14 +149,17 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
                "extra": {"attention": "MLA" if spec.attention == "mla" else ""}},
         hardware={"num_gpus": layout.num_gpus}, config=t, measured={})
     notes: list[str] = []
-    facts = _tt.framework_facts(record, t, ex, notes)
+    fields: list[frozenset[str]] = []  # the facts each note states
+    facts = _tt.framework_facts(record, t, ex, notes, fields)
     if framework == "torchtitan" and not torch_compile:
         facts["fused_kernels"] = False
         notes.append("torchtitan without torch.compile: norm/SwiGLU/RoPE kernels unfused")
+        fields.append(frozenset({"fused_kernels"}))
     kernel = _tt.attention_kernel(record, ex, spec)
     if kernel is not None and layout.attention_kernel == "flash":
         facts["attention_kernel"] = kernel[0]
         notes.append(f"attention kernel {kernel[0]!r} ({kernel[1]})")
+        fields.append(frozenset({"attention_kernel"}))
     # Facts that follow a field the caller kept follow the caller's value: the fp8 GEMM kernel
     # of the kept recipe (cuBLASLt for per-tensor and rowwise scaling only), the SAC save list
     # only under op-level SAC.
@@ -165,8 +171,16 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
     if policy != "op":
         facts.pop("sac_saves_reduce_scatter", None)
     applied = {k: v for k, v in facts.items() if k not in kept}
+    overridden = {k: v for k, v in facts.items() if k in kept and getattr(layout, k) != v}
+    # A note stays while one of the facts it states holds: the notes of facts the caller
+    # overrode, or that a kept field dropped (the SAC save list), give way to "kept as set".
+    notes = [n for n, f in zip(notes, fields, strict=True)
+             if not f or f & (facts.keys() - overridden.keys())]
     notes += [f"kept as set: {k}={getattr(layout, k)!r} (the framework's would be {v!r})"
-              for k, v in facts.items() if k in kept and getattr(layout, k) != v]
+              for k, v in overridden.items()]
+    if given_year is not None and framework in YEARLESS:
+        notes.append(f"framework_year {year}: no fact of the {framework} preset depends on the "
+                     f"year ({YEARS[framework][0]}-{YEARS[framework][1]} alike)")
     try:
         out = layout.replace(**applied)
     except ConfigError as e:

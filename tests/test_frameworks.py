@@ -79,6 +79,41 @@ def test_kept_fields_lead_the_facts_that_follow_them() -> None:
     assert plain.memory_options.loss_impl == "vocab_parallel"
 
 
+def test_notes_of_overridden_facts_give_way_to_kept_lines() -> None:
+    """A fact the caller overrode, or one a kept field drops (the 2025 SAC save list under
+    another policy), is not also listed as applied; a kept value equal to the framework's keeps
+    its note and adds no "kept as set" line."""
+    lay = Layout(tp=2, dp=4, sequence_parallel=True, micro_batch_size=1, global_batch_size=4,
+                 seq_len=4096, recompute="selective")
+    fl = framework_layout("llama-3.1-8b", lay, "torchtitan")
+    assert fl.layout.sac_saves_reduce_scatter is False
+    assert sum("op SAC" in n or "op-level SAC" in n for n in fl.notes) == 2
+    own = framework_layout("llama-3.1-8b", lay.replace(selective_policy="attention"),
+                           "torchtitan", keep={"selective_policy"})
+    assert not any("SAC" in n for n in own.notes), own.notes
+    assert own.notes[-1] == ("kept as set: selective_policy='attention' (the framework's "
+                             "would be 'op')")
+    tp1 = Layout(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=4096)
+    eager = framework_layout("llama-3.1-8b", tp1.replace(loss_kernel="eager"), "torchtitan",
+                             keep={"loss_kernel"})
+    assert not any("loss compiled" in n for n in eager.notes)
+    assert any("kept as set: loss_kernel='eager'" in n for n in eager.notes)
+    same = framework_layout("llama-3.1-8b", tp1.replace(loss_kernel="fused"), "torchtitan",
+                            keep={"loss_kernel"})
+    assert any("loss compiled" in n for n in same.notes)
+    assert not any("kept as set" in n for n in same.notes)
+
+
+def test_a_year_no_rule_reads_is_said_so() -> None:
+    lay = Layout(tp=2, dp=4, micro_batch_size=1, global_batch_size=4, seq_len=4096)
+    fl = framework_layout("llama-3.1-8b", lay, "megatron-core", year=2024)
+    assert fl.notes[-1] == ("framework_year 2024: no fact of the megatron-core preset depends "
+                            "on the year (2023-2026 alike)")
+    assert fl.layout == framework_layout("llama-3.1-8b", lay, "megatron-core").layout
+    assert not any("framework_year" in n
+                   for n in framework_layout("llama-3.1-8b", lay, "torchtitan", year=2024).notes)
+
+
 @pytest.mark.parametrize(("model", "changes", "why"), [
     ("qwen3-30b-a3b", {"ep": 2, "dp": 2}, "MoE layers"),
     ("llama-3.1-8b", {"cp": 2, "dp": 1}, r"cp=2 \(context parallelism\)"),

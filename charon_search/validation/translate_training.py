@@ -40,12 +40,24 @@ def framework(ex: Mapping[str, Any]) -> str:
 
 
 def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
-                    notes: list[str]) -> dict[str, Any]:
+                    notes: list[str],
+                    note_fields: list[frozenset[str]] | None = None) -> dict[str, Any]:
     """Layout fields that state what the source framework ran (no fitted values).
 
     Each rule reads a fact of the record (framework, recipe, schedule); none is tuned to an error.
+    Every fact appends one line with its source to ``notes``; ``note_fields``, when given, gets
+    the fields each line states, in the same order (so a caller that overrides a field can drop
+    its line).
     """
     out: dict[str, Any] = {}
+    stated: set[str] = set()
+
+    def note(text: str) -> None:
+        notes.append(text)
+        if note_fields is not None:
+            note_fields.append(frozenset(out.keys() - stated))
+        stated.update(out)
+
     fw = framework(ex)
     # Megatron-LM of SC21 (Narayanan et al., arXiv 2104.04473) and Korthikanti et al. (arXiv
     # 2205.05198) ran CoreAttention: QK^T bmm, fused scale-mask-softmax over s x s, attention
@@ -54,8 +66,8 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     # Transformer Engine's fused attention and keep "flash".
     if fw == "Megatron-LM":
         out["attention_kernel"] = "eager"
-        notes.append("Megatron-LM 2021/22 (pre flash-attention): unfused CoreAttention "
-                     "(attention_kernel='eager')")
+        note("Megatron-LM 2021/22 (pre flash-attention): unfused CoreAttention "
+             "(attention_kernel='eager')")
     # Megatron-LM changed between the SC21 code (Narayanan et al., April 2021) and the 2022 code
     # of Korthikanti et al.; the source's date (its arXiv id) says which one ran.
     year = arxiv_year(record) or source_year(record)
@@ -66,8 +78,8 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         # backward. ``ColumnParallelLinearWithAsyncAllreduce`` (``--no-async-tensor-model-
         # parallel-allreduce`` to turn it off) came with the 2022 code.
         out["tp_async_allreduce"] = False
-        notes.append("Megatron-LM 2021: the TP backward all-reduce waits for the wgrad GEMM "
-                     "(no async all-reduce yet)")
+        note("Megatron-LM 2021: the TP backward all-reduce waits for the wgrad GEMM "
+             "(no async all-reduce yet)")
     if megatron_2021:
         # 2021 ``megatron/model/distributed.py``: a hook per parameter adds its gradient into
         # the contiguous gradient buffer every micro-batch (``main_grad.add_``); the buffer is
@@ -80,9 +92,9 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["dp_overlap_grad_reduce"] = False
         fp16 = str(t.get("precision") or "").lower() == "fp16"
         out["grad_reduce_dtype"] = "fp16" if fp16 else "fp32"
-        notes.append("Megatron-LM 2021 DDP: each micro-batch adds every gradient into the "
-                     f"{'fp16' if fp16 else 'fp32'} gradient buffer (main_grad.add_), which "
-                     "the data-parallel all-reduce reads after the backward")
+        note("Megatron-LM 2021 DDP: each micro-batch adds every gradient into the "
+             f"{'fp16' if fp16 else 'fp32'} gradient buffer (main_grad.add_), which "
+             "the data-parallel all-reduce reads after the backward")
     if (fw.startswith(("Megatron-LM", "Megatron-Core")) and not megatron_2021
             and int(t.get("zero_stage") or 0) <= 1):
         # Gradient-accumulation fusion (on by default since 2022) adds the weight gradients
@@ -90,8 +102,8 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         # parallel.py ``_make_param_hook``) still adds the rest each micro-batch: the
         # embedding tables' dense gradient, norm weights, linear biases and router weights.
         out["embedding_grad_hook"] = True
-        notes.append("Megatron DDP hook: embedding-table, norm, bias and router gradients added "
-                     "into the fp32 main_grad buffer every micro-batch (main_grad.add_)")
+        note("Megatron DDP hook: embedding-table, norm, bias and router gradients added "
+             "into the fp32 main_grad buffer every micro-batch (main_grad.add_)")
     pp = int(t.get("pp") or 1)
     vpp = int(t.get("vpp") or 1)
     # Pipeline transfers: Megatron-LM's ``p2p_communication._communicate`` (2020-22) runs
@@ -103,44 +115,46 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
     if (pp > 1 and t.get("schedule") != "dualpipe"
             and (fw == "Megatron-LM" or (fw.startswith("Megatron-Core") and vpp == 1))):
         out["pp_p2p_blocking"] = True
-        notes.append("Megatron pipeline transfers block the sending stage (batch_isend_irecv, "
-                     "then torch.cuda.synchronize)")
+        note("Megatron pipeline transfers block the sending stage (batch_isend_irecv, "
+             "then torch.cuda.synchronize)")
     # ... and without sequence parallelism it sends 1/tp of each activation over the network
     # and all-gathers it in the receiving stage's TP group (--scatter-gather-tensors-in-
     # pipeline, on by default; Narayanan et al., SC21, Section 4.1).
     if (fw == "Megatron-LM" and pp > 1 and int(t.get("tp") or 1) > 1
             and not t.get("sequence_parallel")):
         out["pp_scatter_gather"] = True
-        notes.append("Megatron-LM scatter/gather: a stage sends 1/tp of its output, the next "
-                     "stage all-gathers it over NVLink")
+        note("Megatron-LM scatter/gather: a stage sends 1/tp of its output, the next "
+             "stage all-gathers it over NVLink")
     mla = str(((record.model or {}).get("extra") or {}).get("attention") or "").upper() == "MLA"
     if fw.startswith("Megatron-Core") and mla:
         # MLASelfAttention with apply_rope_fusion (Megatron-Core's default): two fused Triton
         # RoPE kernels per direction (megatron/core/fusions/fused_mla_yarn_rope_apply.py).
         out["mla_rope_fusion"] = True
-        notes.append("Megatron-Core MLA: fused query and key/value RoPE kernels "
-                     "(apply_rope_fusion, fused_apply_mla_rope_for_q / _for_kv)")
+        note("Megatron-Core MLA: fused query and key/value RoPE kernels "
+             "(apply_rope_fusion, fused_apply_mla_rope_for_q / _for_kv)")
     hidden = int((record.model or {}).get("hidden_size") or 0)
     if (fw == "Megatron-LM" and year is not None and year >= 2022
             and hidden in MEGATRON_PERSIST_LN_HIDDEN_SIZES):
         # megatron/model/fused_layer_norm.py of 2022: MixedFusedLayerNorm runs apex's
         # FastLayerNormFN unless --no-persist-layer-norm, for the listed hidden sizes.
         out["norm_impl"] = "persistent"
-        notes.append("Megatron-LM 2022: apex persistent LayerNorm (persist_layer_norm, "
-                     f"hidden {hidden} in its list)")
+        note("Megatron-LM 2022: apex persistent LayerNorm (persist_layer_norm, "
+             f"hidden {hidden} in its list)")
     # Megatron's sequence-parallel column linear saves its input shard and all-gathers it again
     # in the backward for the weight gradient, overlapped with the dgrad GEMM (Megatron-LM
     # ``LinearWithGradAccumulationAndAsyncCommunication`` since the SP commit of 2022;
     # Megatron-Core keeps it, and Transformer Engine's ``Linear`` does the same).
     if fw.startswith(("Megatron-LM", "Megatron-Core")) and t.get("sequence_parallel"):
         out["sp_wgrad_regather"] = True
-        notes.append("Megatron SP: the column linears' saved input shard is all-gathered again "
-                     "in the backward (under the dgrad GEMM)")
+        note("Megatron SP: the column linears' saved input shard is all-gathered again "
+             "in the backward (under the dgrad GEMM)")
     # torchtitan's `activation_checkpoint.selective_ac_option = "op"`: per-op SAC (torchtitan
     # models/llama/parallelize_llama.py `_save_list`: matmuls every other time, SDPA and
     # collectives saved, the rest recomputed).
     if str(ex.get("selective_ac_option", "")).lower() == "op":
         out["selective_policy"] = "op"
+        note("torchtitan op-level SAC (selective_ac_option 'op'): every other matmul, SDPA "
+             "and the collectives saved, the rest recomputed")
         # torchtitan took ``reduce_scatter_tensor`` out of the op-SAC save list in March 2025
         # (pytorch/torchtitan#965: a saved reduce-scatter broke async TP's fusion) and put it
         # back later (#1031 was still open in spring 2025; the 2025 ``parallelize_llama.py``
@@ -149,9 +163,9 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         if (fw == "torchtitan" and year is not None and year >= _TORCHTITAN_SAC_NO_RS_FROM
                 and int(t.get("tp") or 1) > 1 and t.get("sequence_parallel")):
             out["sac_saves_reduce_scatter"] = False
-            notes.append("torchtitan 2025 op SAC: reduce_scatter_tensor not in the save list "
-                         "(pytorch/torchtitan#965); the backward re-runs the attention "
-                         "output's reduce-scatter")
+            note("torchtitan 2025 op SAC: reduce_scatter_tensor not in the save list "
+                 "(pytorch/torchtitan#965); the backward re-runs the attention "
+                 "output's reduce-scatter")
     # torchtitan context parallelism (torch ``context_parallel``): its Llama repeats K/V heads
     # before SDPA (``repeat_kv`` in models/llama/model.py), and with torch.compile the ring is
     # traced into the compiled block (``passes.context_parallel``: ``torch_traced``).
@@ -159,10 +173,10 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         out["cp_repeat_kv"] = True
         if ex.get("torch_compile"):
             out["cp_ring_impl"] = "torch_traced"
-            notes.append("torchtitan CP under torch.compile: K/V all-gather and fp32 dK/dV "
-                         "ring not overlapped; K/V at the query-head count (repeat_kv)")
+            note("torchtitan CP under torch.compile: K/V all-gather and fp32 dK/dV "
+                 "ring not overlapped; K/V at the query-head count (repeat_kv)")
         else:
-            notes.append("torchtitan CP: K/V at the query-head count (repeat_kv)")
+            note("torchtitan CP: K/V at the query-head count (repeat_kv)")
     # The loss: llm-foundry's MPT runs flash-attn's fused CrossEntropyLoss
     # (``ComposerMPTCausalLM``: ``loss_fn`` defaults to ``fused_crossentropy``; the benchmark
     # yamls do not set it; its HF models keep their own loss), and torchtitan from 2025
@@ -173,19 +187,19 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
               for k in ("catalog", "name", "model_type"))
     if "llm-foundry" in fw.lower() and mpt:
         out["loss_kernel"] = "fused"
-        notes.append("llm-foundry MPT loss_fn 'fused_crossentropy' (default): flash-attn's "
-                     "fused cross entropy on the bf16 logits")
+        note("llm-foundry MPT loss_fn 'fused_crossentropy' (default): flash-attn's "
+             "fused cross entropy on the bf16 logits")
     elif (fw == "torchtitan" and ex.get("torch_compile") and year is not None
           and year >= _TORCHTITAN_COMPILED_LOSS_FROM
           and (tp == 1 or ex.get("disable_loss_parallel"))):
         out["loss_kernel"] = "fused"
-        notes.append("torchtitan 2025: the loss compiled with the model (build_cross_entropy_"
-                     "loss), one fused kernel per direction on the bf16 logits")
+        note("torchtitan 2025: the loss compiled with the model (build_cross_entropy_"
+             "loss), one fused kernel per direction on the bf16 logits")
     # Megatron-Core --moe-permute-fusion / --moe-router-fusion (Transformer Engine's fused
     # permute, unpermute and router kernels; ``passes.fusion``).
     if ex.get("moe_permute_fusion") or ex.get("moe_router_fusion"):
         out["moe_fused_permute"] = True
-        notes.append("Megatron-Core MoE permute/router fusion (one kernel per op run)")
+        note("Megatron-Core MoE permute/router fusion (one kernel per op run)")
     # Megatron-Core ``--recompute-modules`` (e.g. "mlp moe_act"): only those submodules are
     # re-run under selective recompute, not the attention core. DeepSeek-V3 report sec. 3.2.3
     # ("Recomputation of RMSNorm and MLA Up-Projection") names the same modules in words.
@@ -195,31 +209,31 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         mods = ("layernorm", "mla_up_proj")
     if mods and set(mods) <= set(RECOMPUTE_MODULES) and t.get("recompute") == "selective":
         out["recompute_modules"] = mods
-        notes.append(f"selective recompute of Megatron-Core modules {' '.join(mods)}")
+        note(f"selective recompute of Megatron-Core modules {' '.join(mods)}")
     # Megatron-Core ``--pipeline-model-parallel-layout`` (the record's ``pp_layout``; a trailing
     # "(32 stages)" is the record's own comment): which decoder layers, embedding and LM head
     # each virtual pipeline stage holds, instead of an even split.
     if ex.get("pp_layout") and int(t.get("pp") or 1) > 1:
         text = re.sub(r"\(\s*\d+\s+stages\s*\)\s*$", "", str(ex["pp_layout"])).strip()
         out["pp_layout"] = text
-        notes.append(f"pipeline layout {text!r} (--pipeline-model-parallel-layout)")
+        note(f"pipeline layout {text!r} (--pipeline-model-parallel-layout)")
     # torchtitan without torch.compile runs its own eager ``RMSNorm`` (torchtitan
     # models/norms.py: ``_norm(x.float()).type_as(x) * weight``; ``norm_type = "rmsnorm"`` in
     # train_configs/llama3_8b.toml of the Dec-2024 benchmark commit 9dec370): one kernel per
     # op, no fused norm kernel (``passes.eager_norm``).
     if fw == "torchtitan" and ex.get("torch_compile") is False:
         out["norm_impl"] = "eager"
-        notes.append("torchtitan RMSNorm without torch.compile: one eager kernel per op "
-                     "(norm_impl='eager')")
+        note("torchtitan RMSNorm without torch.compile: one eager kernel per op "
+             "(norm_impl='eager')")
     # llm-foundry trains under Composer's FSDP1 wrapper, whose FSDPConfig defaults are
     # backward_prefetch 'BACKWARD_POST', forward_prefetch False, limit_all_gathers True (the
     # benchmark tables' yamls do not override them): a backward all-gather is issued after the
     # layer's gradient computation, ahead of that layer's reduce-scatter on the one process group.
     if "llm-foundry" in fw.lower() and int(t.get("zero_stage") or 0) == 3:
         out["fsdp_backward_prefetch"] = "post"
-        notes.append("Composer FSDP1 backward_prefetch BACKWARD_POST (FSDPConfig default): "
-                     "backward all-gathers wait for the layer's gradients and queue with the "
-                     "reduce-scatters")
+        note("Composer FSDP1 backward_prefetch BACKWARD_POST (FSDPConfig default): "
+             "backward all-gathers wait for the layer's gradients and queue with the "
+             "reduce-scatters")
         # Composer wraps PyTorch FSDP1 (FlatParameter): each backward concatenates a unit's
         # gradients into its flat gradient, casts it to the reduce dtype and pre-divides it in
         # place before the reduce-scatter (torch/distributed/fsdp/_runtime_utils.py). Composer's
@@ -229,20 +243,20 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         mp = str(ex.get("fsdp_mixed_precision") or "").upper()
         if mp == "PURE":
             out["grad_reduce_dtype"] = "bf16"
-        notes.append("Composer FSDP1 FlatParameter gradients: concatenated, cast to the "
-                     f"{'bf16' if mp == 'PURE' else 'fp32'} reduce dtype and pre-divided before "
-                     "each reduce-scatter")
+        note("Composer FSDP1 FlatParameter gradients: concatenated, cast to the "
+             f"{'bf16' if mp == 'PURE' else 'fp32'} reduce dtype and pre-divided before "
+             "each reduce-scatter")
     recipe = fp8_recipe(record, t, ex, fw)
     if recipe is not None:
         out["fp8_recipe"] = recipe[0]
-        notes.append(f"fp8 recipe {recipe[0]!r} ({recipe[1]})")
+        note(f"fp8 recipe {recipe[0]!r} ({recipe[1]})")
         # Per-tensor-scaled fp8 GEMMs of training run cuBLASLt: Transformer Engine's GEMM
         # (transformer_engine/common/gemm/cublaslt_gemm.cu, the ``delayed`` recipe) and torchao's
         # ``torch._scaled_mm`` (tensorwise: ``at::cuda::blas::scaled_gemm``; rowwise backward
         # GEMMs run that kernel too, its forward is priced relative to it, ``passes.fusion``).
         if recipe[0] in CUBLASLT_FP8_RECIPES:
             out["fp8_gemm_kernel"] = "cublaslt"
-            notes.append("fp8 GEMMs on cuBLASLt (Transformer Engine / torch._scaled_mm)")
+            note("fp8 GEMMs on cuBLASLt (Transformer Engine / torch._scaled_mm)")
     # Deduplicating EP dispatch: a token crosses IB once per target node and NVLink once per
     # target rank, not once per routed expert. DeepSeek's own training (report sec. 3.2.2:
     # node-limited routing, each token to at most 4 nodes, forwarded over NVLink; DeepEP's
@@ -258,20 +272,20 @@ def framework_facts(record: Record, t: Mapping[str, Any], ex: Mapping[str, Any],
         # Report sec. 3.3.2: activations quantized to fp8 before the dispatch (and the
         # gradients before the backward's), combines kept in bf16.
         out["ep_dispatch_fp8"] = True
-        notes.append("EP dispatch in fp8 with 1x128 scales, combine in bf16 (DeepSeek-V3 "
-                     "report sec. 3.3.2)")
+        note("EP dispatch in fp8 with 1x128 scales, combine in bf16 (DeepSeek-V3 "
+             "report sec. 3.3.2)")
     if expert_parallel and (flex or deepseek_own):
         out["ep_node_dedup"] = True
-        notes.append("EP dispatch/combine once per target node and rank ("
-                     + (f"{ex.get('token_dispatcher')} dispatcher" if flex else
-                        f"node-limited routing, at most {mx} nodes per token; DeepSeek-V3 "
-                        "report sec. 3.2.2") + ")")
+        note("EP dispatch/combine once per target node and rank ("
+             + (f"{ex.get('token_dispatcher')} dispatcher" if flex else
+                f"node-limited routing, at most {mx} nodes per token; DeepSeek-V3 "
+                "report sec. 3.2.2") + ")")
     # DeepSeek-V3 report sec. 3.2.1: DualPipe pairs a forward and a backward chunk and overlaps
     # the EP all-to-all (dispatch / combine) of one with the computation of the other.
     if t.get("schedule") == "dualpipe" and int(t.get("ep") or 1) > 1:
         out["moe_a2a_overlap"] = True
-        notes.append("DualPipe: EP all-to-all overlapped with the paired chunk's compute "
-                     "(DeepSeek-V3 report sec. 3.2.1)")
+        note("DualPipe: EP all-to-all overlapped with the paired chunk's compute "
+             "(DeepSeek-V3 report sec. 3.2.1)")
     return out
 
 
