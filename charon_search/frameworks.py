@@ -151,15 +151,18 @@ def framework_layout(model: ModelSpec | str, layout: Layout, framework: str, *,
     notes: list[str] = []
     fields: list[frozenset[str]] = []  # the facts each note states
     facts = _tt.framework_facts(record, t, ex, notes, fields)
+
+    def fact(field: str, value: Any, note: str) -> None:
+        facts[field] = value
+        notes.append(note)
+        fields.append(frozenset({field}))
+
     if framework == "torchtitan" and not torch_compile:
-        facts["fused_kernels"] = False
-        notes.append("torchtitan without torch.compile: norm/SwiGLU/RoPE kernels unfused")
-        fields.append(frozenset({"fused_kernels"}))
+        fact("fused_kernels", False,
+             "torchtitan without torch.compile: norm/SwiGLU/RoPE kernels unfused")
     kernel = _tt.attention_kernel(record, ex, spec)
     if kernel is not None and layout.attention_kernel == "flash":
-        facts["attention_kernel"] = kernel[0]
-        notes.append(f"attention kernel {kernel[0]!r} ({kernel[1]})")
-        fields.append(frozenset({"attention_kernel"}))
+        fact("attention_kernel", kernel[0], f"attention kernel {kernel[0]!r} ({kernel[1]})")
     # Facts that follow a field the caller kept follow the caller's value: the fp8 GEMM kernel
     # of the kept recipe (cuBLASLt for per-tensor and rowwise scaling only), the SAC save list
     # only under op-level SAC.
