@@ -206,16 +206,16 @@ def _step_graphs(tm: Any, spec: Any, b: int, s: int, c: int) -> list[tuple[int, 
     * a routed-expert grouped GEMM reads the weights of the experts its ``tokens x top_k``
       rows reach, ``1 - e^(-r)`` of them (``cost.predictor.touched_expert_fraction``, as the
       cost predictor prices them);
-    * the embedding lookup reads the looked-up rows and the token ids, not the table, and the
-      RoPE position tables count as precomputed (``serving._fusion._embedding_gather``;
-      forward graphs: a training backward still writes the whole table's gradient).
+    * the RoPE position tables count as precomputed (``serving._fusion._drop_rope_tables``;
+      forward graphs). (The embedding lookup reads the looked-up rows and the token ids, not
+      the table, as traced; a training backward writes the whole table's gradient.)
 
     Each corrected node holds its values at ``(b, s, c)`` as constants.
     """
     from charon_search.cost.predictor import touched_expert_fraction
     from charon_search.ir import OpKind, Poly, Role
     from charon_search.layout import Layout
-    from charon_search.serving._fusion import _embedding_gather
+    from charon_search.serving._fusion import _drop_rope_tables
     from charon_search.sim.costing import kernel_flops
     from charon_search.training.step import SLIDING_SUFFIX, _with_sliding, sliding_layer_types
 
@@ -237,7 +237,7 @@ def _step_graphs(tm: Any, spec: Any, b: int, s: int, c: int) -> list[tuple[int, 
             if graph is None:
                 continue
             if graph is blk.forward:
-                graph = _embedding_gather(graph)
+                graph = _drop_rope_tables(graph)
             nodes = []
             for n in graph.nodes:
                 if n.kind in attention and n.attended_c(c) == c:

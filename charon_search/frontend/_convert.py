@@ -23,7 +23,12 @@ from charon_search.ir import (
     poly_params,
     sym,
 )
-from charon_search.ir.ops import CAUSAL_CONV_TAG, DSA_SCALE_BLOCK, DSA_SCALE_BYTES
+from charon_search.ir.ops import (
+    CAUSAL_CONV_TAG,
+    DSA_SCALE_BLOCK,
+    DSA_SCALE_BYTES,
+    POSITION_TABLE_TAG,
+)
 
 __all__ = ["Converter"]
 
@@ -428,6 +433,8 @@ class Converter:
                 vocab = out_shape[0] if out_shape else Poly.const(0)
                 op.flops = tokens * hidden
             op.params = poly_params(tokens=tokens, hidden=hidden, vocab=vocab)
+            if vocab.is_const() and vocab.const_value() not in (0, self.spec.vocab_size):
+                op.tags.add(POSITION_TABLE_TAG)  # a position table, not the vocabulary
         elif k == OpKind.MOE_ROUTING:
             op.params = poly_params(tokens=self.tokens, num_experts=self.spec.num_experts,
                                     top_k=self.spec.num_experts_per_token)
@@ -464,6 +471,11 @@ class Converter:
             # short; a longer one (an LM head's vocabulary) is read again for each pass.
             op.reads[op.inputs[0]] = op.reads[op.inputs[0]] * (
                 3 if base in ("_softmax", "_log_softmax") else 2)
+        elif base == "embedding" and op.inputs and k == OpKind.EMBEDDING:
+            # A lookup gathers one table row per token (ATen ``embedding`` = ``index_select``
+            # of the weight): it reads tokens x hidden of the table, not the whole table.
+            op.reads[op.inputs[0]] = (op.params["tokens"] * op.params["hidden"]
+                                      * DTYPE_BYTES[_dtype(arg_vals[0][0])])
         elif base == "nll_loss_backward" and len(op.inputs) > 1:
             # grad_input is zero-filled and written at the targets; ``self`` only gives the
             # shape (ATen nll_loss_backward_out: ``grad_input.zero_()`` then one write per row).

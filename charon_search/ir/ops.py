@@ -137,6 +137,12 @@ COMPUTE_KINDS = frozenset(k for k in OpKind if k not in COMM_KINDS)
 #: measured time to the layer's delta-rule node (``LINEAR_ATTENTION``).
 CAUSAL_CONV_TAG = "causal_conv1d"
 
+#: Tag of an ``EMBEDDING`` lookup (and its gradient) in a table that is not the vocabulary:
+#: learned position embeddings (GPT-2's ``wpe``, OPT's ``embed_positions``). Megatron keeps
+#: them as a plain ``torch.nn.Embedding`` on every TP rank (``language_model.Embedding``:
+#: ``position_embeddings``), beside the vocab-parallel word embeddings.
+POSITION_TABLE_TAG = "position_table"
+
 #: Param of an ``ATTENTION`` node that attends only the top-``topk`` keys of each query
 #: (DeepSeek Sparse Attention): the node costs ``min(kv_len, topk)`` keys per query
 #: (``Node.attended_c``), its FLOPs and bytes are traced linear in ``c``.

@@ -420,8 +420,9 @@ def memory_report(model: ModelSpec | str, layout: Layout | Mapping[str, Any],
                 layer_unit = max(layer_unit, d + e)
         if (i == layout.pp - 1 and layout.pp > 1 and spec.tie_word_embeddings
                 and prof.params["lm_head"].tp == 0 and not dual):
-            tied, _ = prof.params["embedding"].local(tp=layout.tp, ep=1)
-            dense += tied  # the last stage keeps its own copy of a tied embedding
+            # the last stage keeps its own copy of a tied word embedding (its vocab shard; a
+            # learned position table, replicated, stays on the first stage)
+            dense += prof.params["embedding"].tp / layout.tp
         states = shard_states(dense_params=dense, expert_params=expert,
                               zero_stage=layout.zero_stage if layout.dp * layout.cp > 1 else 0,
                               dense_shards=dense_shards, expert_shards=expert_shards,

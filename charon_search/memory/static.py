@@ -2,10 +2,11 @@
 
 Parameters are split into sharding groups once per block (from the roles of the nodes that read
 each weight): ``tp`` weights (QKV/out/MLP/shared-expert projections, vocab-parallel embedding and
-LM head) divide by ``tp``; ``rep`` weights (norms, router) are replicated; ``expert`` weights
-divide by ``ep``. ZeRO then shards over the data-parallel group: stage 1 the optimizer states,
-stage 2 also the gradients, stage 3 also the parameters (Rajbhandari et al., arXiv 1910.02054,
-Fig. 1: ``(2 + 2 + K) Ψ`` with ``K = 12`` for mixed-precision Adam).
+LM head) divide by ``tp``; ``rep`` weights (norms, router, learned position embeddings) are
+replicated; ``expert`` weights divide by ``ep``. ZeRO then shards over the data-parallel
+group: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the parameters
+(Rajbhandari et al., arXiv 1910.02054, Fig. 1: ``(2 + 2 + K) Ψ`` with ``K = 12`` for
+mixed-precision Adam).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from charon_search.catalog.spec import ModelSpec, is_moe_block
 from charon_search.errors import ConfigError
 from charon_search.ir.graph import TracedBlock
 from charon_search.ir.ops import Role
-from charon_search.passes.tensor_parallel import is_replicated_gemm
+from charon_search.passes.tensor_parallel import is_replicated_gemm, position_table
 
 __all__ = [
     "STATE_RECIPES",
@@ -104,9 +105,9 @@ def traced_param_groups(block: TracedBlock) -> ParamGroups:
         n = numel.const_value() if numel.is_const() else 0.0
         users = [fwd.node(nid) for nid in fwd.consumers.get(t, ())]
         roles = {u.role for u in users}
-        if users and all(is_replicated_gemm(u) for u in users):
-            # MLA down-projections: every TP rank holds them whole (the TP pass keeps them
-            # replicated, as Megatron, vLLM and SGLang do).
+        if users and all(is_replicated_gemm(u) or position_table(u) for u in users):
+            # MLA down-projections and learned position tables: every TP rank holds them
+            # whole (the TP pass keeps them replicated, as Megatron, vLLM and SGLang do).
             rep += n
             role, group = users[0].role, 1
         elif Role.MOE_EXPERT in roles:

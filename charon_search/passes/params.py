@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from charon_search.ir import OpGraph, OpKind, Role
-from charon_search.passes.tensor_parallel import tp_sharded_role
+from charon_search.passes.tensor_parallel import tp_sharded_role, vocab_parallel
 
 __all__ = ["LocalParams", "local_params"]
 
@@ -29,8 +29,8 @@ def local_params(forward: OpGraph, *, tp: int = 1, ep: int = 1) -> LocalParams:
     """Split the forward graph's parameters into per-rank dense and expert counts.
 
     TP shards the weights of column/row GEMMs, shared experts and the vocab-parallel embedding
-    and LM head; EP shards routed expert weights; norms, routers and MLA down-projections are
-    replicated.
+    and LM head; EP shards routed expert weights; norms, routers, MLA down-projections and
+    learned position embeddings are replicated.
     """
     dense = expert = 0.0
     for numel, is_expert, _ in local_param_tensors(forward, tp=tp, ep=ep):
@@ -64,7 +64,7 @@ def local_param_tensors(forward: OpGraph, *, tp: int = 1, ep: int = 1
             continue
         gemm = matrix and any(u.kind == OpKind.GEMM and u.role != Role.MOE_ROUTER
                               for u in users)
-        if any((u.kind == OpKind.GEMM and tp_sharded_role(u)) or u.kind == OpKind.EMBEDDING
+        if any((u.kind == OpKind.GEMM and tp_sharded_role(u)) or vocab_parallel(u)
                for u in users):
             out.append((numel / tp, False, gemm))
         else:

@@ -12,7 +12,16 @@ features; row GEMMs (``attn.out``, ``mlp.out``, shared-expert down) their input 
 tensor consumed by anything but a sum of partials gets an all-reduce (SP: reduce-scatter); under
 SP an ``R`` tensor read by a column GEMM fwd or a row GEMM dgrad gets an all-gather first. Per
 transformer layer this yields 2 all-reduces of b·s·h forward and 2 backward (SP: the same bytes
-as AG + RS). Not modelled: vocab-parallel cross-entropy's scalar all-reduces.
+as AG + RS).
+
+The loss runs vocabulary-parallel on the LM head's sharded logits (Megatron
+``_VocabParallelCrossEntropy``, torchtitan's ``loss_parallel`` on DTensor): each rank reduces its
+vocabulary shard and three TP all-reduces of one fp32 value per token make the row statistics
+whole: the maximum logit (``ReduceOp.MAX``), the target's logit (zero on the ranks that do not
+hold it) and the sum of exponentials. They run after the loss's softmax forward, before the
+loss is known; the backward needs none (each rank's gradient is its shard's softmax minus the
+one-hot target). Megatron-Core's ``cross_entropy_loss_fusion`` concatenates the last two into
+one message; three are counted here.
 
 ``sp_wgrad_regather`` (Megatron, Transformer Engine): the backward of a column GEMM all-gathers
 its saved sequence shard again for the wgrad, issued with its dgrad and run under it (Megatron
@@ -58,11 +67,13 @@ from __future__ import annotations
 
 from charon_search.errors import PassError
 from charon_search.ir import DTYPE_BYTES, Node, OpGraph, OpKind, Phase, Poly, Role
+from charon_search.ir.ops import POSITION_TABLE_TAG
 from charon_search.passes._rewrite import GraphBuilder, gemm_kind, scale_node, shard_gemm
 from charon_search.passes.base import PASSES, Pass, PassContext, PassResult
 
-__all__ = ["COLUMN_ROLES", "NORM_STAT_TAG", "ROW_ROLES", "TensorParallelPass",
-           "is_activation_all_reduce", "is_replicated_gemm", "tp_sharded_role"]
+__all__ = ["COLUMN_ROLES", "LOSS_STAT_TAG", "NORM_STAT_TAG", "ROW_ROLES", "TensorParallelPass",
+           "is_activation_all_reduce", "is_replicated_gemm", "position_table", "tp_sharded_role",
+           "vocab_parallel"]
 
 COLUMN_ROLES = frozenset({Role.ATTN_QKV, Role.MLP_IN, Role.LM_HEAD})
 ROW_ROLES = frozenset({Role.ATTN_OUT, Role.MLP_OUT})
@@ -75,13 +86,28 @@ _GATE_ROLES = frozenset({Role.ATTN_NORM, Role.MLP_NORM, Role.FINAL_NORM, Role.RE
 
 #: Tag of the small all-reduce of an across-heads q/k norm's statistics (not an activation).
 NORM_STAT_TAG = "norm_stat"
+#: Tag of the vocabulary-parallel loss's per-token all-reduces (not activations).
+LOSS_STAT_TAG = "loss_stat"
+#: Per-token statistics the vocabulary-parallel loss all-reduces, in order (fp32 each).
+LOSS_STATS = ("max", "target", "sumexp")
 
 
 def is_activation_all_reduce(node: Node) -> bool:
     """A TP all-reduce of a block's activations (``tokens x hidden`` after a row GEMM), not the
     statistic all-reduce of an across-heads q/k norm."""
     return (node.is_comm and node.group == "tp" and node.kind == OpKind.ALL_REDUCE
-            and NORM_STAT_TAG not in node.tags)
+            and NORM_STAT_TAG not in node.tags and LOSS_STAT_TAG not in node.tags)
+
+
+def position_table(node: Node) -> bool:
+    """A lookup (or its gradient) in a learned position table: whole on every TP rank."""
+    return node.kind == OpKind.EMBEDDING and POSITION_TABLE_TAG in node.tags
+
+
+def vocab_parallel(node: Node) -> bool:
+    """A lookup (or its gradient) in the vocabulary table, which TP shards over the vocabulary
+    (Megatron's ``VocabParallelEmbedding``)."""
+    return node.kind == OpKind.EMBEDDING and not position_table(node)
 
 
 def is_replicated_gemm(node: Node) -> bool:
@@ -406,6 +432,19 @@ class _TPWalker:
                          module_path=node.module_path, name=f"tp_norm_stat_{node.name}",
                          tags=(NORM_STAT_TAG,))
 
+    def loss_stat_all_reduces(self, node: Node) -> None:
+        """The vocabulary-parallel loss's three per-token fp32 all-reduces, chained after its
+        softmax forward ``node`` (the loss's later ops read their result)."""
+        rows = node.params.get("rows")
+        if rows is None:
+            return
+        out = node.outputs[0]
+        for stat in LOSS_STATS:
+            self.gb.add_comm(OpKind.ALL_REDUCE, group="tp", group_size=self.tp,
+                             nbytes=rows * float(DTYPE_BYTES["fp32"]), reads=(out,), like=out,
+                             phase=node.phase, module_path=node.module_path,
+                             name=f"tp_loss_{stat}_{node.name}", tags=(LOSS_STAT_TAG,))
+
     def walk(self) -> OpGraph:
         tp, sp, gb = self.tp, self.sp, self.gb
         self.consumers = self.graph.consumers
@@ -413,6 +452,7 @@ class _TPWalker:
         head_dim = next((float(n.params["head_dim"](1, 1, 1)) for n in self.graph.nodes
                          if n.kind == OpKind.ATTENTION and "head_dim" in n.params), 0.0)
         paired: dict[Phase, int] = {}  # across-heads q/k norms seen per phase
+        loss_reduced = False
         for node in self._dgrad_first(self.graph.nodes) if sp else self.graph.nodes:
             act_in = [t for t in node.inputs if t not in self.params]
             extra: tuple[int, ...] = ()
@@ -434,9 +474,9 @@ class _TPWalker:
                     out_state, new = "F", node  # the gathered tensor's cast, unscaled
                 elif transposed is not None:
                     out_state, new = "F", transposed  # the gathered fp8 tensor's transpose
-                elif node.kind == OpKind.EMBEDDING and node.phase == Phase.FORWARD:
+                elif vocab_parallel(node) and node.phase == Phase.FORWARD:
                     out_state, new = "P", node  # vocab-parallel lookup: partial rows per rank
-                elif node.kind == OpKind.EMBEDDING:
+                elif vocab_parallel(node):
                     out_state, new = "S", scale_node(node, tp)  # grad of the vocab shard
                 elif "P" in states:
                     out_state, new = "P", node
@@ -455,6 +495,10 @@ class _TPWalker:
                 if out_state == "P":
                     self.partial_order.append(t)
             gb.add(new.replace(inputs=tuple(inputs) + extra))
+            if (not loss_reduced and node.role == Role.LOSS and node.kind == OpKind.SOFTMAX
+                    and node.phase == Phase.FORWARD):
+                self.loss_stat_all_reduces(node)
+                loss_reduced = True
             if self._norm_across_heads(node, head_dim):
                 paired[node.phase] = paired.get(node.phase, 0) + 1
                 if paired[node.phase] % 2:

@@ -66,7 +66,7 @@ def fuse_for_inference(graph: OpGraph, *, kv_heads: int | None = None) -> OpGrap
     ``kv_heads``: KV heads per rank, for attention traced eagerly (e.g. gpt-oss attention
     sinks) that becomes one flash-attention kernel reading the un-repeated GQA cache.
     """
-    g = _embedding_gather(graph)
+    g = _drop_rope_tables(graph)
     g = _merge_sibling_gemms(g)
     g = _fuse_glue_runs(g)
     g = _fuse_eager_attention(g, kv_heads)
@@ -148,22 +148,18 @@ def _rebuild(graph: OpGraph, replace: dict[int, Node], drop: set[int]) -> OpGrap
 
 
 # ---------------------------------------------------------------------------------------------
-def _embedding_gather(graph: OpGraph) -> OpGraph:
-    replace: dict[int, Node] = {}
-    drop: set[int] = set()
+def _drop_rope_tables(graph: OpGraph) -> OpGraph:
+    """Drop the RoPE position / cos / sin table ops of the embedding block: an engine
+    precomputes them at model load. (The lookup itself reads only its gathered rows and the
+    token ids as traced: ``frontend._convert``.)"""
     has_embedding = any(n.kind == OpKind.EMBEDDING for n in graph.nodes)
-    for n in graph.nodes:
-        if n.kind == OpKind.EMBEDDING:
-            # Gather: read the looked-up rows (= the output) and the token ids.
-            ids = sum((_tensor_bytes(graph, t) for t in n.inputs
-                       if t not in graph.param_tensors), Poly())
-            replace[n.id] = n.replace(bytes_read=n.bytes_written + ids)
-        elif (has_embedding and _str(n.role) == Role.EMBED.value and not n.is_comm
-              and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)):
-            drop.add(n.id)  # RoPE position/cos/sin table: precomputed at model load
-    return _rebuild(graph, replace, drop) if replace or drop else graph
+    drop = {n.id for n in graph.nodes
+            if has_embedding and _str(n.role) == Role.EMBED.value and not n.is_comm
+            and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)}
+    return _rebuild(graph, {}, drop) if drop else graph
 
 
+# ---------------------------------------------------------------------------------------------
 def _fuse_glue_runs(graph: OpGraph) -> OpGraph:
     """Runs of norm / RoPE / activation ops: engineer D's ``FusionPass`` rule (its
     ``FUSABLE_ROLES`` on elementwise / copy / norm kinds), applied to the per-rank graph.

@@ -7,9 +7,10 @@ Hierarchical simulation (see ``sim.layer`` and ``sim.pipeline``):
 2. the pipeline schedule runs (rank, micro-batch, chunk, F/B/W) units whose costs are the sums
    over the chunk's layers, with P2P hand-offs between ranks;
 3. after each rank's last backward of a chunk, its gradient buckets (one per layer) are reduced
-   over DP on the ``dp`` stream, overlapped with the remaining backward work; then the optimizer
-   step (memory bound over the local parameter shard) and, for ZeRO-1/2, the parameter
-   all-gather.
+   over DP on the ``dp`` stream, overlapped with the remaining backward work; with tied input
+   and output embeddings on two pipeline ranks, those two then all-reduce the word embedding's
+   gradient; then the optimizer step (memory bound over the local parameter shard) and, for
+   ZeRO-1/2, the parameter all-gather.
 """
 
 from __future__ import annotations
@@ -480,6 +481,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     # EP takes ep consecutive dp·cp ranks, so the ranks holding the same experts (the
     # expert-data-parallel group, dp·cp/ep of them) sit ep of those ranks apart.
     strides["edp"] = strides["dpcp"] * L.ep
+    # The first and the last pipeline stage (tied embeddings' gradient all-reduce).
+    strides["pp_ends"] = strides["pp"] * max(L.pp - 1, 1)
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
     world = L.tp * L.cp * L.dp * L.pp  # the slowest group of each axis is priced
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
@@ -607,6 +610,9 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     # them (``MemoryOptions.fsdp_no_sync_accumulation``), and reduce-scatter once.
     syncs = m if L.zero_stage == 2 and p == 1 else 1
     first_bwd: dict[tuple[int, int], float] = {}
+    # (time the data-parallel sync ends, dense and expert parameters, DP overlap slowdown,
+    # exposed DP sync) of each rank
+    synced: list[tuple[float, float, float, float, float]] = []
     for u in pipe.units:
         if u.op.kind in ("B", "W"):
             key = (u.rank, u.op.chunk)
@@ -678,7 +684,28 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
                       if rr == r)
         dp_slow = overlap * (cal.overlap_compute_slowdown - 1.0)
         exposed_dp = max(dp_free - rank_end, 0.0)
-        t = rank_end + dp_slow + exposed_dp
+        synced.append((rank_end + dp_slow + exposed_dp, dense_numel, expert_numel, dp_slow,
+                       exposed_dp))
+    # Tied input and output embeddings on two pipeline ranks (Megatron ``finalize_model_grads``
+    # -> ``_allreduce_word_embedding_grads``, after the data-parallel sync; DeepSpeed's
+    # ``TiedLayerSpec`` alike): the first and the last stage all-reduce the word embedding's
+    # gradient (their vocab shard, V x h / tp) before either can step its optimizer.
+    tied_s = 0.0
+    ends = (0, p - 1)
+    tied_idle = [0.0] * p
+    if (spec.tie_word_embeddings and p > 1 and not dual and "embedding" in stage_blocks[0][0]
+            and "lm_head" in stage_blocks[p - 1][v - 1]):
+        tied_s = coster.collective("all_reduce", spec.vocab_size * spec.hidden_size / L.tp
+                                   * grad_b, 2, "pp_ends")[0]
+        start = max(synced[r][0] for r in ends)
+        for r in ends:
+            # the rank that finished first idles until the other can start the all-reduce
+            tied_idle[r] = start - synced[r][0]
+            synced[r] = (start + tied_s, *synced[r][1:])
+            tail_intervals.append((r, "comm_pp", "tied_embedding_grad_all_reduce", start,
+                                   start + tied_s))
+    for r in range(p):
+        t, dense_numel, expert_numel, dp_slow, exposed_dp = synced[r]
         sharded = L.zero_stage >= 1
         opt_numel = (dense_numel / dense_group + expert_numel / expert_group if sharded
                      else dense_numel + expert_numel)
@@ -700,7 +727,8 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
         t += ag_exposed + cal.iteration_cpu_overhead_s
         rank_step.append(t)
         rank_parts.append({"dp_slow": dp_slow, "exposed_dp": exposed_dp, "opt": opt_s,
-                           "ag": ag_exposed})
+                           "ag": ag_exposed, "tied": tied_s if r in ends else 0.0,
+                           "tied_idle": tied_idle[r]})
     step = max(rank_step)
     crit = rank_step.index(step)
 
@@ -716,10 +744,12 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     by_kind["dp"] = by_kind.get("dp", 0.0) + rank_parts[crit]["exposed_dp"]
     if rank_parts[crit]["ag"] > 0:
         by_kind["dp_param_gather"] = rank_parts[crit]["ag"]
+    if rank_parts[crit]["tied"] > 0:
+        by_kind["pp_tied_embedding"] = rank_parts[crit]["tied"]
     unit_exposed = sum(sum(v for _, v in u.cost.exposed_comm_s) for u in mine)
     # Unit durations may differ from their parts by overlap rounding; keep the sum exact.
     comp += max(busy - comp - sum(u.cost.slowdown_s for u in mine) - unit_exposed, 0.0)
-    bubble = pipe.rank_end_s[crit] - busy
+    bubble = pipe.rank_end_s[crit] - busy + rank_parts[crit]["tied_idle"]
     imbalance = _stage_imbalance_s(pipe, bubble, schedule=L.schedule, p=p, m=m, v=v,
                                    unit=unit, p2p_s=p2p_s, split_w=split_w,
                                    pair_overlap=dual and L.moe_a2a_overlap,

@@ -117,6 +117,39 @@ def test_tp_shards_the_fused_kernels_over_the_vocabulary(head) -> None:
         float(one.bytes_written(B, S, S)) / 4)
 
 
+@pytest.mark.parametrize("loss_kernel", ["eager", "fused"])
+def test_vocab_parallel_loss_all_reduces_three_fp32_values_per_token(head, loss_kernel) -> None:
+    """Megatron's ``_VocabParallelCrossEntropy`` / torchtitan's ``loss_parallel``: the maximum
+    logit, the target's logit and the sum of exponentials, one fp32 value per token each, over
+    the TP group; nothing in the backward. Under CP each rank holds s / cp tokens."""
+    from charon_search.passes.tensor_parallel import LOSS_STAT_TAG, is_activation_all_reduce
+
+    def stats(g):
+        return [n for n in g.nodes if LOSS_STAT_TAG in n.tags]
+
+    one = parallelize_block(head, PassContext(fused_kernels=True, loss_kernel=loss_kernel))
+    assert not stats(one.forward)
+    for cp in (1, 2):
+        pb = parallelize_block(head, PassContext(fused_kernels=True, loss_kernel=loss_kernel,
+                                                 tp=4, cp=cp, sequence_parallel=True))
+        ars = stats(pb.forward)
+        assert [n.kind for n in ars] == [OpKind.ALL_REDUCE] * 3
+        assert all(n.group == "tp" and float(n.params["group_size"](B, S, S)) == 4
+                   for n in ars)
+        assert [float(n.params["bytes"](B, S, S)) for n in ars] == [B * S / cp * FP32] * 3
+        assert not any(is_activation_all_reduce(n) for n in ars)
+        assert not stats(pb.backward)
+        # a chain: each reads the one before; eager: the NLL op reads the last one's result,
+        # fused: the kernel's loss leaves the block through it
+        assert [ars[i].outputs[0] in ars[i + 1].inputs for i in range(2)] == [True, True]
+        out, last = ars[-1].outputs[0], pb.forward.nodes.index(ars[-1])
+        if loss_kernel == "eager":
+            (nll,) = [n for n in pb.forward.nodes[last + 1:] if out in n.inputs]
+            assert nll.target == "aten.nll_loss_forward.default"
+        else:
+            assert out in pb.forward.outputs
+
+
 def test_step_and_memory_follow_the_loss_kernel() -> None:
     from charon_search.memory.report import memory_report
     from charon_search.training import simulate_training

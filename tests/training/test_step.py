@@ -476,3 +476,41 @@ def test_trace_draws_blocking_sends_on_their_own_track() -> None:
         unit = units[e["name"].removeprefix("send ")]
         assert e["ts"] + e["dur"] == pytest.approx(unit["ts"] + unit["dur"])
         assert e["dur"] == pytest.approx(unit["args"]["exposed_comm_s"]["pp"] * 1e6)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tied_embeddings_all_reduce_their_gradient_between_the_pipeline_ends(tp: int) -> None:
+    """Megatron ``_allreduce_word_embedding_grads``: with tied input and output embeddings the
+    first and the last stage each hold the word embedding (V x h / tp) and all-reduce its
+    fp32 gradient between them after the backward, before the optimizer step."""
+    import dataclasses
+
+    from charon_search.cost.collectives import collective_time
+
+    tied = dataclasses.replace(SPEC, tie_word_embeddings=True)
+    layout = Layout(tp=tp, pp=2, schedule="1f1b", global_batch_size=8, seq_len=256)
+    cl = toy_cluster()
+
+    def run(spec):
+        return simulate_training(spec, cl, layout, cost_model=FlopsCostModel(), traced=TRACED,
+                                 memory=False)
+
+    with_tie, without = run(tied), run(SPEC)
+    assert "pp_tied_embedding" not in without.breakdown.exposed_comm_by_kind_s
+    got = with_tie.breakdown.exposed_comm_by_kind_s["pp_tied_embedding"]
+    # the two ranks sit tp ranks apart (tp x pp ranks in Megatron's tp-dp-pp order); the last
+    # stage, which finishes its backward first, idles until the first can join (bubble)
+    nbytes = SPEC.vocab_size * SPEC.hidden_size / tp * 4
+    assert got == pytest.approx(collective_time("all_reduce", nbytes, 2, cl, stride=tp,
+                                                world_size=2 * tp), rel=1e-6)
+    # the step grows by the all-reduce (and the two ends' optimizer steps now start together)
+    assert with_tie.step_time_s == pytest.approx(without.step_time_s + got, rel=1e-5)
+    bd = with_tie.breakdown
+    parts = (bd.compute_s + bd.exposed_comm_s + bd.pipeline_bubble_s + bd.overlap_slowdown_s
+             + bd.optimizer_s + bd.other_s)
+    assert parts == pytest.approx(with_tie.step_time_s, rel=1e-9)
+    assert run(tied).step_time_s == with_tie.step_time_s
+    one_stage = simulate_training(tied, cl, Layout(tp=tp, pp=1, global_batch_size=8,
+                                                   seq_len=256),
+                                  cost_model=FlopsCostModel(), traced=TRACED, memory=False)
+    assert "pp_tied_embedding" not in one_stage.breakdown.exposed_comm_by_kind_s
