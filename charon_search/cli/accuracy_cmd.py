@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     text = render_accuracy(result, img_dir=img_dir, img_rel=rel, calibration=cal,
                            command=f"charon-search accuracy --from {args.source} "
                                    f"--out {args.out}" + "".join(
-                                       f" --calibration {p}" for p in args.calibration or []),
+                                       f" --calibration {p}" for p in args.calibration or [])
+                                   + (f" --bands {args.bands}" if args.bands else ""),
                            generated_at=str(data.get("generated_at") or ""))
     args.out.write_text(text + "\n")
     print(f"wrote {args.out} and plots under {img_dir}")

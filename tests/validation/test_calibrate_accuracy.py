@@ -194,9 +194,14 @@ def test_accuracy_command(tmp_path, shipped_records):
                     "test_records: 1, values: {disagg_handoff_vllm_s: 0.2}, "
                     "train_median_abs_log_error: 0.1, test_median_abs_log_error: 0.3, "
                     "test_median_abs_log_error_uncalibrated: 0.2}\nclusters: {}\n")
+    bands = tmp_path / "bands.json"
     assert main(["accuracy", "--from", str(src), "--out", str(out), "--calibration",
-                 str(cal), "--calibration", str(cal2), "--calibration", str(cal3)]) == 0
+                 str(cal), "--calibration", str(cal2), "--calibration", str(cal3),
+                 "--bands", str(bands)]) == 0
     text = out.read_text()
+    # the quoted command reproduces both outputs (report and bands of the same run)
+    assert f"--calibration {cal3} --bands {bands}`" in text
+    assert json.loads(bands.read_text())["bands"]
     assert "## Calibration (leave-one-gpu-out, serving: disagg_handoff_vllm_s)" in text
     assert "| held-out gpu | train n |" in text
     assert "beats the shipped specs on 0 of 1 GPUs." in text  # 0.3 > 0.2
