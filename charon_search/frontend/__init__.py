@@ -255,7 +255,8 @@ def _trace_uncached(spec: ModelSpec, phase: str, dtype: str, attn_impl: str,
     except Exception as e:  # torch / transformers failing on the model's own forward code
         raise ConfigError(f"model {spec.name!r} (model_type {spec.model_type!r}) cannot be "
                           f"traced for {phase}: {_trace_failure(e)}") from e
-    conv = Converter(spec, phase, caps, points, rm.layers_path, rm.layer_type_of)
+    conv = Converter(spec, phase, caps, points, rm.layers_path, rm.layer_type_of,
+                     vocab_table_path=_input_embedding_path(rm.model))
     conv.run()
     names = ["embedding", *spec.block_types, "lm_head"]
     # Parameters per block: decoder layers count their module's parameters (some may not be
@@ -280,6 +281,16 @@ def _mixes_tokens(node: Any) -> bool:
     """A fused (linear) attention node, or the softmax of an unfused (eager) attention."""
     return node.kind in _MIXER_KINDS or (node.kind == OpKind.SOFTMAX
                                          and node.role == Role.ATTN_CORE)
+
+
+def _input_embedding_path(model: Any) -> str | None:
+    """Module path of the model's input (vocabulary) embedding, None where the model does not
+    say (``get_input_embeddings``)."""
+    try:
+        emb = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return next((name for name, m in model.named_modules() if m is emb), None)
 
 
 def _check_token_mixers(spec: ModelSpec, blocks: dict[str, TracedBlock], layers: Any,

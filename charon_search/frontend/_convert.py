@@ -75,8 +75,11 @@ class _Op:
 class Converter:
     def __init__(self, spec: ModelSpec, phase: str, caps: tuple[Capture, ...],
                  points: tuple[dict[str, int], ...], layers_path: str,
-                 layer_type_of: tuple[str, ...]) -> None:
+                 layer_type_of: tuple[str, ...], vocab_table_path: str | None = None) -> None:
         self.spec, self.phase = spec, phase
+        #: Module path of the model's input (vocabulary) embedding; a lookup elsewhere is in
+        #: another table (``POSITION_TABLE_TAG``). None: told apart by the table's row count.
+        self.vocab_table_path = vocab_table_path
         self.caps = caps
         self.c1 = caps[0]
         symbols = ("b", "c") if phase == "decode" else ("b", "s")
@@ -122,6 +125,14 @@ class Converter:
         return tid
 
     # ------------------------------------------------------------------ main walk
+    def _other_table(self, op: _Op, rows: Poly) -> bool:
+        """Whether an embedding lookup (or its gradient) reads a table other than the input
+        (vocabulary) embedding: learned position embeddings (GPT-2's ``wpe``, OPT's
+        ``embed_positions``)."""
+        if self.vocab_table_path is not None:
+            return op.module_path != self.vocab_table_path
+        return rows.is_const() and rows.const_value() not in (0, self.spec.vocab_size)
+
     def run(self) -> None:
         for cap in self.caps:
             for gm in (cap.fw, cap.bw):
@@ -433,7 +444,7 @@ class Converter:
                 vocab = out_shape[0] if out_shape else Poly.const(0)
                 op.flops = tokens * hidden
             op.params = poly_params(tokens=tokens, hidden=hidden, vocab=vocab)
-            if vocab.is_const() and vocab.const_value() not in (0, self.spec.vocab_size):
+            if self._other_table(op, vocab):
                 op.tags.add(POSITION_TABLE_TAG)  # a position table, not the vocabulary
         elif k == OpKind.MOE_ROUTING:
             op.params = poly_params(tokens=self.tokens, num_experts=self.spec.num_experts,

@@ -32,6 +32,7 @@ import numpy as np
 from charon_search.ir.graph import DTYPE_BYTES, Node, OpGraph, TracedBlock
 from charon_search.ir.ops import OpKind, Phase, Role
 from charon_search.ir.symbolic import Poly
+from charon_search.passes.tensor_parallel import position_table
 
 __all__ = [
     "CLASSES",
@@ -255,8 +256,9 @@ def _is_view(node: Node, acts: list[int], walk: _Walk) -> bool:
 def _out_class(node: Node, phase: Phase, inherited: int, const: bool) -> int:
     role = node.role
     if const:
-        # Parameter gradients (and other (b, s)-free tensors): sharded like their weight.
-        return _TP if role in _SHARDED_WEIGHTS else _REP
+        # Parameter gradients (and other (b, s)-free tensors): sharded like their weight (a
+        # learned position table's gradient is whole on every rank, as the table is).
+        return _TP if role in _SHARDED_WEIGHTS and not position_table(node) else _REP
     if role in _INNER:
         return _TP
     if node.kind in _GEMMS or node.kind == OpKind.EMBEDDING:

@@ -434,16 +434,19 @@ class _TPWalker:
 
     def loss_stat_all_reduces(self, node: Node) -> None:
         """The vocabulary-parallel loss's three per-token fp32 all-reduces, chained after its
-        softmax forward ``node`` (the loss's later ops read their result)."""
+        softmax forward ``node``; the loss's later forward ops wait for the last one
+        (``loss_gate``, an extra input), and the tensors they read keep their ids."""
         rows = node.params.get("rows")
         if rows is None:
             return
-        out = node.outputs[0]
+        last = node.outputs[0]
         for stat in LOSS_STATS:
-            self.gb.add_comm(OpKind.ALL_REDUCE, group="tp", group_size=self.tp,
-                             nbytes=rows * float(DTYPE_BYTES["fp32"]), reads=(out,), like=out,
-                             phase=node.phase, module_path=node.module_path,
-                             name=f"tp_loss_{stat}_{node.name}", tags=(LOSS_STAT_TAG,))
+            last = self.gb.add_comm(OpKind.ALL_REDUCE, group="tp", group_size=self.tp,
+                                    nbytes=rows * float(DTYPE_BYTES["fp32"]), reads=(last,),
+                                    like=None, phase=node.phase, module_path=node.module_path,
+                                    name=f"tp_loss_{stat}_{node.name}", rewire=False,
+                                    tags=(LOSS_STAT_TAG,))
+        self.loss_gate = last
 
     def walk(self) -> OpGraph:
         tp, sp, gb = self.tp, self.sp, self.gb
@@ -453,11 +456,15 @@ class _TPWalker:
                          if n.kind == OpKind.ATTENTION and "head_dim" in n.params), 0.0)
         paired: dict[Phase, int] = {}  # across-heads q/k norms seen per phase
         loss_reduced = False
+        self.loss_gate: int | None = None
         for node in self._dgrad_first(self.graph.nodes) if sp else self.graph.nodes:
             act_in = [t for t in node.inputs if t not in self.params]
             extra: tuple[int, ...] = ()
             if node.role in _GATE_ROLES or node.kind in (OpKind.NORM, OpKind.EMBEDDING):
                 extra = self.flush_dangling(node)
+            if (self.loss_gate is not None and node.role == Role.LOSS
+                    and node.phase == Phase.FORWARD):
+                extra = (*extra, self.loss_gate)
             if _tp_gemm_role(node):
                 if self.wgrad_of and gemm_kind(node) in ("dgrad", "wgrad"):
                     self.regather(node)
@@ -474,6 +481,11 @@ class _TPWalker:
                     out_state, new = "F", node  # the gathered tensor's cast, unscaled
                 elif transposed is not None:
                     out_state, new = "F", transposed  # the gathered fp8 tensor's transpose
+                elif position_table(node):
+                    # whole on every rank; under SP its gradient is taken from the gathered
+                    # full-sequence gradient (Megatron adds the positions before scattering to
+                    # the sequence-parallel region), so it is not sequence-sharded either
+                    out_state, new = "R", node
                 elif vocab_parallel(node) and node.phase == Phase.FORWARD:
                     out_state, new = "P", node  # vocab-parallel lookup: partial rows per rank
                 elif vocab_parallel(node):

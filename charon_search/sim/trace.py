@@ -2,7 +2,8 @@
 
 One process per pipeline rank, one thread (track) per stream: ``compute`` (pipeline units,
 optimizer), ``comm_dp`` (gradient sync, parameter all-gather), ``comm_pp`` (the end of a unit
-that waits for its own send, ``Layout.pp_p2p_blocking``), and for micro-batch 0 the
+that waits for its own send, ``Layout.pp_p2p_blocking``), ``comm_tied`` (tied embeddings'
+gradient all-reduce between the first and the last stage), and for micro-batch 0 the
 operator-level timeline of each unit's first layer (op names from module paths) on
 ``ops.<stream>`` tracks.
 """

@@ -484,6 +484,7 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     # The first and the last pipeline stage (tied embeddings' gradient all-reduce).
     strides["pp_ends"] = strides["pp"] * max(L.pp - 1, 1)
     concurrent = {ax: max(strides[ax], 1) for ax in strides}
+    concurrent["pp_ends"] = max(strides["pp"], 1)  # one pair per pipeline, as for the sends
     world = L.tp * L.cp * L.dp * L.pp  # the slowest group of each axis is priced
     coster = GraphCoster(cl, cost_model, strides=strides, concurrent_groups=concurrent,
                          world_size=world,
@@ -695,14 +696,16 @@ def simulate_training(model: Any, cluster: Any, layout: Layout | Mapping[str, An
     tied_idle = [0.0] * p
     if (spec.tie_word_embeddings and p > 1 and not dual and "embedding" in stage_blocks[0][0]
             and "lm_head" in stage_blocks[p - 1][v - 1]):
+        # (ZeRO-2/3 keep only their data-parallel shard of the gradient to all-reduce)
+        shard = dense_group if L.zero_stage >= 2 else 1
         tied_s = coster.collective("all_reduce", spec.vocab_size * spec.hidden_size / L.tp
-                                   * grad_b, 2, "pp_ends")[0]
+                                   * grad_b / shard, 2, "pp_ends")[0]
         start = max(synced[r][0] for r in ends)
         for r in ends:
             # the rank that finished first idles until the other can start the all-reduce
             tied_idle[r] = start - synced[r][0]
             synced[r] = (start + tied_s, *synced[r][1:])
-            tail_intervals.append((r, "comm_pp", "tied_embedding_grad_all_reduce", start,
+            tail_intervals.append((r, "comm_tied", "tied_embedding_grad_all_reduce", start,
                                    start + tied_s))
     for r in range(p):
         t, dense_numel, expert_numel, dp_slow, exposed_dp = synced[r]

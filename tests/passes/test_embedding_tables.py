@@ -41,14 +41,16 @@ def test_the_position_table_is_tagged_the_vocabulary_is_not(embedding) -> None:
     assert not any(POSITION_TABLE_TAG in n.tags for n in llama.forward.nodes)
 
 
-@pytest.mark.parametrize("tp", [1, 8])
-def test_tp_shards_the_vocabulary_table_only(embedding, tp: int) -> None:
-    pb = parallelize_block(embedding, PassContext(fused_kernels=True, tp=tp))
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (8, False), (8, True)])
+def test_tp_shards_the_vocabulary_table_only(embedding, tp: int, sp: bool) -> None:
+    pb = parallelize_block(embedding, PassContext(fused_kernels=True, tp=tp,
+                                                  sequence_parallel=sp))
     assert local_params(pb.forward, tp=tp).dense_numel == V * H / tp + P * H
     groups = traced_param_groups(embedding)
     assert (groups.tp, groups.rep) == (V * H, P * H)
     assert groups.local(tp=tp, ep=1)[0] == V * H / tp + P * H
-    # the position table's gradient is whole on every rank: (P x H) written, not / tp
+    # the position table's gradient is whole on every rank: (P x H) written, not / tp (under
+    # SP too: Megatron adds the positions before it scatters to the sequence-parallel region)
     grads = _lookups(pb.backward)
     assert float(grads["transformer.wpe"].bytes_written(B, S, S)) == pytest.approx(P * H * BF16)
     assert float(grads["transformer.wte"].bytes_written(B, S, S)) == pytest.approx(

@@ -139,15 +139,17 @@ def test_vocab_parallel_loss_all_reduces_three_fp32_values_per_token(head, loss_
         assert [float(n.params["bytes"](B, S, S)) for n in ars] == [B * S / cp * FP32] * 3
         assert not any(is_activation_all_reduce(n) for n in ars)
         assert not stats(pb.backward)
-        # a chain: each reads the one before; eager: the NLL op reads the last one's result,
-        # fused: the kernel's loss leaves the block through it
+        # a chain: each reads the one before; eager: the NLL op waits for the last one (an
+        # extra input; the log-probabilities keep their id for the backward), fused: the chain
+        # ends the block's forward (the loss is known after it)
         assert [ars[i].outputs[0] in ars[i + 1].inputs for i in range(2)] == [True, True]
         out, last = ars[-1].outputs[0], pb.forward.nodes.index(ars[-1])
         if loss_kernel == "eager":
             (nll,) = [n for n in pb.forward.nodes[last + 1:] if out in n.inputs]
             assert nll.target == "aten.nll_loss_forward.default"
+            assert ars[0].inputs[0] in nll.inputs and ars[0].inputs[0] in pb.forward.outputs
         else:
-            assert out in pb.forward.outputs
+            assert last == len(pb.forward.nodes) - 1
 
 
 def test_step_and_memory_follow_the_loss_kernel() -> None:

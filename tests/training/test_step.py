@@ -478,17 +478,22 @@ def test_trace_draws_blocking_sends_on_their_own_track() -> None:
         assert e["dur"] == pytest.approx(unit["args"]["exposed_comm_s"]["pp"] * 1e6)
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_tied_embeddings_all_reduce_their_gradient_between_the_pipeline_ends(tp: int) -> None:
+@pytest.mark.parametrize(("tp", "pp", "dp", "zero", "vpp"), [
+    (1, 2, 1, 0, 1), (2, 2, 1, 0, 1), (1, 4, 1, 0, 1), (1, 4, 1, 0, 2), (1, 2, 2, 2, 1)])
+def test_tied_embeddings_all_reduce_their_gradient_between_the_pipeline_ends(
+        tp: int, pp: int, dp: int, zero: int, vpp: int) -> None:
     """Megatron ``_allreduce_word_embedding_grads``: with tied input and output embeddings the
     first and the last stage each hold the word embedding (V x h / tp) and all-reduce its
-    fp32 gradient between them after the backward, before the optimizer step."""
+    fp32 gradient between them after the data-parallel sync, before the optimizer step (under
+    ZeRO-2 each data-parallel rank its shard of it)."""
     import dataclasses
 
     from charon_search.cost.collectives import collective_time
 
     tied = dataclasses.replace(SPEC, tie_word_embeddings=True)
-    layout = Layout(tp=tp, pp=2, schedule="1f1b", global_batch_size=8, seq_len=256)
+    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero, vpp=vpp,
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                    global_batch_size=8 * dp, seq_len=256)
     cl = toy_cluster()
 
     def run(spec):
@@ -498,19 +503,23 @@ def test_tied_embeddings_all_reduce_their_gradient_between_the_pipeline_ends(tp:
     with_tie, without = run(tied), run(SPEC)
     assert "pp_tied_embedding" not in without.breakdown.exposed_comm_by_kind_s
     got = with_tie.breakdown.exposed_comm_by_kind_s["pp_tied_embedding"]
-    # the two ranks sit tp ranks apart (tp x pp ranks in Megatron's tp-dp-pp order); the last
-    # stage, which finishes its backward first, idles until the first can join (bubble)
-    nbytes = SPEC.vocab_size * SPEC.hidden_size / tp * 4
-    assert got == pytest.approx(collective_time("all_reduce", nbytes, 2, cl, stride=tp,
-                                                world_size=2 * tp), rel=1e-6)
+    # Megatron's tp-dp-pp rank order: stage ranks sit tp x dp apart, the two ends (pp - 1)
+    # times that, and one such pair runs per (tp, dp) coordinate at once; the stage that
+    # finishes first idles until the other can join (counted in its bubble)
+    nbytes = SPEC.vocab_size * SPEC.hidden_size / tp * 4 / (dp if zero >= 2 else 1)
+    assert got == pytest.approx(collective_time(
+        "all_reduce", nbytes, 2, cl, stride=tp * dp * (pp - 1), concurrent_groups=tp * dp,
+        world_size=tp * dp * pp), rel=1e-6)
     # the step grows by the all-reduce (and the two ends' optimizer steps now start together)
-    assert with_tie.step_time_s == pytest.approx(without.step_time_s + got, rel=1e-5)
+    assert with_tie.step_time_s == pytest.approx(without.step_time_s + got, rel=1e-4)
     bd = with_tie.breakdown
     parts = (bd.compute_s + bd.exposed_comm_s + bd.pipeline_bubble_s + bd.overlap_slowdown_s
              + bd.optimizer_s + bd.other_s)
     assert parts == pytest.approx(with_tie.step_time_s, rel=1e-9)
-    assert run(tied).step_time_s == with_tie.step_time_s
-    one_stage = simulate_training(tied, cl, Layout(tp=tp, pp=1, global_batch_size=8,
-                                                   seq_len=256),
+    tracks = [x for x in with_tie.timeline.tail_intervals if x[2].startswith("tied")]
+    assert sorted(r for r, *_ in tracks) == [0, pp - 1]
+    assert {x[1] for x in tracks} == {"comm_tied"}
+    one_stage = simulate_training(tied, cl, Layout(tp=tp, pp=1, dp=dp, zero_stage=zero,
+                                                   global_batch_size=8 * dp, seq_len=256),
                                   cost_model=FlopsCostModel(), traced=TRACED, memory=False)
     assert "pp_tied_embedding" not in one_stage.breakdown.exposed_comm_by_kind_s
