@@ -455,8 +455,7 @@ class _TPWalker:
         head_dim = next((float(n.params["head_dim"](1, 1, 1)) for n in self.graph.nodes
                          if n.kind == OpKind.ATTENTION and "head_dim" in n.params), 0.0)
         paired: dict[Phase, int] = {}  # across-heads q/k norms seen per phase
-        loss_reduced = False
-        self.loss_gate: int | None = None
+        self.loss_gate: int | None = None  # the loss's all-reduces, once added
         for node in self._dgrad_first(self.graph.nodes) if sp else self.graph.nodes:
             act_in = [t for t in node.inputs if t not in self.params]
             extra: tuple[int, ...] = ()
@@ -507,10 +506,9 @@ class _TPWalker:
                 if out_state == "P":
                     self.partial_order.append(t)
             gb.add(new.replace(inputs=tuple(inputs) + extra))
-            if (not loss_reduced and node.role == Role.LOSS and node.kind == OpKind.SOFTMAX
-                    and node.phase == Phase.FORWARD):
+            if (self.loss_gate is None and node.role == Role.LOSS
+                    and node.kind == OpKind.SOFTMAX and node.phase == Phase.FORWARD):
                 self.loss_stat_all_reduces(node)
-                loss_reduced = True
             if self._norm_across_heads(node, head_dim):
                 paired[node.phase] = paired.get(node.phase, 0) + 1
                 if paired[node.phase] % 2:
