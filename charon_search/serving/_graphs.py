@@ -364,6 +364,33 @@ def weight_storage(model: ModelSpec, precision: str) -> dict[str, Any]:
             "quantized_weight_bytes": quant.weight_bytes if quant else 0.0}
 
 
+#: What an engine's ``auto`` KV-cache dtype (a launch without ``--kv-cache-dtype``) resolves
+#: to: the KV-cache quantization the checkpoint declares, else the model's activation dtype.
+#: vLLM: ``kv_cache_dtype="auto"`` is ``model_config.dtype`` unless a ModelOpt checkpoint names
+#: ``kv_cache_quant_algo`` (vllm-project/vllm#30785, Dec 2025, and issue #34752); SGLang: "the
+#: default model precision in BF16" (docs, advanced_features/quantized_kv_cache) unless the
+#: checkpoint's quant config names an FP8 ``kv_cache_quant_algo``. A block-fp8 checkpoint
+#: (DeepSeek-V3/R1, MiniMax-M2.5, Qwen3-FP8: ``quant_method: fp8``) declares none, so its cache
+#: stays bf16; NVIDIA's ModelOpt NVFP4 exports declare an 8-bit float one.
+AUTO_KV_SOURCE = ("the engine's auto KV-cache dtype: the checkpoint's declared KV-cache "
+                  "quantization (ModelOpt kv_cache_quant_algo / kv_cache_scheme), else the "
+                  "model's bf16 (vLLM kv_cache_dtype='auto', vllm-project/vllm#30785; SGLang "
+                  "--kv-cache-dtype auto)")
+
+
+def checkpoint_kv_dtype(model: ModelSpec, precision: str) -> str:
+    """The KV-cache dtype an engine left at ``auto`` gives ``model``'s ``precision`` checkpoint:
+    ``fp8`` when its ``quantization_config`` declares an 8-bit float KV cache
+    (``kv_cache_quant_algo: FP8``, or ``kv_cache_scheme`` with ``num_bits: 8, type: float``),
+    else ``bf16`` (``AUTO_KV_SOURCE``). A checkpoint the catalog does not ship declares none."""
+    entry = dict(model.hf_config.get("_charon_checkpoints") or {}).get(precision) or {}
+    qc: Mapping[str, Any] = entry.get("quantization_config") or {}
+    algo = str(qc.get("kv_cache_quant_algo") or "").upper()
+    scheme: Mapping[str, Any] = qc.get("kv_cache_scheme") or {}
+    fp8_scheme = scheme.get("num_bits") == 8 and scheme.get("type") == "float"
+    return "fp8" if algo == "FP8" or fp8_scheme else "bf16"
+
+
 def _modelopt_format(qc: Mapping[str, Any], where: str) -> str:
     """The kernel format of a TensorRT Model Optimizer checkpoint (``quant_method``
     ``modelopt``): ``quant_algo`` NVFP4 (4-bit E2M1 weights and activations in groups of 16 with

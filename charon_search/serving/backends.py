@@ -458,7 +458,9 @@ class EngineProfile:
     scheduler_recv_interval: int = 0
     gpu_memory_utilization: float = 0.0
     kv_dtype: str = ""
-    """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller)."""
+    """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller).
+    ``kv_dtype="auto"``: the launch passes no KV-cache dtype, so the engine's ``auto`` applies,
+    which the caller resolves from the checkpoint (``serving._graphs.checkpoint_kv_dtype``)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
     http_frontend: bool = True
@@ -601,7 +603,12 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
         # launches keep vLLM's default largest size.
         minimax = launcher == "inferencex" and "minimax" in model.lower()
         triton = minimax and gpu in INFERENCEX_VLLM_MINIMAX_TRITON_GPUS
-        piecewise = (graphs[-1] if graphs else INFERENCEX_VLLM_MINIMAX_CAPTURE if minimax
+        # The MiniMax H100 recipe keeps vLLM's KV-cache dtype and capture sizes (see
+        # INFERENCEX_VLLM_MINIMAX_AUTO_KV_GPUS); the others pass both.
+        minimax_h100 = minimax and gpu in INFERENCEX_VLLM_MINIMAX_AUTO_KV_GPUS
+        piecewise = (graphs[-1] if graphs else
+                     vllm_piecewise_tokens(INFERENCEX_VLLM_MINIMAX_H100_MAX_NUM_SEQS)
+                     if minimax_h100 else INFERENCEX_VLLM_MINIMAX_CAPTURE if minimax
                      else vllm_piecewise_tokens(max_batch_size if launcher == "inferencex"
                                                 else 0))
         return EngineProfile(
@@ -609,9 +616,14 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
             max_num_batched_tokens=VLLM_API_SERVER_BATCHED_TOKENS, max_prefill_tokens=0,
             prefix_caching=not aic, cuda_graph_sizes=graphs, overlap_scheduler=asynchronous,
             piecewise_graph_tokens=piecewise, moe_kernel="triton" if triton else "",
+            kv_dtype="auto" if minimax_h100 else "",
             sources=(*graphs_src,
                 *((INFERENCEX_VLLM_MINIMAX_TRITON_SOURCE,) if triton else ()),
-                ("--max-cudagraph-capture-size 2048 (InferenceX minimaxm2.5_*_b300.sh): "
+                ("no --kv-cache-dtype, --max-num-seqs 256, cudagraph_mode PIECEWISE (InferenceX "
+                 "minimaxm2.5_fp8_h100.sh, every version read): vLLM's auto KV-cache dtype "
+                 f"and piecewise CUDA graphs up to min(2 x 256, 512) = {piecewise} tokens"
+                 if minimax_h100 else
+                 "--max-cudagraph-capture-size 2048 (InferenceX minimaxm2.5_*_b300.sh): "
                  "batches up to 2048 tokens replay piecewise CUDA graphs" if minimax else
                  f"vLLM piecewise CUDA graphs up to {piecewise} tokens (default cudagraph "
                  "mode; largest captured size min(2 x max_num_seqs, 512) unless the launch "
@@ -752,6 +764,16 @@ INFERENCEX_VLLM_MINIMAX_CAPTURE = 2048
 #: tables); on H200 the default rows already are the Triton kernel's. The stored B300 recipe
 #: sets neither (vLLM's default), nor does the H100 one.
 INFERENCEX_VLLM_MINIMAX_TRITON_GPUS = ("b200-sxm-180gb", "h200-sxm-141gb")
+#: GPUs whose InferenceX vLLM MiniMax-M2.5 recipe passes no ``--kv-cache-dtype``, so vLLM's
+#: ``auto`` applies (``serving._graphs.AUTO_KV_SOURCE``: bf16 for the block-fp8
+#: ``MiniMaxAI/MiniMax-M2.5``, which declares no KV-cache quantization). Every stored version of
+#: ``minimaxm2.5_fp8_h100.sh`` read (SemiAnalysisAI at 34bc7c4, two forks) passes none, with
+#: ``--max-num-seqs 256`` and ``--compilation-config '{"cudagraph_mode":"PIECEWISE"}'`` (so
+#: vLLM's default capture sizes, up to min(2 x 256, 512) tokens). The H200 recipe
+#: (``minimaxm2.5_fp8_h200.sh`` at 0949de5) and the B200 one the B300 recipe "reuses as-is"
+#: (``minimaxm2.5_fp8_b300.sh`` at 5632483) pass ``--kv-cache-dtype fp8``.
+INFERENCEX_VLLM_MINIMAX_AUTO_KV_GPUS = ("h100-sxm-80gb",)
+INFERENCEX_VLLM_MINIMAX_H100_MAX_NUM_SEQS = 256
 INFERENCEX_VLLM_MINIMAX_TRITON_SOURCE = (
     "routed experts on vLLM's Triton fused MoE (InferenceX minimaxm2.5_fp8_b200.sh: "
     "VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0; minimaxm2.5_fp8_h200.sh: "
@@ -854,7 +876,8 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
     tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
-    fp4_blackwell = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
+    blackwell = gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
+    fp4_blackwell = precision == "fp4" and blackwell
     mem = INFERENCEX_DSR1_SGLANG_MEM_FRACTION[fp4_blackwell]
     if fp4_blackwell:
         tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
@@ -867,9 +890,12 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         cuda_graph_sizes=sglang_cuda_graph_sizes(cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
         allreduce_norm_fusion=fp4_blackwell, gpu_memory_utilization=mem,
-        kv_admission="ignore_eos",
+        kv_admission="ignore_eos", kv_dtype="fp8" if blackwell else "auto",
         sources=(
             f"--mem-fraction-static {mem} ({recipe.split(':')[0]})", SGLANG_IGNORE_EOS_SOURCE,
+            ("--kv-cache-dtype fp8_e4m3 (InferenceX dsr1_fp4_b200.sh, dsr1_fp8_b200.sh)"
+             if blackwell else "no --kv-cache-dtype (InferenceX dsr1_fp8_h200.sh, every version "
+             "read): SGLang's auto KV-cache dtype"),
             *(("--enable-flashinfer-allreduce-fusion (dsr1_fp4_b200.sh): the RMSNorm after "
                "each TP all-reduce runs in the all-reduce kernel",) if fp4_blackwell else ()),
             *((f"--scheduler-recv-interval {recv} (InferenceX dsr1_fp4_b200.sh, "

@@ -378,6 +378,7 @@ def _serving_precision(raw: str | None, notes: list[str]) -> str:
 
 def _serving_case(record: Record) -> ServingCase:
     from charon_search.errors import ConfigError
+    from charon_search.serving._graphs import AUTO_KV_SOURCE, checkpoint_kv_dtype
     from charon_search.serving.backends import (
         AIPERF_AIC,
         BACKENDS,
@@ -457,6 +458,9 @@ def _serving_case(record: Record) -> ServingCase:
                                                        for t in model.layer_types))
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
+            if engine_kw.get("kv_dtype") == "auto":
+                engine_kw["kv_dtype"] = checkpoint_kv_dtype(model, precision)
+                notes.append(f"{backend}: KV cache {engine_kw['kv_dtype']}: {AUTO_KV_SOURCE}")
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "
                          "kernel (measured latency, serving.custom_allreduce)"
                          + ("; across the trays of an NVL72 domain by its MNNVL kernel, priced "

@@ -15,7 +15,7 @@ import pytest
 from charon_search.catalog import load_model
 from charon_search.errors import ConfigError, InfeasibleError
 from charon_search.ir.ops import OpKind
-from charon_search.serving._graphs import checkpoint_quant, serving_graphs
+from charon_search.serving._graphs import checkpoint_kv_dtype, checkpoint_quant, serving_graphs
 
 
 def _gemms(graphs):
@@ -119,6 +119,20 @@ def test_models_without_a_shipped_checkpoint_keep_the_generic_rule():
     q = checkpoint_quant(load_model("llama-3.1-70b"), "fp8")
     assert q.moe_dtype == "fp8" and {"attn.qkv", "mlp.in"} <= q.quantized_roles
     assert checkpoint_quant(load_model("qwen3-30b-a3b"), "fp4").moe_dtype == ""
+
+
+@pytest.mark.parametrize(("model", "precision", "kv"), [
+    # Block-fp8 releases (quant_method fp8) declare no KV-cache quantization: bf16.
+    ("deepseek-v3", "fp8", "bf16"), ("minimax-m2.5", "fp8", "bf16"),
+    ("qwen3-235b-a22b", "fp8", "bf16"),
+    # NVIDIA's ModelOpt NVFP4 exports declare an 8-bit float cache, in either spelling.
+    ("deepseek-v3", "fp4", "fp8"),  # kv_cache_quant_algo: FP8
+    ("minimax-m2.5", "fp4", "fp8"),  # kv_cache_scheme: {num_bits: 8, type: float}
+    # MXFP4 gpt-oss declares none; nor does a checkpoint the catalog does not ship.
+    ("gpt-oss-120b", "fp4", "bf16"), ("llama-3.1-70b", "fp8", "bf16"),
+])
+def test_engine_auto_kv_cache_dtype_is_what_the_checkpoint_declares(model, precision, kv):
+    assert checkpoint_kv_dtype(load_model(model), precision) == kv
 
 
 def test_unknown_quant_method_is_a_config_error(gpt_oss):

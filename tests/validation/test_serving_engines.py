@@ -169,6 +169,38 @@ def test_inferencex_gpt_oss_kv_cache_dtype_follows_the_recipe(by_id) -> None:
     assert any("as the launch sets it" in n for n in case.assumptions)
 
 
+MINIMAX_H100_C64 = "2026_04_06_minimax_m2_5_h100_sxm_vllm_fp8_agg_8192x1024_c64_tp4_ep4_1359"
+DSR1_SGLANG_H200 = "2026_03_25_deepseek_r1_h200_sxm_sglang_fp8_agg_8192x1024_c32_tp8_0_ep1_0_264"
+
+
+def test_kv_cache_dtype_is_the_engines_auto_where_the_recipe_passes_none(by_id) -> None:
+    """InferenceX's MiniMax-M2.5 H100 vLLM recipe and DeepSeek-R1 H200 SGLang recipe pass no
+    KV-cache dtype, so the engine's ``auto`` keeps the block-fp8 checkpoints' cache in bf16;
+    the MiniMax B200 and DeepSeek Blackwell recipes pass fp8. The bf16 cache holds half the
+    tokens: the H100 replica no longer holds even the 64 streams' mean prompts (64 x 7,373
+    tokens, uniform over 6,553..8,192), and its measured TTFT (32.5 s) is a queue's."""
+    from charon_search.memory.serving import kv_cache_capacity
+    from charon_search.serving._graphs import weight_storage
+
+    h100 = to_case(by_id[MINIMAX_H100_C64])
+    assert h100.config.kv_dtype == "bf16"
+    # --max-num-seqs 256 and no capture size: vLLM's default min(2 x 256, 512) tokens.
+    assert h100.config.piecewise_graph_tokens == 512
+    assert any("minimaxm2.5_fp8_h100.sh" in a for a in h100.assumptions)
+    b200 = to_case(by_id[MINIMAX_B200_FP8])
+    assert b200.config.kv_dtype == "fp8" and b200.config.piecewise_graph_tokens == 2048
+    assert to_case(by_id[DSR1_SGLANG_H200]).config.kv_dtype == "bf16"
+    b200_fp4 = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_agg_1024x1024_c16_tp8_0_ep8_0_257"
+    assert to_case(by_id[b200_fp4]).config.kv_dtype == "fp8"
+    cfg = h100.config
+    caps = {kv: kv_cache_capacity(h100.model, h100.cluster, tp=cfg.tp, ep=cfg.ep,
+                                  gpu_memory_utilization=0.9, kv_dtype=kv,
+                                  **weight_storage(h100.model, "fp8")).num_tokens
+            for kv in ("bf16", "fp8")}
+    assert caps["fp8"] / caps["bf16"] == pytest.approx(2.0, rel=0.01)
+    assert caps["bf16"] < 64 * 7373 < caps["fp8"]
+
+
 def test_gap_rows_keep_the_aiperf_protocol(by_id) -> None:
     case = to_case(by_id[TRTLLM_8B])
     wl = case.workload
