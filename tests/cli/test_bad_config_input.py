@@ -177,10 +177,10 @@ def test_spec_errors_show_the_value_as_written(tmp_path, capsys) -> None:
 
     import charon_search
 
-    shipped = Path(charon_search.__file__).parent / "cluster_specs" / "gpus" / "h100-sxm-80gb.yaml"
+    shipped = Path(charon_search.__file__).parent / "cluster_specs" / "gpus" / "a100-sxm-80gb.yaml"
     text = shipped.read_text().replace("hbm_capacity_gib: 80", "hbm_capacity_gib: -80", 1)
     assert "hbm_capacity_gib: -80" in text
-    f = tmp_path / "h100.yaml"
+    f = tmp_path / "a100.yaml"
     f.write_text(text)
     assert main(["specs", "check", str(f)]) == 2
     assert "`hbm_capacity_gib` must be > 0, but got -80\n" in capsys.readouterr().err
@@ -344,7 +344,7 @@ def test_no_room_for_kv_names_the_engines_memory_setting(capsys) -> None:
     assert main(["serve", "--model", "llama-3.1-70b", "--cluster", "h100-sxm-8gpu", "--tp", "2",
                  "--engine", "sglang", "--num-requests", "4", "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert "leaves no room for KV cache" in err and "mem_fraction_static 0.834" in err
+    assert "leaves no room for KV cache" in err and "mem_fraction_static 0.833" in err
 
 
 def test_without_chunked_prefill_a_prompt_must_fit_the_token_budget(capsys) -> None:

@@ -47,7 +47,8 @@ def _write(tmp_path: Path, name: str, data: dict[str, Any]) -> Path:
 # ------------------------------------------------------------------ values converted once to SI
 def test_h100_figures_in_si_units() -> None:
     gpu = load_gpu("h100-sxm-80gb")
-    assert gpu.hbm_capacity_bytes == 85899345920  # 80 GiB = 80 * 2**30
+    # 79.18 GiB, as CUDA reports an H100 80GB HBM3 (the datasheet's 80 GB counts the stacks)
+    assert gpu.hbm_capacity_bytes == 85018877624
     assert gpu.hbm_bandwidth_bytes_per_s == pytest.approx(3.35e12)  # 3,350 GB/s
     assert gpu.nvlink_bandwidth_bytes_per_s == pytest.approx(450e9)  # 900 GB/s bidirectional
     assert gpu.nic_bandwidth_bytes_per_s == pytest.approx(50e9)  # 400 Gb/s / 8
@@ -125,7 +126,7 @@ def test_load_by_path_and_inline_gpu(tmp_path: Path, cluster_raw: dict, gpu_raw:
     data["name"] = "inline"
     data["gpu"] = gpu_raw
     spec = load_cluster(_write(tmp_path, "inline", data))
-    assert spec.name == "inline" and spec.gpu.hbm_capacity_bytes == 80 * 2**30
+    assert spec.name == "inline" and spec.gpu.hbm_capacity_bytes == 85018877624
 
 
 def test_extra_spec_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -268,7 +269,7 @@ def test_gpu_rules(gpu_raw: dict) -> None:
             assert f in msg, (f, msg)
 
     bad = copy.deepcopy(gpu_raw)
-    del bad["hbm_capacity_gib"]
+    del bad["hbm_capacity_bytes"]
     expect(bad, "missing required field", "hbm_capacity_<gib|gb|bytes>")
     bad = copy.deepcopy(gpu_raw)
     bad["hbm_bandwidth_gbyte_per_s"] = -1

@@ -50,7 +50,8 @@ def test_capacity_closed_form() -> None:
                             activation_bytes=GIB, cuda_graph_pool_bytes=0.5 * GIB)
     assert cap.weights_bytes == pytest.approx(weights)
     per_token = 2 * 32 * 8 * 128 * 2 / tp
-    tokens = (0.9 * 80 * GIB - weights - 1.5 * GIB) // per_token
+    device = 85_018_877_624  # the H100's 79.18 GiB as CUDA reports it
+    tokens = (0.9 * device - weights - 1.5 * GIB) // per_token
     assert cap.num_blocks == tokens // 16
     assert cap.num_tokens == cap.num_blocks * 16
     assert cap.fits
@@ -111,7 +112,7 @@ def test_engine_memory_rules_closed_form(rule: str) -> None:
     cap = kv_cache_capacity(spec, toy_cluster(), tp=2, gpu_memory_utilization=0.85,
                             activation_bytes=act, cuda_graph_pool_bytes=graphs,
                             memory_rule=rule)
-    w, device, extra = cap.weights_bytes, 80 * GIB, cap.non_torch_bytes
+    w, device, extra = cap.weights_bytes, 85_018_877_624, cap.non_torch_bytes
     expected = (0.85 * (device - extra) - w if rule == "static"
                 else 0.85 * (device - w - act - graphs - extra))
     assert cap.available_bytes == pytest.approx(expected)

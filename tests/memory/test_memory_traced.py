@@ -111,7 +111,7 @@ def test_memory_cli_json(tmp_path, capsys) -> None:
     data = json.loads(out.read_text())
     assert [st["stage"] for st in data["stages"]] == [0, 1]
     assert data["fits"] is True and data["reason"] is None
-    assert data["device_memory_bytes"] == 80 * 2**30
+    assert data["device_memory_bytes"] == 85018877624  # 79.18 GiB
     assert "peak reserved" in capsys.readouterr().out
     rc = main(["memory", "--model", "debug-llama", "--cluster", "h100-sxm-8gpu", "--gpus", "8",
                "--tp", "3"])

@@ -135,9 +135,9 @@ def test_model_that_does_not_fit_at_tp1_is_pruned_with_its_weights_in_the_reason
     assert "leaves no room for KV cache" in rec["prune_reason"]
     assert "131.4 GiB weights per GPU" in rec["prune_reason"]
     assert rec["prune_reason"].startswith("infeasible: ")
-    # the pruned record keeps the deployment's columns: 1 GPU, an H100's 80 GiB
+    # the pruned record keeps the deployment's columns: 1 GPU, an H100's 79.18 GiB
     assert rec["num_gpus"] == 1 and rec["mode"] == "aggregated"
-    assert rec["device_memory_bytes"] == 80 * 2**30
+    assert rec["device_memory_bytes"] == 85018877624
 
 
 # ------------------------------------------------------------------ fixes: space loading

@@ -16,20 +16,21 @@ from charon_search.serving.backends import (
     sglang_default_mem_fraction,
 )
 
-H100 = load_gpu("h100-sxm-80gb")  # 80 GiB = 81920 MiB in the spec
+H100 = load_gpu("h100-sxm-80gb")  # 79.18 GiB = 81080.3 MiB, as CUDA reports it
 H200 = load_gpu("h200-sxm-141gb")
 
 
 def test_sglang_default_fraction_h100_tp1_aiconfigurator_graphs() -> None:
     # reserved = 512 + 1.5 x 8192 + 2 x 16 + 1 x 1 / 8 x 1024 = 12960 MiB (above the 10 GiB floor)
     f = sglang_default_mem_fraction(H100, tp=1, prefill_tokens=8192, cuda_graph_max_bs=16)
-    assert f == round((81920 - 12960) / 81920, 3) == 0.842
+    mib = 85_018_877_624 / 2**20
+    assert f == round((mib - 12960) / mib, 3) == 0.84
 
 
 def test_sglang_default_fraction_h100_tp8_default_graphs() -> None:
-    # cuda_graph_max_bs defaults to 512 from TP 4 on an 80 GiB GPU:
-    # 512 + 12288 + 1024 + 1024 = 14848 MiB, (81920 - 14848) / 81920 = 0.819
-    assert sglang_default_mem_fraction(H100, tp=8, prefill_tokens=8192) == 0.819
+    # cuda_graph_max_bs defaults to 512 from TP 4 on an 80 GB GPU:
+    # 512 + 12288 + 1024 + 1024 = 14848 MiB, (81080.3 - 14848) / 81080.3 = 0.817
+    assert sglang_default_mem_fraction(H100, tp=8, prefill_tokens=8192) == 0.817
 
 
 def test_sglang_default_fraction_floor_dp_attention_and_draft() -> None:
@@ -52,10 +53,10 @@ def test_engine_memory_reads_each_engines_knob() -> None:
                          **kw) == ("total", 0.8)
     assert engine_memory(ServingConfig(engine="trtllm"), H100, **kw) == ("free", 0.9)
     # SGLang: an explicit --mem-fraction-static is taken as is, else its rule for this launch
-    # (default 8192-token chunks on an 80 GiB GPU, graphs listed up to 16).
+    # (default 8192-token chunks on an 80 GB GPU, graphs listed up to 16).
     sg = ServingConfig(engine="sglang", max_num_batched_tokens=8192,
                        cuda_graph_sizes=tuple(range(1, 17)))
-    assert engine_memory(sg, H100, **kw) == ("static", 0.842)
+    assert engine_memory(sg, H100, **kw) == ("static", 0.84)
     assert engine_memory(dataclasses.replace(sg, gpu_memory_utilization=0.85), H100,
                          **kw) == ("static", 0.85)
 
