@@ -631,6 +631,10 @@ class _Loop:
                                                  "prune_reason": f"invalid: {reason}"})
                         done += 1
                         progress.advance(self, feasible=False)
+                        # Trials finished without an evaluation reach the durable storage
+                        # in batches too: a space whose points are all known can finish
+                        # thousands of them before the next evaluation returns.
+                        self.flush()
                         continue
                 key = config_key(cfg)
                 if key in self.memo:
@@ -638,6 +642,7 @@ class _Loop:
                     ok = self.finish(trial, cfg, {**self.memo[key], "memo_hit": True}, point)
                     done += 1
                     progress.advance(self, feasible=ok)
+                    self.flush()
                     continue
                 if key in in_flight:
                     in_flight[key].append((trial, cfg, point))

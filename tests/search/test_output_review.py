@@ -192,6 +192,31 @@ def test_non_dominated_is_fast_at_scale(k, n):
     assert non_dominated(pts[sub]) == _all_pairs(pts[sub])
 
 
+def test_memo_hits_reach_the_durable_storage_in_batches(toy_space, toy_objective, tmp_path,
+                                                       monkeypatch):
+    """Trials that finish without an evaluation (a known point from the memo, or one that
+    breaks the space's rules) are stored every ``flush_every`` trials like evaluated ones,
+    not held in memory until the next evaluation returns (a killed run would lose them)."""
+    from charon_search.search.study import _Loop
+
+    waiting: list[int] = []
+    finish = _Loop.finish
+
+    def counted(self, *args, **kwargs):
+        ok = finish(self, *args, **kwargs)
+        waiting.append(len(self.unflushed))
+        return ok
+
+    monkeypatch.setattr(_Loop, "finish", counted)
+    res = run_search(toy_space, toy_objective, SearchOptions(
+        trials=4000, workers=0, sampler="random", seed=0, out_dir=str(tmp_path / "memo"),
+        flush_every=8, flush_interval_s=3600.0, html=False))
+    # Most of the 4,000 finish without an evaluation (the space has 1,296 points): repeats
+    # of known points, or points that break its rules.
+    assert res.num_trials == 4000 and res.num_memo_hits + res.num_invalid > 3000
+    assert max(waiting) <= 8
+
+
 # ---------------------------------------------------------------- F3 empty studies
 def test_an_objective_rejected_before_any_trial_is_replaced_by_the_fixed_one(toy_space,
                                                                             toy_objective,
