@@ -26,7 +26,7 @@ from typing import Any
 from charon_search.cli._common import prepare_outputs, with_flags
 from charon_search.errors import ConfigError
 from charon_search.hardware.spec import SERVING_ENGINES
-from charon_search.serving.config import PRECISIONS
+from charon_search.serving.config import KV_DTYPES, PRECISIONS
 
 #: WorkloadSpec fields -> the serve flags that set them (named in its errors).
 _WORKLOAD_FLAGS = {f"workload.{k}": v for k, v in (
@@ -105,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--precision", choices=PRECISIONS,
                    help="weight/GEMM precision; int4 = 4-bit integer weights (W4A16) of a "
                         "checkpoint the catalog ships (e.g. kimi-k2.5); default bf16")
+    e.add_argument("--kv-dtype", choices=KV_DTYPES,
+                   help="KV-cache element type; default auto: what an engine launched without "
+                        "--kv-cache-dtype stores, the KV-cache quantization the checkpoint "
+                        "declares (fp8 for NVIDIA's NVFP4 releases), else bf16")
     e.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                    help="cost the kernels inference engines fuse (default on)")
     e.add_argument("--spec-k", type=int,
@@ -169,7 +173,8 @@ def build_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> tuple[An
         "dynamic_sp": args.dynamic_sp, "engine": args.engine, "scheduler": args.scheduler,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens,
         "chunked_prefill": args.chunked_prefill, "prefix_caching": args.prefix_caching,
-        "precision": args.precision, "fused_kernels": args.fused_kernels,
+        "precision": args.precision, "kv_dtype": args.kv_dtype,
+        "fused_kernels": args.fused_kernels,
         "gpu_memory_utilization": args.memory_fraction,
     }
     data.update({k: v for k, v in flags.items() if v is not None})
@@ -302,9 +307,10 @@ def run(args: argparse.Namespace) -> int:
     print(report.summary(), flush=True)
     from charon_search.serving.backends import memory_knob
 
+    kv = report.config.get("kv_dtype", config.kv_dtype)  # ``auto`` resolved by the simulation
     print(f"KV cache {report.kv_capacity_tokens:,} tokens per "
-          + ("decode replica" if config.disagg is not None else
-             f"replica ({memory_knob(config, cluster.gpu)})"), flush=True)
+          + (f"decode replica ({kv})" if config.disagg is not None else
+             f"replica ({kv}, {memory_knob(config, cluster.gpu)})"), flush=True)
     from charon_search.validation.bands import serving_band_lines
 
     try:

@@ -125,11 +125,12 @@ def kv_bytes_per_token(spec: ModelSpec, *, tp: int, num_layers: int | None = Non
 
 
 def _kv_dtypes() -> tuple[str, ...]:
-    """The KV-cache dtypes a serving launch may set (``serving.config.KV_DTYPES``; imported
-    here, not at module level: ``charon_search.serving`` imports this module)."""
+    """The KV-cache element types a cache can hold (``serving.config.KV_DTYPES`` less ``auto``,
+    which the serving simulator resolves first; imported here, not at module level:
+    ``charon_search.serving`` imports this module)."""
     from charon_search.serving.config import KV_DTYPES
 
-    return KV_DTYPES
+    return tuple(d for d in KV_DTYPES if d != "auto")
 
 
 def _check_kv_dtype(kv_dtype: object) -> None:

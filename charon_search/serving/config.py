@@ -67,7 +67,10 @@ KV_TRANSFER_TIERS = ("rdma", "nvlink")
 #: ``int4``: 4-bit integer weights with 16-bit activations (W4A16), for checkpoints whose
 #: catalog entry says which GEMMs are 4-bit (``serving._graphs.checkpoint_quant``).
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "int4")
-KV_DTYPES = ("bf16", "fp16", "fp8")
+#: ``auto``: what an engine launched without ``--kv-cache-dtype`` stores, the KV-cache quantization
+#: the checkpoint declares, else bf16 (``serving._graphs.checkpoint_kv_dtype``; resolved when
+#: the simulation starts, ``resolve_kv_dtype``).
+KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
 
 #: vLLM's default CUDA-graph capture sizes (v0.11+, ``VllmConfig._set_cudagraph_sizes``,
 #: vllm/config/vllm.py): 1, 2, 4, every multiple of 8 below 256, then every 16th size from 256
@@ -469,7 +472,10 @@ class ServingConfig:
     calibrated ``disagg_handoff_s[engine]`` (0 when it has none)."""
     precision: str = "bf16"
     """Weight/GEMM precision."""
-    kv_dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    """KV-cache element type (``KV_DTYPES``); ``auto`` = the engines' default: the KV-cache
+    quantization the ``precision`` checkpoint declares (NVIDIA's ModelOpt NVFP4 exports: fp8),
+    else bf16 (``serving._graphs.checkpoint_kv_dtype``)."""
     speculative: SpeculativeConfig | None = None
     disagg: DisaggConfig | None = None
     slo_ttft_s: float | None = None

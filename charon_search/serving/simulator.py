@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from charon_search.hardware.spec import ClusterSpec
 
 __all__ = ["ServingSimulation", "build_cost_model", "kv_capacity_blocks", "kv_paging",
-           "run_simulation", "simulate_serving"]
+           "resolve_kv_dtype", "run_simulation", "simulate_serving"]
 
 _ARRIVE, _KV, _ITER = 0, 0, 1
 #: SGLang ``--mamba-full-memory-ratio`` default: linear-attention state memory over full KV
@@ -62,12 +62,24 @@ def _resolve(model: ModelSpec | str, cluster: ClusterSpec | str) -> tuple[ModelS
     return model, cluster
 
 
+def resolve_kv_dtype(model: ModelSpec, config: ServingConfig) -> ServingConfig:
+    """``config`` with a concrete ``kv_dtype``: ``auto`` becomes what an engine launched
+    without ``--kv-cache-dtype`` stores for ``model``'s ``config.precision`` checkpoint
+    (``serving._graphs.checkpoint_kv_dtype``); any other value is kept."""
+    if config.kv_dtype != "auto":
+        return config
+    from charon_search.serving._graphs import checkpoint_kv_dtype
+
+    return config.replace(kv_dtype=checkpoint_kv_dtype(model, config.precision))
+
+
 def build_cost_model(model: ModelSpec, cluster: ClusterSpec, config: ServingConfig, *,
                      tp: int | None = None, pp: int | None = None,
                      ep: int | None = None,
                      dp_attention: bool | None = None) -> IterationCostModel:
     """The graph-based iteration cost model of one replica (SP wrapper when ``sp > 1``);
     ``dp_attention`` None = ``config.dp_attention``."""
+    config = resolve_kv_dtype(model, config)
     dpa = config.dp_attention if dp_attention is None else dp_attention
     base: IterationCostModel = GraphIterationCostModel(
         model, cluster, tp=tp or config.tp, pp=pp or config.pp, ep=ep or config.ep,
@@ -104,6 +116,7 @@ def kv_capacity_blocks(model: ModelSpec, cluster: ClusterSpec, config: ServingCo
     (``dp_attention`` None = ``config.dp_attention``)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
+    config = resolve_kv_dtype(model, config)
     from charon_search.memory.serving import MEMORY_RULE_KNOBS, kv_cache_capacity, moe_tp_degree
     from charon_search.serving._graphs import weight_storage
     from charon_search.serving.backends import engine_memory
@@ -247,7 +260,7 @@ class ServingSimulation:
                  cost_cache: dict[tuple, IterationCostModel] | None = None) -> None:
         self.model = model
         self.cluster = cluster
-        self.config = config
+        self.config = resolve_kv_dtype(model, config)
         self._heap: list[tuple[float, int, int, int, Any]] = []
         self._seq = itertools.count()
         self.prefill_pool: list[ReplicaEngine] = []

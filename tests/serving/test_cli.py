@@ -35,9 +35,11 @@ def test_serve_writes_report(tmp_path, capsys) -> None:
     assert any(e.get("name") == "decode" for e in events)
     out = capsys.readouterr().out
     assert "TTFT" in out
-    # No engine named: vLLM's accounting, 0.9 of the device.
+    # No engine named: vLLM's accounting, 0.9 of the device; the default kv_dtype ``auto``
+    # is the bf16 checkpoint's bf16.
+    assert data["config"]["kv_dtype"] == "bf16"
     assert (f"KV cache {data['kv_capacity_tokens']:,} tokens per replica "
-            "(gpu_memory_utilization 0.9)") in out
+            "(bf16, gpu_memory_utilization 0.9)") in out
 
 
 @pytest.mark.slow
@@ -124,7 +126,7 @@ def test_serve_memory_fraction_is_read_as_the_engines_setting(capsys) -> None:
             "sglang", "--workload", "concurrency", "--concurrency", "2", "--num-requests", "4",
             "--input-len", "64", "--output-len", "4", "--no-progress"]
     assert main([*base, "--memory-fraction", "0.8"]) == 0
-    assert "(mem_fraction_static 0.8)" in capsys.readouterr().out
+    assert "(bf16, mem_fraction_static 0.8)" in capsys.readouterr().out
     assert main([*base, "--memory-fraction", "1.5"]) == 2
     assert "gpu_memory_utilization" in capsys.readouterr().err
 

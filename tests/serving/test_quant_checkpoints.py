@@ -135,6 +135,30 @@ def test_engine_auto_kv_cache_dtype_is_what_the_checkpoint_declares(model, preci
     assert checkpoint_kv_dtype(load_model(model), precision) == kv
 
 
+def test_auto_kv_dtype_is_resolved_from_the_checkpoint_before_sizing_the_cache():
+    """``ServingConfig.kv_dtype`` defaults to ``auto``: the NVFP4 MiniMax-M2.5 checkpoint's
+    declared fp8 cache holds twice the tokens of the block-fp8 one's bf16 cache, exactly what
+    the explicit dtypes give."""
+    from charon_search.catalog import load_model
+    from charon_search.hardware import load_cluster
+    from charon_search.serving import ServingConfig
+    from charon_search.serving.simulator import kv_capacity_blocks, resolve_kv_dtype
+
+    model, cluster = load_model("minimax-m2.5"), load_cluster("b200-8gpu")
+    assert ServingConfig().kv_dtype == "auto"
+    kw = dict(tp=4, pp=1, ep=1)
+    blocks = {}
+    for precision, declared in (("fp4", "fp8"), ("fp8", "bf16")):
+        auto = ServingConfig(tp=4, precision=precision)
+        assert resolve_kv_dtype(model, auto).kv_dtype == declared
+        explicit = auto.replace(kv_dtype=declared)
+        blocks[precision] = kv_capacity_blocks(model, cluster, auto, **kw)
+        assert blocks[precision] == kv_capacity_blocks(model, cluster, explicit, **kw)
+    # An explicit dtype is kept: the fp8 checkpoint with an fp8 cache (a launch flag).
+    forced = ServingConfig(tp=4, precision="fp8", kv_dtype="fp8")
+    assert resolve_kv_dtype(model, forced) is forced
+
+
 def test_unknown_quant_method_is_a_config_error(gpt_oss):
     bad = dict(gpt_oss.hf_config)
     bad["_charon_checkpoints"] = {"fp4": {"quantization_config": {"quant_method": "awq"}}}
