@@ -1,8 +1,8 @@
 """Hardware as data: GPUs and clusters loaded from ``cluster_specs/*.yaml``.
 
 >>> from charon_search.hardware import load_cluster, load_gpu
->>> load_gpu("h100").hbm_capacity_bytes
-85899345920.0
+>>> load_gpu("h100").hbm_capacity_bytes  # 79.18 GiB, as CUDA reports an H100 80GB
+85018877624
 """
 
 from charon_search.hardware.loader import (

@@ -136,7 +136,10 @@ def _kv_dtypes() -> tuple[str, ...]:
 def _check_kv_dtype(kv_dtype: object) -> None:
     allowed = _kv_dtypes()
     if kv_dtype not in allowed or kv_dtype not in DTYPE_BYTES:
-        raise ConfigError(f"`kv_dtype` must be one of {list(allowed)}, but got {kv_dtype!r}")
+        hint = (" (resolve a ServingConfig's 'auto' first: serving.resolve_kv_dtype)"
+                if kv_dtype == "auto" else "")
+        raise ConfigError(f"`kv_dtype` must be one of {list(allowed)}, but got {kv_dtype!r}"
+                          + hint)
 
 
 def _check_degree(name: str, v: object) -> None:

@@ -38,6 +38,7 @@ from charon_search.serving.simulator import (
     ServingSimulation,
     build_cost_model,
     kv_capacity_blocks,
+    resolve_kv_dtype,
     simulate_serving,
 )
 from charon_search.serving.workload import (
@@ -73,5 +74,6 @@ __all__ = [
     "plan_dynamic_sp",
     "read_trace",
     "requests_from_rows",
+    "resolve_kv_dtype",
     "simulate_serving",
 ]

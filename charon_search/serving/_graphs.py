@@ -382,13 +382,29 @@ def checkpoint_kv_dtype(model: ModelSpec, precision: str) -> str:
     """The KV-cache dtype an engine left at ``auto`` gives ``model``'s ``precision`` checkpoint:
     ``fp8`` when its ``quantization_config`` declares an 8-bit float KV cache
     (``kv_cache_quant_algo: FP8``, or ``kv_cache_scheme`` with ``num_bits: 8, type: float``),
-    else ``bf16`` (``AUTO_KV_SOURCE``). A checkpoint the catalog does not ship declares none."""
+    else the activation dtype: ``fp16`` for an fp16 run, ``bf16`` otherwise
+    (``AUTO_KV_SOURCE``). A checkpoint the catalog does not ship declares none.
+
+    Raises:
+        ConfigError: the checkpoint declares a KV-cache quantization other than 8-bit float,
+            which the simulator does not model.
+    """
     entry = dict(model.hf_config.get("_charon_checkpoints") or {}).get(precision) or {}
     qc: Mapping[str, Any] = entry.get("quantization_config") or {}
+    where = f"model {model.name}: _charon_checkpoints.{precision}.quantization_config"
     algo = str(qc.get("kv_cache_quant_algo") or "").upper()
-    scheme: Mapping[str, Any] = qc.get("kv_cache_scheme") or {}
-    fp8_scheme = scheme.get("num_bits") == 8 and scheme.get("type") == "float"
-    return "fp8" if algo == "FP8" or fp8_scheme else "bf16"
+    scheme = qc.get("kv_cache_scheme") or {}
+    if not isinstance(scheme, Mapping):
+        raise ConfigError(f"{where}: `kv_cache_scheme` must be a mapping (num_bits, type), "
+                          f"but got {scheme!r}")
+    if algo not in ("", "FP8") or (scheme and not (scheme.get("num_bits") == 8
+                                                   and scheme.get("type") == "float")):
+        raise ConfigError(f"{where}: a declared KV-cache quantization must be 8-bit float "
+                          f"(kv_cache_quant_algo FP8 or kv_cache_scheme num_bits 8, type "
+                          f"float), but got {algo or dict(scheme)!r}")
+    if algo == "FP8" or scheme:
+        return "fp8"
+    return "fp16" if precision == "fp16" else "bf16"
 
 
 def _modelopt_format(qc: Mapping[str, Any], where: str) -> str:

@@ -876,8 +876,10 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
     tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
-    blackwell = gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
-    fp4_blackwell = precision == "fp4" and blackwell
+    fp4_blackwell = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
+    # The Blackwell recipes (dsr1_fp4_b200.sh, dsr1_fp8_b200.sh; GB200 / GB300 alike) pass
+    # --kv-cache-dtype fp8_e4m3; the H200 one passes none.
+    fp8_kv = _fp4_tensor_cores(gpu)
     mem = INFERENCEX_DSR1_SGLANG_MEM_FRACTION[fp4_blackwell]
     if fp4_blackwell:
         tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
@@ -890,11 +892,11 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         cuda_graph_sizes=sglang_cuda_graph_sizes(cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
         allreduce_norm_fusion=fp4_blackwell, gpu_memory_utilization=mem,
-        kv_admission="ignore_eos", kv_dtype="fp8" if blackwell else "auto",
+        kv_admission="ignore_eos", kv_dtype="fp8" if fp8_kv else "auto",
         sources=(
             f"--mem-fraction-static {mem} ({recipe.split(':')[0]})", SGLANG_IGNORE_EOS_SOURCE,
             ("--kv-cache-dtype fp8_e4m3 (InferenceX dsr1_fp4_b200.sh, dsr1_fp8_b200.sh)"
-             if blackwell else "no --kv-cache-dtype (InferenceX dsr1_fp8_h200.sh, every version "
+             if fp8_kv else "no --kv-cache-dtype (InferenceX dsr1_fp8_h200.sh, every version "
              "read): SGLang's auto KV-cache dtype"),
             *(("--enable-flashinfer-allreduce-fusion (dsr1_fp4_b200.sh): the RMSNorm after "
                "each TP all-reduce runs in the all-reduce kernel",) if fp4_blackwell else ()),

@@ -432,8 +432,12 @@ class ServingSimulation:
             from charon_search.catalog import load_model
 
             draft_spec = load_model(spec.draft_model)
+            # The draft keeps its KV in the target's cache dtype (as ``_draft_memory`` sizes
+            # it) and all-reduces with the target's kernel.
             draft = GraphIterationCostModel(draft_spec, cluster, tp=pool.tp, pp=1,
                                             precision=self.config.precision,
+                                            kv_dtype=self.config.kv_dtype,
+                                            tp_allreduce=self.config.tp_allreduce,
                                             fused_kernels=self.config.fused_kernels)
         def draft_s(shape: Sequence[tuple[int, int]], n: int, kv: float) -> float:
             # The draft model runs the iteration's prompt chunks once (its own KV) and then

@@ -169,7 +169,7 @@ def _explain_serving(case: ServingCase) -> dict[str, Any]:
         "kv_cache": {
             # The engine's memory knob as the top-level configuration sizes its replicas.
             "memory": memory_knob(cfg, case.cluster.gpu),
-            "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": cfg.kv_dtype,
+            "capacity_tokens": rep.kv_capacity_tokens, "kv_dtype": sim.config.kv_dtype,
             "block_size": cfg.block_size, "utilization": rep.kv_utilization,
             "preemptions": rep.num_preemptions,
             # What the streams would hold at once at their full lengths, per (decode) replica.

@@ -406,6 +406,7 @@ def _serving_case(record: Record) -> ServingCase:
     isl, osl = int(c["input_len"]), int(c["output_len"])
     extra: dict[str, Any] = {}
     engine_kw: dict[str, Any] = {}
+    auto_kv = False  # the launch passes no KV-cache dtype: the engine's auto (noted below)
     if record.origin == "silicon":
         if (record.extra or {}).get("layout_note"):
             notes.append(str(record.extra["layout_note"]))
@@ -459,6 +460,7 @@ def _serving_case(record: Record) -> ServingCase:
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
             if engine_kw.get("kv_dtype") == "auto":
+                auto_kv = True
                 engine_kw["kv_dtype"] = checkpoint_kv_dtype(model, precision)
                 notes.append(f"{backend}: KV cache {engine_kw['kv_dtype']}: {AUTO_KV_SOURCE}")
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "
@@ -539,7 +541,7 @@ def _serving_case(record: Record) -> ServingCase:
     kw: dict[str, Any] = dict(precision=precision, kv_dtype=kv_dtype, max_num_seqs=max_seqs,
                               max_num_batched_tokens=max(8192, isl))
     kw.update(engine_kw)
-    if engine_kw.get("kv_dtype") and engine_kw["kv_dtype"] != kv_dtype:
+    if engine_kw.get("kv_dtype") and engine_kw["kv_dtype"] != kv_dtype and not auto_kv:
         notes.append(f"KV cache {engine_kw['kv_dtype']} as the launch sets it, not the "
                      f"{kv_dtype} the checkpoint precision suggests")
     if mode == "disagg":

@@ -154,9 +154,27 @@ def test_auto_kv_dtype_is_resolved_from_the_checkpoint_before_sizing_the_cache()
         explicit = auto.replace(kv_dtype=declared)
         blocks[precision] = kv_capacity_blocks(model, cluster, auto, **kw)
         assert blocks[precision] == kv_capacity_blocks(model, cluster, explicit, **kw)
+    # Same weights, half the bytes a token: the fp4 run's auto (fp8) cache holds twice the
+    # blocks of an explicit bf16 one.
+    bf16 = kv_capacity_blocks(model, cluster, ServingConfig(tp=4, precision="fp4",
+                                                            kv_dtype="bf16"), **kw)
+    assert blocks["fp4"] / bf16 == pytest.approx(2.0, abs=1e-3)
     # An explicit dtype is kept: the fp8 checkpoint with an fp8 cache (a launch flag).
     forced = ServingConfig(tp=4, precision="fp8", kv_dtype="fp8")
     assert resolve_kv_dtype(model, forced) is forced
+
+
+def test_auto_kv_dtype_follows_fp16_and_rejects_undeclared_schemes():
+    import copy
+
+    model = load_model("minimax-m2.5")
+    assert checkpoint_kv_dtype(model, "fp16") == "fp16"
+    for qc, what in (({"kv_cache_quant_algo": "NVFP4"}, "NVFP4"),
+                     ({"kv_cache_scheme": {"num_bits": 4, "type": "float"}}, "num_bits")):
+        bad = copy.deepcopy(model.hf_config)
+        bad["_charon_checkpoints"]["fp4"]["quantization_config"] = qc
+        with pytest.raises(ConfigError, match=f"8-bit float.*{what}"):
+            checkpoint_kv_dtype(dataclasses.replace(model, hf_config=bad), "fp4")
 
 
 def test_unknown_quant_method_is_a_config_error(gpt_oss):
