@@ -152,9 +152,10 @@ def _drop_rope_tables(graph: OpGraph) -> OpGraph:
     """Drop the RoPE position / cos / sin table ops of the embedding block: an engine
     precomputes them at model load. (The lookup itself reads only its gathered rows and the
     token ids as traced: ``frontend._convert``.)"""
-    has_embedding = any(n.kind == OpKind.EMBEDDING for n in graph.nodes)
+    if not any(n.kind == OpKind.EMBEDDING for n in graph.nodes):
+        return graph
     drop = {n.id for n in graph.nodes
-            if has_embedding and _str(n.role) == Role.EMBED.value and not n.is_comm
+            if _str(n.role) == Role.EMBED.value and not n.is_comm
             and n.kind in (OpKind.ELEMENTWISE, OpKind.COPY)}
     return _rebuild(graph, {}, drop) if drop else graph
 

@@ -460,7 +460,7 @@ class EngineProfile:
     kv_dtype: str = ""
     """``ServingConfig`` fields a launcher fixes itself (0 / empty: left to the caller).
     ``kv_dtype="auto"``: the launch passes no KV-cache dtype, so the engine's ``auto`` applies,
-    which the caller resolves from the checkpoint (``serving._graphs.checkpoint_kv_dtype``)."""
+    resolved from the checkpoint with the configuration (``serving.resolve_kv_dtype``)."""
     sources: tuple[str, ...]
     """One line per fact: what it is and where it comes from."""
     http_frontend: bool = True

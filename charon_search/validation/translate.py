@@ -378,7 +378,7 @@ def _serving_precision(raw: str | None, notes: list[str]) -> str:
 
 def _serving_case(record: Record) -> ServingCase:
     from charon_search.errors import ConfigError
-    from charon_search.serving._graphs import AUTO_KV_SOURCE, checkpoint_kv_dtype
+    from charon_search.serving._graphs import AUTO_KV_SOURCE
     from charon_search.serving.backends import (
         AIPERF_AIC,
         BACKENDS,
@@ -389,6 +389,7 @@ def _serving_case(record: Record) -> ServingCase:
     )
     from charon_search.serving.config import DisaggConfig, PoolConfig, ServingConfig
     from charon_search.serving.custom_allreduce import MNNVL_ENGINES
+    from charon_search.serving.simulator import resolve_kv_dtype
     from charon_search.serving.workload import LengthDistribution, WorkloadSpec
 
     c = dict(record.config)
@@ -406,7 +407,6 @@ def _serving_case(record: Record) -> ServingCase:
     isl, osl = int(c["input_len"]), int(c["output_len"])
     extra: dict[str, Any] = {}
     engine_kw: dict[str, Any] = {}
-    auto_kv = False  # the launch passes no KV-cache dtype: the engine's auto (noted below)
     if record.origin == "silicon":
         if (record.extra or {}).get("layout_note"):
             notes.append(str(record.extra["layout_note"]))
@@ -459,10 +459,6 @@ def _serving_case(record: Record) -> ServingCase:
                                                        for t in model.layer_types))
             engine_kw = prof.config_kwargs()
             notes.extend(f"{backend}: {line}" for line in prof.sources)
-            if engine_kw.get("kv_dtype") == "auto":
-                auto_kv = True
-                engine_kw["kv_dtype"] = checkpoint_kv_dtype(model, precision)
-                notes.append(f"{backend}: KV cache {engine_kw['kv_dtype']}: {AUTO_KV_SOURCE}")
             notes.append(f"{backend}: TP all-reduces inside a node by the engine's custom NVLink "
                          "kernel (measured latency, serving.custom_allreduce)"
                          + ("; across the trays of an NVL72 domain by its MNNVL kernel, priced "
@@ -541,7 +537,8 @@ def _serving_case(record: Record) -> ServingCase:
     kw: dict[str, Any] = dict(precision=precision, kv_dtype=kv_dtype, max_num_seqs=max_seqs,
                               max_num_batched_tokens=max(8192, isl))
     kw.update(engine_kw)
-    if engine_kw.get("kv_dtype") and engine_kw["kv_dtype"] != kv_dtype and not auto_kv:
+    # A launch that passes no KV-cache dtype (``auto``) is resolved with the configuration.
+    if engine_kw.get("kv_dtype") not in (None, "", "auto", kv_dtype):
         notes.append(f"KV cache {engine_kw['kv_dtype']} as the launch sets it, not the "
                      f"{kv_dtype} the checkpoint precision suggests")
     if mode == "disagg":
@@ -597,6 +594,9 @@ def _serving_case(record: Record) -> ServingCase:
         per_node = num_gpus // int(c.get("workers") or 1)
     try:
         config = ServingConfig(**kw)
+        if config.kv_dtype == "auto":
+            config = resolve_kv_dtype(model, config)
+            notes.append(f"KV cache {config.kv_dtype}: {AUTO_KV_SOURCE}")
     except ConfigError as e:
         raise Unexpressible(f"serving config not expressible: {e}") from e
     choice = choose_cluster(record, per_node if mode != "disagg" else num_gpus)
