@@ -245,6 +245,17 @@ INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
 #: ``INFERENCEX_DSR1_SGLANG_RECV_INTERVALS``) they cap TP 8 at 128 running requests, and the B200
 #: FP8 TP 8 rows at concurrency 256 and 512 measure 2-3 s TTFT where that cap predicts 27-213 s
 #: of queueing: those rows ran the H200 recipe's limits.
+#: The TP 4 branch of the same B200 FP8 recipe (``dsr1_fp8_b200.sh``, commit 1fc5d73, and
+#: ``single_node/dsr1_fp8_b200.sh``, alike) is the only stored SGLang DeepSeek-R1 launch at TP 4,
+#: and it is taken for the B200 FP8 TP 4 rows: it runs 8k/1k only ("TP=4 not yet supported for
+#: ISL=..."), the rows' only shape, at ``--max-running-requests`` = ``--cuda-graph-max-bs`` 32,
+#: the rows' largest concurrency, with ``--mem-fraction-static 0.95`` (at the H200 recipe's 0.82
+#: the 157.5 GiB of FP8 weights per GPU leave no KV cache), ``--chunked-prefill-size`` =
+#: ``--max-prefill-tokens`` 8192 and ``--scheduler-recv-interval 10`` at every concurrency. Its
+#: ``--stream-interval 30`` is not: the rows keep the 10 of their TP 8 siblings measured on the
+#: same days (2026-03-25, 2026-04-06), for the reason given above.
+#: (chunk and prefill tokens, running requests, memory fraction, recv interval)
+INFERENCEX_DSR1_SGLANG_FP8_B200_TP4 = (8192, 32, 0.95, 10)
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
@@ -655,7 +666,7 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
         return _inferencex_sglang_dsr1(
             isl=isl, osl=osl, max_batch_size=max_batch_size, gpu=gpu, precision=precision,
-            recv=inferencex_dsr1_recv_interval(gpu, max_batch_size))
+            tp=tp, recv=inferencex_dsr1_recv_interval(gpu, max_batch_size))
     if backend == "sglang" and launcher == "inferencex" and "glm-5" in model.lower():
         return _inferencex_sglang_glm5(gpu)
     if backend == "sglang" and launcher == "inferencex" and "qwen3.5" in model.lower():
@@ -869,14 +880,16 @@ def _inferencex_vllm(model: str, gpu: str = "", *,
 
 
 def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str = "",
-                            precision: str = "", recv: int = 0) -> EngineProfile:
+                            precision: str = "", tp: int = 8, recv: int = 0) -> EngineProfile:
     """SGLang as InferenceX's DeepSeek-R1 recipes launch it: the FP4 Blackwell recipe for an
-    FP4 row on ``gpu`` b200/b300, else the FP8 H200 recipe (``recv``: the
-    ``--scheduler-recv-interval`` the Blackwell recipes add; 0: not passed)."""
+    FP4 row on ``gpu`` b200/b300, the B200 FP8 recipe's TP 4 branch for an FP8 B200 row at
+    ``tp`` 4, else the FP8 H200 recipe (``recv``: the ``--scheduler-recv-interval`` the
+    Blackwell recipes add; 0: not passed)."""
     tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
     fp4_blackwell = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
+    fp8_b200_tp4 = precision == "fp8" and gpu.startswith("b200") and tp == 4
     # The Blackwell recipes (dsr1_fp4_b200.sh, dsr1_fp8_b200.sh; GB200 / GB300 alike) pass
     # --kv-cache-dtype fp8_e4m3; the H200 one passes none.
     fp8_kv = _fp4_tensor_cores(gpu)
@@ -884,6 +897,10 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
     if fp4_blackwell:
         tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
         recipe = "benchmarks/dsr1_fp4_b200.sh, reused on B300"
+    elif fp8_b200_tp4:
+        tokens, cap, mem, recv = INFERENCEX_DSR1_SGLANG_FP8_B200_TP4
+        recipe = "benchmarks/dsr1_fp8_b200.sh, its TP 4 branch (8k/1k only)"
+    fusion = fp4_blackwell or fp8_b200_tp4
     return EngineProfile(
         backend="sglang", prefill_schedule="prefill_first", chunked_prefill=True,
         max_num_batched_tokens=tokens, max_prefill_tokens=tokens, prefix_caching=False,
@@ -891,20 +908,23 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=sglang_cuda_graph_sizes(cap),
         stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
-        allreduce_norm_fusion=fp4_blackwell, gpu_memory_utilization=mem,
+        allreduce_norm_fusion=fusion, gpu_memory_utilization=mem,
         kv_admission="ignore_eos", kv_dtype="fp8" if fp8_kv else "auto",
         sources=(
             f"--mem-fraction-static {mem} ({recipe.split(':')[0]})", SGLANG_IGNORE_EOS_SOURCE,
             ("--kv-cache-dtype fp8_e4m3 (InferenceX dsr1_fp4_b200.sh, dsr1_fp8_b200.sh)"
              if fp8_kv else "no --kv-cache-dtype (InferenceX dsr1_fp8_h200.sh, every version "
              "read): SGLang's auto KV-cache dtype"),
-            *(("--enable-flashinfer-allreduce-fusion (dsr1_fp4_b200.sh): the RMSNorm after "
-               "each TP all-reduce runs in the all-reduce kernel",) if fp4_blackwell else ()),
+            *((f"--enable-flashinfer-allreduce-fusion ({recipe.split(',')[0]}): the RMSNorm "
+               "after each TP all-reduce runs in the all-reduce kernel",) if fusion else ()),
             *((f"--scheduler-recv-interval {recv} (InferenceX dsr1_fp4_b200.sh, "
-               "dsr1_fp4_b300.sh): new requests "
+               "dsr1_fp4_b300.sh, dsr1_fp8_b200.sh): new requests "
                f"are received every {recv} decode batches, at once after a prefill batch or "
                "when idle (SchedulerRecvSkipper)",) if recv else ()),
-            f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} (same recipe): the "
+            f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} ("
+            + ("the H200 recipe's, as the TP 8 rows measured on the same days: the stored B200 "
+               "FP8 recipe's 30 puts their 1k-prompt TTFT 2x too high" if fp8_b200_tp4
+               else "same recipe") + "): the "
             "client's first chunk taken to carry the "
             f"{INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL}th token (an empirical rule: SGLang's "
             "stream_output_generation sends the first token at once; ServingConfig."

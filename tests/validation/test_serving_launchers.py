@@ -86,6 +86,26 @@ def test_inferencex_deepseek_recipes(by_id) -> None:
     assert to_case(llama).config.stream_interval == 1
 
 
+def test_inferencex_sglang_deepseek_fp8_b200_tp4_recipe(by_id) -> None:
+    """dsr1_fp8_b200.sh's TP 4 branch (8k/1k only): 32 running requests, chunks of 8192,
+    --mem-fraction-static 0.95 and a recv poll every 10 batches whatever the concurrency. At
+    the H200 recipe's 0.82 the row did not fit: 0.82 x 178.35 GiB < 157.5 GiB of weights."""
+    from charon_search.serving.simulator import kv_capacity_blocks
+
+    row = "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_8192x1024_c16_tp4_ep1_1987"
+    case = to_case(by_id[row])
+    cfg = case.config
+    assert (cfg.tp, cfg.gpu_memory_utilization) == (4, 0.95)
+    assert cfg.max_num_batched_tokens == cfg.max_prefill_tokens == 8192
+    assert cfg.cuda_graph_sizes[-1] == 32 and cfg.max_num_seqs == 16
+    assert cfg.scheduler_recv_interval == 10  # the TP 8 branch relaxes to 30 from 16 streams
+    assert cfg.allreduce_norm_fusion and cfg.kv_dtype == "fp8"
+    # KV cache below (0.95 x 178.35 GiB - 157.5 GiB) / (61 layers x 576 B of fp8 latent a
+    # token) = 364.6 k tokens, by the activations and graphs the engine also holds.
+    tokens = cfg.block_size * kv_capacity_blocks(case.model, case.cluster, cfg, tp=4, pp=1, ep=1)
+    assert 0.8 * 364.6e3 < tokens < 364.6e3
+
+
 def test_inferencex_deepseek_trt_attention_dp_recipe(by_id) -> None:
     """dsr1_fp8_h200_trt.sh with DP_ATTENTION=true: per-rank max_num_tokens (x8 ranks) and the
     attention-DP balance block (timeout_iters 60); without attention DP neither."""
