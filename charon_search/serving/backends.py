@@ -660,7 +660,8 @@ def _engine_profile(backend: str, *, isl: int, max_batch_size: int, version: str
                 (f"vLLM {version or '(version not stated)'} schedules synchronously (async "
                  "scheduling opt-in before 0.14): the cluster's per-iteration host time "
                  "applies"),
-                *(("no InferenceX vLLM recipe of this model is modelled: the engine's defaults "
+                *((INFERENCEX_VLLM_MINIMAX_PARTIAL if minimax else
+                   "no InferenceX vLLM recipe of this model is modelled: the engine's defaults "
                    "above stand in for its launch flags",) if launcher == "inferencex" else ()),
             ))
     if backend == "sglang" and launcher == "inferencex" and "deepseek" in model.lower():
@@ -789,6 +790,16 @@ INFERENCEX_VLLM_MINIMAX_TRITON_SOURCE = (
     "routed experts on vLLM's Triton fused MoE (InferenceX minimaxm2.5_fp8_b200.sh: "
     "VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0; minimaxm2.5_fp8_h200.sh: "
     "--moe-backend triton)")
+#: What the MiniMax-M2.5 rows take from InferenceX's vLLM recipes and what they do not: the
+#: stored versions differ in the rest (``minimaxm2.5_fp8_b200.sh`` at 07e171a: memory
+#: fraction 0.95, no KV-cache dtype or capture size; ``minimaxm2.5_fp8_b300.sh`` at 5632483,
+#: "the existing MiniMax-M2.5 FP8 B200 vLLM recipe as-is": 0.90, ``--max-num-batched-tokens``
+#: 2 x ISL, ``--stream-interval 20``), and no row says which version it ran.
+INFERENCEX_VLLM_MINIMAX_PARTIAL = (
+    "InferenceX MiniMax-M2.5 vLLM recipes: the capture size, KV-cache dtype and MoE kernel "
+    "above are taken from them; their other flags differ between the stored versions "
+    "(--gpu-memory-utilization 0.90 or 0.95, --max-num-batched-tokens 2 x ISL or unset, "
+    "--stream-interval 20 or unset), so the engine's defaults stand in for those")
 #: GPUs whose InferenceX vLLM Llama-3-70B recipe compiles with ``"cudagraph_mode":
 #: "FULL_DECODE_ONLY"`` and ``"splitting_ops": []`` (``70b_fp8_b200_docker.sh``,
 #: ``70b_fp4_b200_docker.sh``): batches with prompt tokens replay no graph at all, so their
