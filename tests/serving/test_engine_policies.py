@@ -291,9 +291,15 @@ def test_inferencex_recipes_set_launch_facts() -> None:
                        model="openai/gpt-oss-120b")
     assert v.iteration_overhead_s == 0.0 and not v.prefix_caching  # async scheduling
     other = engine_profile("vllm", isl=1024, max_batch_size=8, launcher="inferencex",
-                           model="MiniMaxAI/MiniMax-M2.5")
+                           model="moonshotai/Kimi-K2.5")
     assert other.iteration_overhead_s is None  # no recipe, no version: engine defaults
     assert any("no InferenceX vLLM recipe" in s for s in other.sources)
+    # MiniMax-M2.5: some recipe facts are taken, the rest differ between stored versions.
+    mm = engine_profile("vllm", isl=1024, max_batch_size=8, launcher="inferencex",
+                        model="MiniMaxAI/MiniMax-M2.5")
+    assert mm.iteration_overhead_s is None
+    assert not any("no InferenceX vLLM recipe" in s for s in mm.sources)
+    assert any("--gpu-memory-utilization 0.90 or 0.95" in s for s in mm.sources)
     for p in (w, n, g, v):
         ServingConfig(**p.config_kwargs())
     # Piecewise CUDA graphs: gpt-oss and MiniMax recipes capture up to 2048 tokens; the B200
@@ -303,7 +309,7 @@ def test_inferencex_recipes_set_launch_facts() -> None:
                                  model="meta-llama/Llama-3.1-70B", gpu=gpu)
              for gpu in ("b200-sxm-180gb", "h200-sxm-141gb")}
     aic = engine_profile("vllm", isl=1024, max_batch_size=24, launcher="aiconfigurator")
-    assert [p.piecewise_graph_tokens for p in (v, other, llama["b200-sxm-180gb"],
+    assert [p.piecewise_graph_tokens for p in (v, mm, llama["b200-sxm-180gb"],
                                                llama["h200-sxm-141gb"], aic)] == [
         2048, 2048, 0, 16, 24]
     assert ServingConfig(**v.config_kwargs()).piecewise_graph_tokens == 2048
