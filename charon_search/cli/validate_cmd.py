@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-by", nargs="+", default=None, metavar="FIELD",
                         help="also print the errors per combination of these record fields "
                              "(model, cluster, engine, gpu, source, kind, origin, confidence, "
-                             "fully_specified), e.g. --group-by model cluster engine; --json "
-                             "gets them as summary.by_fields")
+                             "fully_specified; serving rows also mode, engine_version, "
+                             "measured (year-month) and precision), e.g. --group-by model "
+                             "cluster engine; --json gets them as summary.by_fields")
     parser.add_argument("--workers", type=int, default=0,
                         help="Ray worker actors simulating records in parallel (0 = in this "
                              "process; same results either way)")

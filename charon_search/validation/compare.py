@@ -30,6 +30,7 @@ from charon_search.validation.stats import (
     METRIC_GROUPS,
     check_group_fields,
     error_stats,
+    group_label,
     group_of,
     representative_rows,
 )
@@ -110,8 +111,7 @@ def compare_runs(base: Any, new: Any, *, group_by: Sequence[str] = (),
         keyed: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
         for b, n in matched:
             info = cases_n.get(n["id"]) or cases_b.get(b["id"]) or {}
-            keyed.setdefault(" / ".join(str(info.get(f, "-")) for f in group_by),
-                             []).append((b, n))
+            keyed.setdefault(group_label(info, group_by), []).append((b, n))
         out["by_fields"] = {"fields": list(group_by),
                             "groups": {k: by_group(keyed[k]) for k in sorted(keyed)}}
     def moved(pair: tuple[Mapping[str, Any], Mapping[str, Any]]) -> float:

@@ -15,8 +15,8 @@ import numpy as np
 
 from charon_search.validation.ranking import configuration_ordering
 
-__all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "check_group_fields", "error_stats", "group_of",
-           "grouped_summary", "request_latency_rows", "run_to_run", "summarize"]
+__all__ = ["GROUP_FIELDS", "METRIC_GROUPS", "check_group_fields", "error_stats", "group_label",
+           "group_of", "grouped_summary", "request_latency_rows", "run_to_run", "summarize"]
 
 #: Metric group -> metrics in priority order (the first one a record has represents it).
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
@@ -169,7 +169,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
 
 #: ``cases`` fields ``grouped_summary`` (``charon-search validate --group-by``) accepts.
 GROUP_FIELDS = ("kind", "source", "origin", "confidence", "model", "gpu", "cluster", "engine",
-                "fully_specified")
+                "fully_specified", "mode", "engine_version", "measured", "precision")
 
 
 def _block(rep: Sequence[Mapping[str, Any]], expressed: set[str],
@@ -212,13 +212,20 @@ def grouped_summary(rows: Sequence[Mapping[str, Any]],
     """Stats per combination of the records' ``fields`` (``GROUP_FIELDS``; e.g. model,
     cluster, engine): ``{"fields", "groups": {"<v1> / <v2>": {"expressed", "total", "all",
     "groups"}}}`` as ``summarize``'s ``by_*`` blocks. A record without a field counts as
-    ``-`` (a training record has no engine)."""
+    ``-`` (a training record has no engine, a silicon row may name no engine version)."""
     check_group_fields(fields)
     rep = representative_rows(rows)
     expressed = {r["id"] for r in rows}
     return {"fields": list(fields),
             "groups": _block(rep, expressed, records,
-                             lambda info: " / ".join(str(info.get(f, "-")) for f in fields))}
+                             lambda info: group_label(info, fields))}
+
+
+def group_label(info: Mapping[str, Any], fields: Sequence[str]) -> str:
+    """A record's group under ``fields`` (its case info's values joined by `` / ``): ``-`` for
+    a field the record has not or leaves empty (a serving record without a named engine)."""
+    return " / ".join("-" if info.get(f) is None or info.get(f) == "" else str(info[f])
+                      for f in fields)
 
 
 def request_latency_rows(rows: Sequence[Mapping[str, Any]],
