@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also print the errors per combination of these record fields "
                              "(model, cluster, engine, gpu, source, kind, origin, confidence, "
                              "fully_specified; serving rows also mode, engine_version, "
-                             "measured (year-month) and precision), e.g. --group-by model "
+                             "measured_month (YYYY-MM) and precision), e.g. --group-by model "
                              "cluster engine; --json gets them as summary.by_fields")
     parser.add_argument("--workers", type=int, default=0,
                         help="Ray worker actors simulating records in parallel (0 = in this "

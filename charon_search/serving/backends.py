@@ -241,7 +241,7 @@ INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL = 10
 #: ``--cuda-graph-max-bs`` = 256.
 INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
 #: The stored FP8 Blackwell recipes (``dsr1_fp8_b200.sh``, ``single_node/dsr1_fp8_b300.sh``) are
-#: not taken for the FP8 rows: besides streaming every 30 tokens (see
+#: not taken for the FP8 TP 8 rows: besides streaming every 30 tokens (see
 #: ``INFERENCEX_DSR1_SGLANG_RECV_INTERVALS``) they cap TP 8 at 128 running requests, and the B200
 #: FP8 TP 8 rows at concurrency 256 and 512 measure 2-3 s TTFT where that cap predicts 27-213 s
 #: of queueing: those rows ran the H200 recipe's limits.
@@ -253,7 +253,10 @@ INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
 #: the 157.5 GiB of FP8 weights per GPU leave no KV cache), ``--chunked-prefill-size`` =
 #: ``--max-prefill-tokens`` 8192 and ``--scheduler-recv-interval 10`` at every concurrency. Its
 #: ``--stream-interval 30`` is not: the rows keep the 10 of their TP 8 siblings measured on the
-#: same days (2026-03-25, 2026-04-06), for the reason given above.
+#: same days (2026-03-25, 2026-04-06), for the reason given above. Its ``--attention-backend
+#: trtllm_mla`` and ``--moe-runner-backend flashinfer_trtllm`` are not modelled as such (the
+#: kernels are priced from the shipped SGLang / TensorRT-LLM tables). The branch is taken at TP 4
+#: whatever the lengths, where the recipe would exit for any but 8k/1k.
 #: (chunk and prefill tokens, running requests, memory fraction, recv interval)
 INFERENCEX_DSR1_SGLANG_FP8_B200_TP4 = (8192, 32, 0.95, 10)
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
@@ -790,16 +793,19 @@ INFERENCEX_VLLM_MINIMAX_TRITON_SOURCE = (
     "routed experts on vLLM's Triton fused MoE (InferenceX minimaxm2.5_fp8_b200.sh: "
     "VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0; minimaxm2.5_fp8_h200.sh: "
     "--moe-backend triton)")
-#: What the MiniMax-M2.5 rows take from InferenceX's vLLM recipes and what they do not: the
-#: stored versions differ in the rest (``minimaxm2.5_fp8_b200.sh`` at 07e171a: memory
-#: fraction 0.95, no KV-cache dtype or capture size; ``minimaxm2.5_fp8_b300.sh`` at 5632483,
-#: "the existing MiniMax-M2.5 FP8 B200 vLLM recipe as-is": 0.90, ``--max-num-batched-tokens``
-#: 2 x ISL, ``--stream-interval 20``), and no row says which version it ran.
+#: What the MiniMax-M2.5 rows take from InferenceX's vLLM recipes: the facts the lines before
+#: it name (the capture size; on H100 the KV-cache dtype and the capture size of its recipe; on
+#: the Triton GPUs the MoE kernel). The stored versions differ in the rest and no row says which
+#: it ran: e.g. ``minimaxm2.5_fp8_b200.sh`` at 07e171a passes memory fraction 0.95 and no
+#: KV-cache dtype or capture size, ``minimaxm2.5_fp8_b300.sh`` at 5632483 ("the existing
+#: MiniMax-M2.5 FP8 B200 vLLM recipe as-is") 0.90, ``--max-num-batched-tokens`` 2 x ISL and
+#: ``--stream-interval 20``, ``minimaxm2.5_fp8_h200.sh`` at 0949de5 0.95, 16384-32768 batched
+#: tokens and no capture size.
 INFERENCEX_VLLM_MINIMAX_PARTIAL = (
-    "InferenceX MiniMax-M2.5 vLLM recipes: the capture size, KV-cache dtype and MoE kernel "
-    "above are taken from them; their other flags differ between the stored versions "
-    "(--gpu-memory-utilization 0.90 or 0.95, --max-num-batched-tokens 2 x ISL or unset, "
-    "--stream-interval 20 or unset), so the engine's defaults stand in for those")
+    "InferenceX MiniMax-M2.5 vLLM recipes: only the facts named above are taken from them; "
+    "their stored versions differ in the rest (memory fraction, batched-token budget, stream "
+    "interval, capture size) and the row does not say which one ran, so the engine's defaults "
+    "stand in for those")
 #: GPUs whose InferenceX vLLM Llama-3-70B recipe compiles with ``"cudagraph_mode":
 #: "FULL_DECODE_ONLY"`` and ``"splitting_ops": []`` (``70b_fp8_b200_docker.sh``,
 #: ``70b_fp4_b200_docker.sh``): batches with prompt tokens replay no graph at all, so their
@@ -894,8 +900,9 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
                             precision: str = "", tp: int = 8, recv: int = 0) -> EngineProfile:
     """SGLang as InferenceX's DeepSeek-R1 recipes launch it: the FP4 Blackwell recipe for an
     FP4 row on ``gpu`` b200/b300, the B200 FP8 recipe's TP 4 branch for an FP8 B200 row at
-    ``tp`` 4, else the FP8 H200 recipe (``recv``: the ``--scheduler-recv-interval`` the
-    Blackwell recipes add; 0: not passed)."""
+    ``tp`` 4 (``INFERENCEX_DSR1_SGLANG_FP8_B200_TP4``, whose recv interval replaces ``recv``),
+    else the FP8 H200 recipe (``recv``: the ``--scheduler-recv-interval`` the Blackwell recipes
+    add; 0: not passed)."""
     tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
@@ -934,7 +941,8 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
                "when idle (SchedulerRecvSkipper)",) if recv else ()),
             f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} ("
             + ("the H200 recipe's, as the TP 8 rows measured on the same days: the stored B200 "
-               "FP8 recipe's 30 puts their 1k-prompt TTFT 2x too high" if fp8_b200_tp4
+               "FP8 recipe's 30 puts the TP 8 rows' 1k-prompt TTFT about 1.7x too high"
+               if fp8_b200_tp4
                else "same recipe") + "): the "
             "client's first chunk taken to carry the "
             f"{INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL}th token (an empirical rule: SGLang's "

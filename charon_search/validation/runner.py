@@ -114,10 +114,10 @@ def _case_info(record: Record) -> dict[str, Any]:
             "mode": str(record.config.get("mode") or "agg"),
             "engine": str((record.extra or {}).get("backend") or ""),
             # What splits one engine's rows across builds and campaigns (--group-by
-            # engine_version / measured / precision): "-" where the row does not say.
-            "engine_version": str(record.config.get("framework_version") or "-"),
-            "measured": str((record.extra or {}).get("measured_date") or "-")[:7],
-            "precision": str(record.config.get("precision") or "-")}
+            # engine_version / measured_month / precision): "" where the row does not say.
+            "engine_version": str(record.config.get("framework_version") or ""),
+            "measured_month": str((record.extra or {}).get("measured_date") or "")[:7],
+            "precision": str(record.config.get("precision") or "")}
            if record.kind == "serving" else {}),
     }
 

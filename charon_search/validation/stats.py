@@ -169,7 +169,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, 
 
 #: ``cases`` fields ``grouped_summary`` (``charon-search validate --group-by``) accepts.
 GROUP_FIELDS = ("kind", "source", "origin", "confidence", "model", "gpu", "cluster", "engine",
-                "fully_specified", "mode", "engine_version", "measured", "precision")
+                "fully_specified", "mode", "engine_version", "measured_month", "precision")
 
 
 def _block(rep: Sequence[Mapping[str, Any]], expressed: set[str],

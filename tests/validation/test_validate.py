@@ -309,16 +309,18 @@ def test_group_by_splits_the_records_and_their_errors(result):
 
 def test_group_by_engine_build_and_campaign(by_id):
     """Silicon rows split by the engine build, the month of measurement and the precision they
-    state (``--group-by engine_version measured precision``): two campaigns of one Kimi-K2.5
-    layout on vLLM 0.17.0 (2026-03-27 and 2026-04-20) and a Llama row without a version."""
+    state (``--group-by engine_version measured_month precision``): two campaigns of Kimi-K2.5
+    at TP 4 on vLLM 0.17.0 (2026-03-27 with EP 4, 2026-04-20 with MoE TP 4) and a Llama row that
+    names no version ("-")."""
     from charon_search.validation.stats import grouped_summary
 
     ids = ["kimik2_5_b200_vllm_fp4_agg_1024x1024_c8_cfg635",
            "kimik2_5_b200_vllm_fp4_agg_1024x1024_c8_cfg811",
            "2026_04_06_llama_3_1_70b_h100_sxm_vllm_fp8_agg_1024x8192_c4_tp4_ep1_265"]
     res = run_validation([by_id[i] for i in ids], simulate_serving=fake_serving)
-    assert [res.cases[i]["measured"] for i in ids] == ["2026-03", "2026-04", "2025-10"]
-    g = grouped_summary(res.rows, res.cases, ["engine_version", "measured", "precision"])
+    assert [res.cases[i]["measured_month"] for i in ids] == ["2026-03", "2026-04", "2025-10"]
+    assert res.cases[ids[2]]["engine_version"] == ""
+    g = grouped_summary(res.rows, res.cases, ["engine_version", "measured_month", "precision"])
     assert sorted(g["groups"]) == ["- / 2025-10 / fp8", "0.17.0 / 2026-03 / fp4",
                                    "0.17.0 / 2026-04 / fp4"]
     # The fake simulator's 200 ms against the 2026-04-20 row's measured 91.26 ms.
