@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from charon_search.validation.ranking import pareto_sentence, verify_sentence
-from charon_search.validation.report import format_pct, summary_table_rows
+from charon_search.validation.report import block_table_rows, format_pct, summary_table_rows
 from charon_search.validation.runner import ValidationResult
 from charon_search.validation.stats import (
     METRIC_GROUPS,
     error_stats,
+    grouped_summary,
     representative_rows,
     request_latency_rows,
 )
@@ -259,6 +260,22 @@ def _request_latency_section(result: ValidationResult) -> list[str]:
             "records.", "",
             _md_table(["records", "n", "E2E median abs", "E2E p90 abs", "E2E bias",
                        "TTFT bias", "TPOT bias"], rows), ""]
+
+
+def _engine_build_section(result: ValidationResult, header: Sequence[str]) -> list[str]:
+    """The serving rows per engine and engine build (``validate --group-by engine
+    engine_version``): one engine's rows measured on different builds can differ by more than
+    the model's error, and the builds the simulator fits show apart from those it does not."""
+    cases = {i: c for i, c in result.cases.items() if c.get("kind") == "serving"}
+    rows = [r for r in result.rows if r["id"] in cases]
+    if not rows or not any(c.get("engine_version") for c in cases.values()):
+        return []
+    groups = grouped_summary(rows, cases, ["engine", "engine_version"])["groups"]
+    return ["## Serving per engine build", "",
+            "The serving rows per engine and the engine version the row names (`-`: not "
+            "stated), as `charon-search validate --group-by engine engine_version` prints "
+            "them.", "", _md_table(["engine / version", *header[1:]], block_table_rows(groups)),
+            ""]
 
 
 def _ordering_section(ordering: Mapping[str, Any]) -> list[str]:
@@ -502,6 +519,7 @@ def render_accuracy(result: ValidationResult, *, img_dir: Path | None = None,
     if s.get("by_model"):
         lines += ["## Per model (expressibility and error)", "",
                   _md_table(header, summary_table_rows(s, "by_model")), ""]
+    lines += _engine_build_section(result, header)
     if img_dir is not None and result.rows:
         plots = scatter_plots(result, img_dir)
         lines += ["## Predicted vs measured", ""]

@@ -326,6 +326,14 @@ def test_group_by_engine_build_and_campaign(by_id):
     # The fake simulator's 200 ms against the 2026-04-20 row's measured 91.26 ms.
     april = g["groups"]["0.17.0 / 2026-04 / fp4"]["groups"]["serving_ttft"]
     assert april["n"] == 1 and april["bias"] == pytest.approx(0.2 / 0.09125674542738125 - 1)
+    # The accuracy report's per-build table: both Kimi rows under vLLM 0.17.0, the Llama one
+    # under "-" (the fake 200 ms against 91.26 and 179.80 ms: +119.2 % and +11.2 %).
+    from charon_search.validation.accuracy import render_accuracy
+
+    text = render_accuracy(res)
+    section = text.split("## Serving per engine build", 1)[1].split("\n## ", 1)[0]
+    assert "| vllm / 0.17.0 | 2/2 | serving_ttft | 2 | 65.2% |" in section
+    assert "| vllm / - | 1/1 | serving_ttft | 1 |" in section
 
 
 def test_cli_group_by(tmp_path, capsys):
