@@ -251,16 +251,20 @@ INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
 #: ISL=..."), the rows' only shape, at ``--max-running-requests`` = ``--cuda-graph-max-bs`` 32,
 #: the rows' largest concurrency, with ``--mem-fraction-static 0.95`` (at the H200 recipe's 0.82
 #: the 157.5 GiB of FP8 weights per GPU leave no KV cache), ``--chunked-prefill-size`` =
-#: ``--max-prefill-tokens`` 8192, ``--scheduler-recv-interval 10`` at every concurrency and
-#: ``--stream-interval 30``. The rows are SGLang 0.5.9 measured in March 2026; the TP 8 FP8
-#: rows whose 1k-prompt TTFT rejects a stream interval of 30 (above) are another campaign
-#: (November 2025, no engine version), and this version's TP 8 FP8 rows are not expressed (run
-#: with and without MTP), so nothing measured contradicts the recipe's 30 here. Its
-#: ``--attention-backend trtllm_mla`` and ``--moe-runner-backend flashinfer_trtllm`` are not
-#: modelled as such (the kernels are priced from the shipped SGLang / TensorRT-LLM tables). The
-#: branch is taken at TP 4 whatever the lengths, where the recipe would exit for any but 8k/1k.
+#: ``--max-prefill-tokens`` 8192, ``--scheduler-recv-interval 10`` at every concurrency. Its
+#: ``--stream-interval 30`` is simulated as the DeepSeek rows' 10 (``ServingConfig.
+#: stream_interval``'s first-chunk rule is empirical): on the day these SGLang 0.5.9 rows were
+#: measured (2026-03-25) the same recipe's TP 8 FP8 1k/1k run at 8 streams without MTP measured
+#: 226.6 ms TTFT / 10.8 ms TPOT, 211 ms simulated at 10 and 422 ms at 30 (the row itself is not
+#: expressed: InferenceX ran that layout with and without MTP). Its 8k-prompt rows, TP 4 and
+#: TP 8 alike, come out 24-29 % short at 10, so what they miss grows with the prompt, not the
+#: stream interval. Its ``--attention-backend trtllm_mla`` and ``--moe-runner-backend
+#: flashinfer_trtllm`` are not modelled as such (the kernels are priced from the shipped SGLang /
+#: TensorRT-LLM tables). The branch is taken at TP 4 whatever the lengths, where the recipe
+#: would exit for any but 8k/1k.
 #: (chunk and prefill tokens, running requests, memory fraction, recv interval, stream interval)
-INFERENCEX_DSR1_SGLANG_FP8_B200_TP4 = (8192, 32, 0.95, 10, 30)
+INFERENCEX_DSR1_SGLANG_FP8_B200_TP4 = (8192, 32, 0.95, 10,
+                                       INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL)
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
@@ -942,7 +946,10 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
                "dsr1_fp4_b300.sh, dsr1_fp8_b200.sh): new requests "
                f"are received every {recv} decode batches, at once after a prefill batch or "
                "when idle (SchedulerRecvSkipper)",) if recv else ()),
-            f"--stream-interval {stream} (same recipe): the client's first chunk taken to "
+            f"--stream-interval {stream} ("
+            + ("the DeepSeek rows' 10 for the recipe's 30: its TP 8 FP8 1k/1k run of the same "
+               "day fits 10, not 30; INFERENCEX_DSR1_SGLANG_FP8_B200_TP4" if fp8_b200_tp4
+               else "same recipe") + "): the client's first chunk taken to "
             f"carry the {stream}th token (an empirical rule: SGLang's "
             "stream_output_generation sends the first token at once; ServingConfig."
             "stream_interval)",

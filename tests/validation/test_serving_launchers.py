@@ -88,9 +88,8 @@ def test_inferencex_deepseek_recipes(by_id) -> None:
 
 def test_inferencex_sglang_deepseek_fp8_b200_tp4_recipe(by_id) -> None:
     """dsr1_fp8_b200.sh's TP 4 branch (8k/1k only): 32 running requests, chunks of 8192,
-    --mem-fraction-static 0.95, a recv poll every 10 batches whatever the concurrency and
-    --stream-interval 30. At the H200 recipe's 0.82 the row did not fit: 0.82 x 178.35 GiB <
-    157.5 GiB of weights."""
+    --mem-fraction-static 0.95 and a recv poll every 10 batches whatever the concurrency. At
+    the H200 recipe's 0.82 the row did not fit: 0.82 x 178.35 GiB < 157.5 GiB of weights."""
     from charon_search.serving.simulator import kv_capacity_blocks
 
     row = "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_8192x1024_c16_tp4_ep1_1987"
@@ -101,8 +100,9 @@ def test_inferencex_sglang_deepseek_fp8_b200_tp4_recipe(by_id) -> None:
     assert cfg.cuda_graph_sizes[-1] == 32 and cfg.max_num_seqs == 16
     assert cfg.scheduler_recv_interval == 10  # the TP 8 branch relaxes to 30 from 16 streams
     assert cfg.allreduce_norm_fusion and cfg.kv_dtype == "fp8"
-    # The recipe's --stream-interval 30 (the TP 8 rows that reject 30 are another campaign).
-    assert cfg.stream_interval == 30
+    # The recipe's --stream-interval 30 is simulated as 10: the same day's TP 8 FP8 1k/1k run
+    # without MTP (226.6 ms) fits the first-chunk rule at 10 (211 ms), not at 30 (422 ms).
+    assert cfg.stream_interval == 10
     # The TP 8 FP8 rows keep the H200 recipe's limits: 0.82, no fusion, 256 running requests
     # outside 1k/1k, stream interval 10, and a recv poll every 30 batches from 16 streams.
     tp8 = to_case(by_id["2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_8192x1024_c16_tp8_ep8_"
