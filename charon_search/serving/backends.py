@@ -262,9 +262,8 @@ INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL = (16384, 256)
 #: flashinfer_trtllm`` are not modelled as such (the kernels are priced from the shipped SGLang /
 #: TensorRT-LLM tables). The branch is taken at TP 4 whatever the lengths, where the recipe
 #: would exit for any but 8k/1k.
-#: (chunk and prefill tokens, running requests, memory fraction, recv interval, stream interval)
-INFERENCEX_DSR1_SGLANG_FP8_B200_TP4 = (8192, 32, 0.95, 10,
-                                       INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL)
+#: (chunk and prefill tokens, running requests, memory fraction, recv interval)
+INFERENCEX_DSR1_SGLANG_FP8_B200_TP4 = (8192, 32, 0.95, 10)
 #: InferenceX ``benchmarks/dsr1_fp8_h200_trt.sh`` (commit 1fc5d73): ``MAX_NUM_TOKENS`` is
 #: ``CONC + ISL + 64`` rounded up to a multiple of 64, at least 8192.
 INFERENCEX_DSR1_TRT_MIN_NUM_TOKENS = 8192
@@ -911,7 +910,6 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
     add; 0: not passed)."""
     tokens, cap = (INFERENCEX_DSR1_SGLANG_PREFILL_TOKENS,
                    INFERENCEX_DSR1_SGLANG_MAX_RUNNING[isl == 1024 and osl == 1024])
-    stream = INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL
     recipe = "benchmarks/dsr1_fp8_h200.sh: 512 for 1k/1k, else 256"
     fp4_blackwell = precision == "fp4" and gpu.startswith(INFERENCEX_DSR1_SGLANG_RECV_GPUS)
     fp8_b200_tp4 = precision == "fp8" and gpu.startswith("b200") and tp == 4
@@ -923,7 +921,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         tokens, cap = INFERENCEX_DSR1_SGLANG_FP4_BLACKWELL
         recipe = "benchmarks/dsr1_fp4_b200.sh, reused on B300"
     elif fp8_b200_tp4:
-        tokens, cap, mem, recv, stream = INFERENCEX_DSR1_SGLANG_FP8_B200_TP4
+        tokens, cap, mem, recv = INFERENCEX_DSR1_SGLANG_FP8_B200_TP4
         recipe = "benchmarks/dsr1_fp8_b200.sh, its TP 4 branch (8k/1k only)"
     fusion = fp4_blackwell or fp8_b200_tp4
     return EngineProfile(
@@ -932,7 +930,7 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
         decode_in_budget=False, overlap_scheduler=True,
         max_num_seqs=min(max_batch_size, cap),
         cuda_graph_sizes=sglang_cuda_graph_sizes(cap),
-        stream_interval=stream, scheduler_recv_interval=recv,
+        stream_interval=INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL, scheduler_recv_interval=recv,
         allreduce_norm_fusion=fusion, gpu_memory_utilization=mem,
         kv_admission="ignore_eos", kv_dtype="fp8" if fp8_kv else "auto",
         sources=(
@@ -946,11 +944,11 @@ def _inferencex_sglang_dsr1(*, isl: int, osl: int, max_batch_size: int, gpu: str
                "dsr1_fp4_b300.sh, dsr1_fp8_b200.sh): new requests "
                f"are received every {recv} decode batches, at once after a prefill batch or "
                "when idle (SchedulerRecvSkipper)",) if recv else ()),
-            f"--stream-interval {stream} ("
+            f"--stream-interval {INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL} ("
             + ("the DeepSeek rows' 10 for the recipe's 30: its TP 8 FP8 1k/1k run of the same "
                "day fits 10, not 30; INFERENCEX_DSR1_SGLANG_FP8_B200_TP4" if fp8_b200_tp4
-               else "same recipe") + "): the client's first chunk taken to "
-            f"carry the {stream}th token (an empirical rule: SGLang's "
+               else "same recipe") + "): the client's first chunk taken to carry the "
+            f"{INFERENCEX_DSR1_SGLANG_STREAM_INTERVAL}th token (an empirical rule: SGLang's "
             "stream_output_generation sends the first token at once; ServingConfig."
             "stream_interval)",
             "SGLang overlap scheduler on by default (disable_overlap_schedule=False): "

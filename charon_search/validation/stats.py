@@ -224,8 +224,8 @@ def grouped_summary(rows: Sequence[Mapping[str, Any]],
 def group_label(info: Mapping[str, Any], fields: Sequence[str]) -> str:
     """A record's group under ``fields`` (its case info's values joined by `` / ``): ``-`` for
     a field the record has not or leaves empty (a serving record without a named engine)."""
-    return " / ".join("-" if info.get(f) is None or info.get(f) == "" else str(info[f])
-                      for f in fields)
+    values = (info.get(f) for f in fields)
+    return " / ".join("-" if v is None or v == "" else str(v) for v in values)
 
 
 def request_latency_rows(rows: Sequence[Mapping[str, Any]],
