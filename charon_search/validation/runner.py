@@ -112,7 +112,7 @@ def _case_info(record: Record) -> dict[str, Any]:
             "output_len": record.config.get("output_len"),
             "concurrency": record.config.get("concurrency"),
             "mode": str(record.config.get("mode") or "agg"),
-            "engine": str((record.extra or {}).get("backend") or ""),
+            "engine": _engine_of(record),
             # What splits one engine's rows across builds and campaigns (--group-by
             # engine_version / measured_month / precision): "" where the row does not say.
             "engine_version": str(record.config.get("framework_version") or ""),
@@ -120,6 +120,21 @@ def _case_info(record: Record) -> dict[str, Any]:
             "precision": str(record.config.get("precision") or "")}
            if record.kind == "serving" else {}),
     }
+
+
+#: Engine names of the ``serving.framework`` values published records spell out (prefixes).
+_FRAMEWORK_ENGINES = (("tensorrt-llm", "trtllm"), ("trtllm", "trtllm"), ("vllm", "vllm"),
+                      ("sglang", "sglang"))
+
+
+def _engine_of(record: Record) -> str:
+    """The serving engine a record ran: a silicon row's ``backend`` column, else the engine its
+    ``framework`` names (``"tensorrt-llm (pytorch backend)"`` -> ``trtllm``); "" if neither."""
+    backend = str((record.extra or {}).get("backend") or "")
+    if backend:
+        return backend
+    framework = str(record.config.get("framework") or "").lower()
+    return next((e for prefix, e in _FRAMEWORK_ENGINES if framework.startswith(prefix)), "")
 
 
 def _fully_specified(record: Record, assumptions: Sequence[str]) -> bool:

@@ -344,3 +344,19 @@ def test_cli_group_by(tmp_path, capsys):
     by = json.loads(out.read_text())["summary"]["by_fields"]
     assert by["groups"]["Narayanan et al."]["groups"]["training_time"]["n"] == 2
     assert main(["validate", "--group-by", "colour"]) == 2
+
+
+def test_published_serving_records_name_their_engine(result):
+    """A published record names its engine in ``framework``: TensorRT-LLM's trtllm-bench rows
+    group with its silicon rows under ``trtllm`` (``--group-by engine``); DeepSeek's in-house
+    system names none of the engines."""
+    from charon_search.validation.stats import grouped_summary
+
+    _, res = result
+    assert res.cases["trtllm_llama31_8b_h100_tp1_isl128_osl128"]["engine"] == "trtllm"
+    assert res.cases["deepseek_v3r1_prod_decode_per_node"]["engine"] == ""
+    trtllm = grouped_summary(res.rows, res.cases, ["engine"])["groups"]["trtllm"]["groups"]
+    # fake_serving's 20,000 tokens/s against the perf overview's 28,312 (H100, 128/128).
+    assert trtllm["serving_throughput"]["n"] == 1
+    assert trtllm["serving_throughput"]["bias"] == pytest.approx(20000 / 28312 - 1)
+    assert trtllm["serving_ttft"]["n"] == 1
